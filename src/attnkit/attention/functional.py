@@ -1,0 +1,77 @@
+"""``attend``: the one function every attention in attnkit goes through.
+
+``Attention(Q, K, V) = normalise(score(Q, K)) V`` (Vaswani et al., 2017, eq. 1, with the score and the
+normaliser as choices). Two paths compute it:
+
+- the **reference path**, which reads like the maths: scores, mask, normalise, dropout, weighted sum;
+- the **fast path**, ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU), taken whenever it
+  computes the same thing: dot or scaled-dot scores, softmax, and no request for the weights (fused
+  kernels never materialise them). Tests prove the two paths equal.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.attention.normalisers import get_normaliser
+from attnkit.attention.scores import ScoreFn, resolve_score
+
+# Scores the fused kernel can compute, as the scale it multiplies qᵀk by (None = its own 1/√d_k).
+_FAST_SCORE_SCALE = {"scaled_dot": None, "dot": 1.0}
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    score: str | ScoreFn = "scaled_dot",
+    normaliser: str = "softmax",
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attend from queries to keys and mix the values.
+
+    Args:
+        q: queries ``(..., T_q, d_k)``.
+        k: keys ``(..., T_k, d_k)``.
+        v: values ``(..., T_k, d_v)``.
+        mask: boolean, broadcastable to ``(..., T_q, T_k)``, ``True`` = may attend (see masks.py).
+        score: ``"scaled_dot"`` (the paper), ``"dot"``, or a score module such as ``LuongGeneral``.
+        normaliser: ``"softmax"``, ``"relu"``, ``"gelu"`` or ``"sigmoid"`` (normalisers.py).
+        dropout_p: dropout on the weights; pass 0.0 at evaluation time (as with F.sdpa).
+        need_weights: also return the weights ``(..., T_q, T_k)``; forces the reference path.
+
+    Returns:
+        ``(output (..., T_q, d_v), weights or None)``. A query with no attendable key outputs zeros.
+    """
+    if not need_weights and normaliser == "softmax" and isinstance(score, str) and score in _FAST_SCORE_SCALE:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=_FAST_SCORE_SCALE[score]
+        )
+        return out, None
+    return attend_reference(
+        q, k, v, mask, score=score, normaliser=normaliser, dropout_p=dropout_p, need_weights=need_weights
+    )
+
+
+def attend_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    score: str | ScoreFn = "scaled_dot",
+    normaliser: str = "softmax",
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The reference path of :func:`attend`, step by step as in the paper; same arguments."""
+    scores = resolve_score(score)(q, k)  # (..., T_q, T_k)
+    weights = get_normaliser(normaliser)(scores, mask)  # masked keys get exactly 0
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    out = weights @ v  # (..., T_q, d_v)
+    return out, (weights if need_weights else None)

@@ -1,0 +1,130 @@
+"""Multi-head attention (Vaswani et al., 2017, §3.2.2) with a KV cache for incremental decoding.
+
+``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O``,
+``head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)``.
+The h projections of each kind are one ``d_model x d_model`` matrix, and the three kinds are stacked
+into one ``in_proj`` of ``3·d_model`` rows (the layout of ``torch.nn.MultiheadAttention``): self-attention
+projects Q, K and V with a single matrix multiply, cross-attention projects K and V together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.attention.functional import attend
+
+
+@dataclass
+class KVCache:
+    """Keys and values one attention layer has already computed, ``(B, h, T_cached, d_k)`` each.
+
+    Self-attention appends the new step's keys and values; cross-attention fills it once from the
+    encoder memory and reuses it at every later step.
+    """
+
+    key: Tensor | None = None
+    value: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.key is None else self.key.size(-2)
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new positions and return all keys and values so far."""
+        if self.key is not None:
+            key = torch.cat([self.key, key], dim=-2)
+            value = torch.cat([self.value, value], dim=-2)
+        self.key, self.value = key, value
+        return key, value
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (in that order), as beam search does when hypotheses are re-ranked."""
+        if self.key is not None:
+            self.key = self.key.index_select(0, index)
+            self.value = self.value.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """h attention heads over learned projections of d_model-sized queries, keys and values.
+
+    Call as ``mha(x, mask=...)`` for self-attention or ``mha(x, memory, mask=...)`` for
+    cross-attention (keys and values both come from ``memory``). The mask is broadcastable to
+    ``(B, T_q, T_k)``, ``True`` = may attend; the same mask applies to every head.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        h: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        *,
+        score: str = "scaled_dot",
+        normaliser: str = "softmax",
+    ) -> None:
+        super().__init__()
+        if d_model % h != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by the number of heads h ({h})")
+        self.d_model, self.h, self.d_k = d_model, h, d_model // h
+        self.dropout = dropout
+        self.score, self.normaliser = score, normaliser
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend; returns ``(output (B, T_q, d_model), per-head weights (B, h, T_q, T_k) or None)``."""
+        q, k, v = self._project(query, memory, cache)
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
+        out, weights = attend(
+            q,
+            k,
+            v,
+            mask,
+            score=self.score,
+            normaliser=self.normaliser,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+        )
+        B, _, T_q, _ = out.shape
+        out = out.transpose(1, 2).reshape(B, T_q, self.d_model)  # (B, h, T_q, d_k) -> (B, T_q, d_model)
+        return self.out_proj(out), weights
+
+    def _project(self, query: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, ...]:
+        """Queries, keys and values split into heads, ``(B, h, T, d_k)`` each, using the cache if given."""
+        if memory is None:  # self-attention: one matmul for Q, K and V
+            q, k, v = self.in_proj(query).chunk(3, dim=-1)
+            k, v = self._split_heads(k), self._split_heads(v)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        else:  # cross-attention: keys and values come from the memory, computed once per sequence
+            W, b = self.in_proj.weight, self.in_proj.bias
+            d = self.d_model
+            q = F.linear(query, W[:d], None if b is None else b[:d])
+            if cache is not None and cache.key is not None:
+                k, v = cache.key, cache.value
+            else:
+                k, v = F.linear(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
+                k, v = self._split_heads(k), self._split_heads(v)
+                if cache is not None:
+                    cache.append(k, v)
+        return self._split_heads(q), k, v
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.h, self.d_k).transpose(1, 2)  # (B, T, d_model) -> (B, h, T, d_k)
+
+
+MultiHeadedAttention = MultiHeadAttention
+"""The Annotated Transformer's name, for its readers."""

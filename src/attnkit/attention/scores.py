@@ -1,0 +1,103 @@
+"""Attention scores: how well each query matches each key.
+
+A score function maps queries ``q (..., T_q, d_q)`` and keys ``k (..., T_k, d_k)`` to raw scores
+``(..., T_q, T_k)``; a normaliser (normalisers.py) then turns them into weights.
+
+- ``dot`` and ``scaled_dot`` have no parameters and are plain functions, chosen by name.
+- Luong ``general`` and ``concat`` (Luong et al., 2015, §3.1) and Bahdanau ``additive`` (Bahdanau et al.,
+  2015, appendix A.1.2) learn parameters, so they are modules; pass an instance as ``score=``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+ScoreFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def dot(q: Tensor, k: Tensor) -> Tensor:
+    """``score(q, k) = qᵀk`` (Luong "dot")."""
+    return q @ k.transpose(-2, -1)
+
+
+def scaled_dot(q: Tensor, k: Tensor) -> Tensor:
+    """``score(q, k) = qᵀk / √d_k`` (Vaswani et al., 2017, §3.2.1).
+
+    Why the √d_k: if the components of q and k are independent with mean 0 and variance 1, then qᵀk has
+    variance d_k. Large dot products push softmax into regions with tiny gradients; dividing by √d_k
+    brings the variance back to 1.
+    """
+    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+
+
+SCORES: dict[str, ScoreFn] = {"dot": dot, "scaled_dot": scaled_dot}
+
+
+def _additive(query_part: Tensor, key_part: Tensor, v: nn.Linear) -> Tensor:
+    """``vᵀ tanh(a_i + b_j)`` for each query i, key j: ``(..., T_q, A), (..., T_k, A) -> (..., T_q, T_k)``."""
+    hidden = torch.tanh(query_part.unsqueeze(-2) + key_part.unsqueeze(-3))  # (..., T_q, T_k, A)
+    return v(hidden).squeeze(-1)
+
+
+class LuongGeneral(nn.Module):
+    """``score(q, k) = qᵀ W_a k`` (Luong "general"): a bilinear match between different spaces."""
+
+    def __init__(self, d_q: int, d_k: int | None = None) -> None:
+        super().__init__()
+        self.W_a = nn.Linear(d_k or d_q, d_q, bias=False)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return q @ self.W_a(k).transpose(-2, -1)
+
+
+class LuongConcat(nn.Module):
+    """``score(q, k) = v_aᵀ tanh(W_a [q; k])`` (Luong "concat").
+
+    ``W_a [q; k]`` equals ``W_a[:, :d_q] q + W_a[:, d_q:] k``, so the concatenation is never built for
+    every (query, key) pair: each half is applied once and the results are broadcast.
+    """
+
+    def __init__(self, d_q: int, d_k: int | None = None, d_attn: int | None = None) -> None:
+        super().__init__()
+        self.d_q = d_q
+        self.W_a = nn.Linear(d_q + (d_k or d_q), d_attn or d_q, bias=False)
+        self.v_a = nn.Linear(d_attn or d_q, 1, bias=False)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        W_q, W_k = self.W_a.weight[:, : self.d_q], self.W_a.weight[:, self.d_q :]
+        return _additive(q @ W_q.T, k @ W_k.T, self.v_a)
+
+
+class BahdanauAdditive(nn.Module):
+    """``score(s, h) = v_aᵀ tanh(W_a s + U_a h)`` (Bahdanau et al., 2015, eq. 6 and A.1.2).
+
+    ``s`` is the decoder state (query) and ``h`` an encoder annotation (key). ``U_a h`` does not depend on
+    the decoder step, which is why Bahdanau keeps it as a separate matrix: it can be computed once per
+    source sentence.
+    """
+
+    def __init__(self, d_q: int, d_k: int | None = None, d_attn: int | None = None) -> None:
+        super().__init__()
+        d_attn = d_attn or d_q
+        self.W_a = nn.Linear(d_q, d_attn, bias=False)
+        self.U_a = nn.Linear(d_k or d_q, d_attn, bias=True)
+        self.v_a = nn.Linear(d_attn, 1, bias=False)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return _additive(self.W_a(q), self.U_a(k), self.v_a)
+
+
+def resolve_score(score: str | ScoreFn) -> ScoreFn:
+    """A score given by name (``"dot"``, ``"scaled_dot"``) or as a callable/module, as a callable."""
+    if callable(score):
+        return score
+    try:
+        return SCORES[score]
+    except KeyError:
+        raise ValueError(
+            f"unknown score {score!r}; choose one of {sorted(SCORES)} or pass a module such as LuongGeneral"
+        ) from None

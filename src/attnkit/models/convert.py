@@ -1,0 +1,176 @@
+"""Weight mapping between attnkit's EncoderDecoder and HF transformers' MarianMTModel.
+
+Marian (and so OPUS-MT) is the paper's architecture: post-LN, ReLU or GELU feed-forward, embeddings
+scaled by √d_model, sinusoidal positions with sines and cosines concatenated rather than interleaved,
+one embedding shared by source, target and output, plus a bias on the logits. The conversion works on
+plain state dicts, so attnkit never imports transformers; only the parity tests do.
+
+Our attention keeps Q, K and V stacked in one ``in_proj`` (3·d_model rows); Marian keeps ``q_proj``,
+``k_proj`` and ``v_proj`` apart. Each direction concatenates or splits those rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnkit.errors import ConversionError
+from attnkit.models.config import TransformerConfig
+from attnkit.models.seq2seq import EncoderDecoder
+from attnkit.nn.embedding import sinusoid_table
+
+# Marian's names for the LayerNorm after each sub-layer (in our order), and for the decoder's attentions.
+_ENCODER_NORMS = ("self_attn_layer_norm", "final_layer_norm")
+_DECODER_NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
+_DECODER_ATTENTION = (("self_attn", "self_attn"), ("src_attn", "encoder_attn"))
+
+
+def _get(hf_config: Any, name: str) -> Any:
+    return hf_config[name] if isinstance(hf_config, Mapping) else getattr(hf_config, name)
+
+
+def config_from_hf_marian(hf_config: Any) -> TransformerConfig:
+    """Our config for a ``MarianConfig`` (object or dict); refuses what our model cannot represent."""
+    get = lambda name: _get(hf_config, name)  # noqa: E731
+    if get("encoder_attention_heads") != get("decoder_attention_heads"):
+        raise ConversionError("Marian: encoder and decoder must have the same number of attention heads")
+    if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
+        raise ConversionError("Marian: encoder_ffn_dim and decoder_ffn_dim must be equal")
+    if get("activation_function") not in ("relu", "gelu"):
+        raise ConversionError(
+            f"Marian: activation_function {get('activation_function')!r} is not relu or gelu"
+        )
+    if not get("scale_embedding"):
+        raise ConversionError(
+            "Marian: scale_embedding=False is not the paper's model (embeddings × √d_model)"
+        )
+    return TransformerConfig(
+        encoder_layers=get("encoder_layers"),
+        decoder_layers=get("decoder_layers"),
+        d_model=get("d_model"),
+        d_ff=get("encoder_ffn_dim"),
+        h=get("encoder_attention_heads"),
+        dropout=float(get("dropout")),
+        attention_dropout=float(get("attention_dropout")),
+        activation_dropout=float(get("activation_dropout")),
+        activation=get("activation_function"),
+        sinusoid_layout="concatenated",
+        max_len=get("max_position_embeddings"),
+        share_embeddings=bool(get("share_encoder_decoder_embeddings")),
+        tie_output=True,
+        output_bias=True,
+        pad_id=get("pad_token_id"),
+    )
+
+
+def hf_marian_config_kwargs(model: EncoderDecoder) -> dict[str, Any]:
+    """Keyword arguments for ``MarianConfig`` describing ``model``."""
+    c = model.config
+    if c.norm_first or c.positions != "sinusoidal" or c.sinusoid_layout != "concatenated":
+        raise ConversionError("Marian needs post-LN (norm_first=False) and concatenated sinusoidal positions")
+    if not c.tie_output:
+        raise ConversionError("Marian ties the output projection to the target embedding (tie_output=True)")
+    return {
+        "vocab_size": model.src_vocab,
+        "decoder_vocab_size": model.tgt_vocab,
+        "share_encoder_decoder_embeddings": c.share_embeddings,
+        "d_model": c.d_model,
+        "encoder_layers": c.encoder_layers,
+        "decoder_layers": c.decoder_layers,
+        "encoder_attention_heads": c.h,
+        "decoder_attention_heads": c.h,
+        "encoder_ffn_dim": c.d_ff,
+        "decoder_ffn_dim": c.d_ff,
+        "activation_function": c.activation,
+        "dropout": c.dropout,
+        "attention_dropout": c.attention_dropout,
+        "activation_dropout": c.activation_dropout,
+        "max_position_embeddings": c.max_len,
+        "scale_embedding": True,
+        "pad_token_id": c.pad_id,
+        "decoder_start_token_id": c.pad_id,
+    }
+
+
+def _key_map(model: EncoderDecoder) -> dict[str, list[str]]:
+    """Our layer parameter name -> the Marian name(s) it holds; several names are stacked row-wise."""
+    keys: dict[str, list[str]] = {}
+
+    def attention(ours: str, theirs: str) -> None:
+        for part in ("weight", "bias"):
+            keys[f"{ours}.in_proj.{part}"] = [f"{theirs}.{p}_proj.{part}" for p in "qkv"]
+            keys[f"{ours}.out_proj.{part}"] = [f"{theirs}.out_proj.{part}"]
+
+    def feed_forward_and_norms(ours: str, theirs: str, norms: tuple[str, ...]) -> None:
+        for part in ("weight", "bias"):
+            keys[f"{ours}.feed_forward.w_1.{part}"] = [f"{theirs}.fc1.{part}"]
+            keys[f"{ours}.feed_forward.w_2.{part}"] = [f"{theirs}.fc2.{part}"]
+            for j, norm in enumerate(norms):
+                keys[f"{ours}.sublayer.{j}.norm.{part}"] = [f"{theirs}.{norm}.{part}"]
+
+    for i in range(model.config.encoder_layers):
+        attention(f"encoder.layers.{i}.self_attn", f"model.encoder.layers.{i}.self_attn")
+        feed_forward_and_norms(f"encoder.layers.{i}", f"model.encoder.layers.{i}", _ENCODER_NORMS)
+    for i in range(model.config.decoder_layers):
+        for ours, theirs in _DECODER_ATTENTION:
+            attention(f"decoder.layers.{i}.{ours}", f"model.decoder.layers.{i}.{theirs}")
+        feed_forward_and_norms(f"decoder.layers.{i}", f"model.decoder.layers.{i}", _DECODER_NORMS)
+    return keys
+
+
+def _embedding_keys(share: bool) -> tuple[str, str]:
+    if share:
+        return "model.shared.weight", "model.shared.weight"
+    return "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
+
+
+def from_hf_marian(state_dict: Mapping[str, Tensor], hf_config: Any) -> EncoderDecoder:
+    """An EncoderDecoder holding the weights of a MarianMTModel ``state_dict`` with ``hf_config``."""
+    config = config_from_hf_marian(hf_config)
+    src_vocab, tgt_vocab = _get(hf_config, "vocab_size"), _get(hf_config, "decoder_vocab_size")
+    model = EncoderDecoder(config, src_vocab, tgt_vocab or src_vocab)
+    src_key, tgt_key = _embedding_keys(config.share_embeddings)
+    try:
+        ours = {
+            "src_embed.lut.weight": state_dict[src_key],
+            "generator.proj.bias": state_dict["final_logits_bias"][0],
+        }
+        if not config.share_embeddings:
+            ours["tgt_embed.lut.weight"] = state_dict[tgt_key]
+        for mine, theirs in _key_map(model).items():
+            ours[mine] = torch.cat([state_dict[name] for name in theirs])
+    except KeyError as missing:
+        raise ConversionError(f"Marian state dict has no {missing} (is it a MarianMTModel's?)") from None
+    # strict=False only because tied weights appear under one name; check the rest ourselves.
+    result = model.load_state_dict(ours, strict=False)
+    tied = {"tgt_embed.lut.weight", "generator.proj.weight"}
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise ConversionError(
+            f"Marian mapping incomplete: missing {result.missing_keys}, extra {result.unexpected_keys}"
+        )
+    return model
+
+
+def to_hf_marian(model: EncoderDecoder) -> dict[str, Tensor]:
+    """A state dict that ``MarianMTModel(MarianConfig(**hf_marian_config_kwargs(model)))`` loads strictly."""
+    hf_marian_config_kwargs(model)  # refuses models Marian cannot represent
+    ours = model.state_dict()
+    c = model.config
+    src_key, tgt_key = _embedding_keys(c.share_embeddings)
+    theirs = {
+        src_key: ours["src_embed.lut.weight"],
+        tgt_key: ours["tgt_embed.lut.weight"],
+        "model.encoder.embed_tokens.weight": ours["src_embed.lut.weight"],
+        "model.decoder.embed_tokens.weight": ours["tgt_embed.lut.weight"],
+        "lm_head.weight": ours["generator.proj.weight"],
+        "final_logits_bias": ours.get("generator.proj.bias", torch.zeros(model.tgt_vocab)).unsqueeze(0),
+    }
+    positions = sinusoid_table(c.max_len, c.d_model, "concatenated")
+    theirs["model.encoder.embed_positions.weight"] = positions
+    theirs["model.decoder.embed_positions.weight"] = positions.clone()
+    for mine, names in _key_map(model).items():
+        theirs.update(zip(names, ours[mine].chunk(len(names)), strict=True))
+    return {name: tensor.detach().clone() for name, tensor in theirs.items()}

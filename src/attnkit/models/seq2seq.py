@@ -1,0 +1,128 @@
+"""The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
+
+Read top to bottom: the source is embedded (×√d_model, + positions, dropout) and encoded by N layers into
+a memory; the target, shifted right, is embedded the same way and decoded by N layers attending to
+itself (causally) and to the memory; the Generator projects the result to vocabulary logits. With a
+shared vocabulary the source embedding, target embedding and output projection are one matrix (§3.4).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from attnkit.attention.masks import causal_mask, padding_mask
+from attnkit.attention.multihead import MultiHeadAttention
+from attnkit.errors import ConfigError
+from attnkit.models.config import TransformerConfig
+from attnkit.nn.embedding import Embeddings, positional_encoding
+from attnkit.nn.feedforward import PositionwiseFeedForward
+from attnkit.nn.transformer import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer
+
+
+class Generator(nn.Module):
+    """The pre-softmax linear map ``(B, T, d_model) -> (B, T, vocab)``.
+
+    Returns logits, not the Annotated Transformer's log-probabilities: the loss and the samplers take
+    logits, and ``logits.log_softmax(-1)`` is one call away.
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x)
+
+
+class EncoderDecoder(nn.Module):
+    """The Transformer: ``forward(src, tgt) -> logits``; ``encode`` and ``decode`` for step-wise use."""
+
+    def __init__(self, config: TransformerConfig, src_vocab: int, tgt_vocab: int) -> None:
+        super().__init__()
+        c = config
+        if c.share_embeddings and src_vocab != tgt_vocab:
+            raise ConfigError(
+                f"model.share_embeddings needs one vocabulary, got src_vocab={src_vocab} and "
+                f"tgt_vocab={tgt_vocab}; set share_embeddings=False for separate vocabularies"
+            )
+        self.config, self.src_vocab, self.tgt_vocab = c, src_vocab, tgt_vocab
+
+        def attention() -> MultiHeadAttention:
+            return MultiHeadAttention(c.d_model, c.h, c.attention_dropout)
+
+        def feed_forward() -> PositionwiseFeedForward:
+            return PositionwiseFeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
+
+        norm = {"dropout": c.dropout, "norm_first": c.norm_first, "eps": c.layer_norm_eps}
+        self.encoder = Encoder(
+            [EncoderLayer(c.d_model, attention(), feed_forward(), **norm) for _ in range(c.encoder_layers)],
+            c.d_model, c.norm_first, c.layer_norm_eps,
+        )  # fmt: skip
+        self.decoder = Decoder(
+            [DecoderLayer(c.d_model, attention(), attention(), feed_forward(), **norm)
+             for _ in range(c.decoder_layers)],
+            c.d_model, c.norm_first, c.layer_norm_eps,
+        )  # fmt: skip
+        self.src_embed = Embeddings(src_vocab, c.d_model, padding_idx=c.pad_id)
+        self.tgt_embed = self.src_embed if c.share_embeddings else Embeddings(tgt_vocab, c.d_model, c.pad_id)
+        self.src_pos = positional_encoding(c.positions, c.d_model, c.dropout, c.max_len, c.sinusoid_layout)
+        self.tgt_pos = positional_encoding(c.positions, c.d_model, c.dropout, c.max_len, c.sinusoid_layout)
+        self.generator = Generator(c.d_model, tgt_vocab, bias=c.output_bias)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Xavier-uniform linear maps and zero biases (as fairseq and the Annotated Transformer); the
+        embeddings keep N(0, d_model^-0.5) from :class:`Embeddings`, and tying happens last."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.config.tie_output:
+            self.generator.proj.weight = self.tgt_embed.lut.weight
+
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+    ):
+        """``src (B, S)``, ``tgt (B, T)`` (the shifted-right target) -> logits ``(B, T, tgt_vocab)``."""
+        if src_mask is None:
+            src_mask = padding_mask(src, self.config.pad_id)
+        memory = self.encode(src, src_mask)
+        return self.generator(self.decode(memory, src_mask, tgt, tgt_mask))
+
+    def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
+        """``src (B, S)`` -> memory ``(B, S, d_model)``; ``src_mask`` as ``padding_mask(src, pad_id)``."""
+        return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
+
+    def decode(
+        self,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        tgt: Tensor,
+        tgt_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """Decoder states ``(B, T, d_model)`` for target tokens ``tgt (B, T)``.
+
+        ``tgt_mask=None`` means causal: with right-padded targets, padding only ever follows the real
+        tokens, so the causal mask already hides it from them. With a ``cache`` (from :meth:`new_cache`),
+        pass only the new tokens; they are placed after the positions already cached.
+        """
+        start = len(cache) if cache is not None else 0
+        if tgt_mask is None:
+            tgt_mask = causal_mask(tgt.size(1), start + tgt.size(1), device=tgt.device)
+        x = self.tgt_pos(self.tgt_embed(tgt), start)
+        return self.decoder(x, memory, src_mask, tgt_mask, cache)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty key/value cache for incremental decoding with :meth:`decode`."""
+        return DecoderCache(self.config.decoder_layers)
+
+
+def build_transformer(
+    config: TransformerConfig | str, src_vocab: int, tgt_vocab: int | None = None
+) -> EncoderDecoder:
+    """The one way to build the paper's model: a config (or a preset's name) and vocabulary sizes."""
+    if isinstance(config, str):
+        config = TransformerConfig.from_preset(config)
+    return EncoderDecoder(config, src_vocab, src_vocab if tgt_vocab is None else tgt_vocab)

@@ -1,0 +1,101 @@
+"""Input embeddings (Vaswani et al., 2017, §3.4) and positional encodings (§3.5).
+
+The token embedding is multiplied by √d_model. Why: with weights shared with the output projection and
+initialised with standard deviation d_model^-0.5, the scaled embedding has entries of size ~1, the same
+scale as the positional encoding added to it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class Embeddings(nn.Module):
+    """Token ids ``(B, T)`` to vectors ``(B, T, d_model)``, scaled by √d_model."""
+
+    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.lut = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+        self.d_model = d_model
+        nn.init.normal_(self.lut.weight, mean=0.0, std=d_model**-0.5)
+        if padding_idx is not None:
+            nn.init.zeros_(self.lut.weight[padding_idx])
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lut(ids) * math.sqrt(self.d_model)
+
+
+def sinusoid_table(n_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
+    """``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``, ``PE(pos, 2i+1) = cos(...)``; ``(P, d_model)``.
+
+    ``layout="interleaved"`` is the paper's formula (sin at even, cos at odd dimensions);
+    ``"concatenated"`` puts all sines first and all cosines after, as fairseq, tensor2tensor and Marian
+    checkpoints do. Computed in float64 so that long positions stay accurate in float32.
+    """
+    if layout not in ("interleaved", "concatenated"):
+        raise ValueError(f"layout must be 'interleaved' or 'concatenated', got {layout!r}")
+    position = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(d/2),)
+    angle = position * inv_freq  # (P, ceil(d/2))
+    sin, cos = torch.sin(angle), torch.cos(angle)[:, : d_model // 2]
+    if layout == "concatenated":
+        return torch.cat([sin, cos], dim=1).float()
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = sin, cos
+    return table.float()
+
+
+class PositionalEncoding(nn.Module):
+    """Adds fixed sinusoidal position vectors, then dropout (the paper's P_drop on the embedding sums).
+
+    The table grows on demand, so any length works; it is not saved in checkpoints.
+    """
+
+    def __init__(
+        self, d_model: int, dropout: float = 0.0, max_len: int = 1024, layout: str = "interleaved"
+    ) -> None:
+        super().__init__()
+        self.d_model, self.layout = d_model, layout
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", sinusoid_table(max_len, d_model, layout), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``."""
+        end = start + x.size(1)
+        if end > self.pe.size(0):
+            self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model, self.layout).to(
+                self.pe.device
+            )
+        return self.dropout(x + self.pe[start:end].to(x.dtype))
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a learned vector per position (the §3.5 alternative, used by BERT and GPT), then dropout."""
+
+    def __init__(self, d_model: int, dropout: float = 0.0, max_len: int = 1024) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        end = start + x.size(1)
+        if end > self.weight.size(0):
+            raise ValueError(
+                f"sequence reaches position {end} but learned positions stop at {self.weight.size(0)}"
+            )
+        return self.dropout(x + self.weight[start:end])
+
+
+def positional_encoding(
+    kind: str, d_model: int, dropout: float, max_len: int, layout: str = "interleaved"
+) -> PositionalEncoding | LearnedPositionalEmbedding:
+    """The positional module for ``kind`` ``"sinusoidal"`` or ``"learned"``."""
+    if kind == "sinusoidal":
+        return PositionalEncoding(d_model, dropout, max_len, layout)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(d_model, dropout, max_len)
+    raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {kind!r}")
