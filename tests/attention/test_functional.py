@@ -113,3 +113,10 @@ def test_dropout_on_weights_zeroes_and_rescales():
     torch.testing.assert_close(dropped[kept], clean[kept] * 2)
     fast_dropped, _ = attend(q, k, v, dropout_p=0.5)
     assert not torch.allclose(fast_dropped, attend(q, k, v)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.long])
+def test_non_boolean_masks_are_refused_rather_than_silently_added_to_scores(dtype):
+    q = k = v = torch.randn(1, 3, 4)
+    with pytest.raises(TypeError, match="boolean"):
+        attend(q, k, v, torch.ones(1, 3, 3, dtype=dtype))

@@ -11,6 +11,7 @@ normaliser as choices). Two paths compute it:
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -47,6 +48,11 @@ def attend(
     Returns:
         ``(output (..., T_q, d_v), weights or None)``. A query with no attendable key outputs zeros.
     """
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(
+            f"attention masks are boolean (True = may attend), got dtype {mask.dtype}; convert with "
+            "attnkit.attention.masks (e.g. from_hf_attention_mask) instead of passing 0/1 or additive masks"
+        )
     if not need_weights and normaliser == "softmax" and isinstance(score, str) and score in _FAST_SCORE_SCALE:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=_FAST_SCORE_SCALE[score]
