@@ -5,7 +5,9 @@ Errors a user can cause (``AttnkitError``) are printed as one line and exit with
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -15,11 +17,36 @@ from attnkit.errors import AttnkitError
 from attnkit.models import PRESETS, TransformerConfig, build_transformer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _fail(error: AttnkitError) -> typer.Exit:
     typer.echo(f"attnkit: error: {error}", err=True)
     return typer.Exit(code=2)
+
+
+def parse_overrides(args: list[str]) -> list[str]:
+    """``--train.lr 5e-4`` and ``train.lr=5e-4`` both become ``train.lr=5e-4``."""
+    overrides, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if "=" in arg:
+            overrides.append(arg.lstrip("-"))
+            i += 1
+        elif arg.startswith("--") and "." in arg and i + 1 < len(args):
+            overrides.append(f"{arg[2:]}={args[i + 1]}")
+            i += 2
+        else:
+            raise AttnkitError(f"unexpected argument {arg!r}; config overrides look like --train.lr 5e-4")
+    return overrides
+
+
+def _read_input(path: Path | None) -> list[str]:
+    from attnkit.data.readers import read_lines
+
+    if path is None:
+        return [line.rstrip("\n") for line in sys.stdin]
+    return read_lines(path)
 
 
 @app.command()
@@ -65,6 +92,129 @@ def _is_shared(model: torch.nn.Module, name: str) -> bool:
     if name == "generator":
         return model.generator.proj.weight is model.tgt_embed.lut.weight
     return False
+
+
+@app.command()
+def quickstart(
+    out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/quickstart"),
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 1500,
+    minutes: Annotated[float, typer.Option(help="Time limit for training (stops earlier if reached).")] = 2.5,
+) -> None:
+    """Train on generated dates -> ISO dates, report held-out accuracy, save an attention heat map."""
+    from attnkit.quickstart import run_quickstart
+
+    try:
+        run_quickstart(out, steps, minutes, echo=typer.echo)
+    except AttnkitError as error:
+        raise _fail(error) from None
+
+
+@app.command(context_settings=EXTRA_ARGS)
+def train(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="YAML recipe (configs/*.yaml).")] = None,
+    run: Annotated[Path | None, typer.Option(help="Run directory for checkpoints and logs.")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue the run in this directory.")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data directory (sets data.dir).")] = None,
+) -> None:
+    """Train a model; extra ``--section.field value`` arguments override the recipe."""
+    from attnkit.config import load_run_config
+    from attnkit.train.loop import Trainer
+
+    try:
+        overrides = parse_overrides(ctx.args) + ([f"data.dir={data}"] if data else [])
+        if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
+            from attnkit.train.checkpoint import resolve_checkpoint
+
+            config = config or resolve_checkpoint(resume, prefer="last") / "config.json"
+            run = resume
+        if run is None:
+            raise AttnkitError("give --run DIR for a new run, or --resume DIR to continue one")
+        run_config = load_run_config(config, overrides)
+        scores = Trainer(run_config, run, resume=resume is not None, echo=typer.echo).fit()
+        typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    except AttnkitError as error:
+        raise _fail(error) from None
+
+
+@app.command()
+def translate(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory (its best checkpoint).")],
+    beam: Annotated[
+        int | None, typer.Option(help="Beam size; 1 = greedy. Default: the run's decode.beam_size.")
+    ] = None,
+    input: Annotated[Path | None, typer.Option("-i", "--input", help="Source file (default: stdin).")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")
+    ] = None,
+) -> None:
+    """Translate one sentence per line."""
+    from attnkit.decode.translate import translate as translate_texts
+    from attnkit.train.checkpoint import load_for_inference
+
+    try:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, tokenizer, config = load_for_inference(ckpt, device)
+        hypotheses = translate_texts(
+            model, tokenizer, _read_input(input), config.decode, beam_size=beam, device=device
+        )
+    except AttnkitError as error:
+        raise _fail(error) from None
+    text = "".join(h + "\n" for h in hypotheses)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+
+
+@app.command()
+def evaluate(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory.")],
+    src: Annotated[Path, typer.Option(help="Source sentences, one per line (.gz allowed).")],
+    ref: Annotated[Path, typer.Option(help="Reference translations, aligned with --src.")],
+    beam: Annotated[int | None, typer.Option(help="Beam size; 1 = greedy.")] = None,
+) -> None:
+    """Translate --src and print sacreBLEU BLEU and chrF against --ref, with their signatures."""
+    from attnkit.data.readers import read_parallel
+    from attnkit.decode.translate import translate as translate_texts
+    from attnkit.metrics import bleu, chrf
+    from attnkit.train.checkpoint import load_for_inference
+
+    try:
+        pairs = read_parallel(src, ref)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, tokenizer, config = load_for_inference(ckpt, device)
+        began = time.perf_counter()
+        hypotheses = translate_texts(
+            model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device
+        )
+        seconds = time.perf_counter() - began
+    except AttnkitError as error:
+        raise _fail(error) from None
+    typer.echo(str(bleu(hypotheses, pairs.tgt)))
+    typer.echo(str(chrf(hypotheses, pairs.tgt)))
+    typer.echo(f"{len(pairs)} sentences in {seconds:.1f} s")
+
+
+@app.command()
+def average(
+    run: Annotated[Path, typer.Option(help="Run directory whose checkpoints to average.")],
+    last: Annotated[int, typer.Option(help="How many of the latest checkpoints.")] = 5,
+    out: Annotated[
+        Path | None, typer.Option(help="Output checkpoint folder (default: RUN/averaged).")
+    ] = None,
+) -> None:
+    """Average the weights of the last N checkpoints into a new checkpoint folder."""
+    from attnkit.train.checkpoint import average_checkpoints, list_checkpoints
+
+    try:
+        checkpoints = list_checkpoints(run)[-last:]
+        written = average_checkpoints(checkpoints, out or run / "averaged")
+    except AttnkitError as error:
+        raise _fail(error) from None
+    typer.echo(
+        f"averaged {len(checkpoints)} checkpoints ({', '.join(c.name for c in checkpoints)}) into {written}"
+    )
 
 
 @app.callback()

@@ -15,3 +15,7 @@ class ConfigError(AttnkitError, ValueError):
 
 class ConversionError(AttnkitError, ValueError):
     """A foreign checkpoint (HF transformers, torch.nn) cannot be mapped onto an attnkit model."""
+
+
+class DataError(AttnkitError):
+    """An input file is missing, empty, misaligned or not UTF-8; the message names the file and line."""

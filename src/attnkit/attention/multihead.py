@@ -73,6 +73,10 @@ class MultiHeadAttention(nn.Module):
         self.score, self.normaliser = score, normaliser
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        # Set record_weights to keep the last call's weights in last_weights (for plots), as the
+        # Annotated Transformer's self.attn; it forces the reference path while on.
+        self.record_weights = False
+        self.last_weights: Tensor | None = None
 
     def forward(
         self,
@@ -95,11 +99,13 @@ class MultiHeadAttention(nn.Module):
             score=self.score,
             normaliser=self.normaliser,
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
+            need_weights=need_weights or self.record_weights,
         )
+        if self.record_weights:
+            self.last_weights = weights.detach()
         B, _, T_q, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T_q, self.d_model)  # (B, h, T_q, d_k) -> (B, T_q, d_model)
-        return self.out_proj(out), weights
+        return self.out_proj(out), (weights if need_weights else None)
 
     def _project(self, query: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, ...]:
         """Queries, keys and values split into heads, ``(B, h, T, d_k)`` each, using the cache if given."""

@@ -1,0 +1,5 @@
+"""``python -m attnkit`` (and ``torchrun -m attnkit``) run the command line."""
+
+from attnkit.cli import app
+
+app()

@@ -1,0 +1,84 @@
+"""Token-budget batching: batches of similar-length sentences, each holding at most ``max_tokens``.
+
+The paper batched "by approximate sequence length", each batch holding about 25,000 source and 25,000
+target tokens (§5.1). Sorting by length before cutting batches keeps padding small; the order of
+batches (and of equal-length sentences) is reshuffled every epoch from ``(seed, epoch)``, so that
+a run is reproducible and a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def token_batches(
+    src_lengths: list[int],
+    tgt_lengths: list[int],
+    max_tokens: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[list[int]]:
+    """Indices of examples grouped into batches whose padded size ``count × longest`` fits ``max_tokens``.
+
+    A single example longer than ``max_tokens`` still gets a batch of its own.
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(src_lengths)))
+    if shuffle:
+        rng.shuffle(order)  # random order among equal lengths
+    order.sort(key=lambda i: (src_lengths[i], tgt_lengths[i]))
+    batches, current, longest = [], [], 0
+    for i in order:
+        size = max(src_lengths[i], tgt_lengths[i])
+        if current and max(longest, size) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, size)
+    if current:
+        batches.append(current)
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one batch: the source, the target shifted right, and the target to predict."""
+
+    src: Tensor  # (B, S): tokens + </s>
+    tgt_in: Tensor  # (B, T): <s> + tokens
+    tgt_out: Tensor  # (B, T): tokens + </s>
+
+    @property
+    def n_tokens(self) -> int:
+        """Target tokens that count towards the loss (not padding)."""
+        return int((self.tgt_out != PAD_ID).sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+
+
+def pad(sequences: list[list[int]]) -> Tensor:
+    """Right-pad lists of ids into a ``(B, longest)`` tensor."""
+    out = torch.full((len(sequences), max(map(len, sequences))), PAD_ID, dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+def make_batch(src: list[list[int]], tgt: list[list[int]]) -> Batch:
+    """Add the specials and pad: source ``x </s>``, decoder input ``<s> y``, decoder target ``y </s>``."""
+    return Batch(
+        src=pad([[*s, EOS_ID] for s in src]),
+        tgt_in=pad([[BOS_ID, *t] for t in tgt]),
+        tgt_out=pad([[*t, EOS_ID] for t in tgt]),
+    )

@@ -1,0 +1,61 @@
+"""Reading parallel text: one sentence per line, plain or gzip, source and target files aligned by line.
+
+Bad input stops with a one-line :class:`DataError` naming the file (and line where there is one).
+Pairs are filtered *together*: dropping an empty line from one side alone would shift every later
+pair out of alignment (JoeyNMT issue #183), so a pair is dropped when either side is empty.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnkit.errors import DataError
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file (``.gz`` is decompressed), without line endings."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as error:
+        raise DataError(f"{path}: cannot read ({error})") from None
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty")
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    decoded = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            decoded.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}:{number}: invalid UTF-8 at byte {error.start} of the line") from None
+    return decoded
+
+
+@dataclass
+class ParallelText:
+    """Aligned source/target sentences, and how many pairs were dropped as empty."""
+
+    src: list[str]
+    tgt: list[str]
+    dropped_empty: int = 0
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
+    """Read two aligned files; a line-count mismatch is an error giving both counts."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
+            "parallel files must align line by line"
+        )
+    keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s.strip() and t.strip()]
+    return ParallelText([src[i].strip() for i in keep], [tgt[i].strip() for i in keep], len(src) - len(keep))

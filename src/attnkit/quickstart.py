@@ -1,0 +1,70 @@
+"""``attnkit quickstart``: train a small Transformer on a generated task in about two minutes on a CPU.
+
+The task (data/synthetic.py ``dates``) turns human-written dates into ISO dates, so it needs no
+download. The recipe below is the paper's model, only smaller (2+2 layers, d_model=64) and at character
+level: 1,500 steps (about two minutes on two CPU cores), then the last three checkpoints are averaged
+as in the paper (§6.1), which reaches ≥ 99% exact match on held-out dates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from attnkit.config import RunConfig
+from attnkit.data.batching import make_batch
+from attnkit.decode.translate import translate
+from attnkit.metrics import exact_match
+from attnkit.train.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
+from attnkit.train.data import read_split
+from attnkit.train.loop import Trainer
+from attnkit.viz.attention import cross_attention, plot_attention
+
+RECIPE = {
+    "model": {"preset": "tiny", "d_model": 64, "d_ff": 256, "h": 4, "dropout": 0.0},
+    "data": {"task": "dates", "tokenizer": "char", "n_train": 50000, "n_valid": 500},
+    "train": {"max_tokens": 2000, "schedule": "inverse_sqrt", "lr": 0.002, "warmup": 200, "clip_norm": 1.0,
+              "label_smoothing": 0.0, "eval_every": 150, "eval_metric": "accuracy", "max_steps": 1500,
+              "max_minutes": 2.5},
+    "decode": {"beam_size": 1},
+}  # fmt: skip
+
+
+def run_quickstart(
+    out: Path, max_steps: int | None = None, minutes: float | None = None, echo: Callable[[str], None] = print
+) -> float:
+    """Train, average, report held-out exact match and examples, plot one attention map; returns the accuracy."""
+    config = RunConfig.from_dict(RECIPE, "quickstart recipe")
+    config.train.max_steps = max_steps or config.train.max_steps
+    config.train.max_minutes = minutes or config.train.max_minutes
+    echo(f"training a {config.model.encoder_layers}+{config.model.decoder_layers}-layer Transformer on "
+         f"'{config.data.task}' for up to {config.train.max_minutes} minutes; run directory {out}")  # fmt: skip
+    Trainer(config, out, echo=echo).fit()
+    averaged = average_checkpoints(list_checkpoints(out)[-3:], out / "averaged")
+    model, tokenizer, config = load_for_inference(averaged)
+    test = read_split(config.data, "test", config.train.seed)  # never seen in training or validation
+    hypotheses = translate(model, tokenizer, test.src, config.decode, beam_size=1)
+    accuracy = exact_match(hypotheses, test.tgt)
+    echo(
+        f"held-out exact match of the average of the last 3 checkpoints: {accuracy:.1%} of {len(test)} dates"
+    )
+    for source, hypothesis, reference in list(zip(test.src, hypotheses, test.tgt, strict=True))[:5]:
+        echo(
+            f"  {source!r:>32} -> {hypothesis!r}"
+            + ("" if hypothesis == reference else f"  (expected {reference!r})")
+        )
+    plot = out / "attention.png"
+    _plot_example(model, tokenizer, test.src[0], hypotheses[0], plot)
+    echo(f"attention heat map of the first example: {plot}")
+    return accuracy
+
+
+def _plot_example(model, tokenizer, source: str, output: str, path: Path) -> None:
+    batch = make_batch([tokenizer.encode(source)], [tokenizer.encode(output)])
+    weights = cross_attention(model, batch.src, batch.tgt_in)[0]  # (T_tgt, T_src)
+    src_tokens = tokenizer.tokens(batch.src[0].tolist())
+    tgt_tokens = tokenizer.tokens(batch.tgt_out[0].tolist())  # each row predicts this token
+    with torch.no_grad():
+        plot_attention(weights, src_tokens, tgt_tokens, path, title="encoder-decoder attention, last layer")

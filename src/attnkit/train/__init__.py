@@ -1,0 +1,1 @@
+"""Training: losses, schedules, atomic checkpoints and the training loop."""

@@ -1,0 +1,58 @@
+"""Several processes through ``torchrun``: DistributedDataParallel with rank-aware batches.
+
+``torchrun --nproc_per_node=N -m attnkit train ...`` starts N copies; each reads RANK / WORLD_SIZE /
+LOCAL_RANK from the environment. Every optimizer step consumes ``update_freq × world_size`` batches and
+rank r takes every world_size-th of them, so N processes with ``update_freq=1`` see the same global batch
+as one process with ``update_freq=N``. The loss is divided by the *global* number of target tokens, so
+the averaged gradient is the same too. NCCL on GPUs, gloo on CPUs (used by the tests).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Sum numbers over all processes (identity for one process)."""
+        if self.size == 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+
+def init_world(device_kind: str) -> World:
+    """Join the process group when launched by torchrun; a single process otherwise."""
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
+        return World()
+    backend = "nccl" if device_kind == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    if device_kind == "cuda":
+        torch.cuda.set_device(world.local_rank)
+    return world
+
+
+def shard(group: list[list[int]], world: World) -> list[list[int]]:
+    """This rank's share of one optimizer step's batches."""
+    return group[world.rank :: world.size]
+
+
+def close_world(world: World) -> None:
+    if world.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,255 @@
+"""The training loop: read it top to bottom, no callbacks.
+
+``Trainer(config, run_dir).fit()`` prepares the data, builds the model and Adam(β1=0.9, β2=0.98,
+ε=1e-9) with the chosen schedule (§5.3), then repeats: take ``update_freq`` token-budget batches,
+accumulate the label-smoothed loss, clip, step; every ``eval_every`` steps validate (loss, perplexity,
+greedy BLEU and exact match), save a checkpoint (atomically; ``best`` by ``eval_metric``) and maybe stop
+early. ``resume=True`` restores weights, optimizer, schedule, RNG states and the position in the epoch
+from the run's ``last`` checkpoint, so the continued run is the run that was interrupted.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from attnkit.config import RunConfig
+from attnkit.data.batching import make_batch, token_batches
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.translate import translate
+from attnkit.errors import AttnkitError, ConfigError
+from attnkit.metrics import bleu, exact_match, perplexity
+from attnkit.models.seq2seq import build_transformer
+from attnkit.train import checkpoint as ckpt
+from attnkit.train.data import prepare_data
+from attnkit.train.distributed import close_world, init_world, shard
+from attnkit.train.losses import label_smoothed_loss
+from attnkit.train.schedules import learning_rate_fn, make_scheduler
+
+LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s", "valid_loss", "valid_ppl",
+              "valid_bleu", "valid_accuracy", "elapsed_s"]  # fmt: skip
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Trainer:
+    """One training run in ``run_dir``; ``fit()`` runs it and returns the final validation scores."""
+
+    def __init__(
+        self, config: RunConfig, run_dir: str | Path, *, resume: bool = False, echo: Callable = print
+    ):
+        self.config, self.run_dir, self.echo = config, Path(run_dir), echo
+        t = config.train
+        self.device = resolve_device(t.device)
+        self.world = init_world(self.device.type)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", self.world.local_rank)
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp32": None}.get(
+            t.precision, torch.bfloat16 if self.device.type == "cuda" else None
+        )
+        resume_from = ckpt.resolve_checkpoint(self.run_dir, prefer="last") if resume else None
+        torch.manual_seed(t.seed)
+        tokenizer = Tokenizer.load(resume_from / "tokenizer.json") if resume_from else None
+        self.data = prepare_data(config.data, t.seed, tokenizer, self._say)
+        self.tokenizer = self.data.tokenizer
+        self.model = build_transformer(config.model, self.tokenizer.vocab_size).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=tuple(t.betas), eps=t.eps)
+        self.scheduler = make_scheduler(
+            self.optimizer, learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model)
+        )
+        self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
+        self.best, self.bad_evals, self.history = None, 0, []
+        if resume_from:
+            self._restore(resume_from)
+        self.ddp = (
+            DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+            if self.world.size > 1
+            else self.model
+        )
+
+    def _say(self, message: str) -> None:
+        if self.world.is_main:
+            self.echo(message)
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        t = self.config.train
+        if not (t.max_steps or t.max_epochs or t.max_minutes):
+            raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
+        started, scores = time.perf_counter() - self.elapsed, {}
+        show_bar = self.world.is_main and sys.stderr.isatty()  # no bar in log files; validations still print
+        bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
+                   dynamic_ncols=True, leave=False)  # fmt: skip
+        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
+        try:
+            while not self._finished(time.perf_counter() - started):
+                batches = token_batches(
+                    [len(s) + 1 for s in self.data.train_src], [len(s) + 1 for s in self.data.train_tgt],
+                    t.max_tokens, seed=t.seed, epoch=self.epoch,
+                )  # fmt: skip
+                per_step = t.update_freq * self.world.size
+                while self.position < len(batches) and not self._finished(time.perf_counter() - started):
+                    group = batches[self.position : self.position + per_step]
+                    loss, nll, tokens = self._train_step(shard(group, self.world))
+                    self.step, self.position = self.step + 1, self.position + per_step
+                    for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens)):
+                        window[key] += value
+                    self.elapsed = time.perf_counter() - started
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss / tokens:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+                    if self.step % t.eval_every == 0:
+                        scores = self._evaluate_and_save(window)
+                        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
+                        if t.patience and self.bad_evals >= t.patience:
+                            self._say(f"stopping early: no improvement in {t.patience} validations")
+                            return scores
+                if self.position >= len(batches):
+                    self.epoch, self.position = self.epoch + 1, 0
+            if self.step % t.eval_every != 0:  # the last steps since the last validation
+                scores = self._evaluate_and_save(window)
+            return scores
+        finally:
+            bar.close()
+            close_world(self.world)
+
+    def _finished(self, elapsed: float) -> bool:
+        t = self.config.train
+        return bool(
+            (t.max_steps and self.step >= t.max_steps)
+            or (t.max_epochs and self.epoch >= t.max_epochs)
+            or (t.max_minutes and elapsed >= t.max_minutes * 60)
+        )
+
+    def _train_step(self, batches: list[list[int]]) -> tuple[float, float, float]:
+        """One optimizer update over this rank's batches; returns global (loss, nll, tokens) sums."""
+        self.ddp.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        made = [
+            make_batch([self.data.train_src[i] for i in b], [self.data.train_tgt[i] for i in b])
+            for b in batches
+        ]
+        local_tokens = sum(b.n_tokens for b in made)
+        (global_tokens,) = self.world.all_sum([float(local_tokens)], self.device)
+        loss_sum = nll_sum = 0.0
+        for k, batch in enumerate(made):
+            batch = batch.to(self.device)
+            sync = k == len(made) - 1 or self.world.size == 1
+            with nullcontext() if sync else self.ddp.no_sync(), self._autocast():
+                logits = self.ddp(batch.src, batch.tgt_in)
+                loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.config.train.label_smoothing)
+            # DDP averages gradients over ranks; scaling by world size makes that a sum over tokens.
+            (loss * self.world.size / global_tokens).backward()
+            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+        loss_sum, nll_sum = self.world.all_sum([loss_sum, nll_sum], self.device)
+        if not math.isfinite(loss_sum):
+            raise AttnkitError(
+                f"loss became {loss_sum} at step {self.step + 1}; lower train.lr or add train.clip_norm"
+            )
+        if self.config.train.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.train.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss_sum, nll_sum, global_tokens
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    # --- validation and checkpoints ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""
+        valid = self.data.valid
+        src, tgt = self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
+        self.model.eval()
+        loss_sum = nll_sum = tokens = 0.0
+        lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
+        for b in token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False):
+            batch = make_batch([src[i] for i in b], [tgt[i] for i in b]).to(self.device)
+            with self._autocast():
+                logits = self.model(batch.src, batch.tgt_in)
+            loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.config.train.label_smoothing)
+            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tokens
+        hypotheses = translate(self.model, self.tokenizer, valid.src, self.config.decode, beam_size=1,
+                               device=self.device)  # fmt: skip
+        return {
+            "valid_loss": loss_sum / tokens,
+            "valid_ppl": perplexity(nll_sum / tokens),
+            "valid_bleu": bleu(hypotheses, valid.tgt).score,
+            "valid_accuracy": exact_match(hypotheses, valid.tgt),
+        }
+
+    def _evaluate_and_save(self, window: dict[str, float]) -> dict[str, float]:
+        scores = self.validate()
+        metric = self.config.train.eval_metric
+        value = {
+            "bleu": scores["valid_bleu"],
+            "accuracy": scores["valid_accuracy"],
+            "loss": -scores["valid_loss"],
+        }[metric]
+        is_best = self.best is None or value > self.best
+        self.best, self.bad_evals = (value, 0) if is_best else (self.best, self.bad_evals + 1)
+        tokens = max(window["tokens"], 1.0)
+        row = {"step": self.step, "epoch": self.epoch, "lr": self.scheduler.get_last_lr()[0],
+               "train_loss": window["loss"] / tokens, "train_ppl": perplexity(window["nll"] / tokens),
+               "tokens_per_s": window["tokens"] / max(time.perf_counter() - window["began"], 1e-9),
+               **scores, "elapsed_s": self.elapsed}  # fmt: skip
+        self.history.append(row)
+        self._say(
+            f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid loss "
+            f"{scores['valid_loss']:.3f}, ppl {scores['valid_ppl']:.2f}, BLEU {scores['valid_bleu']:.2f}, "
+            f"accuracy {scores['valid_accuracy']:.3f}" + ("  (best)" if is_best else "")
+        )
+        if self.world.is_main:
+            self._save(is_best)
+            self._write_log()
+        return scores
+
+    def _save(self, is_best: bool) -> None:
+        state = {"step": self.step, "epoch": self.epoch, "position": self.position, "elapsed": self.elapsed,
+                 "best": self.best, "bad_evals": self.bad_evals, "history": self.history,
+                 "scheduler": self.scheduler.state_dict()}  # fmt: skip
+        ckpt.save_checkpoint(
+            self.run_dir, self.step, model=self.model, config=self.config.to_dict(),
+            tokenizer_json=self.tokenizer.to_str(), optimizer=self.optimizer, trainer_state=state,
+            is_best=is_best, keep_last=self.config.train.keep_last,
+        )  # fmt: skip
+
+    def _restore(self, checkpoint: Path) -> None:
+        ckpt.load_model_weights(self.model, checkpoint)
+        state = ckpt.load_trainer_state(checkpoint, self.optimizer)
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.elapsed, self.best, self.bad_evals = state["elapsed"], state["best"], state["bad_evals"]
+        self.history = state["history"]
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._say(
+            f"resumed from {checkpoint} at step {self.step} (epoch {self.epoch}, batch {self.position})"
+        )
+
+    def _write_log(self) -> None:
+        """metrics.csv, rewritten whole from the history (so a resumed run has no stale rows)."""
+        text_rows = [{k: row.get(k, "") for k in LOG_FIELDS} for row in self.history]
+        path = self.run_dir / "metrics.csv"
+        with open(path.with_suffix(".csv.tmp"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=LOG_FIELDS)
+            writer.writeheader()
+            writer.writerows(text_rows)
+        path.with_suffix(".csv.tmp").replace(path)

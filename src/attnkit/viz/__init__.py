@@ -1,0 +1,1 @@
+"""Plots: attention heat maps."""
