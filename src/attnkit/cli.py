@@ -113,7 +113,9 @@ def quickstart(
 def train(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Argument(help="YAML recipe (configs/*.yaml).")] = None,
-    run: Annotated[Path | None, typer.Option(help="Run directory for checkpoints and logs.")] = None,
+    run: Annotated[
+        Path | None, typer.Option("--run-dir", help="Run directory for checkpoints and logs.")
+    ] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue the run in this directory.")] = None,
     data: Annotated[Path | None, typer.Option(help="Data directory (sets data.dir).")] = None,
 ) -> None:
@@ -122,14 +124,17 @@ def train(
     from attnkit.train.loop import Trainer
 
     try:
-        overrides = parse_overrides(ctx.args) + ([f"data.dir={data}"] if data else [])
+        extra = ctx.args
+        if config is not None and "=" in config.name and not config.exists():  # an override, not a file
+            config, extra = None, [str(config), *extra]
+        overrides = parse_overrides(extra) + ([f"data.dir={data}"] if data else [])
         if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
             from attnkit.train.checkpoint import resolve_checkpoint
 
             config = config or resolve_checkpoint(resume, prefer="last") / "config.json"
             run = resume
         if run is None:
-            raise AttnkitError("give --run DIR for a new run, or --resume DIR to continue one")
+            raise AttnkitError("give --run-dir DIR for a new run, or --resume DIR to continue one")
         run_config = load_run_config(config, overrides)
         scores = Trainer(run_config, run, resume=resume is not None, echo=typer.echo).fit()
         typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
@@ -198,7 +203,7 @@ def evaluate(
 
 @app.command()
 def average(
-    run: Annotated[Path, typer.Option(help="Run directory whose checkpoints to average.")],
+    run: Annotated[Path, typer.Option("--run-dir", help="Run directory whose checkpoints to average.")],
     last: Annotated[int, typer.Option(help="How many of the latest checkpoints.")] = 5,
     out: Annotated[
         Path | None, typer.Option(help="Output checkpoint folder (default: RUN/averaged).")

@@ -108,6 +108,10 @@ def _checked(cls: type, values: dict[str, Any], source: str, section: str) -> di
     if not isinstance(values, dict):
         raise ConfigError(f"{source}: section '{section}' must be a mapping, got {values!r}")
     defaults = {f.name: f for f in dataclasses.fields(cls)}
+    values = dict(values)
+    for key, value in values.items():
+        if key in defaults and isinstance(defaults[key].default, float) and isinstance(value, str):
+            values[key] = _yaml_float(value)  # PyYAML reads "5e-4" (no dot) as a string
     for key, value in values.items():
         if key not in defaults:
             raise ConfigError(f"{source}: unknown field '{section}.{key}'; known: {sorted(defaults)}")
@@ -120,6 +124,13 @@ def _checked(cls: type, values: dict[str, Any], source: str, section: str) -> di
         if not ok:
             raise ConfigError(f"{source}: '{section}.{key}' must be {expected.__name__}, got {value!r}")
     return {k: (float(v) if isinstance(defaults[k].default, float) else v) for k, v in values.items()}
+
+
+def _yaml_float(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # reported as a type error by the caller
 
 
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -35,12 +35,13 @@ RECIPE = {
 def run_quickstart(
     out: Path, max_steps: int | None = None, minutes: float | None = None, echo: Callable[[str], None] = print
 ) -> float:
-    """Train, average, report held-out exact match and examples, plot one attention map; returns the accuracy."""
+    """Train, average, report held-out exact match and examples, plot attention; returns the accuracy."""
     config = RunConfig.from_dict(RECIPE, "quickstart recipe")
     config.train.max_steps = max_steps or config.train.max_steps
     config.train.max_minutes = minutes or config.train.max_minutes
     echo(f"training a {config.model.encoder_layers}+{config.model.decoder_layers}-layer Transformer on "
-         f"'{config.data.task}' for up to {config.train.max_minutes} minutes; run directory {out}")  # fmt: skip
+         f"'{config.data.task}' for {config.train.max_steps} steps "
+         f"(at most {config.train.max_minutes} minutes) in {out}")  # fmt: skip
     Trainer(config, out, echo=echo).fit()
     averaged = average_checkpoints(list_checkpoints(out)[-3:], out / "averaged")
     model, tokenizer, config = load_for_inference(averaged)

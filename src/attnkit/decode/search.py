@@ -1,7 +1,7 @@
 """Batched greedy and beam search over an EncoderDecoder, with the KV cache (or without, to check it).
 
-Output length is bounded per sentence by ``max_len_a · source_length + max_len_b`` (fairseq's rule);
-a hypothesis that reaches its bound is ended with ``</s>``.
+Output length is bounded per sentence by ``max_len_a · source_length + max_len_b`` tokens including
+``</s>`` (fairseq's rule); at the bound ``</s>`` is the only choice left, in greedy and beam search alike.
 
 Beam search ranks finished hypotheses by ``log P(Y|X) / lp(Y)`` with the GNMT length penalty
 (Wu et al., 2016, eq. 14): ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, where ``|Y|`` counts the generated
@@ -38,11 +38,22 @@ def _limits(src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     return (max_len_a * src_lengths + max_len_b).long().clamp(min=1)  # (B,)
 
 
-def _next_log_probs(model, memory, src_mask, tokens: Tensor, cache: DecoderCache | None) -> Tensor:
-    """Log-probabilities of the next token after ``tokens (N, t)``: ``(N, V)``."""
+def _next_log_probs(
+    model, memory, src_mask, tokens: Tensor, cache: DecoderCache | None, at_limit: Tensor
+) -> Tensor:
+    """Log-probabilities of the next token after ``tokens (N, t)``: ``(N, V)``.
+
+    ``<pad>`` and ``<s>`` are never generated; rows ``at_limit`` may only end (``</s>``), keeping the
+    model's probability of ending so that scores stay true log-probabilities.
+    """
     step = tokens[:, -1:] if cache is not None else tokens
     hidden = model.decode(memory, src_mask, step, cache=cache)[:, -1]
-    return model.generator(hidden).float().log_softmax(-1)
+    log_probs = model.generator(hidden).float().log_softmax(-1)
+    log_probs[:, PAD_ID] = log_probs[:, BOS_ID] = float("-inf")
+    end = log_probs[:, EOS_ID].clone()
+    log_probs[at_limit] = float("-inf")
+    log_probs[:, EOS_ID] = end
+    return log_probs
 
 
 @torch.no_grad()
@@ -57,8 +68,7 @@ def greedy(
     tokens = torch.full((src.size(0), 1), BOS_ID, dtype=torch.long, device=src.device)
     finished = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     for t in range(int(limits.max())):
-        next_token = _next_log_probs(model, memory, src_mask, tokens, cache).argmax(-1)
-        next_token = torch.where(t + 1 >= limits, EOS_ID, next_token)
+        next_token = _next_log_probs(model, memory, src_mask, tokens, cache, t + 1 >= limits).argmax(-1)
         next_token = torch.where(finished, PAD_ID, next_token)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         finished |= next_token == EOS_ID
@@ -89,21 +99,21 @@ def beam_search(
     src_mask = padding_mask(src, PAD_ID).repeat_interleave(K, dim=0)  # (B·K, 1, S)
     memory = model.encode(src.repeat_interleave(K, dim=0), src_mask)  # (B·K, S, d_model)
     cache = model.new_cache() if use_cache else None
-    limits = _limits(src, max_len_a, max_len_b).tolist()
+    limits = _limits(src, max_len_a, max_len_b)
+    row_limits = limits.repeat_interleave(K)  # (B·K,)
     tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one so the first step does not pick duplicates
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    for t in range(max(limits)):
-        log_probs = _next_log_probs(model, memory, src_mask, tokens, cache)  # (B·K, V)
-        log_probs[:, PAD_ID] = log_probs[:, BOS_ID] = float("-inf")
+    for t in range(int(limits.max())):
+        log_probs = _next_log_probs(model, memory, src_mask, tokens, cache, t + 1 >= row_limits)  # (B·K, V)
         V = log_probs.size(-1)
         candidates = (scores.view(-1, 1) + log_probs).view(B, K * V)
         top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=-1)  # 2K: K may end in </s>
         keep_rows, keep_tokens, keep_scores = [], [], []
         for b in range(B):
             rows, next_tokens, next_scores = _advance_sentence(
-                b, t, K, V, limits[b], top_scores[b].tolist(), top_index[b].tolist(), tokens, alpha, finished
+                b, t, K, V, top_scores[b].tolist(), top_index[b].tolist(), tokens, alpha, finished
             )
             keep_rows += rows
             keep_tokens += next_tokens
@@ -118,7 +128,7 @@ def beam_search(
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
 
 
-def _advance_sentence(b, t, K, V, limit, top_scores, top_index, tokens, alpha, finished):
+def _advance_sentence(b, t, K, V, top_scores, top_index, tokens, alpha, finished):
     """Move sentence ``b``'s candidates into finished hypotheses or the K beams of the next step."""
     rows, next_tokens, next_scores = [], [], []
     done = len(finished[b]) >= K
@@ -127,9 +137,8 @@ def _advance_sentence(b, t, K, V, limit, top_scores, top_index, tokens, alpha, f
             break
         beam, token = divmod(flat, V)
         row = b * K + beam
-        if token == EOS_ID or t + 1 >= limit:  # ended by the model, or by the length bound
-            history = tokens[row, 1:].tolist() + ([] if token == EOS_ID else [token])
-            finished[b].append(Hypothesis(history, score / length_penalty(t + 1, alpha)))
+        if token == EOS_ID:
+            finished[b].append(Hypothesis(tokens[row, 1:].tolist(), score / length_penalty(t + 1, alpha)))
             done = len(finished[b]) >= K
         else:
             rows.append(row)

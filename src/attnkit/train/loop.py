@@ -106,6 +106,9 @@ class Trainer:
                 per_step = t.update_freq * self.world.size
                 while self.position < len(batches) and not self._finished(time.perf_counter() - started):
                     group = batches[self.position : self.position + per_step]
+                    if len(group) < self.world.size:  # too few left for every rank: an idle rank would hang
+                        self.position = len(batches)
+                        break
                     loss, nll, tokens = self._train_step(shard(group, self.world))
                     self.step, self.position = self.step + 1, self.position + per_step
                     for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens)):

@@ -1,0 +1,44 @@
+"""Parallel text is read together, and bad input is one clear error naming the file and line."""
+
+import gzip
+
+import pytest
+
+from attnkit.data.readers import read_lines, read_parallel
+from attnkit.errors import DataError
+
+
+def test_plain_and_gzip_files_read_the_same(tmp_path):
+    text = "eins\nzwei\r\ndrei\n"
+    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+    assert read_lines(tmp_path / "a.txt") == read_lines(tmp_path / "a.txt.gz") == ["eins", "zwei", "drei"]
+
+
+def test_empty_pairs_are_dropped_together_so_alignment_survives(tmp_path):
+    (tmp_path / "s").write_text("a\n\nc\nd\n")
+    (tmp_path / "t").write_text("A\nB\n \nD\n")
+    pairs = read_parallel(tmp_path / "s", tmp_path / "t")
+    assert list(zip(pairs.src, pairs.tgt, strict=True)) == [("a", "A"), ("d", "D")]
+    assert pairs.dropped_empty == 2
+
+
+def test_line_count_mismatch_gives_both_counts(tmp_path):
+    (tmp_path / "s").write_text("a\nb\nc\n")
+    (tmp_path / "t").write_text("A\nB\n")
+    with pytest.raises(DataError, match=r"s has 3 lines but .*t has 2"):
+        read_parallel(tmp_path / "s", tmp_path / "t")
+
+
+def test_missing_and_empty_files_are_named(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.txt: file not found"):
+        read_lines(tmp_path / "nope.txt")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(DataError, match=r"empty\.txt: file is empty"):
+        read_lines(tmp_path / "empty.txt")
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"fine\nalso fine\nbroken \xff here\n")
+    with pytest.raises(DataError, match=r"bad\.txt:3: invalid UTF-8"):
+        read_lines(tmp_path / "bad.txt")

@@ -1,0 +1,104 @@
+"""End to end through the command line on a tiny file-based task: train, resume, translate, evaluate, average;
+and user errors as one line with exit code 2."""
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from attnkit.cli import app
+from attnkit.data.synthetic import copy
+
+runner = CliRunner()
+TINY = ["model.preset=tiny", "data.tokenizer=word", "train.max_tokens=300", "train.schedule=constant",
+        "train.lr=0.003", "train.warmup=5", "train.eval_every=10", "decode.beam_size=2"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    for name, n, seed in (("train", 300, 0), ("valid", 20, 1)):
+        pairs = copy(n, seed, max_length=5)
+        (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n")
+        (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    run = tmp_path_factory.mktemp("run")
+    config = run / "recipe.yaml"
+    config.write_text("data:\n  train: [train.src, train.tgt]\n  valid: [valid.src, valid.tgt]\n")
+    result = runner.invoke(app, ["train", str(config), "--run-dir", str(run), "--data", str(data_dir), *TINY,
+                                 "--train.max_steps", "20"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert re.search(r"step 20 epoch \d+: train loss", result.output)
+    return run
+
+
+def test_training_writes_checkpoints_and_a_metrics_log(trained):
+    assert (trained / "last").read_text() == "step-0000020"
+    assert (trained / "best").is_file()
+    assert len((trained / "metrics.csv").read_text().splitlines()) == 3  # header + steps 10 and 20
+
+
+def test_resume_continues_from_the_last_checkpoint(trained):
+    result = runner.invoke(app, ["train", "--resume", str(trained), "train.max_steps=30"])
+    assert result.exit_code == 0, result.output
+    assert "resumed from" in result.output and "at step 20" in result.output
+    assert (trained / "last").read_text() == "step-0000030"
+
+
+def test_translate_reads_stdin_or_a_file_and_keeps_one_line_per_input(trained, data_dir, tmp_path):
+    result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--beam", "1"], input="1 2 3\n\n4 5\n")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 3 and result.stdout.splitlines()[1] == ""
+    out = tmp_path / "out.txt"
+    result = runner.invoke(
+        app, ["translate", "--ckpt", str(trained), "-i", str(data_dir / "valid.src"), "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 20
+
+
+def test_evaluate_prints_sacrebleu_bleu_and_chrf_with_signatures(trained, data_dir):
+    result = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", str(data_dir / "valid.src"),
+                                 "--ref", str(data_dir / "valid.tgt")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert re.search(r"BLEU = \d+\.\d\d  \(nrefs:1\|.*version:", result.output)
+    assert re.search(r"chrF = \d+\.\d\d  \(nrefs:1\|", result.output)
+
+
+def test_average_writes_a_loadable_checkpoint(trained):
+    result = runner.invoke(app, ["average", "--run-dir", str(trained), "--last", "2"])
+    assert result.exit_code == 0, result.output
+    assert "averaged 2 checkpoints" in result.output
+    result = runner.invoke(app, ["translate", "--ckpt", str(trained / "averaged")], input="1 2\n")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["data.train=[missing.src, train.tgt]"], r"missing\.src: file not found"),
+        (["train.lrr=1"], r"unknown field 'train\.lrr'"),
+        (["data.train=[train.src, valid.tgt]"], r"train\.src has 300 lines but .*valid\.tgt has 20"),
+        (["model.h=5"], r"divisible by model\.h"),
+        (["oops"], r"unexpected argument 'oops'"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_problem(data_dir, tmp_path, extra, message):
+    args = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(data_dir), *TINY, "train.max_steps=1",
+            "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]", *extra]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert re.search(message, result.stderr), result.stderr
+
+
+def test_yaml_floats_without_a_dot_are_numbers(tmp_path):
+    from attnkit.config import load_run_config
+
+    (tmp_path / "r.yaml").write_text("train:\n  lr: 5e-4\n  label_smoothing: 1e-1\n")
+    config = load_run_config(tmp_path / "r.yaml")
+    assert config.train.lr == 5e-4 and config.train.label_smoothing == 0.1

@@ -1,0 +1,109 @@
+"""Checkpoints round-trip exactly, survive a kill while saving, and average correctly."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnkit import build_transformer
+from attnkit.errors import AttnkitError
+from attnkit.train import checkpoint as ckpt
+
+
+def _save(run, step, model, optimizer=None, **kw):
+    state = {"step": step} if optimizer is not None else None
+    return ckpt.save_checkpoint(run, step, model=model, config={"note": "test"}, tokenizer_json="{}",
+                                optimizer=optimizer, trainer_state=state, **kw)  # fmt: skip
+
+
+def test_weights_optimizer_and_rng_round_trip_and_tied_weights_stay_tied(tmp_path):
+    torch.manual_seed(0)
+    model = build_transformer("tiny", 20)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randint(1, 20, (2, 5)), torch.randint(1, 20, (2, 4))).sum().backward()
+    optimizer.step()
+    path = _save(tmp_path, 7, model, optimizer)
+    expected_random = torch.rand(3)  # drawn after the RNG state was saved
+
+    loaded = build_transformer("tiny", 20)
+    ckpt.load_model_weights(loaded, path)
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert loaded.generator.proj.weight is loaded.src_embed.lut.weight
+    new_optimizer = torch.optim.Adam(loaded.parameters(), lr=1e-3)
+    meta = ckpt.load_trainer_state(path, new_optimizer)
+    assert meta["step"] == 7
+    assert torch.equal(torch.rand(3), expected_random)
+    old_state, new_state = optimizer.state_dict()["state"], new_optimizer.state_dict()["state"]
+    assert old_state.keys() == new_state.keys()
+    for index, values in old_state.items():
+        for key, value in values.items():
+            assert torch.equal(value, new_state[index][key]), (index, key)
+
+
+def test_pointers_name_complete_checkpoints_and_pruning_keeps_the_best(tmp_path):
+    model = build_transformer("tiny", 20)
+    _save(tmp_path, 1, model, is_best=True, keep_last=2)
+    for step in (2, 3, 4):
+        _save(tmp_path, step, model, keep_last=2)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    assert names == ["step-0000001", "step-0000003", "step-0000004"]
+    assert ckpt.resolve_checkpoint(tmp_path, "best").name == "step-0000001"
+    assert ckpt.resolve_checkpoint(tmp_path, "last").name == "step-0000004"
+    with pytest.raises(AttnkitError, match="no checkpoint here"):
+        ckpt.resolve_checkpoint(tmp_path / "elsewhere")
+
+
+def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_intact(tmp_path):
+    model = build_transformer("tiny", 20)
+    _save(tmp_path, 1, model)
+    before = load_file(str(tmp_path / "step-0000001" / "model.safetensors"))
+    script = textwrap.dedent(f"""
+        import os
+        from attnkit import build_transformer
+        from attnkit.train import checkpoint as ckpt
+        def die_mid_save(src, dst):  # the files are written; the process dies before the rename
+            os._exit(9)
+        ckpt.os.replace = die_mid_save
+        run = __import__("pathlib").Path({str(tmp_path)!r})
+        ckpt.save_checkpoint(run, 2, model=build_transformer("tiny", 20), config={{}}, tokenizer_json="{{}}")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], check=False)
+    assert result.returncode == 9
+    assert ckpt.resolve_checkpoint(tmp_path, "last").name == "step-0000001"
+    after = load_file(str(tmp_path / "step-0000001" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not (tmp_path / "step-0000002").exists()
+    assert any(p.name.startswith(".step-0000002") for p in tmp_path.iterdir())  # the torn attempt, hidden
+
+
+def test_a_failed_save_cleans_up_and_raises(tmp_path, monkeypatch):
+    model = build_transformer("tiny", 20)
+    _save(tmp_path, 1, model)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "save_model", broken)
+    with pytest.raises(OSError, match="disk full"):
+        _save(tmp_path, 2, model)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".step")] == []
+    assert (tmp_path / "last").read_text() == "step-0000001"
+
+
+def test_averaging_gives_the_element_wise_mean(tmp_path):
+    torch.manual_seed(0)
+    models = [build_transformer("tiny", 20) for _ in range(3)]
+    paths = [_save(tmp_path, i + 1, m, keep_last=5) for i, m in enumerate(models)]
+    out = ckpt.average_checkpoints(paths, tmp_path / "avg")
+    averaged = build_transformer("tiny", 20)
+    ckpt.load_model_weights(averaged, out)
+    expected = torch.stack([m.encoder.layers[0].feed_forward.w_1.weight for m in models]).mean(0)
+    torch.testing.assert_close(averaged.encoder.layers[0].feed_forward.w_1.weight, expected)
+    assert json.loads((out / "config.json").read_text()) == {"note": "test"}
+    assert os.path.isfile(out / "tokenizer.json")

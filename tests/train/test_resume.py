@@ -1,0 +1,44 @@
+"""An interrupted and resumed run is the run that was not interrupted (CPU, fixed seed)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnkit.config import load_run_config
+from attnkit.train.checkpoint import resolve_checkpoint
+from attnkit.train.loop import Trainer
+
+SETTINGS = [
+    "model.preset=tiny", "model.dropout=0.1", "data.task=dates", "data.tokenizer=char",
+    "data.n_train=60", "data.n_valid=10", "train.max_tokens=300", "train.update_freq=2",
+    "train.schedule=inverse_sqrt", "train.lr=0.003", "train.warmup=4", "train.eval_every=3",
+    "train.label_smoothing=0.1", "train.clip_norm=1.0",
+]  # fmt: skip
+
+
+def _run(run_dir, max_steps, resume=False):
+    config = load_run_config(None, [*SETTINGS, f"train.max_steps={max_steps}"])
+    trainer = Trainer(config, run_dir, resume=resume, echo=lambda message: None)
+    trainer.fit()
+    return trainer
+
+
+def test_resumed_run_has_the_same_losses_and_weights_as_an_uninterrupted_one(tmp_path):
+    whole = _run(tmp_path / "whole", 9)
+    _run(tmp_path / "split", 3)
+    resumed = _run(tmp_path / "split", 9, resume=True)
+    assert whole.epoch >= 1  # the runs cross an epoch boundary (reshuffled batches)
+    assert [row["train_loss"] for row in resumed.history] == [row["train_loss"] for row in whole.history]
+    assert [row["valid_loss"] for row in resumed.history] == [row["valid_loss"] for row in whole.history]
+    a = load_file(str(resolve_checkpoint(tmp_path / "whole", "last") / "model.safetensors"))
+    b = load_file(str(resolve_checkpoint(tmp_path / "split", "last") / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = (tmp_path / "split" / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3  # header + validations at steps 3, 6, 9
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
+    from attnkit.errors import AttnkitError
+
+    with pytest.raises(AttnkitError, match="no checkpoint here"):
+        _run(tmp_path / "empty", 3, resume=True)
