@@ -39,6 +39,11 @@ LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s", 
               "valid_bleu", "valid_accuracy", "elapsed_s"]  # fmt: skip
 
 
+def _new_window() -> dict[str, float]:
+    """Running sums of training statistics between two validations."""
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -71,7 +76,8 @@ class Trainer:
             self.optimizer, learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model)
         )
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
-        self.best, self.bad_evals, self.history = None, 0, []
+        self.best, self.bad_evals, self.history, self.scores = None, 0, [], {}
+        self.lengths = [len(s) + 1 for s in self.data.train_src], [len(s) + 1 for s in self.data.train_tgt]
         if resume_from:
             self._restore(resume_from)
         self.ddp = (
@@ -89,50 +95,62 @@ class Trainer:
     # --- the loop -------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
+        """Train until a limit (steps, epochs, minutes) or early stopping; returns the last validation."""
         t = self.config.train
         if not (t.max_steps or t.max_epochs or t.max_minutes):
             raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
-        started, scores = time.perf_counter() - self.elapsed, {}
+        self.started = time.perf_counter() - self.elapsed
         show_bar = self.world.is_main and sys.stderr.isatty()  # no bar in log files; validations still print
         bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
                    dynamic_ncols=True, leave=False)  # fmt: skip
-        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
+        self.window = _new_window()
         try:
-            while not self._finished(time.perf_counter() - started):
-                batches = token_batches(
-                    [len(s) + 1 for s in self.data.train_src], [len(s) + 1 for s in self.data.train_tgt],
-                    t.max_tokens, seed=t.seed, epoch=self.epoch,
-                )  # fmt: skip
-                per_step = t.update_freq * self.world.size
-                while self.position < len(batches) and not self._finished(time.perf_counter() - started):
-                    group = batches[self.position : self.position + per_step]
-                    if len(group) < self.world.size:  # too few left for every rank: an idle rank would hang
-                        self.position = len(batches)
-                        break
-                    loss, nll, tokens = self._train_step(shard(group, self.world))
-                    self.step, self.position = self.step + 1, self.position + per_step
-                    for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens)):
-                        window[key] += value
-                    self.elapsed = time.perf_counter() - started
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss / tokens:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
-                    if self.step % t.eval_every == 0:
-                        scores = self._evaluate_and_save(window)
-                        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
-                        if t.patience and self.bad_evals >= t.patience:
-                            self._say(f"stopping early: no improvement in {t.patience} validations")
-                            return scores
-                if self.position >= len(batches):
-                    self.epoch, self.position = self.epoch + 1, 0
+            while not self._finished():
+                if self._train_epoch(bar, show_bar):
+                    return self.scores
             if self.step % t.eval_every != 0:  # the last steps since the last validation
-                scores = self._evaluate_and_save(window)
-            return scores
+                self._evaluate_and_save()
+            return self.scores
         finally:
             bar.close()
             close_world(self.world)
 
-    def _finished(self, elapsed: float) -> bool:
+    def _train_epoch(self, bar: tqdm, show_bar: bool) -> bool:
+        """Continue the current epoch from ``self.position``; True when early stopping ends training."""
         t = self.config.train
+        batches = token_batches(*self.lengths, t.max_tokens, seed=t.seed, epoch=self.epoch)
+        per_step = t.update_freq * self.world.size
+        while self.position < len(batches) and not self._finished():
+            group = batches[self.position : self.position + per_step]
+            if len(group) < self.world.size:  # too few left for every rank: an idle rank would hang
+                break
+            loss, nll, tokens = self._train_step(shard(group, self.world))
+            self.step, self.position = self.step + 1, self.position + per_step
+            for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens)):
+                self.window[key] += value
+            self.elapsed = time.perf_counter() - self.started
+            self._report_progress(bar, show_bar, loss / tokens)
+            if self.step % t.eval_every == 0:
+                self._evaluate_and_save()
+                if t.patience and self.bad_evals >= t.patience:
+                    self._say(f"stopping early: no improvement in {t.patience} validations")
+                    return True
+        if self.position >= len(batches) or len(batches[self.position :]) < self.world.size:
+            self.epoch, self.position = self.epoch + 1, 0
+        return False
+
+    def _report_progress(self, bar: tqdm, show_bar: bool, loss: float) -> None:
+        """The bar's loss, lr and tokens/s; without a terminal, a line every ``log_every`` steps instead."""
+        lr = self.scheduler.get_last_lr()[0]
+        speed = self.window["tokens"] / max(time.perf_counter() - self.window["began"], 1e-9)
+        if show_bar:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
+        elif self.config.train.log_every and self.step % self.config.train.log_every == 0:
+            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} target tokens/s")
+
+    def _finished(self) -> bool:
+        t, elapsed = self.config.train, time.perf_counter() - self.started
         return bool(
             (t.max_steps and self.step >= t.max_steps)
             or (t.max_epochs and self.epoch >= t.max_epochs)
@@ -200,8 +218,11 @@ class Trainer:
             "valid_accuracy": exact_match(hypotheses, valid.tgt),
         }
 
-    def _evaluate_and_save(self, window: dict[str, float]) -> dict[str, float]:
-        scores = self.validate()
+    def _evaluate_and_save(self) -> None:
+        """Validate, log, save a checkpoint (best or not), and start a new window of training statistics."""
+        window, self.window = self.window, _new_window()
+        train_seconds = max(time.perf_counter() - window["began"], 1e-9)  # before validation's time
+        scores = self.scores = self.validate()
         metric = self.config.train.eval_metric
         value = {
             "bleu": scores["valid_bleu"],
@@ -213,7 +234,7 @@ class Trainer:
         tokens = max(window["tokens"], 1.0)
         row = {"step": self.step, "epoch": self.epoch, "lr": self.scheduler.get_last_lr()[0],
                "train_loss": window["loss"] / tokens, "train_ppl": perplexity(window["nll"] / tokens),
-               "tokens_per_s": window["tokens"] / max(time.perf_counter() - window["began"], 1e-9),
+               "tokens_per_s": window["tokens"] / train_seconds,
                **scores, "elapsed_s": self.elapsed}  # fmt: skip
         self.history.append(row)
         self._say(
@@ -224,7 +245,7 @@ class Trainer:
         if self.world.is_main:
             self._save(is_best)
             self._write_log()
-        return scores
+        self.window["began"] = time.perf_counter()  # validation and saving are not training time
 
     def _save(self, is_best: bool) -> None:
         state = {"step": self.step, "epoch": self.epoch, "position": self.position, "elapsed": self.elapsed,

@@ -1,0 +1,64 @@
+"""Training-step speed: attnkit's EncoderDecoder against ``torch.nn.Transformer``, same everything else.
+
+One step = zero_grad, forward, label-smoothed loss, backward, Adam(0.9, 0.98, 1e-9) step, on the same
+batch, with the same configuration, embedding, positions and tied output layer (the peer is
+``forward.TorchTransformerPeer``). Prints target tokens/s of each and ``ours/torch_transformer tok/s``
+(above 1.0 = ours trains faster). ``--compile`` applies ``torch.compile`` to both.
+
+Run: ``python bench/train_speed.py [--preset small] [--batch 32x32]`` (``--device cuda`` on a GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from forward import TorchTransformerPeer
+from timing import compare, make_parser, resolve_dtype, setup
+
+from attnkit import TransformerConfig, build_transformer
+from attnkit.data.batching import make_batch
+from attnkit.train.losses import label_smoothed_loss
+
+
+def _batch(batch: int, length: int, vocab: int, device: str):
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(length // 2, length + 1, (batch, 2), generator=g).tolist()
+    src = [torch.randint(4, vocab, (s,), generator=g).tolist() for s, _ in lengths]
+    tgt = [torch.randint(4, vocab, (t,), generator=g).tolist() for _, t in lengths]
+    return make_batch(src, tgt).to(device)
+
+
+def main() -> None:
+    parser = make_parser(__doc__)
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--batch", default="32x32", help="sentences x longest length")
+    parser.add_argument("--compile", action="store_true")
+    args = parser.parse_args()
+    dtype = resolve_dtype(args)
+    print(setup(args), f"preset {args.preset}, vocab {args.vocab}, batch {args.batch}")
+    config = TransformerConfig.from_preset(args.preset)
+    torch.manual_seed(0)
+    models = {"ours": build_transformer(config, args.vocab), "peer": TorchTransformerPeer(config, args.vocab)}
+    sentences, length = (int(n) for n in args.batch.split("x"))
+    batch = _batch(sentences, length, args.vocab, args.device)
+    steps = {}
+    for name, model in models.items():
+        model.to(args.device, dtype).train()
+        forward = torch.compile(model) if args.compile else model
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+        def step(forward=forward, optimizer=optimizer):
+            optimizer.zero_grad(set_to_none=True)
+            loss, _ = label_smoothed_loss(forward(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+            (loss / batch.n_tokens).backward()
+            optimizer.step()
+
+        steps[name] = step
+    label = f"{args.preset} training step B={sentences} T<={length}"
+    ratio = compare(label, steps["ours"], steps["peer"], "torch_transformer", device=args.device,
+                    rounds=args.rounds, tokens=batch.n_tokens)  # fmt: skip
+    print(f"ours/torch_transformer tok/s = {1 / ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
