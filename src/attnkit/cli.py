@@ -5,8 +5,10 @@ Errors a user can cause (``AttnkitError``) are printed as one line and exit with
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -20,9 +22,22 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _fail(error: AttnkitError) -> typer.Exit:
-    typer.echo(f"attnkit: error: {error}", err=True)
-    return typer.Exit(code=2)
+def one_line_errors(command: Callable) -> Callable:
+    """Print a user error (AttnkitError) as one line on stderr and exit 2, instead of a traceback."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except AttnkitError as error:
+            typer.echo(f"attnkit: error: {error}", err=True)
+            raise typer.Exit(code=2) from None
+
+    return run
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def parse_overrides(args: list[str]) -> list[str]:
@@ -50,6 +65,7 @@ def _read_input(path: Path | None) -> list[str]:
 
 
 @app.command()
+@one_line_errors
 def summary(
     preset: Annotated[str, typer.Option(help=f"Model preset: {', '.join(PRESETS)}.")] = "paper-base",
     vocab: Annotated[int, typer.Option(help="Shared source/target vocabulary size.")] = 37000,
@@ -57,10 +73,7 @@ def summary(
     length: Annotated[int, typer.Option(help="Tokens per sentence in the forward pass.")] = 16,
 ) -> None:
     """Build a model from a preset, print its parts and size, and time one forward pass on CPU."""
-    try:
-        config = TransformerConfig.from_preset(preset)
-    except AttnkitError as error:
-        raise _fail(error) from None
+    config = TransformerConfig.from_preset(preset)
     torch.manual_seed(0)
     model = build_transformer(config, vocab).eval()
     typer.echo(f"attnkit EncoderDecoder, preset {preset!r}, shared vocabulary {vocab}")
@@ -95,6 +108,7 @@ def _is_shared(model: torch.nn.Module, name: str) -> bool:
 
 
 @app.command()
+@one_line_errors
 def quickstart(
     out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/quickstart"),
     steps: Annotated[int, typer.Option(help="Training steps.")] = 1500,
@@ -103,13 +117,11 @@ def quickstart(
     """Train on generated dates -> ISO dates, report held-out accuracy, save an attention heat map."""
     from attnkit.quickstart import run_quickstart
 
-    try:
-        run_quickstart(out, steps, minutes, echo=typer.echo)
-    except AttnkitError as error:
-        raise _fail(error) from None
+    run_quickstart(out, steps, minutes, echo=typer.echo)
 
 
 @app.command(context_settings=EXTRA_ARGS)
+@one_line_errors
 def train(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Argument(help="YAML recipe (configs/*.yaml).")] = None,
@@ -123,26 +135,24 @@ def train(
     from attnkit.config import load_run_config
     from attnkit.train.loop import Trainer
 
-    try:
-        extra = ctx.args
-        if config is not None and "=" in config.name and not config.exists():  # an override, not a file
-            config, extra = None, [str(config), *extra]
-        overrides = parse_overrides(extra) + ([f"data.dir={data}"] if data else [])
-        if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
-            from attnkit.train.checkpoint import resolve_checkpoint
+    extra = ctx.args
+    if config is not None and "=" in config.name and not config.exists():  # an override, not a file
+        config, extra = None, [str(config), *extra]
+    overrides = parse_overrides(extra) + ([f"data.dir={data}"] if data else [])
+    if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
+        from attnkit.train.checkpoint import resolve_checkpoint
 
-            config = config or resolve_checkpoint(resume, prefer="last") / "config.json"
-            run = resume
-        if run is None:
-            raise AttnkitError("give --run-dir DIR for a new run, or --resume DIR to continue one")
-        run_config = load_run_config(config, overrides)
-        scores = Trainer(run_config, run, resume=resume is not None, echo=typer.echo).fit()
-        typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
-    except AttnkitError as error:
-        raise _fail(error) from None
+        config = config or resolve_checkpoint(resume, prefer="last") / "config.json"
+        run = resume
+    if run is None:
+        raise AttnkitError("give --run-dir DIR for a new run, or --resume DIR to continue one")
+    run_config = load_run_config(config, overrides)
+    scores = Trainer(run_config, run, resume=resume is not None, echo=typer.echo).fit()
+    typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
 
 
 @app.command()
+@one_line_errors
 def translate(
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory (its best checkpoint).")],
     beam: Annotated[
@@ -157,14 +167,11 @@ def translate(
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.train.checkpoint import load_for_inference
 
-    try:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model, tokenizer, config = load_for_inference(ckpt, device)
-        hypotheses = translate_texts(
-            model, tokenizer, _read_input(input), config.decode, beam_size=beam, device=device
-        )
-    except AttnkitError as error:
-        raise _fail(error) from None
+    device = _device()
+    model, tokenizer, config = load_for_inference(ckpt, device)
+    hypotheses = translate_texts(
+        model, tokenizer, _read_input(input), config.decode, beam_size=beam, device=device
+    )
     text = "".join(h + "\n" for h in hypotheses)
     if output is None:
         sys.stdout.write(text)
@@ -173,6 +180,7 @@ def translate(
 
 
 @app.command()
+@one_line_errors
 def evaluate(
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory.")],
     src: Annotated[Path, typer.Option(help="Source sentences, one per line (.gz allowed).")],
@@ -185,23 +193,19 @@ def evaluate(
     from attnkit.metrics import bleu, chrf
     from attnkit.train.checkpoint import load_for_inference
 
-    try:
-        pairs = read_parallel(src, ref)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model, tokenizer, config = load_for_inference(ckpt, device)
-        began = time.perf_counter()
-        hypotheses = translate_texts(
-            model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device
-        )
-        seconds = time.perf_counter() - began
-    except AttnkitError as error:
-        raise _fail(error) from None
+    pairs = read_parallel(src, ref)
+    device = _device()
+    model, tokenizer, config = load_for_inference(ckpt, device)
+    began = time.perf_counter()
+    hypotheses = translate_texts(model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device)
+    seconds = time.perf_counter() - began
     typer.echo(str(bleu(hypotheses, pairs.tgt)))
     typer.echo(str(chrf(hypotheses, pairs.tgt)))
     typer.echo(f"{len(pairs)} sentences in {seconds:.1f} s")
 
 
 @app.command()
+@one_line_errors
 def average(
     run: Annotated[Path, typer.Option("--run-dir", help="Run directory whose checkpoints to average.")],
     last: Annotated[int, typer.Option(help="How many of the latest checkpoints.")] = 5,
@@ -212,11 +216,8 @@ def average(
     """Average the weights of the last N checkpoints into a new checkpoint folder."""
     from attnkit.train.checkpoint import average_checkpoints, list_checkpoints
 
-    try:
-        checkpoints = list_checkpoints(run)[-last:]
-        written = average_checkpoints(checkpoints, out or run / "averaged")
-    except AttnkitError as error:
-        raise _fail(error) from None
+    checkpoints = list_checkpoints(run)[-last:]
+    written = average_checkpoints(checkpoints, out or run / "averaged")
     typer.echo(
         f"averaged {len(checkpoints)} checkpoints ({', '.join(c.name for c in checkpoints)}) into {written}"
     )

@@ -26,7 +26,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from attnkit.config import RunConfig
+from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
+from attnkit.models.seq2seq import build_transformer
 
 CHECKPOINT_PREFIX = "step-"
 
@@ -188,10 +191,6 @@ def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer) -> di
 
 def load_for_inference(path: str | Path, device: torch.device | str = "cpu", prefer: str = "best"):
     """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode."""
-    from attnkit.config import RunConfig
-    from attnkit.data.tokenizer import Tokenizer
-    from attnkit.models.seq2seq import build_transformer
-
     checkpoint = resolve_checkpoint(path, prefer)
     config = RunConfig.from_dict(
         json.loads((checkpoint / "config.json").read_text()), str(checkpoint / "config.json")

@@ -78,6 +78,10 @@ class Trainer:
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
         self.best, self.bad_evals, self.history, self.scores = None, 0, [], {}
         self.lengths = [len(s) + 1 for s in self.data.train_src], [len(s) + 1 for s in self.data.train_tgt]
+        self.valid_ids = (
+            self.tokenizer.encode_batch(self.data.valid.src),
+            self.tokenizer.encode_batch(self.data.valid.tgt),
+        )
         if resume_from:
             self._restore(resume_from)
         self.ddp = (
@@ -198,8 +202,7 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""
-        valid = self.data.valid
-        src, tgt = self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
+        valid, (src, tgt) = self.data.valid, self.valid_ids
         self.model.eval()
         loss_sum = nll_sum = tokens = 0.0
         lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
