@@ -107,3 +107,15 @@ def test_averaging_gives_the_element_wise_mean(tmp_path):
     torch.testing.assert_close(averaged.encoder.layers[0].feed_forward.w_1.weight, expected)
     assert json.loads((out / "config.json").read_text()) == {"note": "test"}
     assert os.path.isfile(out / "tokenizer.json")
+
+
+def test_checkpoints_get_the_users_usual_permissions_not_tempfiles_private_ones(tmp_path):
+    old_mask = os.umask(0o022)
+    try:
+        path = _save(tmp_path, 1, build_transformer("tiny", 20))
+        averaged = ckpt.average_checkpoints([path], tmp_path / "avg")
+    finally:
+        os.umask(old_mask)
+    assert path.stat().st_mode & 0o777 == 0o755
+    assert averaged.stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "last").stat().st_mode & 0o777 == 0o644

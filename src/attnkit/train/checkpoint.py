@@ -47,12 +47,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _make_shareable(path: Path) -> None:
+    """Give a file or folder made by ``tempfile`` (private, 0600/0700) the usual permissions for the
+    user's umask, so that a checkpoint can be shared like any other file."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that a reader sees the old or the new content, never a mix."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, prefix=f".{path.name}.") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+    _make_shareable(Path(f.name))
     os.replace(f.name, path)
     _fsync_dir(path.parent)
 
@@ -128,6 +141,7 @@ def save_checkpoint(
             (temporary / "trainer_state.json").write_text(json.dumps(meta))
         for file in temporary.iterdir():
             _fsync_file(file)
+        _make_shareable(temporary)
         if final.exists():  # a re-run of the same step: replace it
             shutil.rmtree(final)
         os.replace(temporary, final)
@@ -221,6 +235,7 @@ def average_checkpoints(checkpoints: list[Path], out: Path) -> Path:
         shutil.copyfile(checkpoints[0] / name, temporary / name)
     for file in temporary.iterdir():
         _fsync_file(file)
+    _make_shareable(temporary)
     if out.exists():
         shutil.rmtree(out)
     os.replace(temporary, out)
