@@ -21,6 +21,7 @@ from attnkit.decode.translate import translate
 from attnkit.metrics import bleu, chrf
 from attnkit.train.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
 from attnkit.train.data import read_split
+from attnkit.train.distributed import resolve_device
 from attnkit.train.loop import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -46,8 +47,8 @@ def main() -> None:
          "train.eval_every=90", *args.overrides],
     )  # fmt: skip
     run_dir = Path(args.run_dir or f"runs/quality_multi30k_{source}_{target}")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}; "
+    device = resolve_device()
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}; "
           f"{args.direction}, {args.minutes} minutes, run directory {run_dir}", flush=True)  # fmt: skip
     began = time.perf_counter()
     trainer = Trainer(config, run_dir)

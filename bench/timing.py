@@ -13,13 +13,15 @@ from collections.abc import Callable
 
 import torch
 
+from attnkit.train.distributed import resolve_device
+
 
 def make_parser(description: str | None) -> argparse.ArgumentParser:
     """A parser with the options every benchmark shares: device, dtype, rounds, threads."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=resolve_device().type)
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; the median is reported")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

@@ -36,10 +36,6 @@ def one_line_errors(command: Callable) -> Callable:
     return run
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def parse_overrides(args: list[str]) -> list[str]:
     """``--train.lr 5e-4`` and ``train.lr=5e-4`` both become ``train.lr=5e-4``."""
     overrides, i = [], 0
@@ -166,8 +162,9 @@ def translate(
     """Translate one sentence per line."""
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.distributed import resolve_device
 
-    device = _device()
+    device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device)
     hypotheses = translate_texts(
         model, tokenizer, _read_input(input), config.decode, beam_size=beam, device=device
@@ -192,9 +189,10 @@ def evaluate(
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import bleu, chrf
     from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.distributed import resolve_device
 
     pairs = read_parallel(src, ref)
-    device = _device()
+    device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device)
     began = time.perf_counter()
     hypotheses = translate_texts(model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device)

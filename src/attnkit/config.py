@@ -87,14 +87,11 @@ class RunConfig:
             raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {sorted(sections)}")
         model_values = dict(values.get("model") or {})
         preset = model_values.pop("preset", None)
+        checked = _checked(TransformerConfig, model_values, source, "model")
         if preset is not None:
-            model = TransformerConfig.from_preset(
-                preset, **_checked(TransformerConfig, model_values, source, "model")
-            )
+            model = TransformerConfig.from_preset(preset, **checked)
         else:
-            model = TransformerConfig.from_dict(
-                _checked(TransformerConfig, model_values, source, "model"), source
-            )
+            model = TransformerConfig.from_dict(checked, source)
         return cls(
             model=model,
             data=DataConfig(**_checked(DataConfig, values.get("data") or {}, source, "data")),

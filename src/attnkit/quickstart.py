@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from attnkit.config import RunConfig
 from attnkit.data.batching import make_batch
 from attnkit.decode.translate import translate
@@ -67,5 +65,4 @@ def _plot_example(model, tokenizer, source: str, output: str, path: Path) -> Non
     weights = cross_attention(model, batch.src, batch.tgt_in)[0]  # (T_tgt, T_src)
     src_tokens = tokenizer.tokens(batch.src[0].tolist())
     tgt_tokens = tokenizer.tokens(batch.tgt_out[0].tolist())  # each row predicts this token
-    with torch.no_grad():
-        plot_attention(weights, src_tokens, tgt_tokens, path, title="encoder-decoder attention, last layer")
+    plot_attention(weights, src_tokens, tgt_tokens, path, title="encoder-decoder attention, last layer")

@@ -59,6 +59,18 @@ def _make_shareable(path: Path) -> None:
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
+def _publish(temporary: Path, final: Path) -> None:
+    """Move a fully written temporary folder to ``final`` in one rename: fsync its files, give it the
+    user's usual permissions, replace an older ``final``, and fsync the parent so the rename is durable."""
+    for file in temporary.iterdir():
+        _fsync_file(file)
+    _make_shareable(temporary)
+    if final.exists():  # e.g. a re-run of the same step, or averaging again
+        shutil.rmtree(final)
+    os.replace(temporary, final)
+    _fsync_dir(final.parent)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that a reader sees the old or the new content, never a mix."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, prefix=f".{path.name}.") as f:
@@ -139,13 +151,7 @@ def save_checkpoint(
             save_file({**tensors, **rng_tensors}, str(temporary / "trainer_state.safetensors"))
             meta = {**trainer_state, "optimizer": optimizer_meta, **rng_meta}
             (temporary / "trainer_state.json").write_text(json.dumps(meta))
-        for file in temporary.iterdir():
-            _fsync_file(file)
-        _make_shareable(temporary)
-        if final.exists():  # a re-run of the same step: replace it
-            shutil.rmtree(final)
-        os.replace(temporary, final)
-        _fsync_dir(run_dir)
+        _publish(temporary, final)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
@@ -230,13 +236,12 @@ def average_checkpoints(checkpoints: list[Path], out: Path) -> Path:
     averaged = {name: (tensor / len(checkpoints)).float().contiguous() for name, tensor in total.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    save_file(averaged, str(temporary / "model.safetensors"))
-    for name in ("config.json", "tokenizer.json"):
-        shutil.copyfile(checkpoints[0] / name, temporary / name)
-    for file in temporary.iterdir():
-        _fsync_file(file)
-    _make_shareable(temporary)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(temporary, out)
+    try:
+        save_file(averaged, str(temporary / "model.safetensors"))
+        for name in ("config.json", "tokenizer.json"):
+            shutil.copyfile(checkpoints[0] / name, temporary / name)
+        _publish(temporary, out)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
     return out

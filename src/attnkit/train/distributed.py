@@ -16,6 +16,13 @@ import torch
 import torch.distributed as dist
 
 
+def resolve_device(name: str = "auto") -> torch.device:
+    """``"auto"``: the GPU when there is one, else the CPU; any other name as given (``"cuda:1"``)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 @dataclass
 class World:
     rank: int = 0

@@ -31,7 +31,7 @@ from attnkit.metrics import bleu, exact_match, perplexity
 from attnkit.models.seq2seq import build_transformer
 from attnkit.train import checkpoint as ckpt
 from attnkit.train.data import prepare_data
-from attnkit.train.distributed import close_world, init_world, shard
+from attnkit.train.distributed import close_world, init_world, resolve_device, shard
 from attnkit.train.losses import label_smoothed_loss
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 
@@ -42,12 +42,6 @@ LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s", 
 def _new_window() -> dict[str, float]:
     """Running sums of training statistics between two validations."""
     return {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class Trainer:
@@ -223,7 +217,7 @@ class Trainer:
 
     def _evaluate_and_save(self) -> None:
         """Validate, log, save a checkpoint (best or not), and start a new window of training statistics."""
-        window, self.window = self.window, _new_window()
+        window = self.window
         train_seconds = max(time.perf_counter() - window["began"], 1e-9)  # before validation's time
         scores = self.scores = self.validate()
         metric = self.config.train.eval_metric
@@ -248,7 +242,7 @@ class Trainer:
         if self.world.is_main:
             self._save(is_best)
             self._write_log()
-        self.window["began"] = time.perf_counter()  # validation and saving are not training time
+        self.window = _new_window()  # started after validation and saving: they are not training time
 
     def _save(self, is_best: bool) -> None:
         state = {"step": self.step, "epoch": self.epoch, "position": self.position, "elapsed": self.elapsed,
