@@ -56,3 +56,18 @@ def test_over_long_pairs_are_dropped_together_and_counted():
     )
     dropped = [m for m in messages if "longer than data.max_len=12" in m]
     assert dropped and int(dropped[0].split()[1]) == 80 - len(data.train_src) > 0
+
+
+def test_valid_bleu_sentences_decodes_only_a_prefix_but_scores_loss_on_all(tmp_path, monkeypatch):
+    decoded = []
+
+    def recording_translate(model, tokenizer, texts, decode, **kwargs):
+        decoded.append(list(texts))
+        return list(texts)  # "perfect" translations of the source: scores are computed on these
+
+    monkeypatch.setattr(loop, "translate", recording_translate)
+    full, _ = _trainer(tmp_path / "full")
+    limited, _ = _trainer(tmp_path / "limited", "train.valid_bleu_sentences=3")
+    full_scores, limited_scores = full.validate(), limited.validate()
+    assert decoded == [full.data.valid.src, full.data.valid.src[:3]]
+    assert limited_scores["valid_loss"] == pytest.approx(full_scores["valid_loss"])  # same weights, all pairs
