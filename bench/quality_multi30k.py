@@ -2,11 +2,12 @@
 
 Trains with ``configs/multi30k_{src}_{tgt}.yaml`` for ``--minutes`` of wall time (validation included:
 every 90 steps, with greedy BLEU on the first 200 validation sentences so that it stays cheap),
-with the batch and warm-up made for a short budget: the recipe's 4,096-token batches and 500-step
-warm-up suit a 30-epoch run, while 15 CPU minutes are about 3 epochs, where 2,048-token batches
-(twice the updates) gave about +10 BLEU (docs/results.md),
 translates test_2016_flickr with beam search from the last checkpoint and from the average of the last 5
 (the paper's §6.1), and prints cased, detokenised sacreBLEU with its signature, chrF, and the times.
+
+The batch, warm-up and learning rate are set for a short budget: the recipe's 4,096-token batches and
+500-step warm-up suit a 30-epoch run, while 15 CPU minutes are about 3 epochs, where 2,048-token
+batches (twice the updates) gave about +10 BLEU (docs/results.md).
 
 Run: ``python bench/quality_multi30k.py --data ../shared/data/multi30k --minutes 15 --direction de-en``.
 Extra ``section.field=value`` arguments override the recipe (e.g. ``train.eval_every=500`` on a GPU).

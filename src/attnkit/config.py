@@ -53,7 +53,7 @@ class TrainConfig:
     max_minutes: float = 0.0
     eval_every: int = 500  # steps between validations (and checkpoints)
     eval_metric: str = "bleu"  # what picks the best checkpoint: "bleu", "accuracy" or "loss"
-    valid_bleu_sentences: int = 0  # decode only the first N validation sentences for BLEU; 0 = all
+    valid_bleu_sentences: int = 0  # validation decodes (for BLEU, accuracy) only the first N; 0 = all
     patience: int = 0  # validations without improvement before stopping early; 0 = never
     keep_last: int = 5  # checkpoints kept besides the best (for averaging)
     log_every: int = 50

@@ -201,14 +201,15 @@ class Trainer:
         """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""
         valid, (src, tgt) = self.data.valid, self.valid_ids
         self.model.eval()
-        loss_sum = nll_sum = tokens = 0.0
+        sums, tokens = torch.zeros(2, device=self.device), 0  # (loss, nll) summed on the device, read once
         lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
         for b in token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False):
             batch = make_batch([src[i] for i in b], [tgt[i] for i in b]).to(self.device)
             with self._autocast():
                 logits = self.model(batch.src, batch.tgt_in)
-            loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.config.train.label_smoothing)
-            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.n_tokens
+            sums += torch.stack(label_smoothed_loss(logits, batch.tgt_out, self.config.train.label_smoothing))
+            tokens += batch.n_tokens
+        loss_sum, nll_sum = sums.tolist()
         # BLEU and accuracy need decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
         n = self.config.train.valid_bleu_sentences or len(valid)
         hypotheses = translate(self.model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1,
