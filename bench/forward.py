@@ -3,8 +3,9 @@
 The peer gets the same embedding (× √d_model), sinusoidal positions and tied output projection, so the
 two differ only in the Transformer body. ``torch.nn.Transformer`` always ends its stacks with a
 LayerNorm; the paper's post-LN model has none, so the peer's are replaced by identities and both do
-the same arithmetic. Each case runs in inference (eval, no grad) and training (dropout 0.1, forward +
-backward) modes.
+the same arithmetic. The peer's single ``dropout`` acts on residuals, attention weights and FFN
+activations, so ours is given the same rate at all three places (:func:`like_for_like`). Each case runs
+in inference (eval, no grad) and training (dropout on, forward + backward) modes.
 
 Run: ``python bench/forward.py [--preset paper-base]`` (``--device cuda`` on a GPU, bf16 there).
 """
@@ -21,6 +22,20 @@ from torch import nn
 from attnkit import TransformerConfig, build_transformer
 from attnkit.attention.masks import causal_mask, to_torch_attn_mask
 from attnkit.nn import Embeddings, PositionalEncoding
+
+
+def like_for_like(preset: str, dropout: float | None = None) -> TransformerConfig:
+    """The preset with one dropout rate on residuals, attention weights and FFN activations, as
+    ``torch.nn.Transformer(dropout=...)`` applies it (the preset's own rate when ``dropout`` is None)."""
+    rate = TransformerConfig.from_preset(preset).dropout if dropout is None else dropout
+    return TransformerConfig.from_preset(
+        preset, dropout=rate, attention_dropout=rate, activation_dropout=rate
+    )
+
+
+def describe_dropout(config: TransformerConfig) -> str:
+    return (f"dropout {config.dropout} on residuals, attention weights and FFN activations "
+            "(ours and the peer alike)")  # fmt: skip
 
 
 class TorchTransformerPeer(nn.Module):
@@ -66,11 +81,12 @@ def main() -> None:
     parser.add_argument("--preset", default="paper-base")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--shapes", default="16x32,8x64", help="batch x length, comma-separated")
+    parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")  # the peer's fast path
     dtype = resolve_dtype(args)
-    print(setup(args), f"preset {args.preset}, vocab {args.vocab}")
-    config = TransformerConfig.from_preset(args.preset)
+    config = like_for_like(args.preset, args.dropout)
+    print(setup(args), f"preset {args.preset}, vocab {args.vocab}, {describe_dropout(config)}")
     torch.manual_seed(0)
     ours = build_transformer(config, args.vocab).to(args.device, dtype)
     peer = TorchTransformerPeer(config, args.vocab).to(args.device, dtype)

@@ -57,7 +57,7 @@ def main() -> None:
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}; "
           f"{args.direction}, {args.minutes} minutes, run directory {run_dir}", flush=True)  # fmt: skip
     began = time.perf_counter()
-    trainer = Trainer(config, run_dir)
+    trainer = Trainer(config, run_dir, overwrite=True)  # a scratch run: an earlier one is replaced
     trainer.fit()
     trained = time.perf_counter() - began
     checkpoints = list_checkpoints(run_dir)[-args.average :]

@@ -2,8 +2,9 @@
 
 One step = zero_grad, forward, label-smoothed loss, backward, Adam(0.9, 0.98, 1e-9) step, on the same
 batch, with the same configuration, embedding, positions and tied output layer (the peer is
-``forward.TorchTransformerPeer``). Prints target tokens/s of each and ``ours/torch_transformer tok/s``
-(above 1.0 = ours trains faster). ``--compile`` applies ``torch.compile`` to both.
+``forward.TorchTransformerPeer``), and the same dropout at the same places on both sides
+(``forward.like_for_like``). Prints target tokens/s of each and ``ours/torch_transformer tok/s`` (above
+1.0 = ours trains faster). ``--compile`` applies ``torch.compile`` to both.
 
 Run: ``python bench/train_speed.py [--preset small] [--batch 32x32]`` (``--device cuda`` on a GPU).
 """
@@ -11,12 +12,15 @@ Run: ``python bench/train_speed.py [--preset small] [--batch 32x32]`` (``--devic
 from __future__ import annotations
 
 import torch
-from forward import TorchTransformerPeer
+from forward import TorchTransformerPeer, describe_dropout, like_for_like
 from timing import compare, make_parser, resolve_dtype, setup
 
-from attnkit import TransformerConfig, build_transformer
+from attnkit import build_transformer
 from attnkit.data.batching import make_batch
+from attnkit.data.tokenizer import SpecialIds
 from attnkit.train.losses import label_smoothed_loss
+
+SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the random batches below use ids 4 and up
 
 
 def _batch(batch: int, length: int, vocab: int, device: str):
@@ -24,7 +28,7 @@ def _batch(batch: int, length: int, vocab: int, device: str):
     lengths = torch.randint(length // 2, length + 1, (batch, 2), generator=g).tolist()
     src = [torch.randint(4, vocab, (s,), generator=g).tolist() for s, _ in lengths]
     tgt = [torch.randint(4, vocab, (t,), generator=g).tolist() for _, t in lengths]
-    return make_batch(src, tgt).to(device)
+    return make_batch(src, tgt, SPECIALS).to(device)
 
 
 def main() -> None:
@@ -33,10 +37,14 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--batch", default="32x32", help="sentences x longest length")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
     args = parser.parse_args()
     dtype = resolve_dtype(args)
-    print(setup(args), f"preset {args.preset}, vocab {args.vocab}, batch {args.batch}")
-    config = TransformerConfig.from_preset(args.preset)
+    config = like_for_like(args.preset, args.dropout)
+    print(
+        setup(args),
+        f"preset {args.preset}, vocab {args.vocab}, batch {args.batch}, {describe_dropout(config)}",
+    )
     torch.manual_seed(0)
     models = {"ours": build_transformer(config, args.vocab), "peer": TorchTransformerPeer(config, args.vocab)}
     sentences, length = (int(n) for n in args.batch.split("x"))
@@ -49,7 +57,7 @@ def main() -> None:
 
         def step(forward=forward, optimizer=optimizer):
             optimizer.zero_grad(set_to_none=True)
-            loss, _ = label_smoothed_loss(forward(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+            loss, _ = label_smoothed_loss(forward(batch.src, batch.tgt_in), batch.tgt_out, 0.1, SPECIALS.pad)
             (loss / batch.n_tokens).backward()
             optimizer.step()
 

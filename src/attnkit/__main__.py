@@ -1,5 +1,5 @@
 """``python -m attnkit`` (and ``torchrun -m attnkit``) run the command line."""
 
-from attnkit.cli import app
+from attnkit.cli import main
 
-app()
+main()

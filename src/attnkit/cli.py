@@ -1,12 +1,15 @@
 """The ``attnkit`` command line: a thin layer over the Python API.
 
-Errors a user can cause (``AttnkitError``) are printed as one line and exit with status 2.
+Errors a user can cause (``AttnkitError``, and typer's usage errors such as a missing option) are printed
+as one line and exit with status 2. Every option's value is checked before any work starts, and every
+output path is checked to be writable before hours of decoding, not after.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +39,42 @@ def one_line_errors(command: Callable) -> Callable:
     return run
 
 
+def main() -> None:
+    """The ``attnkit`` program: runs :data:`app`, printing typer's usage errors as one line too."""
+    if len(sys.argv) <= 1:
+        sys.argv.append("--help")
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.TyperException as error:  # a usage error: missing option, bad value, unknown command
+        context = getattr(error, "ctx", None)
+        hint = f" (try '{context.command_path} --help')" if context is not None else ""
+        typer.echo(f"attnkit: error: {error.format_message()}{hint}", err=True)
+        sys.exit(getattr(error, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def at_least(option: str, value: float | None, low: float) -> None:
+    """A one-line error unless the option's value is at least ``low`` (None = not given)."""
+    if value is not None and value < low:
+        raise AttnkitError(f"{option} must be at least {low}; got {value}")
+
+
+def writable_file(path: Path) -> Path:
+    """``path`` if a file can be written there; checked before the work whose result it will hold."""
+    if path.is_dir():
+        raise AttnkitError(f"{path}: is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise AttnkitError(f"{path}: the folder {path.parent} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:
+        raise AttnkitError(f"{path}: cannot write there ({error.strerror or error})") from None
+    return path
+
+
 def parse_overrides(args: list[str]) -> list[str]:
     """``--train.lr 5e-4`` and ``train.lr=5e-4`` both become ``train.lr=5e-4``."""
     overrides, i = [], 0
@@ -53,11 +92,16 @@ def parse_overrides(args: list[str]) -> list[str]:
 
 
 def _read_input(path: Path | None) -> list[str]:
+    """Lines to translate from a file or stdin; empty input is fine (empty in, empty out)."""
     from attnkit.data.readers import read_lines
 
     if path is None:
-        return [line.rstrip("\n") for line in sys.stdin]
-    return read_lines(path)
+        return [line.rstrip("\n").rstrip("\r") for line in sys.stdin]
+    return read_lines(path, allow_empty=True)
+
+
+def _note(message: str) -> None:
+    typer.echo(f"attnkit: note: {message}", err=True)
 
 
 @app.command()
@@ -69,6 +113,9 @@ def summary(
     length: Annotated[int, typer.Option(help="Tokens per sentence in the forward pass.")] = 16,
 ) -> None:
     """Build a model from a preset, print its parts and size, and time one forward pass on CPU."""
+    at_least("--vocab", vocab, 5)
+    at_least("--batch", batch, 1)
+    at_least("--length", length, 1)
     config = TransformerConfig.from_preset(preset)
     torch.manual_seed(0)
     model = build_transformer(config, vocab).eval()
@@ -82,8 +129,8 @@ def summary(
         )
     total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
     typer.echo(f"  {'total':<10} {total:>14,} parameters ({total / 1e6:.1f}M)")
-    src = torch.randint(4, vocab, (batch, length))
-    tgt = torch.randint(4, vocab, (batch, length))
+    src = torch.randint(1, vocab, (batch, length))  # any id but the padding id 0
+    tgt = torch.randint(1, vocab, (batch, length))
     with torch.inference_mode():
         began = time.perf_counter()
         logits = model(src, tgt)
@@ -110,9 +157,14 @@ def quickstart(
     steps: Annotated[int, typer.Option(help="Training steps.")] = 1500,
     minutes: Annotated[float, typer.Option(help="Time limit for training (stops earlier if reached).")] = 2.5,
 ) -> None:
-    """Train on generated dates -> ISO dates, report held-out accuracy, save an attention heat map."""
+    """Train on generated dates -> ISO dates, report held-out accuracy, save an attention heat map.
+
+    Each quickstart starts afresh: an earlier quickstart in the same --out folder is replaced."""
     from attnkit.quickstart import run_quickstart
 
+    at_least("--steps", steps, 1)
+    if not minutes > 0:
+        raise AttnkitError(f"--minutes must be more than 0; got {minutes}")
     run_quickstart(out, steps, minutes, echo=typer.echo)
 
 
@@ -126,8 +178,14 @@ def train(
     ] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue the run in this directory.")] = None,
     data: Annotated[Path | None, typer.Option(help="Data directory (sets data.dir).")] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Delete an earlier run's checkpoints in --run-dir and start afresh.")
+    ] = False,
 ) -> None:
-    """Train a model; extra ``--section.field value`` arguments override the recipe."""
+    """Train a model; extra ``--section.field value`` arguments override the recipe.
+
+    A new run needs a --run-dir without an earlier run in it: continue that one with --resume, or
+    replace it with --overwrite."""
     from attnkit.config import load_run_config
     from attnkit.train.loop import Trainer
 
@@ -138,12 +196,26 @@ def train(
     if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
         from attnkit.train.checkpoint import resolve_checkpoint
 
+        if run is not None and run.resolve() != resume.resolve():
+            raise AttnkitError(
+                f"--run-dir {run} and --resume {resume} differ: --resume DIR alone continues DIR"
+            )
+        if overwrite:
+            raise AttnkitError("--resume continues a run and --overwrite replaces it: give one of them")
         config = config or resolve_checkpoint(resume, prefer="last") / "config.json"
         run = resume
     if run is None:
         raise AttnkitError("give --run-dir DIR for a new run, or --resume DIR to continue one")
     run_config = load_run_config(config, overrides)
-    scores = Trainer(run_config, run, resume=resume is not None, echo=typer.echo).fit()
+    trainer = Trainer(run_config, run, resume=resume is not None, overwrite=overwrite, echo=typer.echo)
+    try:
+        scores = trainer.fit()
+    except KeyboardInterrupt:
+        saved = (run / "last").read_text().strip() if (run / "last").is_file() else None
+        where = f"the last checkpoint is {run / saved}; continue with: attnkit train --resume {run}"
+        typer.echo(f"attnkit: interrupted at step {trainer.step}; " + (where if saved else "no checkpoint yet"),
+                   err=True)  # fmt: skip
+        raise typer.Exit(code=130) from None
     typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
 
 
@@ -159,21 +231,25 @@ def translate(
         Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")
     ] = None,
 ) -> None:
-    """Translate one sentence per line."""
+    """Translate one sentence per line (an empty line gives an empty line)."""
     from attnkit.decode.translate import translate as translate_texts
-    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.checkpoint import load_for_inference, write_text_atomic
     from attnkit.train.distributed import resolve_device
 
+    at_least("--beam", beam, 1)
+    if output is not None:
+        writable_file(output)
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device)
+    texts = _read_input(input)
     hypotheses = translate_texts(
-        model, tokenizer, _read_input(input), config.decode, beam_size=beam, device=device
+        model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note
     )
     text = "".join(h + "\n" for h in hypotheses)
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        write_text_atomic(output, text)
 
 
 @app.command()
@@ -184,22 +260,32 @@ def evaluate(
     ref: Annotated[Path, typer.Option(help="Reference translations, aligned with --src.")],
     beam: Annotated[int | None, typer.Option(help="Beam size; 1 = greedy.")] = None,
 ) -> None:
-    """Translate --src and print sacreBLEU BLEU and chrF against --ref, with their signatures."""
+    """Translate --src and print sacreBLEU BLEU and chrF against --ref, with their signatures.
+
+    Every pair is scored: an empty source line is translated as an empty line, and the counts of
+    empty sources and references are printed."""
     from attnkit.data.readers import read_parallel
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import bleu, chrf
     from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
-    pairs = read_parallel(src, ref)
+    at_least("--beam", beam, 1)
+    pairs = read_parallel(src, ref, drop_empty=False)
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device)
     began = time.perf_counter()
-    hypotheses = translate_texts(model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device)
+    hypotheses = translate_texts(
+        model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
+    )
     seconds = time.perf_counter() - began
     typer.echo(str(bleu(hypotheses, pairs.tgt)))
     typer.echo(str(chrf(hypotheses, pairs.tgt)))
-    typer.echo(f"{len(pairs)} sentences in {seconds:.1f} s")
+    empty_src, empty_ref = pairs.count_empty()
+    typer.echo(
+        f"{len(pairs)} sentences in {seconds:.1f} s; {empty_src} with an empty source (scored as an "
+        f"empty translation), {empty_ref} with an empty reference"
+    )
 
 
 @app.command()
@@ -214,17 +300,25 @@ def average(
     """Average the weights of the last N checkpoints into a new checkpoint folder."""
     from attnkit.train.checkpoint import average_checkpoints, list_checkpoints
 
-    checkpoints = list_checkpoints(run)[-last:]
+    at_least("--last", last, 1)
+    if not run.is_dir():
+        raise AttnkitError(f"{run}: no such run directory")
+    available = list_checkpoints(run)
+    if not available:
+        raise AttnkitError(f"{run}: no checkpoints to average (expected step-* folders)")
+    checkpoints = available[-last:]
     written = average_checkpoints(checkpoints, out or run / "averaged")
+    fewer = f" (only {len(available)} exist)" if len(available) < last else ""
     typer.echo(
-        f"averaged {len(checkpoints)} checkpoints ({', '.join(c.name for c in checkpoints)}) into {written}"
+        f"averaged {len(checkpoints)} checkpoints{fewer} ({', '.join(c.name for c in checkpoints)}) "
+        f"into {written}"
     )
 
 
 @app.callback()
-def main() -> None:
+def describe() -> None:
     """attnkit: the Transformer of "Attention Is All You Need" and the attention family around it."""
 
 
 if __name__ == "__main__":
-    app()
+    main()

@@ -2,8 +2,9 @@
 
 ``load_run_config("configs/multi30k_de_en.yaml", ["train.lr=2", "data.dir=/data/multi30k"])`` reads the
 YAML file, applies ``section.field=value`` overrides (values parsed as YAML, so ``2`` is a number), and
-checks every key: an unknown section or field, or a value of the wrong type, is a ``ConfigError`` that
-names the key and where it came from.
+checks every key and value before anything else happens: an unknown section or field, a value of the
+wrong type, out of range or not among a field's choices is a ``ConfigError`` that names the file, the
+field, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -13,24 +14,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
-from attnkit.errors import ConfigError
+from attnkit.data.synthetic import TASKS
+from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
+from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models.config import TransformerConfig
+from attnkit.train.schedules import SCHEDULES
+
+EVAL_METRICS = ("bleu", "accuracy", "loss")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass
 class DataConfig:
     task: str = "parallel"  # "parallel" (files) or a synthetic task: "dates", "copy"
-    dir: str = "."  # folder the file names below are relative to
+    dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
     train: list[str] = field(default_factory=list)  # [source file, target file]
     valid: list[str] = field(default_factory=list)
     test: list[str] = field(default_factory=list)
-    tokenizer: str = "bpe"  # "bpe" (joint), "char" or "word"
-    vocab_size: int = 8000
+    tokenizer: str = "bpe"  # "bpe" (joint, byte-level), "char" or "word"
+    vocab_size: int = 8000  # bpe and word; char keeps every character seen
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
     n_train: int = 20000  # synthetic tasks: generated training pairs
     n_valid: int = 500  # synthetic tasks: generated held-out pairs
+
+    def __post_init__(self) -> None:
+        require_one_of("data.task", self.task, ("parallel", *TASKS))
+        require_one_of("data.tokenizer", self.tokenizer, KINDS)
+        smallest = MIN_BPE_VOCAB if self.tokenizer == "bpe" else len(SPECIALS) + 1
+        if self.vocab_size < smallest:
+            what = f"{len(SPECIALS)} specials + 256 bytes" if self.tokenizer == "bpe" else "the specials + 1"
+            raise ConfigError(
+                f"data.vocab_size must be >= {smallest} for data.tokenizer={self.tokenizer!r} ({what}); "
+                f"got {self.vocab_size}"
+            )
+        require_at_least("data.max_len", self.max_len, 2)
+        require_at_least("data.n_train", self.n_train, 1)
+        require_at_least("data.n_valid", self.n_valid, 1)
+        for split in ("train", "valid", "test"):
+            files = getattr(self, split)
+            if files and (len(files) != 2 or not all(isinstance(f, str) and f for f in files)):
+                raise ConfigError(f"data.{split} must list two files [source, target]; got {files!r}")
+
+    def check_files_given(self) -> None:
+        """Training on files needs ``train`` and ``valid``; checked before any file is read."""
+        for split in ("train", "valid"):
+            if self.task == "parallel" and not getattr(self, split):
+                raise ConfigError(f"data.{split} is not set: it must list two files [source, target]")
 
     def path(self, name: str) -> Path:
         return Path(self.dir) / name
@@ -58,7 +90,38 @@ class TrainConfig:
     keep_last: int = 5  # checkpoints kept besides the best (for averaging)
     log_every: int = 50
     precision: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "fp32" or "bf16"
-    device: str = "auto"
+    device: str = "auto"  # "auto" (the GPU if there is one), "cpu", "cuda", "cuda:1", ...
+
+    def __post_init__(self) -> None:
+        for name in ("seed", "clip_norm", "max_steps", "max_epochs", "max_minutes", "valid_bleu_sentences",
+                     "patience", "log_every", "lr"):  # fmt: skip
+            require_at_least(f"train.{name}", getattr(self, name), 0)
+        for name in ("max_tokens", "update_freq", "eval_every", "keep_last"):
+            require_at_least(f"train.{name}", getattr(self, name), 1)
+        require_one_of("train.schedule", self.schedule, SCHEDULES)
+        require_at_least("train.warmup", self.warmup, 0 if self.schedule == "constant" else 1)
+        if len(self.betas) != 2:
+            raise ConfigError(f"train.betas must be two numbers [β1, β2]; got {self.betas!r}")
+        for beta in self.betas:
+            if isinstance(beta, bool) or not isinstance(beta, int | float):
+                raise ConfigError(f"train.betas must be two numbers [β1, β2]; got {self.betas!r}")
+            require_fraction("train.betas", beta)
+        require_at_least("train.eps", self.eps, 0, strictly=True)
+        require_fraction("train.label_smoothing", self.label_smoothing)
+        require_one_of("train.eval_metric", self.eval_metric, EVAL_METRICS)
+        if self.precision == "fp16":
+            raise ConfigError(
+                "train.precision 'fp16' needs loss scaling, which attnkit does not do; use 'bf16'"
+            )
+        require_one_of("train.precision", self.precision, PRECISIONS)
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError):
+                raise ConfigError(
+                    f"train.device must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'; "
+                    f"got {self.device!r}"
+                ) from None
 
 
 @dataclass
@@ -69,6 +132,13 @@ class DecodeConfig:
     max_len_b: int = 10
     batch_size: int = 64  # sentences per decoding batch
 
+    def __post_init__(self) -> None:
+        require_at_least("decode.beam_size", self.beam_size, 1)
+        require_at_least("decode.batch_size", self.batch_size, 1)
+        require_at_least("decode.alpha", self.alpha, 0)
+        require_at_least("decode.max_len_a", self.max_len_a, 0)
+        require_at_least("decode.max_len_b", self.max_len_b, 0)
+
 
 @dataclass
 class RunConfig:
@@ -77,51 +147,72 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
+    def __post_init__(self) -> None:
+        if self.model.positions == "learned" and self.model.max_len < self.data.max_len:
+            raise ConfigError(
+                f"model.max_len ({self.model.max_len}) must be >= data.max_len ({self.data.max_len}): "
+                "learned positions stop at model.max_len"
+            )
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> RunConfig:
+        """Build and check a run config; every error names ``source`` (the file) and the field."""
+        try:
+            return cls._from_dict(values)
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {error}") from None
+
+    @classmethod
+    def _from_dict(cls, values: dict[str, Any]) -> RunConfig:
         sections = {"model", "data", "train", "decode"}
         unknown = sorted(set(values) - sections)
         if unknown:
-            raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {sorted(sections)}")
-        model_values = dict(values.get("model") or {})
+            raise ConfigError(f"unknown section(s) {unknown}; known: {sorted(sections)}")
+        model_values = dict(_mapping(values.get("model"), "model"))
         preset = model_values.pop("preset", None)
-        checked = _checked(TransformerConfig, model_values, source, "model")
-        if preset is not None:
-            model = TransformerConfig.from_preset(preset, **checked)
-        else:
-            model = TransformerConfig.from_dict(checked, source)
+        checked = _checked(TransformerConfig, model_values, "model")
+        model = (
+            TransformerConfig.from_preset(preset, **checked)
+            if preset is not None
+            else TransformerConfig(**checked)
+        )
         return cls(
             model=model,
-            data=DataConfig(**_checked(DataConfig, values.get("data") or {}, source, "data")),
-            train=TrainConfig(**_checked(TrainConfig, values.get("train") or {}, source, "train")),
-            decode=DecodeConfig(**_checked(DecodeConfig, values.get("decode") or {}, source, "decode")),
+            data=DataConfig(**_checked(DataConfig, values.get("data"), "data")),
+            train=TrainConfig(**_checked(TrainConfig, values.get("train"), "train")),
+            decode=DecodeConfig(**_checked(DecodeConfig, values.get("decode"), "decode")),
         )
 
 
-def _checked(cls: type, values: dict[str, Any], source: str, section: str) -> dict[str, Any]:
-    """``values`` if every key is a field of ``cls`` with a value of the field's type."""
+def _mapping(values: Any, section: str) -> dict[str, Any]:
+    if values is None:
+        return {}
     if not isinstance(values, dict):
-        raise ConfigError(f"{source}: section '{section}' must be a mapping, got {values!r}")
-    defaults = {f.name: f for f in dataclasses.fields(cls)}
-    values = dict(values)
+        raise ConfigError(f"section '{section}' must be a mapping, got {values!r}")
+    return values
+
+
+def _checked(cls: type, values: Any, section: str) -> dict[str, Any]:
+    """``values`` if every key is a field of ``cls`` with a value of the field's type."""
+    values = dict(_mapping(values, section))
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in values.items():
-        if key in defaults and isinstance(defaults[key].default, float) and isinstance(value, str):
-            values[key] = _yaml_float(value)  # PyYAML reads "5e-4" (no dot) as a string
-    for key, value in values.items():
-        if key not in defaults:
-            raise ConfigError(f"{source}: unknown field '{section}.{key}'; known: {sorted(defaults)}")
-        f = defaults[key]
+        if key not in fields:
+            raise ConfigError(f"unknown field '{section}.{key}'; known: {sorted(fields)}")
+        f = fields[key]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, float) and isinstance(value, str):
+            value = values[key] = _yaml_float(value)  # PyYAML reads "5e-4" (no dot) as a string
         expected = float if isinstance(default, float) else type(default)
         ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True
         if not ok:
-            raise ConfigError(f"{source}: '{section}.{key}' must be {expected.__name__}, got {value!r}")
-    return {k: (float(v) if isinstance(defaults[k].default, float) else v) for k, v in values.items()}
+            raise ConfigError(f"'{section}.{key}' must be {expected.__name__}, got {value!r}")
+    return {k: (float(v) if isinstance(fields[k].default, float) else v) for k, v in values.items()}
 
 
 def _yaml_float(text: str) -> float | str:
@@ -133,16 +224,22 @@ def _yaml_float(text: str) -> float | str:
 
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Set ``section.field=value`` pairs (values parsed as YAML) on a nested dict."""
-    values = {k: dict(v or {}) for k, v in values.items()}
+    values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in values.items()}
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().lstrip("-").partition(".")
         if not sep or not dot or not name:
             raise ConfigError(f"override {item!r} must look like section.field=value, e.g. train.lr=0.5")
         try:
-            values.setdefault(section, {})[name] = yaml.safe_load(raw)
+            value = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise ConfigError(f"override {item!r}: cannot parse the value {raw!r}") from None
+        target = values.setdefault(section, {})
+        if target is None:
+            target = values[section] = {}
+        if not isinstance(target, dict):
+            raise ConfigError(f"override {item!r}: section '{section}' is not a mapping")
+        target[name] = value
     return values
 
 
@@ -156,6 +253,8 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
             values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{path}: cannot read the config ({error})") from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f":{mark.line + 1}" if mark else ""

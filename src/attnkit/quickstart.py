@@ -3,7 +3,9 @@
 The task (data/synthetic.py ``dates``) turns human-written dates into ISO dates, so it needs no
 download. The recipe below is the paper's model, only smaller (2+2 layers, d_model=64) and at character
 level: 1,500 steps (about two minutes on two CPU cores), then the last three checkpoints are averaged
-as in the paper (§6.1), which reaches ≥ 99% exact match on held-out dates.
+as in the paper (§6.1), which reaches ≥ 99% exact match on held-out dates. Each quickstart starts
+afresh: an earlier quickstart's checkpoints in the same folder are deleted first, so that only this
+run's checkpoints are averaged.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def run_quickstart(
     echo(f"training a {config.model.encoder_layers}+{config.model.decoder_layers}-layer Transformer on "
          f"'{config.data.task}' for {config.train.max_steps} steps "
          f"(at most {config.train.max_minutes} minutes) in {out}")  # fmt: skip
-    Trainer(config, out, echo=echo).fit()
+    Trainer(config, out, overwrite=True, echo=echo).fit()
     averaged = average_checkpoints(list_checkpoints(out)[-3:], out / "averaged")
     model, tokenizer, config = load_for_inference(averaged)
     test = read_split(config.data, "test", config.train.seed)  # never seen in training or validation
@@ -61,7 +63,7 @@ def run_quickstart(
 
 
 def _plot_example(model, tokenizer, source: str, output: str, path: Path) -> None:
-    batch = make_batch([tokenizer.encode(source)], [tokenizer.encode(output)])
+    batch = make_batch([tokenizer.encode(source)], [tokenizer.encode(output)], tokenizer.specials)
     weights = cross_attention(model, batch.src, batch.tgt_in)[0]  # (T_tgt, T_src)
     src_tokens = tokenizer.tokens(batch.src[0].tolist())
     tgt_tokens = tokenizer.tokens(batch.tgt_out[0].tolist())  # each row predicts this token

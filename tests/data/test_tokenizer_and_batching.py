@@ -4,11 +4,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
 
 from attnkit.data.batching import make_batch, token_batches
 from attnkit.data.readers import read_parallel
 from attnkit.data.synthetic import dates
-from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.errors import DataError
 
 MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
@@ -24,19 +26,84 @@ def test_joint_bpe_round_trips_real_german_and_english():
         assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
+def _corpus() -> list[str]:
+    """English-like sentences the test makes itself (no data set needed)."""
+    subjects = ["the cat", "a dog", "my neighbour", "the old man", "two children"]
+    verbs = ["sees", "likes", "walks past", "paints", "waits for"]
+    objects = ["the house", "a red car", "the river", "their friends", "the market"]
+    return [f"{s} {v} {o}." for s in subjects for v in verbs for o in objects] * 4
+
+
+HARD_TEXTS = [
+    "the café is naïve 😀",  # accents and an emoji (the issue's example)
+    "日本語のテキストと中文",  # CJK, never seen in training
+    "e\u0301 and a\u0308: combining marks",  # e + combining acute, a + combining diaeresis
+    "Straße, Ångström, ΑΒΓ, кириллица",
+    "a literal </s> and <s> and <pad> are text",
+    "▁ and Ġ are ordinary characters",
+    "  leading, double  spaces and trailing ",
+    "tab\tand\r\nline breaks",
+    "",
+]
+
+
+def test_bpe_learns_merges_from_text_the_test_makes():
+    tokenizer = Tokenizer.train("bpe", _corpus(), vocab_size=400)
+    assert 260 < tokenizer.vocab_size <= 400  # 4 specials + 256 bytes + learned merges
+    assert len(tokenizer.encode("the cat sees the house.")) <= 7  # whole words, not bytes
+    assert tokenizer.encode("cat sees")[0] == tokenizer.encode("the cat sees")[1]  # first word = inner word
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+@pytest.mark.parametrize("text", HARD_TEXTS)
+def test_any_utf8_text_round_trips_exactly_without_unk(kind, text):
+    tokenizer = Tokenizer.train(kind, _corpus(), vocab_size=400)
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.specials.unk not in ids
+    assert tokenizer.specials.eos not in ids  # a typed "</s>" is text, not the end of the sentence
+
+
+def test_saved_and_loaded_tokenizer_still_treats_special_strings_as_text(tmp_path):
+    tokenizer = Tokenizer.train("bpe", _corpus(), vocab_size=400)
+    tokenizer.save(tmp_path / "tokenizer.json")
+    loaded = Tokenizer.load(tmp_path / "tokenizer.json")
+    text = "stop </s> here"
+    assert loaded.encode(text) == tokenizer.encode(text)
+    assert loaded.decode(loaded.encode(text)) == text
+
+
+def test_specials_are_found_by_role_wherever_they_are_in_the_vocabulary(tmp_path):
+    layout = {"</s>": 0, "<unk>": 1, "cat": 2, "dog": 3, "<s>": 4, "<pad>": 5}  # Marian-like ids
+    hf = HFTokenizer(models.WordLevel(vocab=layout, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.add_special_tokens(["</s>", "<unk>", "<s>", "<pad>"])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = Tokenizer.load(tmp_path / "tokenizer.json")
+    assert tokenizer.specials == SpecialIds(pad=5, unk=1, bos=4, eos=0)
+    assert tokenizer.decode([4, 2, 3, 5, 0, 2]) == "cat dog"  # start, tokens, pad, end, after the end
+
+
+def test_a_vocabulary_without_a_pad_token_is_one_clear_error(tmp_path):
+    hf = HFTokenizer(models.WordLevel(vocab={"<unk>": 0, "<s>": 1, "</s>": 2, "x": 3}, unk_token="<unk>"))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(DataError, match=r"tokenizer\.json: the vocabulary has no <pad> token"):
+        Tokenizer.load(tmp_path / "tokenizer.json")
+
+
 @pytest.mark.parametrize("kind", ["char", "word"])
 def test_char_and_word_tokenisers_round_trip(kind):
     texts = ["3 May 1987", "the cat sat", "12.01.2000"]
     tokenizer = Tokenizer.train(kind, texts)
     for text in texts:
         assert tokenizer.decode(tokenizer.encode(text)) == text
-    assert [tokenizer.hf.id_to_token(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert tokenizer.specials == SpecialIds(pad=0, unk=1, bos=2, eos=3)  # attnkit's own layout
 
 
 def test_decode_stops_at_eos_and_saved_tokenizer_encodes_the_same(tmp_path):
     tokenizer = Tokenizer.train("char", ["abc"])
-    ids = tokenizer.encode("abc")
-    assert tokenizer.decode([BOS_ID, *ids, EOS_ID, *ids]) == "abc"
+    ids, specials = tokenizer.encode("abc"), tokenizer.specials
+    assert tokenizer.decode([specials.bos, *ids, specials.eos, *ids]) == "abc"
     tokenizer.save(tmp_path / "tokenizer.json")
     assert Tokenizer.load(tmp_path / "tokenizer.json").encode("cab") == tokenizer.encode("cab")
     (tmp_path / "bad.json").write_text("{}")
@@ -70,10 +137,11 @@ def test_an_example_longer_than_the_budget_gets_its_own_batch():
 
 
 def test_make_batch_adds_specials_and_shifts_the_target():
-    batch = make_batch([[7, 8], [9]], [[10], [11, 12]])
-    assert batch.src.tolist() == [[7, 8, EOS_ID], [9, EOS_ID, PAD_ID]]
-    assert batch.tgt_in.tolist() == [[BOS_ID, 10, PAD_ID], [BOS_ID, 11, 12]]
-    assert batch.tgt_out.tolist() == [[10, EOS_ID, PAD_ID], [11, 12, EOS_ID]]
+    ids = SpecialIds(pad=5, unk=4, bos=1, eos=0)  # any layout: the ids come from the tokenizer
+    batch = make_batch([[7, 8], [9]], [[10], [11, 12]], ids)
+    assert batch.src.tolist() == [[7, 8, 0], [9, 0, 5]]
+    assert batch.tgt_in.tolist() == [[1, 10, 5], [1, 11, 12]]
+    assert batch.tgt_out.tolist() == [[10, 0, 5], [11, 12, 0]]
     assert batch.n_tokens == 5
 
 

@@ -4,8 +4,11 @@ import pytest
 import torch
 
 from attnkit import build_transformer
-from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import beam_search, greedy, length_penalty
+
+IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the tiny model's sources below use ids 4..15
+PAD_ID, BOS_ID, EOS_ID = IDS.pad, IDS.bos, IDS.eos
 
 
 def _model_and_src(seed=0):
@@ -31,16 +34,16 @@ def _log_prob(model, src, tokens):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_beam_size_one_equals_greedy(seed):
     model, src = _model_and_src(seed)
-    greedy_out = greedy(model, src, max_len_a=1.0, max_len_b=5)
-    beam_out = [h[0].tokens for h in beam_search(model, src, beam_size=1, max_len_a=1.0, max_len_b=5)]
+    greedy_out = greedy(model, src, IDS, max_len_a=1.0, max_len_b=5)
+    beam_out = [h[0].tokens for h in beam_search(model, src, IDS, beam_size=1, max_len_a=1.0, max_len_b=5)]
     assert beam_out == greedy_out
 
 
 def test_cached_search_equals_uncached():
     model, src = _model_and_src(3)
-    assert greedy(model, src, use_cache=True) == greedy(model, src, use_cache=False)
-    cached = beam_search(model, src, beam_size=4, n_best=4)
-    uncached = beam_search(model, src, beam_size=4, n_best=4, use_cache=False)
+    assert greedy(model, src, IDS, use_cache=True) == greedy(model, src, IDS, use_cache=False)
+    cached = beam_search(model, src, IDS, beam_size=4, n_best=4)
+    uncached = beam_search(model, src, IDS, beam_size=4, n_best=4, use_cache=False)
     assert [[h.tokens for h in hs] for hs in cached] == [[h.tokens for h in hs] for hs in uncached]
     for a, b in zip(cached, uncached, strict=True):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
@@ -48,8 +51,8 @@ def test_cached_search_equals_uncached():
 
 def test_beam_scores_are_sequence_log_probabilities_and_beat_greedy():
     model, src = _model_and_src(4)
-    greedy_out = greedy(model, src, max_len_a=1.0, max_len_b=6)
-    beams = beam_search(model, src, beam_size=5, alpha=0.0, n_best=3, max_len_a=1.0, max_len_b=6)
+    greedy_out = greedy(model, src, IDS, max_len_a=1.0, max_len_b=6)
+    beams = beam_search(model, src, IDS, beam_size=5, alpha=0.0, n_best=3, max_len_a=1.0, max_len_b=6)
     for row, (hyps, g) in enumerate(zip(beams, greedy_out, strict=True)):
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         real_src = src[row][src[row] != PAD_ID]
@@ -63,15 +66,15 @@ def test_length_penalty_is_gnmt_and_n_best_is_checked():
     assert length_penalty(7, 1.0) == pytest.approx(2.0)
     model, src = _model_and_src()
     with pytest.raises(ValueError, match="n_best"):
-        beam_search(model, src, beam_size=2, n_best=3)
+        beam_search(model, src, IDS, beam_size=2, n_best=3)
 
 
 def test_outputs_respect_the_length_bound():
     model, src = _model_and_src(5)
     lengths = (src != PAD_ID).sum(-1)
     bounds = (0.5 * lengths + 1).long()  # tokens including </s>
-    for row, out in enumerate(greedy(model, src, max_len_a=0.5, max_len_b=1)):
+    for row, out in enumerate(greedy(model, src, IDS, max_len_a=0.5, max_len_b=1)):
         assert len(out) <= bounds[row] - 1
-    for row, hyps in enumerate(beam_search(model, src, beam_size=3, max_len_a=0.5, max_len_b=1)):
+    for row, hyps in enumerate(beam_search(model, src, IDS, beam_size=3, max_len_a=0.5, max_len_b=1)):
         assert len(hyps[0].tokens) <= bounds[row] - 1
         assert BOS_ID not in hyps[0].tokens and PAD_ID not in hyps[0].tokens

@@ -90,7 +90,7 @@ def test_a_failed_save_cleans_up_and_raises(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(ckpt, "save_model", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(AttnkitError, match=r"step-0000002: cannot write the checkpoint \(disk full\)"):
         _save(tmp_path, 2, model)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".step")] == []
     assert (tmp_path / "last").read_text() == "step-0000001"
@@ -119,3 +119,70 @@ def test_checkpoints_get_the_users_usual_permissions_not_tempfiles_private_ones(
     assert path.stat().st_mode & 0o777 == 0o755
     assert averaged.stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "last").stat().st_mode & 0o777 == 0o644
+
+
+def _replace_in_a_process_that_dies(tmp_path, kill_at: str, average: bool = False) -> int:
+    """Save step 1 (or the average) again with new weights in a subprocess killed ``kill_at``:
+    "between renames" (after the old copy was renamed aside) or "before delete" (after both renames)."""
+    script = textwrap.dedent(f"""
+        import os, pathlib, torch
+        from attnkit import build_transformer
+        from attnkit.train import checkpoint as ckpt
+        run = pathlib.Path({str(tmp_path)!r})
+        renames = []
+        real_replace = os.replace
+        def replace(src, dst):
+            renames.append(dst)
+            if {kill_at!r} == "between renames" and len(renames) == 2:
+                os._exit(9)
+            real_replace(src, dst)
+        def rmtree(path, ignore_errors=False):
+            os._exit(9)
+        def die_in_the_replacement():
+            ckpt.os.replace = replace
+            if {kill_at!r} == "before delete":
+                ckpt.shutil.rmtree = rmtree
+        torch.manual_seed(1)
+        model = build_transformer("tiny", 20)
+        if {average!r}:
+            path = ckpt.save_checkpoint(run, 2, model=model, config={{}}, tokenizer_json="{{}}", keep_last=9)
+            die_in_the_replacement()
+            ckpt.average_checkpoints([path], run / "avg")
+        else:
+            die_in_the_replacement()
+            ckpt.save_checkpoint(run, 1, model=model, config={{}}, tokenizer_json="{{}}")
+    """)
+    return subprocess.run([sys.executable, "-c", script], check=False).returncode
+
+
+@pytest.mark.parametrize("average", [False, True], ids=["checkpoint", "average"])
+def test_a_process_killed_between_the_renames_of_a_replacement_leaves_the_old_copy(tmp_path, average):
+    torch.manual_seed(0)
+    model = build_transformer("tiny", 20)
+    first = _save(tmp_path, 1, model)
+    target = ckpt.average_checkpoints([first], tmp_path / "avg") if average else first
+    before = load_file(str(target / "model.safetensors"))
+    assert _replace_in_a_process_that_dies(tmp_path, "between renames", average) == 9
+    assert not target.exists()  # the kill came after the old copy was renamed aside ...
+    found = (
+        ckpt.resolve_checkpoint(tmp_path / "avg") if average else ckpt.resolve_checkpoint(tmp_path, "last")
+    )
+    assert found == target  # ... and the next reader puts it back
+    after = load_file(str(found / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not any(p.name.endswith(".replaced") for p in tmp_path.iterdir())
+
+
+def test_a_process_killed_after_the_swap_leaves_the_new_copy_and_the_old_is_cleaned_up(tmp_path):
+    torch.manual_seed(0)
+    _save(tmp_path, 1, build_transformer("tiny", 20))
+    assert _replace_in_a_process_that_dies(tmp_path, "before delete") == 9
+    torch.manual_seed(1)
+    expected = build_transformer("tiny", 20).state_dict()
+    assert (tmp_path / ".step-0000001.replaced").is_dir()
+    found = ckpt.list_checkpoints(tmp_path)
+    assert [p.name for p in found] == ["step-0000001"]
+    weights = load_file(str(found[0] / "model.safetensors"))
+    assert torch.equal(weights["encoder.layers.0.feed_forward.w_1.weight"],
+                       expected["encoder.layers.0.feed_forward.w_1.weight"])  # fmt: skip
+    assert not (tmp_path / ".step-0000001.replaced").exists()

@@ -1,5 +1,7 @@
-"""Two processes (torchrun, gloo) train exactly like one process with the same global batch."""
+"""Two processes (torchrun, gloo) train exactly like one process with the same global batch, draw
+dropout from their own seeds, and resume exactly; too little data for the processes is an error."""
 
+import json
 import subprocess
 import sys
 
@@ -9,6 +11,8 @@ from safetensors.torch import load_file
 
 from attnkit.train.checkpoint import resolve_checkpoint
 
+needs_distributed = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+
 COMMON = [
     "model.preset=tiny", "data.task=dates", "data.tokenizer=char", "data.n_train=400", "data.n_valid=8",
     "train.max_tokens=400", "train.schedule=constant", "train.lr=0.001", "train.warmup=1",
@@ -16,7 +20,7 @@ COMMON = [
 ]  # fmt: skip
 
 
-def _train(run_dir, update_freq, processes):
+def _launch(processes, *args, timeout=300):
     launcher = [
         sys.executable,
         "-m",
@@ -25,13 +29,22 @@ def _train(run_dir, update_freq, processes):
         f"--nproc_per_node={processes}",
     ]
     command = [*launcher, "-m", "attnkit"] if processes > 1 else [sys.executable, "-m", "attnkit"]
-    args = ["train", "--run-dir", str(run_dir), *COMMON, f"train.update_freq={update_freq}"]
-    result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _weights(run_dir):
+    return load_file(str(resolve_checkpoint(run_dir, "last") / "model.safetensors"))
+
+
+def _train(run_dir, update_freq, processes):
+    result = _launch(
+        processes, "train", "--run-dir", str(run_dir), *COMMON, f"train.update_freq={update_freq}"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    return load_file(str(resolve_checkpoint(run_dir, "last") / "model.safetensors")), result.stdout
+    return _weights(run_dir), result.stdout
 
 
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
+@needs_distributed
 def test_two_gloo_processes_equal_one_process_with_twice_the_accumulation(tmp_path):
     single, single_out = _train(tmp_path / "one", update_freq=2, processes=1)
     double, double_out = _train(tmp_path / "two", update_freq=1, processes=2)
@@ -46,3 +59,36 @@ def test_two_gloo_processes_equal_one_process_with_twice_the_accumulation(tmp_pa
             a, b = a[keep], b[keep]
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
     assert single_out.count("step 4 epoch") == double_out.count("step 4 epoch") == 1  # only rank 0 reports
+
+
+DROPOUT = [*COMMON[:-3], "model.dropout=0.1", "train.eval_every=3", "train.label_smoothing=0.1"]
+
+
+@needs_distributed
+def test_two_processes_with_dropout_resume_exactly_and_save_each_ranks_random_state(tmp_path):
+    whole = _launch(2, "train", "--run-dir", str(tmp_path / "whole"), *DROPOUT, "train.max_steps=6")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    first = _launch(2, "train", "--run-dir", str(tmp_path / "split"), *DROPOUT, "train.max_steps=3")
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    checkpoint = resolve_checkpoint(tmp_path / "split", "last")
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["world_size"] == 2
+    rng = load_file(str(checkpoint / "trainer_state.safetensors"))
+    assert not torch.equal(rng["rng.0.torch"], rng["rng.1.torch"])  # each process its own dropout stream
+
+    resumed = _launch(2, "train", "--resume", str(tmp_path / "split"), "train.max_steps=6")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "split")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+
+
+@needs_distributed
+def test_fewer_batches_than_processes_is_an_error_not_an_endless_loop(tmp_path):
+    result = _launch(2, "train", "--run-dir", str(tmp_path / "r"), *COMMON[:3], "data.n_train=1",
+                     "data.n_valid=2", "train.max_steps=5", "train.eval_every=5", timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    assert (
+        "makes 1 batch(es) of at most train.max_tokens=4096 tokens, fewer than the 2 processes"
+        in result.stderr
+    )

@@ -31,7 +31,7 @@ def test_patience_stops_training_when_validation_does_not_improve(tmp_path):
 def test_a_non_finite_loss_stops_with_a_clear_message(tmp_path, monkeypatch):
     trainer, _ = _trainer(tmp_path, "train.lr=0.001", "train.max_steps=3")
 
-    def nan_loss(logits, target, epsilon):
+    def nan_loss(logits, target, epsilon, pad_id):
         return logits.sum() * float("nan"), logits.sum().detach()
 
     monkeypatch.setattr(loop, "label_smoothed_loss", nan_loss)
@@ -66,8 +66,8 @@ def test_valid_bleu_sentences_decodes_only_a_prefix_but_scores_loss_on_all(tmp_p
         return list(texts)  # "perfect" translations of the source: scores are computed on these
 
     monkeypatch.setattr(loop, "translate", recording_translate)
-    full, _ = _trainer(tmp_path / "full")
-    limited, _ = _trainer(tmp_path / "limited", "train.valid_bleu_sentences=3")
+    full, _ = _trainer(tmp_path / "full", "train.max_steps=1")
+    limited, _ = _trainer(tmp_path / "limited", "train.max_steps=1", "train.valid_bleu_sentences=3")
     full_scores, limited_scores = full.validate(), limited.validate()
     assert decoded == [full.data.valid.src, full.data.valid.src[:3]]
     assert limited_scores["valid_loss"] == pytest.approx(full_scores["valid_loss"])  # same weights, all pairs

@@ -1,7 +1,5 @@
 """The schedules are the paper's formulas; the loss is label-smoothed cross-entropy ignoring padding."""
 
-import math
-
 import pytest
 import torch
 
@@ -35,18 +33,56 @@ def test_unknown_schedule_is_a_config_error():
         learning_rate_fn("cosine", 1.0, 100, 512)
 
 
-def test_label_smoothing_matches_its_definition_and_ignores_padding():
+def annotated_label_smoothing(log_probs, target, padding_idx, smoothing):
+    """The Annotated Transformer's LabelSmoothing criterion, written out independently:
+    ``true_dist`` gets smoothing / (size - 2) everywhere, the confidence 1 - smoothing on the target,
+    0 on the padding column and 0 on rows whose target is padding; the loss is KLDivLoss(sum)."""
+    size = log_probs.size(1)
+    true_dist = torch.full_like(log_probs, smoothing / (size - 2))
+    true_dist.scatter_(1, target.unsqueeze(1), 1.0 - smoothing)
+    true_dist[:, padding_idx] = 0
+    true_dist[target == padding_idx] = 0
+    kl = torch.nn.KLDivLoss(reduction="sum")(log_probs, true_dist)
+    return kl, true_dist
+
+
+@pytest.mark.parametrize("pad_id", [0, 5])
+def test_label_smoothing_is_the_annotated_transformers_no_mass_on_pad(pad_id):
     torch.manual_seed(0)
-    logits = torch.randn(2, 3, 7)
-    target = torch.tensor([[4, 5, 0], [6, 0, 0]])  # 0 = padding
-    eps = 0.1
-    loss, nll = label_smoothed_loss(logits, target, eps)
-    log_p = logits.log_softmax(-1)
-    expected = expected_nll = 0.0
-    for b, t in [(0, 0), (0, 1), (1, 0)]:
-        y = target[b, t]
-        expected += -(1 - eps) * log_p[b, t, y] - eps / 7 * log_p[b, t].sum()
-        expected_nll += -log_p[b, t, y]
-    assert loss.item() == pytest.approx(float(expected), rel=1e-5)
-    assert nll.item() == pytest.approx(float(expected_nll), rel=1e-5)
-    assert math.isfinite(loss.item())
+    V, eps = 7, 0.1
+    logits = torch.randn(2, 3, V, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([[4, 1, pad_id], [6, pad_id, pad_id]])
+    loss, nll = label_smoothed_loss(logits, target, eps, pad_id)
+
+    reference_logits = logits.detach().clone().requires_grad_(True)
+    log_probs = reference_logits.log_softmax(-1).flatten(0, 1)
+    kl, true_dist = annotated_label_smoothing(log_probs, target.flatten(), pad_id, eps)
+    # Ours is the cross-entropy with the same target distribution: KL + its (constant) entropy.
+    entropy = -(true_dist[true_dist > 0] * true_dist[true_dist > 0].log()).sum()
+    assert loss.item() == pytest.approx((kl + entropy).item(), rel=1e-9)
+    loss.backward()
+    kl.backward()
+    torch.testing.assert_close(logits.grad, reference_logits.grad)  # the same training signal
+
+    real = target != pad_id
+    expected_nll = -log_probs[real.flatten()].gather(1, target[real][:, None]).sum()
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-9)
+
+
+def test_label_smoothing_differs_from_pytorchs_which_puts_mass_on_pad():
+    torch.manual_seed(1)
+    logits, target = torch.randn(1, 4, 9), torch.tensor([[4, 5, 6, 0]])
+    ours, _ = label_smoothed_loss(logits, target, 0.1, pad_id=0)
+    theirs = torch.nn.functional.cross_entropy(
+        logits[0], target[0], ignore_index=0, label_smoothing=0.1, reduction="sum"
+    )
+    assert abs(ours.item() - theirs.item()) > 1e-3
+
+
+def test_bf16_logits_are_smoothed_in_float32():
+    torch.manual_seed(2)
+    logits, target = torch.randn(2, 5, 11), torch.randint(1, 11, (2, 5))
+    full, _ = label_smoothed_loss(logits, target, 0.1, pad_id=0)
+    half, _ = label_smoothed_loss(logits.bfloat16(), target, 0.1, pad_id=0)
+    assert half.dtype == torch.float32
+    assert half.item() == pytest.approx(full.item(), rel=2e-2)

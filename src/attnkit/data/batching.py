@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnkit.data.tokenizer import SpecialIds
 
 
 def token_batches(
@@ -57,28 +57,25 @@ class Batch:
     src: Tensor  # (B, S): tokens + </s>
     tgt_in: Tensor  # (B, T): <s> + tokens
     tgt_out: Tensor  # (B, T): tokens + </s>
-
-    @property
-    def n_tokens(self) -> int:
-        """Target tokens that count towards the loss (not padding)."""
-        return int((self.tgt_out != PAD_ID).sum())
+    n_tokens: int  # target tokens that count towards the loss (not padding)
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.n_tokens)
 
 
-def pad(sequences: list[list[int]]) -> Tensor:
-    """Right-pad lists of ids into a ``(B, longest)`` tensor."""
-    out = torch.full((len(sequences), max(map(len, sequences))), PAD_ID, dtype=torch.long)
+def pad(sequences: list[list[int]], pad_id: int) -> Tensor:
+    """Right-pad lists of ids with ``pad_id`` into a ``(B, longest)`` tensor."""
+    out = torch.full((len(sequences), max(map(len, sequences))), pad_id, dtype=torch.long)
     for row, ids in enumerate(sequences):
         out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     return out
 
 
-def make_batch(src: list[list[int]], tgt: list[list[int]]) -> Batch:
+def make_batch(src: list[list[int]], tgt: list[list[int]], specials: SpecialIds) -> Batch:
     """Add the specials and pad: source ``x </s>``, decoder input ``<s> y``, decoder target ``y </s>``."""
     return Batch(
-        src=pad([[*s, EOS_ID] for s in src]),
-        tgt_in=pad([[BOS_ID, *t] for t in tgt]),
-        tgt_out=pad([[*t, EOS_ID] for t in tgt]),
+        src=pad([[*s, specials.eos] for s in src], specials.pad),
+        tgt_in=pad([[specials.bos, *t] for t in tgt], specials.pad),
+        tgt_out=pad([[*t, specials.eos] for t in tgt], specials.pad),
+        n_tokens=sum(len(t) + 1 for t in tgt),
     )

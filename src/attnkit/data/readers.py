@@ -2,7 +2,9 @@
 
 Bad input stops with a one-line :class:`DataError` naming the file (and line where there is one).
 Pairs are filtered *together*: dropping an empty line from one side alone would shift every later
-pair out of alignment (JoeyNMT issue #183), so a pair is dropped when either side is empty.
+pair out of alignment (a bug JoeyNMT once had), so for training a pair is dropped when either side is
+empty, and counted. For scoring, nothing is dropped: an empty source is translated as an empty line and
+scored against its reference like every other line.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from pathlib import Path
 from attnkit.errors import DataError
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 text file (``.gz`` is decompressed), without line endings."""
+def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
+    """The lines of a UTF-8 text file (``.gz`` is decompressed), without line endings.
+
+    An empty file is an error unless ``allow_empty`` (text to translate: empty in, empty out).
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
@@ -23,7 +28,7 @@ def read_lines(path: str | Path) -> list[str]:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError) as error:
         raise DataError(f"{path}: cannot read ({error})") from None
-    if not raw.strip():
+    if not raw.strip() and not allow_empty:
         raise DataError(f"{path}: file is empty")
     lines = raw.split(b"\n")
     if lines[-1] == b"":
@@ -45,17 +50,25 @@ class ParallelText:
     tgt: list[str]
     dropped_empty: int = 0
 
+    def count_empty(self) -> tuple[int, int]:
+        """How many kept pairs have an empty source, and how many an empty target."""
+        return sum(not s for s in self.src), sum(not t for t in self.tgt)
+
     def __len__(self) -> int:
         return len(self.src)
 
 
-def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
-    """Read two aligned files; a line-count mismatch is an error giving both counts."""
+def read_parallel(src_path: str | Path, tgt_path: str | Path, drop_empty: bool = True) -> ParallelText:
+    """Read two aligned files; a line-count mismatch is an error giving both counts.
+
+    ``drop_empty`` drops (and counts) pairs with an empty side; without it every pair is kept.
+    """
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise DataError(
             f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
             "parallel files must align line by line"
         )
-    keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s.strip() and t.strip()]
+    pairs = enumerate(zip(src, tgt, strict=True))
+    keep = [i for i, (s, t) in pairs if not drop_empty or (s.strip() and t.strip())]
     return ParallelText([src[i].strip() for i in keep], [tgt[i].strip() for i in keep], len(src) - len(keep))

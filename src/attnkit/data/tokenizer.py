@@ -1,38 +1,62 @@
-"""Tokenisers, all stored as one HF ``tokenizers`` JSON file (``tokenizer.json`` in a run directory).
+"""Tokenisers, all stored as one HF ``tokenizers`` JSON file (``tokenizer.json`` in a checkpoint).
 
-- ``bpe``: byte-pair encoding (Sennrich et al., 2016), one vocabulary learned jointly over source and
-  target as in the paper (§5.1: "shared source-target vocabulary of about 37000 tokens"). Spaces are
-  kept as the "▁" marker, so decoding gives back the original text.
-- ``char``: one token per character (synthetic tasks, character-level models).
-- ``word``: one token per whitespace-separated word (toy tasks).
+- ``bpe``: byte-level byte-pair encoding (Sennrich et al., 2016; the byte-level variant of GPT-2), one
+  vocabulary learned jointly over source and target as in the paper (§5.1: "shared source-target
+  vocabulary of about 37000 tokens"). Its alphabet is the 256 byte values, so *any* UTF-8 text — accents,
+  emoji, CJK, combining marks, even characters never seen in training — encodes without ``<unk>`` and
+  decodes back exactly. A space is prepended before encoding (and one stripped after decoding) so that a
+  sentence's first word is the same token as that word inside a sentence.
+- ``char``: one token per character seen in training; a character never seen falls back to its UTF-8
+  bytes (``<0xC3>``, ...), as SentencePiece's byte fallback does, so it round-trips too.
+- ``word``: one token per whitespace-separated word (toy tasks); unseen words become ``<unk>`` and runs of
+  spaces are not kept, so it is the one lossy kind.
 
-Every vocabulary starts with the same four specials, so their ids are fixed.
+Special tokens are found **by role** (pad, unk, bos, eos) in the vocabulary, never assumed to sit at
+fixed ids; everything downstream (batching, loss, search) takes its ids from :attr:`Tokenizer.specials`.
+The text ``"</s>"`` inside a sentence is ordinary text, not the end-of-sentence token.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from attnkit.errors import DataError
 
-SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
+SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")  # attnkit's own vocabularies start with these, in this order
+ROLES = ("pad", "unk", "bos", "eos")
 KINDS = ("bpe", "char", "word")
+BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # SentencePiece's names for byte fallback
+MIN_BPE_VOCAB = len(SPECIALS) + 256  # the specials and the byte alphabet, before any merge
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The ids of the tokens with a role: padding, unknown, begin (decoder start) and end of sentence."""
+
+    pad: int
+    unk: int
+    bos: int
+    eos: int
 
 
 class Tokenizer:
-    """Text to ids and back, with fixed special ids: ``<pad>``=0, ``<unk>``=1, ``<s>``=2, ``</s>``=3."""
+    """Text to ids and back; :attr:`specials` holds the special ids, looked up by role."""
 
-    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
-
-    def __init__(self, hf: HFTokenizer) -> None:
-        for expected_id, token in enumerate(SPECIALS):
-            if hf.token_to_id(token) != expected_id:
-                raise DataError(f"tokenizer: special token {token} must have id {expected_id}")
+    def __init__(self, hf: HFTokenizer, source: str = "tokenizer") -> None:
+        ids = {}
+        for role, token in zip(ROLES, SPECIALS, strict=True):
+            ids[role] = hf.token_to_id(token)
+            if ids[role] is None:
+                raise DataError(f"{source}: the vocabulary has no {token} token (needed as the {role} token)")
+        self.specials = SpecialIds(**ids)
+        self._special_set = frozenset(ids.values())
+        hf.encode_special_tokens = True  # "</s>" typed in a sentence is text (not stored in tokenizer.json)
         self.hf = hf
 
     @classmethod
@@ -41,36 +65,29 @@ class Tokenizer:
     ) -> Tokenizer:
         """Learn a ``kind`` tokeniser (``bpe``, ``char`` or ``word``) from ``texts``."""
         if kind == "bpe":
-            hf = HFTokenizer(models.BPE(unk_token="<unk>"))
-            hf.pre_tokenizer = pre_tokenizers.Metaspace()
-            hf.decoder = decoders.Metaspace()
-            trainer = trainers.BpeTrainer(
-                vocab_size=vocab_size,
-                min_frequency=min_frequency,
-                special_tokens=list(SPECIALS),
-                show_progress=False,
-            )
-        elif kind in ("char", "word"):
+            hf = _train_byte_level_bpe(texts, vocab_size, min_frequency)
+        elif kind == "char":
+            hf = _char_tokenizer(texts)
+        elif kind == "word":
             hf = HFTokenizer(models.WordLevel(unk_token="<unk>"))
-            if kind == "char":
-                hf.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-                hf.decoder = decoders.Fuse()
-            else:
-                hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+            hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
             trainer = trainers.WordLevelTrainer(
-                special_tokens=list(SPECIALS), min_frequency=1, show_progress=False
+                vocab_size=vocab_size, special_tokens=list(SPECIALS), min_frequency=1, show_progress=False
             )
+            hf.train_from_iterator(texts, trainer=trainer)
         else:
             raise DataError(f"data.tokenizer must be one of {KINDS}, got {kind!r}")
-        hf.train_from_iterator(texts, trainer=trainer)
         return cls(hf)
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
+        if not Path(path).is_file():
+            raise DataError(f"{path}: file not found")
         try:
-            return cls(HFTokenizer.from_file(str(path)))
+            hf = HFTokenizer.from_file(str(path))
         except Exception as error:  # tokenizers raises plain Exception subclasses with long messages
             raise DataError(f"{path}: not a tokenizer file ({str(error).splitlines()[0]})") from None
+        return cls(hf, str(path))
 
     def save(self, path: str | Path) -> None:
         self.hf.save(str(path))
@@ -89,15 +106,60 @@ class Tokenizer:
         return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text for ``ids``, stopping at ``</s>`` and leaving out the other specials."""
+        """Text for ``ids``, stopping at the end-of-sentence token and leaving out the other specials."""
         kept = []
         for i in ids:
-            if i == EOS_ID:
+            i = int(i)
+            if i == self.specials.eos:
                 break
-            if i > EOS_ID:
-                kept.append(int(i))
-        return self.hf.decode(kept)
+            if i not in self._special_set:
+                kept.append(i)
+        return self.hf.decode(kept, skip_special_tokens=False)
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
-        """The token strings of ``ids`` (for attention plots)."""
-        return [self.hf.id_to_token(int(i)) for i in ids]
+        """Readable token strings of ``ids`` for plots: bytes shown as text, a leading space as "▁"."""
+        shown = []
+        for i in ids:
+            token = self.hf.id_to_token(int(i))
+            if (
+                isinstance(self.hf.pre_tokenizer, pre_tokenizers.ByteLevel)
+                and int(i) not in self._special_set
+            ):
+                token = _BYTE_LEVEL.decode([token])
+            shown.append(token.replace(" ", "▁"))
+        return shown
+
+
+_BYTE_LEVEL = decoders.ByteLevel()
+
+
+def _train_byte_level_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> HFTokenizer:
+    if vocab_size < MIN_BPE_VOCAB:
+        raise DataError(
+            f"data.vocab_size={vocab_size} is too small for byte-level BPE: it needs at least "
+            f"{MIN_BPE_VOCAB} ({len(SPECIALS)} special tokens + 256 bytes) plus room for merges"
+        )
+    hf = HFTokenizer(models.BPE(unk_token="<unk>"))
+    hf.normalizer = normalizers.Prepend(" ")  # "Hund" starts a sentence as it does inside one
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    hf.train_from_iterator(texts, trainer=trainer)
+    return hf
+
+
+def _char_tokenizer(texts: Iterable[str]) -> HFTokenizer:
+    """Characters by frequency, with the 256 byte tokens for anything else (a BPE model without merges)."""
+    counts = Counter(char for text in texts for char in text)
+    chars = [c for c, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *BYTE_TOKENS, *chars])}
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    hf.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    hf.add_special_tokens(list(SPECIALS))
+    return hf

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import pad
-from attnkit.data.tokenizer import EOS_ID, Tokenizer
+from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import beam_search, greedy
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -19,26 +21,37 @@ def translate(
     *,
     beam_size: int | None = None,
     device: torch.device | str = "cpu",
+    warn: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Translate ``texts``; ``beam_size`` 1 is greedy search, default ``decode.beam_size``.
 
-    An empty (or all-space) input line gives an empty output line without running the model.
+    An empty (or all-space) input line gives an empty output line without running the model. The model
+    handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is
+    longer, so that one pathological line cannot stall its batch; ``warn`` is told once how many were cut.
     """
     beam = decode.beam_size if beam_size is None else beam_size
+    specials, longest = tokenizer.specials, model.config.max_len
     encoded = tokenizer.encode_batch(texts)
+    too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > longest]
+    if too_long and warn is not None:
+        warn(f"{len(too_long)} input line(s) have more tokens than the model's {longest} positions "
+             f"(line {too_long[0] + 1}: {len(encoded[too_long[0]])} tokens); they are cut to "
+             f"{longest - 1} tokens, and outputs stop at {longest} tokens")  # fmt: skip
+    encoded = [[*ids[: longest - 1], specials.eos] for ids in encoded]
     order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
     outputs = [""] * len(texts)
+    bounds = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "max_output_len": longest}
     was_training = model.training
     model.eval()
     try:
         todo = [i for i in order if texts[i].strip()]
         for start in range(0, len(todo), decode.batch_size):
             chunk = todo[start : start + decode.batch_size]
-            src = pad([encoded[i] + [EOS_ID] for i in chunk]).to(device)
+            src = pad([encoded[i] for i in chunk], specials.pad).to(device)
             if beam == 1:
-                ids = greedy(model, src, decode.max_len_a, decode.max_len_b)
+                ids = greedy(model, src, specials, **bounds)
             else:
-                hyps = beam_search(model, src, beam, decode.alpha, decode.max_len_a, decode.max_len_b)
+                hyps = beam_search(model, src, specials, beam, decode.alpha, **bounds)
                 ids = [h[0].tokens for h in hyps]
             for i, hyp in zip(chunk, ids, strict=True):
                 outputs[i] = tokenizer.decode(hyp)

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 
 
 @dataclass
@@ -31,31 +31,26 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
     positions: str = "sinusoidal"  # "sinusoidal" (paper) or "learned"
     sinusoid_layout: str = "interleaved"  # "interleaved" (paper) or "concatenated" (fairseq, Marian)
-    max_len: int = 1024  # longest sequence for learned positions; sinusoids grow on demand
+    max_len: int = 1024  # longest sequence the model handles: learned positions stop here, decoding cuts here
     share_embeddings: bool = True  # one embedding for source and target (needs a shared vocabulary)
     tie_output: bool = True  # target embedding = pre-softmax projection (§3.4)
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
-    pad_id: int = 0
+    pad_id: int = 0  # set from the tokenizer's <pad> when a model is trained or loaded
 
     def __post_init__(self) -> None:
         for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "h", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"model.{name} must be a positive integer; got {value!r}")
         if self.d_model % self.h != 0:
             raise ConfigError(f"model.d_model ({self.d_model}) must be divisible by model.h ({self.h})")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
-        choices = {
-            "activation": ("relu", "gelu"),
-            "positions": ("sinusoidal", "learned"),
-            "sinusoid_layout": ("interleaved", "concatenated"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"model.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            require_fraction(f"model.{name}", getattr(self, name))
+        require_at_least("model.layer_norm_eps", self.layer_norm_eps, 0, strictly=True)
+        require_at_least("model.pad_id", self.pad_id, 0)
+        require_one_of("model.activation", self.activation, ("relu", "gelu"))
+        require_one_of("model.positions", self.positions, ("sinusoidal", "learned"))
+        require_one_of("model.sinusoid_layout", self.sinusoid_layout, ("interleaved", "concatenated"))
 
     @property
     def d_k(self) -> int:

@@ -1,16 +1,18 @@
 """Checkpoints: safetensors + JSON, written atomically, self-contained, resumable.
 
-A run directory holds one folder per checkpoint, ``step-000500/``, each with everything a later command
+A run directory holds one folder per checkpoint, ``step-0000500/``, each with everything a later command
 needs: ``config.json``, ``model.safetensors``, ``tokenizer.json``, and for resuming
-``trainer_state.safetensors`` (optimizer tensors, RNG states) + ``trainer_state.json`` (step, epoch,
-position in the epoch, best score, scalar optimizer settings). ``last`` and ``best`` are small text
-files naming a checkpoint folder.
+``trainer_state.safetensors`` (optimizer tensors, every process's RNG states) + ``trainer_state.json``
+(step, epoch, position in the epoch, best score, scalar optimizer settings). ``last`` and ``best`` are
+small text files naming a checkpoint folder.
 
 Why atomic: none of the usual tools (nanoGPT, JoeyNMT, HF) is, and a run killed while saving then
 leaves a torn file that breaks resuming. Here a checkpoint is written into a hidden temporary folder,
 every file fsync'ed, the folder renamed into place in one step, and only then are the ``last``/``best``
-pointers replaced (also by rename). A kill at any moment leaves the previous checkpoint intact and the
-pointers naming complete folders. Nothing is ever unpickled.
+pointers replaced (also by rename). Replacing an existing folder (the same step saved again, averaging
+again) renames the old one aside first, renames the new one in, then deletes the old one; whoever reads
+the folder next puts an aside copy back if a kill came between the two renames. A kill at any moment
+leaves a complete checkpoint and pointers naming complete folders. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -24,14 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.errors import AttnkitError
-from attnkit.models.seq2seq import build_transformer
+from attnkit.errors import AttnkitError, ConfigError
+from attnkit.models.seq2seq import EncoderDecoder, build_transformer
 
 CHECKPOINT_PREFIX = "step-"
+RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
+
+
+# --- writing atomically -----------------------------------------------------------------------------
 
 
 def _fsync_file(path: Path) -> None:
@@ -59,16 +66,55 @@ def _make_shareable(path: Path) -> None:
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
+def _aside(final: Path) -> Path:
+    return final.with_name(f".{final.name}.replaced")
+
+
+def recover(final: Path) -> None:
+    """Finish a replacement of ``final`` that a killed process left half done: put the old copy back if
+    the new one never arrived, or delete the old copy if it did."""
+    aside = _aside(final)
+    if aside.is_dir():
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(aside, final)
+
+
 def _publish(temporary: Path, final: Path) -> None:
-    """Move a fully written temporary folder to ``final`` in one rename: fsync its files, give it the
-    user's usual permissions, replace an older ``final``, and fsync the parent so the rename is durable."""
+    """Move a fully written temporary folder to ``final``: fsync its files, give it the user's usual
+    permissions, rename an older ``final`` aside, rename the new one in, fsync the parent so the renames
+    are durable, and only then delete the old copy."""
     for file in temporary.iterdir():
         _fsync_file(file)
     _make_shareable(temporary)
-    if final.exists():  # e.g. a re-run of the same step, or averaging again
-        shutil.rmtree(final)
+    recover(final)
+    aside = _aside(final)
+    if final.exists():  # e.g. the same step saved again, or averaging again
+        os.replace(final, aside)
     os.replace(temporary, final)
     _fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _write_folder(final: Path, write: Any) -> Path:
+    """Write a checkpoint folder with ``write(temporary_folder)`` and publish it; a failure leaves no
+    trace and is one line naming the folder."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temporary = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    except OSError as error:
+        raise AttnkitError(f"{final}: cannot write the checkpoint ({error.strerror or error})") from None
+    try:
+        write(temporary)
+        _publish(temporary, final)
+    except OSError as error:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise AttnkitError(f"{final}: cannot write the checkpoint ({error.strerror or error})") from error
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return final
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -82,21 +128,22 @@ def write_text_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = {"rng.torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{i}"] = state
-    version, internal, gauss = random.getstate()
-    return tensors, {"python_rng": [version, list(internal), gauss]}
+# --- trainer state: optimizer and random number generators -----------------------------------------
 
 
-def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-    torch.set_rng_state(tensors["rng.torch"])
-    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
-    version, internal, gauss = meta["python_rng"]
+def rng_state() -> dict[str, Any]:
+    """This process's random number generator states (torch CPU, its CUDA device, Python's ``random``)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
 
 
@@ -125,6 +172,24 @@ def _load_optimizer_state(optimizer, tensors: dict[str, torch.Tensor], meta: dic
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
+def _trainer_state_files(
+    folder: Path, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], rng: list[dict[str, Any]]
+) -> None:
+    """``trainer_state.safetensors`` (optimizer tensors, RNG tensors of every rank) and ``.json``."""
+    tensors, optimizer_meta = _optimizer_state(optimizer)
+    for rank, state in enumerate(rng):
+        tensors[f"rng.{rank}.torch"] = state["torch"]
+        if "cuda" in state:
+            tensors[f"rng.{rank}.cuda"] = state["cuda"]
+    save_file(tensors, str(folder / "trainer_state.safetensors"))
+    python_rng = [[s["python"][0], list(s["python"][1]), s["python"][2]] for s in rng]
+    meta = {**trainer_state, "optimizer": optimizer_meta, "world_size": len(rng), "python_rng": python_rng}
+    (folder / "trainer_state.json").write_text(json.dumps(meta))
+
+
+# --- saving ---------------------------------------------------------------------------------------
+
+
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -134,27 +199,24 @@ def save_checkpoint(
     tokenizer_json: str,
     optimizer: torch.optim.Optimizer | None = None,
     trainer_state: dict[str, Any] | None = None,
+    rng: list[dict[str, Any]] | None = None,
     is_best: bool = False,
     keep_last: int = 5,
 ) -> Path:
-    """Write ``run_dir/step-{step}`` atomically, move the pointers, and prune old checkpoints."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    final = run_dir / f"{CHECKPOINT_PREFIX}{step:07d}"
-    temporary = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{final.name}."))
-    try:
-        save_model(model, str(temporary / "model.safetensors"))  # handles the tied embeddings
-        (temporary / "config.json").write_text(json.dumps(config, indent=2))
-        (temporary / "tokenizer.json").write_text(tokenizer_json)
+    """Write ``run_dir/step-{step}`` atomically, move the pointers, and prune old checkpoints.
+
+    With ``optimizer`` and ``trainer_state`` the checkpoint can be resumed; ``rng`` holds every
+    process's :func:`rng_state` (rank order), default this process's only.
+    """
+
+    def write(folder: Path) -> None:
+        save_model(model, str(folder / "model.safetensors"))  # handles the tied embeddings
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        (folder / "tokenizer.json").write_text(tokenizer_json)
         if optimizer is not None and trainer_state is not None:
-            tensors, optimizer_meta = _optimizer_state(optimizer)
-            rng_tensors, rng_meta = _rng_state()
-            save_file({**tensors, **rng_tensors}, str(temporary / "trainer_state.safetensors"))
-            meta = {**trainer_state, "optimizer": optimizer_meta, **rng_meta}
-            (temporary / "trainer_state.json").write_text(json.dumps(meta))
-        _publish(temporary, final)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
+            _trainer_state_files(folder, optimizer, trainer_state, rng or [rng_state()])
+
+    final = _write_folder(run_dir / f"{CHECKPOINT_PREFIX}{step:07d}", write)
     write_text_atomic(run_dir / "last", final.name)
     if is_best:
         write_text_atomic(run_dir / "best", final.name)
@@ -164,6 +226,10 @@ def save_checkpoint(
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoint folders of a run, oldest first."""
+    if not run_dir.is_dir():
+        return []
+    for aside in run_dir.glob(f".{CHECKPOINT_PREFIX}*.replaced"):
+        recover(run_dir / aside.name[1 : -len(".replaced")])
     return sorted(p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / "model.safetensors").is_file())
 
 
@@ -175,48 +241,135 @@ def _prune(run_dir: Path, keep_last: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+# --- an earlier run in the same directory ---------------------------------------------------------
+
+
+def earlier_run(run_dir: Path) -> list[Path]:
+    """What an earlier run left in ``run_dir``: checkpoint folders (half-written ones too), the pointers,
+    the metrics log and the default average. Other files (a recipe kept there, say) do not count."""
+    if not run_dir.is_dir():
+        return []
+    hidden = tuple(f".{name}" for name in (CHECKPOINT_PREFIX, *RUN_FILES))
+    return sorted(
+        p
+        for p in run_dir.iterdir()
+        if p.name in RUN_FILES or p.name.startswith((CHECKPOINT_PREFIX, *hidden, "metrics.csv"))
+    )
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete what :func:`earlier_run` finds, pointers first (so none ever names a deleted folder)."""
+    for path in sorted(earlier_run(run_dir), key=lambda p: p.name not in ("last", "best")):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
 def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
     """A checkpoint folder: ``path`` itself, or the one a run directory's ``best``/``last`` names."""
     path = Path(path)
+    recover(path)
     if (path / "model.safetensors").is_file():
         return path
     for pointer in (prefer, "last", "best"):
         if (path / pointer).is_file():
             target = path / (path / pointer).read_text().strip()
+            recover(target)
             if (target / "model.safetensors").is_file():
                 return target
+    if (path / "last").is_file():
+        raise AttnkitError(f"{path}: 'last' names {(path / 'last').read_text().strip()!r}, which is gone")
     raise AttnkitError(
         f"{path}: no checkpoint here (expected model.safetensors, or a run directory with 'last')"
     )
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AttnkitError(f"{path}: missing from the checkpoint") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AttnkitError(f"{path}: not readable JSON ({error})") from None
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise AttnkitError(f"{path}: missing from the checkpoint") from None
+    except (SafetensorError, OSError) as error:
+        raise AttnkitError(f"{path}: corrupt or truncated ({error})") from None
+
+
+def read_run_config(checkpoint: Path) -> RunConfig:
+    """The run configuration a checkpoint was trained with."""
+    values = _read_json(checkpoint / "config.json")
+    if not isinstance(values, dict):
+        raise ConfigError(f"{checkpoint / 'config.json'}: not a run configuration")
+    return RunConfig.from_dict(values, str(checkpoint / "config.json"))
+
+
 def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     """Load ``model.safetensors`` into ``model`` (re-tying shared weights)."""
-    missing, unexpected = load_model(model, str(checkpoint / "model.safetensors"), strict=False)
+    path = checkpoint / "model.safetensors"
+    weights = _read_safetensors(path)
+    expected = model.state_dict()
+    for name, tensor in weights.items():
+        if name in expected and expected[name].shape != tensor.shape:
+            raise AttnkitError(
+                f"{path}: '{name}' has shape {tuple(tensor.shape)} but config.json and tokenizer.json "
+                f"describe {tuple(expected[name].shape)} (are the files from different checkpoints?)"
+            )
+    missing, unexpected = load_model(model, str(path), strict=False)
     if missing or unexpected:
         raise AttnkitError(
-            f"{checkpoint}: weights do not fit the config (missing {missing}, unexpected {unexpected})"
+            f"{path}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
 
 
-def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore optimizer and RNG states; return the trainer's JSON state (step, epoch, position, ...)."""
-    tensors = load_file(str(checkpoint / "trainer_state.safetensors"))
-    meta = json.loads((checkpoint / "trainer_state.json").read_text())
-    _load_optimizer_state(optimizer, tensors, meta.pop("optimizer"))
-    _set_rng_state(tensors, meta)
-    meta.pop("python_rng")
+def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer, rank: int = 0) -> dict[str, Any]:
+    """Restore the optimizer and this rank's RNG states; return the trainer's JSON state (step, epoch,
+    position, ..., and ``world_size``, the number of processes that saved it)."""
+    tensors = _read_safetensors(checkpoint / "trainer_state.safetensors")
+    meta = _read_json(checkpoint / "trainer_state.json")
+    try:
+        _load_optimizer_state(optimizer, tensors, meta.pop("optimizer"))
+        python_rng = meta.pop("python_rng")
+        if rank < meta["world_size"]:
+            state = {"torch": tensors[f"rng.{rank}.torch"], "python": python_rng[rank]}
+            if f"rng.{rank}.cuda" in tensors:
+                state["cuda"] = tensors[f"rng.{rank}.cuda"]
+            _set_rng_state(state)
+    except (KeyError, ValueError, TypeError, IndexError) as error:
+        raise AttnkitError(
+            f"{checkpoint}: trainer state does not fit this model and optimizer ({error})"
+        ) from None
     return meta
+
+
+def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer) -> EncoderDecoder:
+    """The model of ``config`` for ``tokenizer``: its vocabulary size, and its ``<pad>`` as the model's
+    padding id (``config.model.pad_id`` is set from the tokenizer, the one source of truth)."""
+    config.model.pad_id = tokenizer.specials.pad
+    return build_transformer(config.model, tokenizer.vocab_size)
 
 
 def load_for_inference(path: str | Path, device: torch.device | str = "cpu", prefer: str = "best"):
     """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode."""
     checkpoint = resolve_checkpoint(path, prefer)
-    config = RunConfig.from_dict(
-        json.loads((checkpoint / "config.json").read_text()), str(checkpoint / "config.json")
-    )
+    config = read_run_config(checkpoint)
     tokenizer = Tokenizer.load(checkpoint / "tokenizer.json")
-    model = build_transformer(config.model, tokenizer.vocab_size)
+    if config.model.pad_id != tokenizer.specials.pad:
+        raise AttnkitError(
+            f"{checkpoint}: config.json has model.pad_id={config.model.pad_id} but tokenizer.json's <pad> "
+            f"is {tokenizer.specials.pad} (are the files from different checkpoints?)"
+        )
+    model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
     return model.to(device).eval(), tokenizer, config
 
@@ -226,22 +379,25 @@ def average_checkpoints(checkpoints: list[Path], out: Path) -> Path:
     5 or 20) as a new checkpoint folder with the first one's config and tokenizer; written atomically."""
     if not checkpoints:
         raise AttnkitError("no checkpoints to average")
+    if out.resolve() in {c.resolve() for c in checkpoints}:
+        raise AttnkitError(f"{out}: the output would replace one of the checkpoints being averaged")
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
-        weights = load_file(str(path / "model.safetensors"))
+        weights = _read_safetensors(path / "model.safetensors")
         if total and weights.keys() != total.keys():
             raise AttnkitError(f"{path}: its weights do not match {checkpoints[0]}'s; cannot average")
         for name, tensor in weights.items():
+            if name in total and total[name].shape != tensor.shape:
+                raise AttnkitError(
+                    f"{path}: '{name}' has shape {tuple(tensor.shape)}, {checkpoints[0]}'s has "
+                    f"{tuple(total[name].shape)}; cannot average"
+                )
             total[name] = total.get(name, 0) + tensor.double()
     averaged = {name: (tensor / len(checkpoints)).float().contiguous() for name, tensor in total.items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        save_file(averaged, str(temporary / "model.safetensors"))
+
+    def write(folder: Path) -> None:
+        save_file(averaged, str(folder / "model.safetensors"))
         for name in ("config.json", "tokenizer.json"):
-            shutil.copyfile(checkpoints[0] / name, temporary / name)
-        _publish(temporary, out)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    return out
+            shutil.copyfile(checkpoints[0] / name, folder / name)
+
+    return _write_folder(out, write)

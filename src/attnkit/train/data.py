@@ -20,8 +20,9 @@ class PreparedData:
     valid: ParallelText
 
 
-def read_split(config: DataConfig, split: str, seed: int) -> ParallelText:
-    """The ``train``/``valid``/``test`` split: generated for synthetic tasks, read from files otherwise."""
+def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = True) -> ParallelText:
+    """The ``train``/``valid``/``test`` split: generated for synthetic tasks, read from files otherwise
+    (``drop_empty`` as in :func:`read_parallel`)."""
     if config.task != "parallel":
         train = generate(config.task, config.n_train, seed)
         if split == "train":
@@ -30,8 +31,8 @@ def read_split(config: DataConfig, split: str, seed: int) -> ParallelText:
         return generate(config.task, config.n_valid, seed + offset, exclude=set(train.src))
     files = getattr(config, split)
     if len(files) != 2:
-        raise ConfigError(f"data.{split} must list two files [source, target], got {files!r}")
-    return read_parallel(config.path(files[0]), config.path(files[1]))
+        raise ConfigError(f"data.{split} is not set: it must list two files [source, target]")
+    return read_parallel(config.path(files[0]), config.path(files[1]), drop_empty)
 
 
 def prepare_data(
@@ -39,8 +40,9 @@ def prepare_data(
 ) -> PreparedData:
     """Read (or generate), learn the tokeniser if none is given, encode, and drop over-long pairs."""
     train, valid = read_split(config, "train", seed), read_split(config, "valid", seed)
-    if train.dropped_empty:
-        echo(f"dropped {train.dropped_empty} training pairs with an empty side")
+    for name, split in (("training", train), ("validation", valid)):
+        if split.dropped_empty:
+            echo(f"dropped {split.dropped_empty} {name} pairs with an empty side")
     if tokenizer is None:
         tokenizer = Tokenizer.train(config.tokenizer, train.src + train.tgt, config.vocab_size)
     src, tgt = tokenizer.encode_batch(train.src), tokenizer.encode_batch(train.tgt)

@@ -15,12 +15,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from attnkit.errors import AttnkitError
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """``"auto"``: the GPU when there is one, else the CPU; any other name as given (``"cuda:1"``)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AttnkitError(f"train.device={name!r}, but this torch sees no CUDA device (use 'auto' or 'cpu')")
+    return device
 
 
 @dataclass
@@ -40,6 +45,14 @@ class World:
         tensor = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(tensor)
         return tensor.tolist()
+
+    def all_gather(self, value: object) -> list[object]:
+        """Every process's ``value``, in rank order (``[value]`` for one process)."""
+        if self.size == 1:
+            return [value]
+        gathered: list[object] = [None] * self.size
+        dist.all_gather_object(gathered, value)  # pickles between our own processes, never from files
+        return gathered
 
 
 def init_world(device_kind: str) -> World:

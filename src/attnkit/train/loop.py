@@ -6,13 +6,20 @@ accumulate the label-smoothed loss, clip, step; every ``eval_every`` steps valid
 greedy BLEU and exact match), save a checkpoint (atomically; ``best`` by ``eval_metric``) and maybe stop
 early. ``resume=True`` restores weights, optimizer, schedule, RNG states and the position in the epoch
 from the run's ``last`` checkpoint, so the continued run is the run that was interrupted.
+
+A new run refuses a run directory that already holds a run, so that two runs' checkpoints never mix
+(``overwrite=True`` deletes the earlier one's first). With several processes (torchrun) every process
+starts from the same weights but draws dropout from its own seed, and every process's RNG state is
+saved and restored: a resumed multi-process run is the uninterrupted one too.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -28,7 +35,6 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.metrics import bleu, exact_match, perplexity
-from attnkit.models.seq2seq import build_transformer
 from attnkit.train import checkpoint as ckpt
 from attnkit.train.data import prepare_data
 from attnkit.train.distributed import close_world, init_world, resolve_device, shard
@@ -48,10 +54,23 @@ class Trainer:
     """One training run in ``run_dir``; ``fit()`` runs it and returns the final validation scores."""
 
     def __init__(
-        self, config: RunConfig, run_dir: str | Path, *, resume: bool = False, echo: Callable = print
+        self,
+        config: RunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        echo: Callable = print,
     ):
-        self.config, self.run_dir, self.echo = config, Path(run_dir), echo
+        if resume and overwrite:
+            raise AttnkitError("resume and overwrite exclude each other: continue a run or replace it")
+        config = copy.deepcopy(config)  # the caller's stays as it was
         t = config.train
+        if not (t.max_steps or t.max_epochs or t.max_minutes):
+            raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
+        config.data.check_files_given()
+        config.data.dir = str(Path(config.data.dir).resolve())  # so --resume works from any directory
+        self.config, self.run_dir, self.echo = config, Path(run_dir), echo
         self.device = resolve_device(t.device)
         self.world = init_world(self.device.type)
         if self.device.type == "cuda":
@@ -60,11 +79,13 @@ class Trainer:
             t.precision, torch.bfloat16 if self.device.type == "cuda" else None
         )
         resume_from = ckpt.resolve_checkpoint(self.run_dir, prefer="last") if resume else None
-        torch.manual_seed(t.seed)
+        self._prepare_run_dir(replace=not resume, overwrite=overwrite)
+        torch.manual_seed(t.seed)  # the same initial weights in every process
         tokenizer = Tokenizer.load(resume_from / "tokenizer.json") if resume_from else None
         self.data = prepare_data(config.data, t.seed, tokenizer, self._say)
         self.tokenizer = self.data.tokenizer
-        self.model = build_transformer(config.model, self.tokenizer.vocab_size).to(self.device)
+        self.model = ckpt.build_for_tokenizer(config, self.tokenizer).to(self.device)
+        torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
         self.optimizer = torch.optim.Adam(  # one fused kernel per step on a GPU instead of one per tensor
             self.model.parameters(), lr=1.0, betas=tuple(t.betas), eps=t.eps,
             fused=self.device.type == "cuda",
@@ -93,13 +114,35 @@ class Trainer:
         if self.world.is_main:
             self.echo(message)
 
+    def _prepare_run_dir(self, replace: bool, overwrite: bool) -> None:
+        """A new run needs a directory without an earlier run (or deletes it, with ``overwrite``); any
+        run needs one it can write to, which is checked now rather than at the first checkpoint."""
+        earlier = ckpt.earlier_run(self.run_dir) if replace else []
+        if earlier and not overwrite:
+            names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")
+            raise AttnkitError(
+                f"{self.run_dir} already holds a run ({names}): continue it with --resume, choose another "
+                "run directory, or pass --overwrite to delete its checkpoints first"
+            )
+        if not self.world.is_main:
+            return
+        if earlier:
+            ckpt.clear_run(self.run_dir)
+            self._say(f"overwrite: deleted the earlier run in {self.run_dir} ({len(earlier)} entries)")
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.run_dir):
+                pass
+        except OSError as error:
+            raise AttnkitError(
+                f"{self.run_dir}: cannot write checkpoints there ({error.strerror or error})"
+            ) from None
+
     # --- the loop -------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
         """Train until a limit (steps, epochs, minutes) or early stopping; returns the last validation."""
         t = self.config.train
-        if not (t.max_steps or t.max_epochs or t.max_minutes):
-            raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
         self.started = time.perf_counter() - self.elapsed
         show_bar = self.world.is_main and sys.stderr.isatty()  # no bar in log files; validations still print
         bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
@@ -120,6 +163,12 @@ class Trainer:
         """Continue the current epoch from ``self.position``; True when early stopping ends training."""
         t = self.config.train
         batches = token_batches(*self.lengths, t.max_tokens, seed=t.seed, epoch=self.epoch)
+        if len(batches) < self.world.size:  # no step could ever be taken: say so instead of looping
+            raise AttnkitError(
+                f"the training data makes {len(batches)} batch(es) of at most "
+                f"train.max_tokens={t.max_tokens} tokens, fewer than the {self.world.size} processes: "
+                "lower train.max_tokens or start fewer"
+            )
         per_step = t.update_freq * self.world.size
         while self.position < len(batches) and not self._finished():
             group = batches[self.position : self.position + per_step]
@@ -162,8 +211,9 @@ class Trainer:
         """One optimizer update over this rank's batches; returns global (loss, nll, tokens) sums."""
         self.ddp.train()
         self.optimizer.zero_grad(set_to_none=True)
+        specials = self.tokenizer.specials
         made = [
-            make_batch([self.data.train_src[i] for i in b], [self.data.train_tgt[i] for i in b])
+            make_batch([self.data.train_src[i] for i in b], [self.data.train_tgt[i] for i in b], specials)
             for b in batches
         ]
         local_tokens = sum(b.n_tokens for b in made)
@@ -174,7 +224,9 @@ class Trainer:
             sync = k == len(made) - 1 or self.world.size == 1
             with nullcontext() if sync else self.ddp.no_sync(), self._autocast():
                 logits = self.ddp(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.config.train.label_smoothing)
+                loss, nll = label_smoothed_loss(
+                    logits, batch.tgt_out, self.config.train.label_smoothing, specials.pad
+                )
             # DDP averages gradients over ranks; scaling by world size makes that a sum over tokens.
             (loss * self.world.size / global_tokens).backward()
             sums += torch.stack([loss.detach(), nll])  # no .item() per batch: a GPU need not wait
@@ -203,11 +255,12 @@ class Trainer:
         self.model.eval()
         sums, tokens = torch.zeros(2, device=self.device), 0  # (loss, nll) summed on the device, read once
         lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
+        specials, epsilon = self.tokenizer.specials, self.config.train.label_smoothing
         for b in token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False):
-            batch = make_batch([src[i] for i in b], [tgt[i] for i in b]).to(self.device)
+            batch = make_batch([src[i] for i in b], [tgt[i] for i in b], specials).to(self.device)
             with self._autocast():
                 logits = self.model(batch.src, batch.tgt_in)
-            sums += torch.stack(label_smoothed_loss(logits, batch.tgt_out, self.config.train.label_smoothing))
+            sums += torch.stack(label_smoothed_loss(logits, batch.tgt_out, epsilon, specials.pad))
             tokens += batch.n_tokens
         loss_sum, nll_sum = sums.tolist()
         # BLEU and accuracy need decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
@@ -245,24 +298,25 @@ class Trainer:
             f"{scores['valid_loss']:.3f}, ppl {scores['valid_ppl']:.2f}, BLEU {scores['valid_bleu']:.2f}, "
             f"accuracy {scores['valid_accuracy']:.3f}" + ("  (best)" if is_best else "")
         )
+        rng = self.world.all_gather(ckpt.rng_state())  # every process's, so each resumes its own stream
         if self.world.is_main:
-            self._save(is_best)
+            self._save(is_best, rng)
             self._write_log()
         self.window = _new_window()  # started after validation and saving: they are not training time
 
-    def _save(self, is_best: bool) -> None:
+    def _save(self, is_best: bool, rng: list) -> None:
         state = {"step": self.step, "epoch": self.epoch, "position": self.position, "elapsed": self.elapsed,
                  "best": self.best, "bad_evals": self.bad_evals, "history": self.history,
                  "scheduler": self.scheduler.state_dict()}  # fmt: skip
         ckpt.save_checkpoint(
             self.run_dir, self.step, model=self.model, config=self.config.to_dict(),
-            tokenizer_json=self.tokenizer.to_str(), optimizer=self.optimizer, trainer_state=state,
+            tokenizer_json=self.tokenizer.to_str(), optimizer=self.optimizer, trainer_state=state, rng=rng,
             is_best=is_best, keep_last=self.config.train.keep_last,
         )  # fmt: skip
 
     def _restore(self, checkpoint: Path) -> None:
         ckpt.load_model_weights(self.model, checkpoint)
-        state = ckpt.load_trainer_state(checkpoint, self.optimizer)
+        state = ckpt.load_trainer_state(checkpoint, self.optimizer, self.world.rank)
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.elapsed, self.best, self.bad_evals = state["elapsed"], state["best"], state["bad_evals"]
         self.history = state["history"]
@@ -270,6 +324,9 @@ class Trainer:
         self._say(
             f"resumed from {checkpoint} at step {self.step} (epoch {self.epoch}, batch {self.position})"
         )
+        if state["world_size"] != self.world.size:
+            self._say(f"note: saved by {state['world_size']} process(es) and resumed with {self.world.size}: "
+                      "training continues, but not bit for bit as the uninterrupted run would")  # fmt: skip
 
     def _write_log(self) -> None:
         """metrics.csv, rewritten whole from the history (so a resumed run has no stale rows)."""

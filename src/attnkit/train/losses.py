@@ -1,24 +1,36 @@
 """Label-smoothed cross-entropy (Szegedy et al., 2016; the paper's §5.4 with ε_ls = 0.1).
 
 The paper notes that smoothing "hurts perplexity, as the model learns to be more unsure, but improves
-accuracy and BLEU". We compute PyTorch's fused ``cross_entropy(label_smoothing=ε)``, which puts ``1 - ε``
-on the reference token plus ``ε / V`` on every token, and ignores padding. The plain NLL is returned
-too, for perplexity.
+accuracy and BLEU". The smoothed target distribution is the Annotated Transformer's ``LabelSmoothing``:
+``1 - ε`` on the reference token, ``ε / (V - 2)`` on every other token except ``<pad>``, which gets none
+(``<pad>`` is never a prediction), and padded positions count nothing. PyTorch's
+``cross_entropy(label_smoothing=ε)`` differs: it spreads ``ε / V`` over all ``V`` tokens, ``<pad>``
+included.
+
+We return the cross-entropy with that distribution, ``-Σ_j p_j log q_j``, the quantity fairseq reports.
+The Annotated Transformer's ``KLDivLoss`` is the same minus the distribution's entropy, a constant: the
+gradients are identical. The plain negative log-likelihood is returned too, for perplexity.
 """
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor
 
-from attnkit.data.tokenizer import PAD_ID
 
+def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Summed smoothed loss and NLL over non-pad targets: logits ``(B, T, V)``, target ``(B, T)``.
 
-def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """Summed smoothed loss and NLL over non-pad tokens: logits ``(B, T, V)``, target ``(B, T)``."""
-    flat_logits, flat_target = logits.flatten(0, 1).float(), target.flatten()
-    loss = F.cross_entropy(
-        flat_logits, flat_target, ignore_index=PAD_ID, label_smoothing=epsilon, reduction="sum"
-    )
-    nll = F.cross_entropy(flat_logits.detach(), flat_target, ignore_index=PAD_ID, reduction="sum")
-    return loss, nll
+    One log-softmax, in float32 at least whatever the logits' dtype (bf16 logits are not copied to
+    float32 first: the kernel reads them and writes float32).
+    """
+    V = logits.size(-1)
+    log_q = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # (B, T, V)
+    keep = target != pad_id  # (B, T)
+    safe_target = target.masked_fill(~keep, 0).unsqueeze(-1)  # pad positions are zeroed below anyway
+    log_q_ref = log_q.gather(-1, safe_target).squeeze(-1)  # (B, T)
+    log_q_others = log_q.sum(-1) - log_q_ref - log_q[..., pad_id]  # Σ over j ∉ {reference, <pad>}
+    smoothed = -(1.0 - epsilon) * log_q_ref - epsilon / (V - 2) * log_q_others
+    nll = -log_q_ref.detach()
+    zero = log_q.new_zeros(())
+    return torch.where(keep, smoothed, zero).sum(), torch.where(keep, nll, zero).sum()

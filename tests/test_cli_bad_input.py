@@ -1,0 +1,240 @@
+"""Every command, every kind of bad input: corrupt or mismatched checkpoints, values out of range,
+outputs that cannot be written, pathological sizes and empty input each end in one clear line (or, for
+empty input, in empty output), never a traceback, a stall or a silently wrong result."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from sacrebleu.metrics import BLEU
+from typer.testing import CliRunner
+
+from attnkit.cli import app
+from attnkit.data.synthetic import copy
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    for name, n, seed in (("train", 300, 0), ("valid", 20, 1)):
+        pairs = copy(n, seed, max_length=5)
+        (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n")
+        (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, data_dir):
+    folder = tmp_path_factory.mktemp("run")
+    result = runner.invoke(app, [
+        "train", "--run-dir", str(folder), "--data", str(data_dir), "model.preset=tiny", "model.max_len=32",
+        "data.max_len=16", "data.tokenizer=word", "data.train=[train.src, train.tgt]",
+        "data.valid=[valid.src, valid.tgt]", "train.max_tokens=300", "train.schedule=constant",
+        "train.lr=0.003", "train.warmup=5", "train.max_steps=20", "train.eval_every=10",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def _one_line_error(result, pattern):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def _checkpoint_copy(run, tmp_path):
+    source = run / (run / "last").read_text().strip()
+    return shutil.copytree(source, tmp_path / "ckpt")
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _edit_config(path, **model):
+    values = json.loads(path.read_text())
+    values["model"].update(model)
+    path.write_text(json.dumps(values))
+
+
+def _other_tokenizer(checkpoint):
+    from attnkit.data.tokenizer import Tokenizer
+
+    (checkpoint / "tokenizer.json").write_text(Tokenizer.train("word", ["a b c d e f g h"]).to_str())
+
+
+SHAPES_DISAGREE = r"model\.safetensors: '[\w.]+' has shape \(\d+, \d+\) but config\.json and tokenizer\.json"
+CORRUPTIONS = {  # what is done to a copy of a checkpoint -> what the one-line error must say
+    "truncated weights": (
+        lambda c: _truncate(c / "model.safetensors"),
+        r"model\.safetensors: corrupt or truncated",
+    ),
+    "config not JSON": (
+        lambda c: (c / "config.json").write_text("{oops"),
+        r"config\.json: not readable JSON",
+    ),
+    "config with an unknown field": (
+        lambda c: _edit_config(c / "config.json", colour="red"),
+        r"config\.json: unknown field 'model\.colour'",
+    ),
+    "config of another model size": (
+        lambda c: _edit_config(c / "config.json", d_model=64, h=4),
+        SHAPES_DISAGREE,
+    ),
+    "tokenizer missing": (
+        lambda c: (c / "tokenizer.json").unlink(),
+        r"tokenizer\.json: file not found",
+    ),
+    "tokenizer of another vocabulary": (_other_tokenizer, SHAPES_DISAGREE),
+    "padding ids disagree": (
+        lambda c: _edit_config(c / "config.json", pad_id=3),
+        r"model\.pad_id=3 but tokenizer\.json's <pad> is 0",
+    ),
+    "weights missing": (
+        lambda c: (c / "model.safetensors").unlink(),
+        r"no checkpoint here",
+    ),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_corrupt_or_mismatched_checkpoint_is_one_line_naming_the_file(run, tmp_path, corruption):
+    checkpoint = _checkpoint_copy(run, tmp_path)
+    corrupt, message = CORRUPTIONS[corruption]
+    corrupt(checkpoint)
+    _one_line_error(runner.invoke(app, ["translate", "--ckpt", str(checkpoint)], input="1 2\n"), message)
+
+
+def test_resuming_from_a_truncated_trainer_state_is_one_line(run, tmp_path):
+    copy_of_run = shutil.copytree(run, tmp_path / "run")
+    _truncate(copy_of_run / (copy_of_run / "last").read_text().strip() / "trainer_state.safetensors")
+    result = runner.invoke(app, ["train", "--resume", str(copy_of_run), "train.max_steps=30"])
+    _one_line_error(result, r"trainer_state\.safetensors: corrupt or truncated")
+
+
+def test_a_last_pointer_naming_a_deleted_checkpoint_is_one_line(run, tmp_path):
+    copy_of_run = shutil.copytree(run, tmp_path / "run")
+    for folder in copy_of_run.glob("step-*"):
+        shutil.rmtree(folder)
+    result = runner.invoke(app, ["translate", "--ckpt", str(copy_of_run)], input="1\n")
+    _one_line_error(result, r"'last' names 'step-0000020', which is gone")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["translate", "--beam", "0"], r"--beam must be at least 1; got 0"),
+        (["evaluate", "--beam", "-2", "--src", "x", "--ref", "y"], r"--beam must be at least 1; got -2"),
+        (["average", "--last", "0"], r"--last must be at least 1; got 0"),
+    ],
+)
+def test_option_values_out_of_range_are_one_line(run, args, message):
+    flag = "--run-dir" if args[0] == "average" else "--ckpt"
+    _one_line_error(runner.invoke(app, [*args, flag, str(run)], input="1\n"), message)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["summary", "--vocab", "0"], r"--vocab must be at least 5; got 0"),
+        (["summary", "--length", "0"], r"--length must be at least 1; got 0"),
+        (["quickstart", "--steps", "0"], r"--steps must be at least 1; got 0"),
+        (["quickstart", "--minutes", "0"], r"--minutes must be more than 0; got 0\.0"),
+    ],
+)
+def test_other_commands_check_their_options_too(args, message):
+    _one_line_error(runner.invoke(app, args), message)
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+def test_an_output_that_cannot_be_written_fails_before_translating(run, tmp_path, monkeypatch, where):
+    out = tmp_path / "no_such_folder" / "out.txt" if where == "missing folder" else tmp_path
+    monkeypatch.setattr("attnkit.decode.translate.translate", lambda *a, **k: pytest.fail("translated first"))
+    result = runner.invoke(app, ["translate", "--ckpt", str(run), "-o", str(out)], input="1 2\n")
+    _one_line_error(result, r"does not exist" if where == "missing folder" else r"is a folder")
+
+
+def test_empty_input_gives_empty_output(run, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    out = tmp_path / "out.txt"
+    result = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(empty), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == ""
+    result = runner.invoke(app, ["translate", "--ckpt", str(run)], input="")
+    assert result.exit_code == 0 and result.stdout == ""
+    result = runner.invoke(app, ["translate", "--ckpt", str(run)], input="\n \n")
+    assert result.exit_code == 0 and result.stdout == "\n\n"
+
+
+def test_one_very_long_line_is_cut_to_the_model_and_said_once(run):
+    long_line = " ".join(["1 2 3 4 5"] * 40)  # 200 tokens; the model has 32 positions
+    result = runner.invoke(app, ["translate", "--ckpt", str(run), "--beam", "2"],
+                           input=f"{long_line}\n1 2\n{long_line}\n")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    notes = result.stderr.strip().splitlines()
+    assert len(notes) == 1 and "2 input line(s) have more tokens than the model's 32 positions" in notes[0]
+    outputs = result.stdout.splitlines()
+    assert len(outputs) == 3 and all(len(line.split()) <= 32 for line in outputs)
+
+
+def test_evaluate_scores_every_pair_and_counts_the_empty_ones(run, tmp_path):
+    (tmp_path / "src").write_text("1 2 3\n\n4 5\n2 2\n")
+    (tmp_path / "ref").write_text("1 2 3\n3 3\n\n2 2\n")
+    result = runner.invoke(app, ["evaluate", "--ckpt", str(run), "--src", str(tmp_path / "src"),
+                                 "--ref", str(tmp_path / "ref"), "--beam", "1"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "4 sentences" in result.stdout
+    assert (
+        "1 with an empty source (scored as an empty translation), 1 with an empty reference" in result.stdout
+    )
+    hypotheses = runner.invoke(app, ["translate", "--ckpt", str(run), "--beam", "1", "-i",
+                                     str(tmp_path / "src")]).stdout.split("\n")[:4]  # fmt: skip
+    assert hypotheses[1] == ""
+    expected = BLEU().corpus_score(hypotheses, [["1 2 3", "3 3", "", "2 2"]]).score
+    assert f"BLEU = {expected:.2f}" in result.stdout
+
+
+def test_average_refuses_what_cannot_work(run, tmp_path):
+    result = runner.invoke(app, ["average", "--run-dir", str(tmp_path / "nothing")])
+    _one_line_error(result, r"nothing: no such run directory")
+    (tmp_path / "empty_run").mkdir()
+    _one_line_error(runner.invoke(app, ["average", "--run-dir", str(tmp_path / "empty_run")]),
+                    r"no checkpoints to average")  # fmt: skip
+    last = run / (run / "last").read_text().strip()
+    result = runner.invoke(app, ["average", "--run-dir", str(run), "--out", str(last)])
+    _one_line_error(result, r"the output would replace one of the checkpoints being averaged")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_asking_for_a_gpu_that_is_not_there_is_one_line(data_dir, tmp_path):
+    result = runner.invoke(app, ["train", "--run-dir", str(tmp_path / "r"), "--data", str(data_dir),
+                                 "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
+                                 "train.max_steps=1", "train.device=cuda"])  # fmt: skip
+    _one_line_error(result, r"train\.device='cuda', but this torch sees no CUDA device")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["translate"],
+            r"^attnkit: error: Missing option '--ckpt'\. \(try '(python -m )?attnkit translate --help'\)$",
+        ),
+        (["summary", "--vocab", "many"], r"^attnkit: error: Invalid value for '--vocab'"),
+        (["transalte"], r"^attnkit: error: No such command 'transalte'"),
+    ],
+)
+def test_usage_errors_of_the_installed_program_are_one_line_too(args, message):
+    result = subprocess.run([sys.executable, "-m", "attnkit", *args], capture_output=True, text=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), result.stderr

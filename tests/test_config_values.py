@@ -1,0 +1,92 @@
+"""Every config field with a closed set of values or a range is checked when the config is loaded, before
+any data is read, with one line naming the file, the field, the value and what is allowed."""
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from attnkit.cli import app
+from attnkit.config import RunConfig, load_run_config
+from attnkit.errors import ConfigError
+
+BAD_VALUES = [
+    # (override, what the message must contain)
+    ("train.eval_metric=blue", r"train\.eval_metric must be one of 'bleu', 'accuracy', 'loss'; got 'blue'"),
+    ("train.precision=fp16", r"train\.precision 'fp16' needs loss scaling.*use 'bf16'"),
+    ("train.precision=half", r"train\.precision must be one of 'auto', 'fp32', 'bf16'; got 'half'"),
+    ("train.update_freq=0", r"train\.update_freq must be >= 1; got 0"),
+    ("train.max_tokens=0", r"train\.max_tokens must be >= 1; got 0"),
+    ("train.eval_every=0", r"train\.eval_every must be >= 1; got 0"),
+    ("train.keep_last=0", r"train\.keep_last must be >= 1; got 0"),
+    (
+        "train.schedule=cosine",
+        r"train\.schedule must be one of 'noam', 'inverse_sqrt', 'constant'; got 'cosine'",
+    ),
+    ("train.warmup=0", r"train\.warmup must be >= 1; got 0"),  # noam divides by it
+    ("train.lr=-1", r"train\.lr must be >= 0; got -1\.0"),
+    ("train.lr=.nan", r"train\.lr must be >= 0; got nan"),
+    ("train.max_steps=-5", r"train\.max_steps must be >= 0; got -5"),
+    ("train.label_smoothing=1.0", r"train\.label_smoothing must be in \[0, 1\); got 1\.0"),
+    ("train.betas=[0.9]", r"train\.betas must be two numbers \[β1, β2\]; got \[0\.9\]"),
+    ("train.betas=[0.9, 1.5]", r"train\.betas must be in \[0, 1\); got 1\.5"),
+    ("train.eps=0", r"train\.eps must be > 0; got 0\.0"),
+    ("train.device=gpu", r"train\.device must be 'auto' or a torch device .*; got 'gpu'"),
+    ("decode.beam_size=0", r"decode\.beam_size must be >= 1; got 0"),
+    ("decode.batch_size=0", r"decode\.batch_size must be >= 1; got 0"),
+    ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
+    ("data.task=translate", r"data\.task must be one of 'parallel', 'dates', 'copy'; got 'translate'"),
+    (
+        "data.tokenizer=sentencepiece",
+        r"data\.tokenizer must be one of 'bpe', 'char', 'word'; got 'sentencepiece'",
+    ),
+    ("data.vocab_size=100", r"data\.vocab_size must be >= 260 for data\.tokenizer='bpe' .*; got 100"),
+    ("data.max_len=1", r"data\.max_len must be >= 2; got 1"),
+    (
+        "data.train=[only_one.txt]",
+        r"data\.train must list two files \[source, target\]; got \['only_one\.txt'\]",
+    ),
+    ("model.dropout=1.0", r"model\.dropout must be in \[0, 1\); got 1\.0"),
+    ("model.positions=rotary", r"model\.positions must be one of 'sinusoidal', 'learned'; got 'rotary'"),
+    ("model.layer_norm_eps=0", r"model\.layer_norm_eps must be > 0; got 0\.0"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_a_bad_value_is_one_line_naming_file_field_value_and_choices(tmp_path, override, message):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("train:\n  max_steps: 10\n")
+    with pytest.raises(ConfigError) as raised:
+        load_run_config(recipe, [override])
+    text = str(raised.value)
+    assert text.startswith(f"{recipe}: ") and "\n" not in text
+    assert re.search(message, text), text
+
+
+def test_learned_positions_must_reach_the_longest_training_pair():
+    with pytest.raises(ConfigError, match=r"model\.max_len \(64\) must be >= data\.max_len \(128\)"):
+        load_run_config(None, ["model.positions=learned", "model.max_len=64", "data.max_len=128"])
+
+
+def test_the_defaults_are_valid_and_the_presets_too():
+    assert RunConfig().train.eval_metric == "bleu"
+    for preset in ("paper-base", "paper-big", "small", "tiny"):
+        load_run_config(None, [f"model.preset={preset}"])
+
+
+@pytest.mark.parametrize("override", ["train.eval_metric=blue", "train.update_freq=0", "decode.beam_size=0"])
+def test_the_cli_rejects_a_bad_value_before_reading_any_data(tmp_path, override):
+    args = ["train", "--run-dir", str(tmp_path / "run"), "--data", str(tmp_path / "no_such_folder"),
+            "data.train=[a.src, a.tgt]", "data.valid=[b.src, b.tgt]", "train.max_steps=5",
+            override]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert override.split("=")[0] in result.stderr and "file not found" not in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_training_without_files_names_the_missing_setting(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--run-dir", str(tmp_path / "run"), "train.max_steps=5"])
+    assert result.exit_code == 2
+    assert "data.train is not set" in result.stderr

@@ -1,0 +1,115 @@
+"""A run directory holds one run: a new run refuses an earlier one (or deletes it with --overwrite), a
+resumed run finds its data from any working directory, and the quickstart never averages leftovers."""
+
+import gzip
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from attnkit import quickstart
+from attnkit.cli import app
+from attnkit.config import load_run_config
+from attnkit.data.synthetic import copy
+from attnkit.errors import AttnkitError
+from attnkit.train.checkpoint import list_checkpoints, read_run_config
+from attnkit.train.loop import Trainer
+
+runner = CliRunner()
+TINY = ["model.preset=tiny", "data.tokenizer=word", "train.max_tokens=300", "train.schedule=constant",
+        "train.lr=0.003", "train.warmup=5", "data.train=[train.src.gz, train.tgt.gz]",
+        "data.valid=[valid.src, valid.tgt]"]  # fmt: skip
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pairs = copy(200, 0, max_length=5)
+    (folder / "train.src.gz").write_bytes(gzip.compress(("\n".join(pairs.src) + "\n").encode()))
+    (folder / "train.tgt.gz").write_bytes(gzip.compress(("\n".join(pairs.tgt) + "\n").encode()))
+    valid = copy(10, 1, max_length=5)
+    (folder / "valid.src").write_text("\n".join(valid.src) + "\n")
+    (folder / "valid.tgt").write_text("\n".join(valid.tgt) + "\n")
+    return folder
+
+
+def _train(run, data, *extra):
+    return runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(data), *TINY, *extra])
+
+
+def test_a_new_run_refuses_a_directory_holding_an_earlier_run(tmp_path, data_dir):
+    run = tmp_path / "run"
+    assert _train(run, data_dir, "train.max_steps=6", "train.eval_every=3").exit_code == 0
+    result = _train(run, data_dir, "train.max_steps=2", "train.eval_every=1")
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert re.search(r"already holds a run \(best, last, metrics\.csv, step-0000003, \.\.\.\): continue it "
+                     r"with --resume, .*--overwrite", result.stderr), result.stderr  # fmt: skip
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000003", "step-0000006"]  # untouched
+
+
+def test_overwrite_deletes_the_earlier_runs_checkpoints_before_training(tmp_path, data_dir):
+    run = tmp_path / "run"
+    assert _train(run, data_dir, "train.max_steps=6", "train.eval_every=2").exit_code == 0
+    (run / "recipe_notes.txt").write_text("kept: not a run file")
+    assert runner.invoke(app, ["average", "--run-dir", str(run), "--last", "2"]).exit_code == 0
+    result = _train(run, data_dir, "--overwrite", "train.max_steps=3", "train.eval_every=3")
+    assert result.exit_code == 0, result.output
+    assert "deleted the earlier run" in result.output
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000003"]
+    assert not (run / "averaged").exists()  # an average of the old run would mislead
+    assert (run / "recipe_notes.txt").is_file()
+    result = runner.invoke(app, ["average", "--run-dir", str(run), "--last", "3"])
+    assert "averaged 1 checkpoints (only 1 exist) (step-0000003)" in result.output
+
+
+def test_other_files_in_the_directory_are_not_an_earlier_run(tmp_path, data_dir):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("train:\n  max_steps: 2\n")
+    assert _train(run, data_dir, "train.max_steps=2", "train.eval_every=2").exit_code == 0
+
+
+def test_an_unwritable_run_directory_fails_before_reading_data(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = _train(blocker / "run", tmp_path / "no_data", "train.max_steps=2")
+    assert result.exit_code == 2
+    assert re.search(r"a_file/run: cannot write checkpoints there", result.stderr), result.stderr
+
+
+def test_resume_from_another_working_directory_finds_relative_data(tmp_path, data_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["train", "--run-dir", "run", "--data", "data", *TINY, "train.max_steps=2",
+                                 "train.eval_every=2"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = read_run_config(list_checkpoints(tmp_path / "run")[-1])
+    assert config.data.dir == str(data_dir.resolve())  # stored resolved
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["train", "--resume", str(tmp_path / "run"), "train.max_steps=4"])
+    assert result.exit_code == 0, result.output
+    assert "resumed from" in result.output and (tmp_path / "run" / "last").read_text() == "step-0000004"
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path, data_dir):
+    run = tmp_path / "run"
+    assert _train(run, data_dir, "train.max_steps=2", "train.eval_every=2").exit_code == 0
+    result = runner.invoke(app, ["train", "--resume", str(run), "--overwrite"])
+    assert result.exit_code == 2 and "give one of them" in result.stderr
+    result = runner.invoke(app, ["train", "--resume", str(run), "--run-dir", str(tmp_path / "other")])
+    assert result.exit_code == 2 and "differ" in result.stderr
+    with pytest.raises(AttnkitError, match="exclude each other"):
+        Trainer(load_run_config(None, ["train.max_steps=1"]), run, resume=True, overwrite=True)
+
+
+def test_quickstart_twice_in_one_folder_averages_only_its_own_checkpoints(tmp_path, monkeypatch):
+    small = {**quickstart.RECIPE, "data": {**quickstart.RECIPE["data"], "n_train": 300, "n_valid": 20}}
+    monkeypatch.setattr(quickstart, "RECIPE", small)
+    out = tmp_path / "qs"
+    quickstart.run_quickstart(out, max_steps=6, minutes=1.0, echo=lambda m: None)
+    assert [p.name for p in list_checkpoints(out)] == ["step-0000006"]
+    quickstart.run_quickstart(out, max_steps=4, minutes=1.0, echo=lambda m: None)
+    assert [p.name for p in list_checkpoints(out)] == ["step-0000004"]
