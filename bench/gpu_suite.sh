@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU figure the issues ask for, in two parts that each fit a 10-minute command:
+# Every GPU figure of docs/benchmarks.md and docs/results.md, in two parts that each fit a 10-minute command:
 #
 #   bash bench/gpu_suite.sh speed   OUT                      # attention, forward, training-step ratios
 #   bash bench/gpu_suite.sh quality OUT DATA [overrides...]  # Multi30k de-en and en-de, 3 minutes each
 #
-# OUT receives one log per benchmark. DATA is a folder with Multi30k's raw files (default
-# ../shared/data/multi30k). The quality part starts from a first GPU recipe: the CPU recipe's 3+3
-# layers at d_model 512 (the size of the issue's torch.nn.Transformer baseline) with 16k-token batches;
+# OUT receives one log per benchmark. DATA is a folder with Multi30k's raw files (docs/data.md; default
+# ../shared/data/multi30k, where the project's machines keep it). The quality part starts from a first
+# GPU recipe: the CPU recipe's 3+3 layers at the paper's width, d_model 512, with 16k-token batches;
 # extra section.field=value arguments override it. Needs torch with CUDA, tokenizers, sacrebleu,
 # safetensors, pyyaml and tqdm importable (the GPU machines' image has them all); attnkit itself is
 # taken from src/, so nothing is installed.

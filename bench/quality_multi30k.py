@@ -9,7 +9,9 @@ The batch, warm-up and learning rate are set for a short budget: the recipe's 4,
 500-step warm-up suit a 30-epoch run, while 15 CPU minutes are about 3 epochs, where 2,048-token
 batches (twice the updates) gave about +10 BLEU (docs/results.md).
 
-Run: ``python bench/quality_multi30k.py --data ../shared/data/multi30k --minutes 15 --direction de-en``.
+Run: ``python bench/quality_multi30k.py --data data/multi30k --minutes 15 --direction de-en`` (the folder
+holds Multi30k's raw files, see docs/data.md). The run directory is scratch: an earlier run there is
+replaced.
 Extra ``section.field=value`` arguments override the recipe (e.g. ``train.eval_every=500`` on a GPU).
 """
 

@@ -3,8 +3,23 @@ and, under CI, with a fixed seed so that a run is reproducible."""
 
 import os
 
+import pytest
 from hypothesis import settings
+
+from attnkit.data.synthetic import copy
 
 settings.register_profile("default", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture(scope="session")
+def copy_data(tmp_path_factory):
+    """The copy task (digit strings -> themselves) as parallel text files, read-only for the tests:
+    ``train.src``/``train.tgt`` (300 pairs) and ``valid.src``/``valid.tgt`` (20 pairs)."""
+    folder = tmp_path_factory.mktemp("copy_task")
+    for name, n, seed in (("train", 300, 0), ("valid", 20, 1)):
+        pairs = copy(n, seed, max_length=5)
+        (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n")
+        (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n")
+    return folder

@@ -14,26 +14,15 @@ from sacrebleu.metrics import BLEU
 from typer.testing import CliRunner
 
 from attnkit.cli import app
-from attnkit.data.synthetic import copy
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data")
-    for name, n, seed in (("train", 300, 0), ("valid", 20, 1)):
-        pairs = copy(n, seed, max_length=5)
-        (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n")
-        (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, data_dir):
+def run(tmp_path_factory, copy_data):
     folder = tmp_path_factory.mktemp("run")
     result = runner.invoke(app, [
-        "train", "--run-dir", str(folder), "--data", str(data_dir), "model.preset=tiny", "model.max_len=32",
+        "train", "--run-dir", str(folder), "--data", str(copy_data), "model.preset=tiny", "model.max_len=32",
         "data.max_len=16", "data.tokenizer=word", "data.train=[train.src, train.tgt]",
         "data.valid=[valid.src, valid.tgt]", "train.max_tokens=300", "train.schedule=constant",
         "train.lr=0.003", "train.warmup=5", "train.max_steps=20", "train.eval_every=10",
@@ -214,8 +203,8 @@ def test_average_refuses_what_cannot_work(run, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_asking_for_a_gpu_that_is_not_there_is_one_line(data_dir, tmp_path):
-    result = runner.invoke(app, ["train", "--run-dir", str(tmp_path / "r"), "--data", str(data_dir),
+def test_asking_for_a_gpu_that_is_not_there_is_one_line(copy_data, tmp_path):
+    result = runner.invoke(app, ["train", "--run-dir", str(tmp_path / "r"), "--data", str(copy_data),
                                  "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
                                  "train.max_steps=1", "train.device=cuda"])  # fmt: skip
     _one_line_error(result, r"train\.device='cuda', but this torch sees no CUDA device")

@@ -7,7 +7,6 @@ import pytest
 from typer.testing import CliRunner
 
 from attnkit.cli import app
-from attnkit.data.synthetic import copy
 
 runner = CliRunner()
 TINY = ["model.preset=tiny", "data.tokenizer=word", "train.max_tokens=300", "train.schedule=constant",
@@ -15,21 +14,11 @@ TINY = ["model.preset=tiny", "data.tokenizer=word", "train.max_tokens=300", "tra
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data")
-    for name, n, seed in (("train", 300, 0), ("valid", 20, 1)):
-        pairs = copy(n, seed, max_length=5)
-        (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n")
-        (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_dir):
+def trained(tmp_path_factory, copy_data):
     run = tmp_path_factory.mktemp("run")
     config = run / "recipe.yaml"
     config.write_text("data:\n  train: [train.src, train.tgt]\n  valid: [valid.src, valid.tgt]\n")
-    result = runner.invoke(app, ["train", str(config), "--run-dir", str(run), "--data", str(data_dir), *TINY,
+    result = runner.invoke(app, ["train", str(config), "--run-dir", str(run), "--data", str(copy_data), *TINY,
                                  "--train.max_steps", "20"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert re.search(r"step 20 epoch \d+: train loss", result.output)
@@ -49,21 +38,21 @@ def test_resume_continues_from_the_last_checkpoint(trained):
     assert (trained / "last").read_text() == "step-0000030"
 
 
-def test_translate_reads_stdin_or_a_file_and_keeps_one_line_per_input(trained, data_dir, tmp_path):
+def test_translate_reads_stdin_or_a_file_and_keeps_one_line_per_input(trained, copy_data, tmp_path):
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--beam", "1"], input="1 2 3\n\n4 5\n")
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == 3 and result.stdout.splitlines()[1] == ""
     out = tmp_path / "out.txt"
     result = runner.invoke(
-        app, ["translate", "--ckpt", str(trained), "-i", str(data_dir / "valid.src"), "-o", str(out)]
+        app, ["translate", "--ckpt", str(trained), "-i", str(copy_data / "valid.src"), "-o", str(out)]
     )
     assert result.exit_code == 0, result.output
     assert len(out.read_text().splitlines()) == 20
 
 
-def test_evaluate_prints_sacrebleu_bleu_and_chrf_with_signatures(trained, data_dir):
-    result = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", str(data_dir / "valid.src"),
-                                 "--ref", str(data_dir / "valid.tgt")])  # fmt: skip
+def test_evaluate_prints_sacrebleu_bleu_and_chrf_with_signatures(trained, copy_data):
+    result = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", str(copy_data / "valid.src"),
+                                 "--ref", str(copy_data / "valid.tgt")])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert re.search(r"BLEU = \d+\.\d\d  \(nrefs:1\|.*version:", result.output)
     assert re.search(r"chrF = \d+\.\d\d  \(nrefs:1\|", result.output)
@@ -87,8 +76,8 @@ def test_average_writes_a_loadable_checkpoint(trained):
         (["oops"], r"unexpected argument 'oops'"),
     ],
 )
-def test_bad_input_is_one_line_naming_the_problem(data_dir, tmp_path, extra, message):
-    args = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(data_dir), *TINY, "train.max_steps=1",
+def test_bad_input_is_one_line_naming_the_problem(copy_data, tmp_path, extra, message):
+    args = ["train", "--run-dir", str(tmp_path / "r"), "--data", str(copy_data), *TINY, "train.max_steps=1",
             "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]", *extra]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output

@@ -213,8 +213,8 @@ def train(
     except KeyboardInterrupt:
         saved = (run / "last").read_text().strip() if (run / "last").is_file() else None
         where = f"the last checkpoint is {run / saved}; continue with: attnkit train --resume {run}"
-        typer.echo(f"attnkit: interrupted at step {trainer.step}; " + (where if saved else "no checkpoint yet"),
-                   err=True)  # fmt: skip
+        message = where if saved else "no checkpoint was written yet"
+        typer.echo(f"attnkit: interrupted at step {trainer.step}; {message}", err=True)
         raise typer.Exit(code=130) from None
     typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
 

@@ -113,3 +113,18 @@ def test_quickstart_twice_in_one_folder_averages_only_its_own_checkpoints(tmp_pa
     assert [p.name for p in list_checkpoints(out)] == ["step-0000006"]
     quickstart.run_quickstart(out, max_steps=4, minutes=1.0, echo=lambda m: None)
     assert [p.name for p in list_checkpoints(out)] == ["step-0000004"]
+
+
+def test_a_resumed_run_refuses_model_or_vocabulary_changes_but_allows_new_dropout(tmp_path, data_dir):
+    run = tmp_path / "run"
+    assert _train(run, data_dir, "train.max_steps=2", "train.eval_every=2").exit_code == 0
+    for change, message in (
+        ("model.activation=gelu", r"model\.activation='gelu' \(the run has 'relu'\)"),
+        ("model.sinusoid_layout=concatenated", r"model\.sinusoid_layout='concatenated'"),
+        ("data.vocab_size=500", r"data\.vocab_size=500 \(the run has 8000\)"),
+    ):
+        result = runner.invoke(app, ["train", "--resume", str(run), "train.max_steps=4", change])
+        assert result.exit_code == 2, result.output
+        assert re.search(rf"a resumed run keeps its model and vocabulary, but {message}", result.stderr)
+    result = runner.invoke(app, ["train", "--resume", str(run), "train.max_steps=4", "model.dropout=0.2"])
+    assert result.exit_code == 0, result.output

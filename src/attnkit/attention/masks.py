@@ -2,7 +2,7 @@
 
 **Convention: a mask is a boolean tensor broadcastable to (..., T_q, T_k) where ``True`` means the
 query may attend to that key.** This matches ``F.scaled_dot_product_attention``'s boolean ``attn_mask``.
-Other libraries disagree (pitfall from STYLE.md): ``torch.nn.MultiheadAttention`` uses ``True`` = hidden,
+Other libraries disagree, a classic source of bugs: ``torch.nn.MultiheadAttention`` uses ``True`` = hidden,
 HF transformers uses ``1`` = keep, the Annotated Transformer hides ``mask == 0``. Conversions to and from
 those conventions live here and nowhere else.
 

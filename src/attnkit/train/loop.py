@@ -50,6 +50,41 @@ def _new_window() -> dict[str, float]:
     return {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
 
 
+def _ready_to_train(config: RunConfig) -> RunConfig:
+    """A copy of ``config`` (the caller's stays as it was) checked for what training needs before any
+    data is read, with ``data.dir`` resolved so that ``--resume`` works from any working directory."""
+    config = copy.deepcopy(config)
+    t = config.train
+    if not (t.max_steps or t.max_epochs or t.max_minutes):
+        raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
+    config.data.check_files_given()
+    config.data.dir = str(Path(config.data.dir).resolve())
+    return config
+
+
+RESUMABLE_MODEL_CHANGES = {"dropout", "attention_dropout", "activation_dropout"}
+
+
+def _check_resumable(saved: RunConfig, config: RunConfig) -> None:
+    """A resumed run keeps its model and vocabulary: only dropout rates (and training and decoding
+    settings) may change, since other model fields (``activation``, ``norm_first``, the position layout)
+    would change the model silently, without any weight changing shape."""
+    changed = [
+        f"model.{name}={getattr(config.model, name)!r} (the run has {value!r})"
+        for name, value in vars(saved.model).items()
+        if name not in RESUMABLE_MODEL_CHANGES and getattr(config.model, name) != value
+    ]
+    changed += [
+        f"data.{name}={getattr(config.data, name)!r} (the run has {getattr(saved.data, name)!r})"
+        for name in ("tokenizer", "vocab_size")
+        if getattr(config.data, name) != getattr(saved.data, name)
+    ]
+    if changed:
+        raise ConfigError(
+            f"a resumed run keeps its model and vocabulary, but {', '.join(changed)}; start a new run instead"
+        )
+
+
 class Trainer:
     """One training run in ``run_dir``; ``fit()`` runs it and returns the final validation scores."""
 
@@ -64,12 +99,8 @@ class Trainer:
     ):
         if resume and overwrite:
             raise AttnkitError("resume and overwrite exclude each other: continue a run or replace it")
-        config = copy.deepcopy(config)  # the caller's stays as it was
+        config = _ready_to_train(config)
         t = config.train
-        if not (t.max_steps or t.max_epochs or t.max_minutes):
-            raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
-        config.data.check_files_given()
-        config.data.dir = str(Path(config.data.dir).resolve())  # so --resume works from any directory
         self.config, self.run_dir, self.echo = config, Path(run_dir), echo
         self.device = resolve_device(t.device)
         self.world = init_world(self.device.type)
@@ -79,6 +110,8 @@ class Trainer:
             t.precision, torch.bfloat16 if self.device.type == "cuda" else None
         )
         resume_from = ckpt.resolve_checkpoint(self.run_dir, prefer="last") if resume else None
+        if resume_from:
+            _check_resumable(ckpt.read_run_config(resume_from), config)
         self._prepare_run_dir(replace=not resume, overwrite=overwrite)
         torch.manual_seed(t.seed)  # the same initial weights in every process
         tokenizer = Tokenizer.load(resume_from / "tokenizer.json") if resume_from else None
