@@ -30,3 +30,17 @@ def test_benchmark_prints_ours_over_peer_ratios(script, arguments, summary):
     assert re.search(summary, result.stdout), result.stdout
     cases = [line for line in result.stdout.splitlines() if re.search(r"ours/\w+ time = \d", line)]
     assert len(cases) >= 1, result.stdout
+
+
+def test_the_speed_benchmarks_give_ours_and_the_peer_the_same_dropout_at_the_same_places():
+    sys.path.insert(0, str(BENCH))
+    from forward import TorchTransformerPeer, like_for_like
+
+    from attnkit import build_transformer
+
+    config = like_for_like("small")
+    ours = build_transformer(config, 100).encoder.layers[0]
+    peer = TorchTransformerPeer(config, 100).transformer.encoder.layers[0]
+    assert ours.self_attn.dropout == peer.self_attn.dropout == 0.1  # on the attention weights
+    assert ours.feed_forward.dropout.p == peer.dropout.p == 0.1  # on the FFN's hidden activations
+    assert ours.sublayer[0].dropout.p == peer.dropout1.p == 0.1  # on the residual sub-layer outputs

@@ -59,7 +59,7 @@ def test_a_bad_value_is_one_line_naming_file_field_value_and_choices(tmp_path, o
     with pytest.raises(ConfigError) as raised:
         load_run_config(recipe, [override])
     text = str(raised.value)
-    assert text.startswith(f"{recipe}: ") and "\n" not in text
+    assert text.startswith(f"{recipe} + overrides: ") and "\n" not in text
     assert re.search(message, text), text
 
 

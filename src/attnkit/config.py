@@ -246,9 +246,10 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML recipe (or start from defaults when ``path`` is None) and apply overrides."""
     values: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        source = str(path)
+    if path is None:
+        source = "overrides" if overrides else "defaults"
+    else:
+        source = f"{path} + overrides" if overrides else str(path)
         try:
             values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
