@@ -19,7 +19,7 @@ import torch
 import typer
 
 from attnkit.errors import AttnkitError
-from attnkit.models import PRESETS, TransformerConfig, build_transformer
+from attnkit.models import PRESETS, build_model, from_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -108,46 +108,38 @@ def _note(message: str) -> None:
 @one_line_errors
 def summary(
     preset: Annotated[str, typer.Option(help=f"Model preset: {', '.join(PRESETS)}.")] = "paper-base",
-    vocab: Annotated[int, typer.Option(help="Shared source/target vocabulary size.")] = 37000,
-    batch: Annotated[int, typer.Option(help="Sentences in the forward pass.")] = 2,
-    length: Annotated[int, typer.Option(help="Tokens per sentence in the forward pass.")] = 16,
+    vocab: Annotated[int, typer.Option(help="Vocabulary size (shared by source and target).")] = 37000,
+    batch: Annotated[int, typer.Option(help="Sequences in the forward pass.")] = 2,
+    length: Annotated[int, typer.Option(help="Tokens per sequence in the forward pass.")] = 16,
 ) -> None:
     """Build a model from a preset, print its parts and size, and time one forward pass on CPU."""
     at_least("--vocab", vocab, 5)
     at_least("--batch", batch, 1)
     at_least("--length", length, 1)
-    config = TransformerConfig.from_preset(preset)
+    config = from_preset(preset)
     torch.manual_seed(0)
-    model = build_transformer(config, vocab).eval()
-    typer.echo(f"attnkit EncoderDecoder, preset {preset!r}, shared vocabulary {vocab}")
+    model = build_model(config, vocab).eval()
+    typer.echo(f"attnkit {type(model).__name__} ({config.arch}), preset {preset!r}, vocabulary {vocab}")
     typer.echo("  " + ", ".join(f"{k}={v}" for k, v in config.to_dict().items()))
-    for name in ("src_embed", "src_pos", "encoder", "tgt_embed", "tgt_pos", "decoder", "generator"):
-        child = getattr(model, name)
-        count = sum(p.numel() for p in child.parameters())
-        typer.echo(
-            f"  {name:<10} {count:>14,} parameters" + ("  (shared)" if _is_shared(model, name) else "")
-        )
+    seen: set[int] = set()
+    for name, child in model.named_modules(remove_duplicate=False):
+        if not name or "." in name:  # the model's direct parts only, a shared one under each of its names
+            continue
+        parameters = list(child.parameters())
+        shared = any(id(p) in seen for p in parameters)
+        seen.update(id(p) for p in parameters)
+        count = sum(p.numel() for p in parameters)
+        typer.echo(f"  {name:<10} {count:>14,} parameters" + ("  (shared)" if shared else ""))
     total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
     typer.echo(f"  {'total':<10} {total:>14,} parameters ({total / 1e6:.1f}M)")
-    src = torch.randint(1, vocab, (batch, length))  # any id but the padding id 0
-    tgt = torch.randint(1, vocab, (batch, length))
+    n_inputs = 2 if config.arch == "encoder-decoder" else 1  # (source, target) or the tokens
+    inputs = [torch.randint(1, vocab, (batch, length)) for _ in range(n_inputs)]  # any id but padding (0)
     with torch.inference_mode():
         began = time.perf_counter()
-        logits = model(src, tgt)
+        logits = model(*inputs)
         seconds = time.perf_counter() - began
-    typer.echo(
-        f"forward pass: src {tuple(src.shape)}, tgt {tuple(tgt.shape)} -> logits {tuple(logits.shape)} "
-        f"in {seconds * 1000:.0f} ms"
-    )
-
-
-def _is_shared(model: torch.nn.Module, name: str) -> bool:
-    """Whether this child's weight is also another child's (the paper's shared embeddings)."""
-    if name == "tgt_embed":
-        return model.tgt_embed is model.src_embed
-    if name == "generator":
-        return model.generator.proj.weight is model.tgt_embed.lut.weight
-    return False
+    shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
+    typer.echo(f"forward pass: {shapes} -> logits {tuple(logits.shape)} in {seconds * 1000:.0f} ms")
 
 
 @app.command()
@@ -240,7 +232,7 @@ def translate(
     if output is not None:
         writable_file(output)
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device)
+    model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder-decoder")
     texts = _read_input(input)
     hypotheses = translate_texts(
         model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note
@@ -273,7 +265,7 @@ def evaluate(
     at_least("--beam", beam, 1)
     pairs = read_parallel(src, ref, drop_empty=False)
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device)
+    model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder-decoder")
     began = time.perf_counter()
     hypotheses = translate_texts(
         model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note

@@ -20,7 +20,8 @@ import yaml
 from attnkit.data.synthetic import TASKS
 from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
-from attnkit.models.config import TransformerConfig
+from attnkit.models import PRESETS, config_class
+from attnkit.models.config import DecoderModelConfig, TransformerConfig
 from attnkit.train.schedules import SCHEDULES
 
 EVAL_METRICS = ("bleu", "accuracy", "loss")
@@ -126,23 +127,34 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
+    # translation (encoder-decoder): beam search
     beam_size: int = 5
     alpha: float = 0.6  # GNMT length penalty exponent
     max_len_a: float = 1.5  # output length bound: a · source length + b
     max_len_b: int = 10
-    batch_size: int = 64  # sentences per decoding batch
+    batch_size: int = 64  # sentences (or prompts) per decoding batch
+    # generation (decoder-only): sampling; the defaults are nanoGPT's sample.py
+    max_new_tokens: int = 256
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 200  # sample among the k most probable tokens; 0 = all
+    top_p: float = 1.0  # ... and among the smallest set holding this probability; 1.0 = all
+    seed: int = 1337  # prompt i samples from its own generator seeded seed + i
+    stop: list[str] = field(default_factory=list)  # generation ends where one of these appears
 
     def __post_init__(self) -> None:
-        require_at_least("decode.beam_size", self.beam_size, 1)
-        require_at_least("decode.batch_size", self.batch_size, 1)
-        require_at_least("decode.alpha", self.alpha, 0)
-        require_at_least("decode.max_len_a", self.max_len_a, 0)
-        require_at_least("decode.max_len_b", self.max_len_b, 0)
+        lowest = {"beam_size": 1, "batch_size": 1, "alpha": 0, "max_len_a": 0, "max_len_b": 0,
+                  "max_new_tokens": 1, "temperature": 0, "top_k": 0, "seed": 0}  # fmt: skip
+        for name, low in lowest.items():
+            require_at_least(f"decode.{name}", getattr(self, name), low)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"decode.top_p must be in (0, 1]; got {self.top_p!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ConfigError(f"decode.stop must be a list of non-empty strings; got {self.stop!r}")
 
 
 @dataclass
 class RunConfig:
-    model: TransformerConfig = field(default_factory=TransformerConfig)
+    model: TransformerConfig | DecoderModelConfig = field(default_factory=TransformerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -173,12 +185,12 @@ class RunConfig:
             raise ConfigError(f"unknown section(s) {unknown}; known: {sorted(sections)}")
         model_values = dict(_mapping(values.get("model"), "model"))
         preset = model_values.pop("preset", None)
-        checked = _checked(TransformerConfig, model_values, "model")
-        model = (
-            TransformerConfig.from_preset(preset, **checked)
-            if preset is not None
-            else TransformerConfig(**checked)
-        )
+        default_arch = (
+            PRESETS[preset].ARCH if preset in PRESETS else TransformerConfig.ARCH
+        )  # from the preset
+        model_class = config_class(model_values.get("arch", default_arch))
+        checked = _checked(model_class, model_values, "model")
+        model = model_class.from_preset(preset, **checked) if preset is not None else model_class(**checked)
         return cls(
             model=model,
             data=DataConfig(**_checked(DataConfig, values.get("data"), "data")),

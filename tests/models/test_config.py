@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnkit import ConfigError, TransformerConfig, build_transformer
-from attnkit.models import PRESETS
+from attnkit.models import PRESETS, build_model, from_preset
 
 
 def _parameters(preset, vocab=37000):
@@ -28,15 +28,21 @@ def test_paper_presets_have_table_3_hyper_parameters():
     )
 
 
-def test_every_preset_builds_and_overrides_apply():
-    for name in PRESETS:
-        TransformerConfig.from_preset(name)
+def test_every_preset_of_every_architecture_builds_and_overrides_apply():
+    for name, config_class in PRESETS.items():
+        config = from_preset(name)
+        assert isinstance(config, config_class) and config.arch == config_class.ARCH
+        small = build_model(from_preset(name, d_model=32, d_ff=64, h=4), 40)
+        inputs = [torch.ones(1, 3, dtype=torch.long)] * (2 if config.arch == "encoder-decoder" else 1)
+        assert small(*inputs).shape == (1, 3, 40)
     assert TransformerConfig.from_preset("small", dropout=0.3).dropout == 0.3
 
 
 def test_unknown_preset_and_unknown_field_are_named():
-    with pytest.raises(ConfigError, match="unknown preset 'paper-huge'"):
+    with pytest.raises(ConfigError, match="unknown encoder-decoder preset 'paper-huge'"):
         TransformerConfig.from_preset("paper-huge")
+    with pytest.raises(ConfigError, match="unknown preset 'paper-huge'; choose one of"):
+        from_preset("paper-huge")
     with pytest.raises(ConfigError, match=r"my.yaml: unknown model field\(s\) \['d_modle'\]"):
         TransformerConfig.from_dict({"d_modle": 512}, source="my.yaml")
 

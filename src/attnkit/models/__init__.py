@@ -1,6 +1,57 @@
-"""Complete models, each readable top to bottom."""
+"""Complete models, each readable top to bottom, and the one table of architectures.
 
-from attnkit.models.config import PRESETS, TransformerConfig
+An architecture is a config dataclass plus a model class, named by the config's ``arch`` field (in a
+run's YAML and in a checkpoint's ``config.json``); :func:`build_model` builds any of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnkit.errors import ConfigError, require_one_of
+from attnkit.models.config import DecoderModelConfig, TransformerConfig
+from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder, Generator, build_transformer
 
-__all__ = ["PRESETS", "EncoderDecoder", "Generator", "TransformerConfig", "build_transformer"]
+ARCHITECTURES: dict[str, tuple[type, type]] = {
+    "encoder-decoder": (TransformerConfig, EncoderDecoder),
+    "decoder": (DecoderModelConfig, DecoderModel),
+}
+PRESETS: dict[str, type] = {name: cls for cls, _ in ARCHITECTURES.values() for name in cls.PRESETS}
+
+
+def config_class(arch: str) -> type:
+    """The config dataclass of architecture ``arch``."""
+    require_one_of("model.arch", arch, tuple(ARCHITECTURES))
+    return ARCHITECTURES[arch][0]
+
+
+def from_preset(name: str, **overrides: Any):
+    """The config of a preset of any architecture (``"paper-base"``, ``"gpt2"``, ...)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].from_preset(name, **overrides)
+
+
+def build_model(
+    config: TransformerConfig | DecoderModelConfig, vocab_size: int
+) -> EncoderDecoder | DecoderModel:
+    """The one way to build a model of any architecture from its config and vocabulary size."""
+    if isinstance(config, TransformerConfig):
+        return build_transformer(config, vocab_size)
+    return ARCHITECTURES[config.arch][1](config, vocab_size)
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "PRESETS",
+    "DecoderModel",
+    "DecoderModelConfig",
+    "EncoderDecoder",
+    "Generator",
+    "TransformerConfig",
+    "build_model",
+    "build_transformer",
+    "config_class",
+    "from_preset",
+]

@@ -1,23 +1,78 @@
-"""Model configuration as a dataclass, with named presets.
+"""Model configurations as dataclasses, one per architecture, with named presets.
 
-``paper-base`` and ``paper-big`` are Table 3 of Vaswani et al. (2017); ``small`` and ``tiny`` are for
-CPU work and tests. Unknown fields are errors that name the field (a misspelt key must never be
-silently dropped).
+- :class:`TransformerConfig` (``arch: encoder-decoder``), the paper's model: ``paper-base`` and
+  ``paper-big`` are Table 3 of Vaswani et al. (2017); ``small`` and ``tiny`` are for CPU work and tests.
+- :class:`DecoderModelConfig` (``arch: decoder``), GPT-style: ``gpt2`` is GPT-2 small's shape (Radford et
+  al., 2019); ``shakespeare-char`` nanoGPT's character-level recipe; ``tiny-decoder`` for tests.
+
+The ``arch`` field names the architecture in a run's YAML and in a checkpoint's ``config.json``.
+Unknown fields are errors that name the field (a misspelt key must never be silently dropped).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+
+def check_transformer_fields(config: Any, layer_fields: tuple[str, ...]) -> None:
+    """The checks every Transformer config shares: sizes, rates and choices, each naming its field."""
+    require_one_of("model.arch", config.arch, (config.ARCH,))
+    for name in (*layer_fields, "d_model", "d_ff", "h", "max_len"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"model.{name} must be a positive integer; got {value!r}")
+    if config.d_model % config.h != 0:
+        raise ConfigError(f"model.d_model ({config.d_model}) must be divisible by model.h ({config.h})")
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        require_fraction(f"model.{name}", getattr(config, name))
+    require_at_least("model.layer_norm_eps", config.layer_norm_eps, 0, strictly=True)
+    require_at_least("model.pad_id", config.pad_id, 0)
+    require_one_of("model.activation", config.activation, ACTIVATIONS)
+    require_one_of("model.positions", config.positions, ("sinusoidal", "learned"))
+    require_one_of("model.sinusoid_layout", config.sinusoid_layout, ("interleaved", "concatenated"))
+
+
+class _Presets:
+    """``to_dict``, ``from_dict`` and ``from_preset`` for a config dataclass with a ``PRESETS`` table."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.h
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config"):
+        """Build from a mapping; an unknown key is an error naming the key and where it came from."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown model field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        """A named preset, with fields overridden: ``from_preset("paper-base", dropout=0.3)``."""
+        if name not in cls.PRESETS:
+            raise ConfigError(f"unknown {cls.ARCH} preset {name!r}; choose one of {sorted(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides}, source=f"preset {name!r}")
+
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(_Presets):
     """The encoder-decoder Transformer's hyper-parameters; defaults are the paper's base model."""
 
+    ARCH: ClassVar[str] = "encoder-decoder"
+    arch: str = "encoder-decoder"
     encoder_layers: int = 6  # N (encoder)
     decoder_layers: int = 6  # N (decoder)
     d_model: int = 512
@@ -26,7 +81,7 @@ class TransformerConfig:
     dropout: float = 0.1  # P_drop: residual sub-layer outputs and embedding sums (§5.4)
     attention_dropout: float = 0.0  # on attention weights (not in the paper; tensor2tensor has it)
     activation_dropout: float = 0.0  # inside the FFN (not in the paper; torch.nn.Transformer has it)
-    activation: str = "relu"  # FFN non-linearity: "relu" (paper) or "gelu"
+    activation: str = "relu"  # FFN non-linearity: "relu" (paper), "gelu" or "gelu_tanh"
     norm_first: bool = False  # False = post-LN as in the paper; True = pre-LN
     layer_norm_eps: float = 1e-5
     positions: str = "sinusoidal"  # "sinusoidal" (paper) or "learned"
@@ -37,52 +92,58 @@ class TransformerConfig:
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     pad_id: int = 0  # set from the tokenizer's <pad> when a model is trained or loaded
 
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (65M parameters).
+        "paper-base": {},
+        # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (213M parameters).
+        "paper-big": {"d_model": 1024, "d_ff": 4096, "h": 16, "dropout": 0.3},
+        # A model that trains in minutes on a laptop CPU.
+        "small": {"encoder_layers": 3, "decoder_layers": 3, "d_model": 256, "d_ff": 1024, "h": 4},
+        # For tests and toy tasks.
+        "tiny": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "d_ff": 64, "h": 4, "dropout": 0.0},
+    }
+
     def __post_init__(self) -> None:
-        for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "h", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"model.{name} must be a positive integer; got {value!r}")
-        if self.d_model % self.h != 0:
-            raise ConfigError(f"model.d_model ({self.d_model}) must be divisible by model.h ({self.h})")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            require_fraction(f"model.{name}", getattr(self, name))
-        require_at_least("model.layer_norm_eps", self.layer_norm_eps, 0, strictly=True)
-        require_at_least("model.pad_id", self.pad_id, 0)
-        require_one_of("model.activation", self.activation, ("relu", "gelu"))
-        require_one_of("model.positions", self.positions, ("sinusoidal", "learned"))
-        require_one_of("model.sinusoid_layout", self.sinusoid_layout, ("interleaved", "concatenated"))
-
-    @property
-    def d_k(self) -> int:
-        return self.d_model // self.h
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TransformerConfig:
-        """Build from a mapping; an unknown key is an error naming the key and where it came from."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown model field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> TransformerConfig:
-        """A named preset, with fields overridden: ``from_preset("paper-base", dropout=0.3)``."""
-        if name not in PRESETS:
-            raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], **overrides}, source=f"preset {name!r}")
+        check_transformer_fields(self, ("encoder_layers", "decoder_layers"))
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (65M parameters).
-    "paper-base": {},
-    # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (213M parameters).
-    "paper-big": {"d_model": 1024, "d_ff": 4096, "h": 16, "dropout": 0.3},
-    # A model that trains in minutes on a laptop CPU.
-    "small": {"encoder_layers": 3, "decoder_layers": 3, "d_model": 256, "d_ff": 1024, "h": 4},
-    # For tests and toy tasks.
-    "tiny": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "d_ff": 64, "h": 4, "dropout": 0.0},
-}
+@dataclass
+class DecoderModelConfig(_Presets):
+    """A GPT-style decoder-only Transformer; defaults are GPT-2 small's (Radford et al., 2019):
+    pre-LN, learned positions, GELU, a final LayerNorm, the output tied to the token embedding."""
+
+    ARCH: ClassVar[str] = "decoder"
+    arch: str = "decoder"
+    layers: int = 12  # N
+    d_model: int = 768
+    d_ff: int = 3072
+    h: int = 12
+    dropout: float = 0.1  # on embedding sums and residual sub-layer outputs (GPT-2's embd/resid_pdrop)
+    attention_dropout: float = 0.1  # on attention weights (GPT-2's attn_pdrop)
+    activation_dropout: float = 0.0  # inside the FFN (GPT-2 has none)
+    activation: str = "gelu_tanh"  # GPT-2's "gelu_new"
+    norm_first: bool = True  # pre-LN (GPT-2); False = post-LN (the first GPT)
+    layer_norm_eps: float = 1e-5
+    positions: str = "learned"  # or "sinusoidal"
+    sinusoid_layout: str = "interleaved"
+    max_len: int = 1024  # the context: the longest prompt + generated text
+    scale_embeddings: bool = False  # × √d_model as in the paper; GPT does not scale
+    tie_output: bool = True  # output projection = token embedding
+    output_bias: bool = False
+    pad_id: int = 0  # set from the tokenizer's <pad>; padded positions are never attended to
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # GPT-2 small: 12 layers, 768 wide, 12 heads, 1024 positions (124M parameters with its vocabulary).
+        "gpt2": {},
+        # nanoGPT's train_shakespeare_char: 6 layers, 6 heads, 384 wide, block 256, dropout 0.2.
+        "shakespeare-char": dict(
+            layers=6, d_model=384, d_ff=1536, h=6, max_len=256, dropout=0.2, attention_dropout=0.2
+        ),
+        # For tests.
+        "tiny-decoder": dict(
+            layers=2, d_model=32, d_ff=64, h=4, max_len=64, dropout=0.0, attention_dropout=0.0
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        check_transformer_fields(self, ("layers",))

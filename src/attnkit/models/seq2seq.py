@@ -118,6 +118,35 @@ class EncoderDecoder(nn.Module):
         """An empty key/value cache for incremental decoding with :meth:`decode`."""
         return DecoderCache(self.config.decoder_layers)
 
+    def decoding(self, src: Tensor, use_cache: bool = True) -> Seq2SeqDecoding:
+        """Step-by-step decoding of the sources ``src (N, S)`` (encoded once, now)."""
+        return Seq2SeqDecoding(self, src, use_cache)
+
+
+class Seq2SeqDecoding:
+    """What search needs from an :class:`EncoderDecoder`: ``next_logits(tokens)`` for all target tokens
+    so far (``<s>`` first; with the KV cache only the new ones are run) and ``reorder(index)``.
+
+    ``reorder`` keeps each row's memory: search only ever reorders rows among the beams of one source,
+    whose memories are identical.
+    """
+
+    def __init__(self, model: EncoderDecoder, src: Tensor, use_cache: bool) -> None:
+        self.model = model
+        self.src_mask = padding_mask(src, model.config.pad_id)  # (N, 1, S)
+        self.memory = model.encode(src, self.src_mask)  # (N, S, d_model)
+        self.cache = model.new_cache() if use_cache else None
+
+    def next_logits(self, tokens: Tensor) -> Tensor:
+        """``tokens (N, t)`` -> logits of the next token ``(N, V)``."""
+        new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
+        hidden = self.model.decode(self.memory, self.src_mask, new, cache=self.cache)[:, -1]
+        return self.model.generator(hidden)
+
+    def reorder(self, index: Tensor) -> None:
+        if self.cache is not None:
+            self.cache.reorder(index)
+
 
 def build_transformer(
     config: TransformerConfig | str, src_vocab: int, tgt_vocab: int | None = None

@@ -14,18 +14,25 @@ from torch import Tensor, nn
 
 
 class Embeddings(nn.Module):
-    """Token ids ``(B, T)`` to vectors ``(B, T, d_model)``, scaled by √d_model."""
+    """Token ids ``(B, T)`` to vectors ``(B, T, d_model)``, scaled by √d_model as in the paper.
 
-    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None) -> None:
+    ``scale=False`` leaves them unscaled, as GPT and BERT do (their embeddings are initialised with a
+    standard deviation of 0.02, the size of their learned positions, instead).
+    """
+
+    def __init__(
+        self, vocab_size: int, d_model: int, padding_idx: int | None = None, scale: bool = True
+    ) -> None:
         super().__init__()
         self.lut = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
-        self.d_model = d_model
-        nn.init.normal_(self.lut.weight, mean=0.0, std=d_model**-0.5)
+        self.d_model, self.scale = d_model, scale
+        nn.init.normal_(self.lut.weight, mean=0.0, std=d_model**-0.5 if scale else 0.02)
         if padding_idx is not None:
             nn.init.zeros_(self.lut.weight[padding_idx])
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.lut(ids) * math.sqrt(self.d_model)
+        vectors = self.lut(ids)
+        return vectors * math.sqrt(self.d_model) if self.scale else vectors
 
 
 def sinusoid_table(n_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
@@ -62,14 +69,15 @@ class PositionalEncoding(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoid_table(max_len, d_model, layout), persistent=False)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``."""
-        end = start + x.size(1)
+    def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``, or ``positions (B, T)``."""
+        end = start + x.size(1) if positions is None else int(positions.max()) + 1
         if end > self.pe.size(0):
             self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model, self.layout).to(
                 self.pe.device
             )
-        return self.dropout(x + self.pe[start:end].to(x.dtype))
+        table = self.pe[start:end] if positions is None else self.pe[positions]  # (T or B×T, d_model)
+        return self.dropout(x + table.to(x.dtype))
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -81,13 +89,14 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        end = start + x.size(1)
+    def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``, or ``positions (B, T)``."""
+        end = start + x.size(1) if positions is None else int(positions.max()) + 1
         if end > self.weight.size(0):
             raise ValueError(
                 f"sequence reaches position {end} but learned positions stop at {self.weight.size(0)}"
             )
-        return self.dropout(x + self.weight[start:end])
+        return self.dropout(x + (self.weight[start:end] if positions is None else self.weight[positions]))
 
 
 def positional_encoding(

@@ -1,15 +1,18 @@
 """Position-wise feed-forward network (Vaswani et al., 2017, §3.3, eq. 2).
 
 ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2``: two linear maps with a ReLU between, applied to each
-position separately. GELU (BERT, GPT) is an option.
+position separately. GELU (Hendrycks & Gimpel, 2016; BERT) is an option, and so is its tanh
+approximation, which GPT-2 uses (HF calls it "gelu_new").
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
 class PositionwiseFeedForward(nn.Module):

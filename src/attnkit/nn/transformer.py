@@ -5,6 +5,10 @@ so its readers find each piece; the arithmetic is the paper's (post-LN by defaul
 
 - EncoderLayer: self-attention, then the feed-forward network, each inside a SublayerConnection.
 - DecoderLayer: masked self-attention, attention over the encoder output ("src_attn"), feed-forward.
+
+A GPT-style decoder-only model (Radford et al., 2018: "a multi-layer Transformer decoder" without the
+encoder-decoder attention) stacks the *encoder* layer with a causal mask, pre-LN, and a KV cache for
+generation: there is no third kind of layer.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ class EncoderLayer(nn.Module):
         self.self_attn, self.feed_forward = self_attn, feed_forward
         self.sublayer = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first, eps) for _ in range(2))
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = self.sublayer[0](x, lambda y: self.self_attn(y, mask=mask)[0])
+    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None) -> Tensor:
+        x = self.sublayer[0](x, lambda y: self.self_attn(y, mask=mask, cache=cache)[0])
         return self.sublayer[1](x, self.feed_forward)
 
 
@@ -87,9 +91,10 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, mask)
+    def forward(self, x: Tensor, mask: Tensor | None, caches: list[KVCache] | None = None) -> Tensor:
+        """``caches``: one self-attention KV cache per layer, for step-by-step causal use (GPT)."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, None if caches is None else caches[i])
         return self.norm(x)
 
 

@@ -32,7 +32,9 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
-from attnkit.models.seq2seq import EncoderDecoder, build_transformer
+from attnkit.models import build_model
+from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.seq2seq import EncoderDecoder
 
 CHECKPOINT_PREFIX = "step-"
 RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
@@ -352,17 +354,28 @@ def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer, rank:
     return meta
 
 
-def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer) -> EncoderDecoder:
+def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer) -> EncoderDecoder | DecoderModel:
     """The model of ``config`` for ``tokenizer``: its vocabulary size, and its ``<pad>`` as the model's
     padding id (``config.model.pad_id`` is set from the tokenizer, the one source of truth)."""
     config.model.pad_id = tokenizer.specials.pad
-    return build_transformer(config.model, tokenizer.vocab_size)
+    return build_model(config.model, tokenizer.vocab_size)
 
 
-def load_for_inference(path: str | Path, device: torch.device | str = "cpu", prefer: str = "best"):
-    """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode."""
+COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "decoder": "attnkit generate"}
+
+
+def load_for_inference(
+    path: str | Path, device: torch.device | str = "cpu", prefer: str = "best", arch: str | None = None
+):
+    """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode;
+    with ``arch``, a checkpoint of another architecture is an error that says which command fits it."""
     checkpoint = resolve_checkpoint(path, prefer)
     config = read_run_config(checkpoint)
+    if arch is not None and config.model.arch != arch:
+        raise AttnkitError(
+            f"{checkpoint} holds a {config.model.arch} model, which this command cannot use; "
+            f"use {COMMANDS[config.model.arch]}"
+        )
     tokenizer = Tokenizer.load(checkpoint / "tokenizer.json")
     if config.model.pad_id != tokenizer.specials.pad:
         raise AttnkitError(

@@ -54,6 +54,10 @@ def _ready_to_train(config: RunConfig) -> RunConfig:
     """A copy of ``config`` (the caller's stays as it was) checked for what training needs before any
     data is read, with ``data.dir`` resolved so that ``--resume`` works from any working directory."""
     config = copy.deepcopy(config)
+    if config.model.arch != "encoder-decoder":
+        raise ConfigError(
+            f"model.arch={config.model.arch!r}: attnkit trains encoder-decoder models only so far"
+        )
     t = config.train
     if not (t.max_steps or t.max_epochs or t.max_minutes):
         raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
@@ -182,11 +186,12 @@ class Trainer:
                    dynamic_ncols=True, leave=False)  # fmt: skip
         self.window = _new_window()
         try:
-            while not self._finished():
-                if self._train_epoch(bar, show_bar):
-                    return self.scores
-            if self.step % t.eval_every != 0:  # the last steps since the last validation
+            stopped_early = False
+            while not stopped_early and not self._finished():
+                stopped_early = self._train_epoch(bar, show_bar)
+            if not stopped_early and self.step % t.eval_every != 0:  # the steps since the last validation
                 self._evaluate_and_save()
+            self.world.barrier()  # all processes end together: gloo aborts if one leaves while another works
             return self.scores
         finally:
             bar.close()
@@ -234,11 +239,11 @@ class Trainer:
 
     def _finished(self) -> bool:
         t, elapsed = self.config.train, time.perf_counter() - self.started
-        return bool(
-            (t.max_steps and self.step >= t.max_steps)
-            or (t.max_epochs and self.epoch >= t.max_epochs)
-            or (t.max_minutes and elapsed >= t.max_minutes * 60)
-        )
+        out_of_time = bool(t.max_minutes and elapsed >= t.max_minutes * 60)
+        if t.max_minutes and self.world.size > 1:  # clocks differ: all processes stop when the first does
+            out_of_time = self.world.any(out_of_time, self.device)
+        enough_steps = bool(t.max_steps and self.step >= t.max_steps)
+        return enough_steps or bool(t.max_epochs and self.epoch >= t.max_epochs) or out_of_time
 
     def _train_step(self, batches: list[list[int]]) -> tuple[float, float, float]:
         """One optimizer update over this rank's batches; returns global (loss, nll, tokens) sums."""

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attnkit.errors import ConversionError
 from attnkit.models.config import TransformerConfig
+from attnkit.models.convert.hf_config import hf_field
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.embedding import sinusoid_table
 
@@ -28,13 +29,9 @@ _DECODER_NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_laye
 _DECODER_ATTENTION = (("self_attn", "self_attn"), ("src_attn", "encoder_attn"))
 
 
-def _get(hf_config: Any, name: str) -> Any:
-    return hf_config[name] if isinstance(hf_config, Mapping) else getattr(hf_config, name)
-
-
 def config_from_hf_marian(hf_config: Any) -> TransformerConfig:
     """Our config for a ``MarianConfig`` (object or dict); refuses what our model cannot represent."""
-    get = lambda name: _get(hf_config, name)  # noqa: E731
+    get = lambda name: hf_field(hf_config, name)  # noqa: E731
     if get("encoder_attention_heads") != get("decoder_attention_heads"):
         raise ConversionError("Marian: encoder and decoder must have the same number of attention heads")
     if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
@@ -130,7 +127,7 @@ def _embedding_keys(share: bool) -> tuple[str, str]:
 def from_hf_marian(state_dict: Mapping[str, Tensor], hf_config: Any) -> EncoderDecoder:
     """An EncoderDecoder holding the weights of a MarianMTModel ``state_dict`` with ``hf_config``."""
     config = config_from_hf_marian(hf_config)
-    src_vocab, tgt_vocab = _get(hf_config, "vocab_size"), _get(hf_config, "decoder_vocab_size")
+    src_vocab, tgt_vocab = hf_field(hf_config, "vocab_size"), hf_field(hf_config, "decoder_vocab_size")
     model = EncoderDecoder(config, src_vocab, tgt_vocab or src_vocab)
     src_key, tgt_key = _embedding_keys(config.share_embeddings)
     try:

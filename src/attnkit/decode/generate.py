@@ -1,0 +1,119 @@
+"""Text in, text out for a decoder-only model: continue prompts by greedy search or sampling.
+
+Prompts are batched by length and left-padded; each prompt samples from its own generator (seeded
+``decode.seed + i`` for the i-th prompt), so a prompt's continuation is the same whichever prompts
+share its batch. Generation ends at ``</s>``, at ``decode.max_new_tokens``, at the model's context
+(``max_len`` positions, prompt included) or where a ``decode.stop`` string appears; the returned text
+stops before that string. ``on_text(i, new_text)`` receives each prompt's text as it is generated
+(streaming); a character whose UTF-8 bytes are still arriving is held back until it is complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from attnkit.config import DecodeConfig
+from attnkit.data.batching import pad
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.search import extend, sampler
+from attnkit.errors import AttnkitError
+from attnkit.models.decoder_only import DecoderModel
+
+OnText = Callable[[int, str], None]
+
+
+@torch.no_grad()
+def generate(
+    model: DecoderModel,
+    tokenizer: Tokenizer,
+    prompts: list[str],
+    decode: DecodeConfig,
+    *,
+    device: torch.device | str = "cpu",
+    on_text: OnText | None = None,
+) -> list[str]:
+    """The continuation of each prompt (without the prompt itself)."""
+    encoded = tokenizer.encode_batch(prompts)
+    context = model.config.max_len
+    for i, ids in enumerate(encoded):
+        if not ids:
+            raise AttnkitError(f"prompt {i + 1} is empty: give the model at least one character to continue")
+        if len(ids) >= context:
+            raise AttnkitError(
+                f"prompt {i + 1} has {len(ids)} tokens, but the model's context is {context} tokens "
+                "(prompt and continuation together): shorten the prompt"
+            )
+    outputs = [""] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), decode.batch_size):
+            rows = order[start : start + decode.batch_size]
+            for i, text in zip(rows, _generate_batch(model, tokenizer, [encoded[i] for i in rows], rows,
+                                                     decode, device, on_text), strict=True):  # fmt: skip
+                outputs[i] = text
+    finally:
+        model.train(was_training)
+    return outputs
+
+
+def _generate_batch(
+    model: DecoderModel,
+    tokenizer: Tokenizer,
+    prompts: list[list[int]],
+    indices: list[int],
+    decode: DecodeConfig,
+    device: torch.device | str,
+    on_text: OnText | None,
+) -> list[str]:
+    """Continue one batch of encoded prompts; ``indices`` are their places in the caller's list."""
+    longest = max(map(len, prompts))
+    pad_id = tokenizer.specials.pad
+    tokens = pad([[pad_id] * (longest - len(p)) + p for p in prompts], pad_id).to(device)  # left-padded
+    valid = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts], device=device)
+    room = [min(decode.max_new_tokens, model.config.max_len - len(p)) for p in prompts]
+    generators = [torch.Generator(device).manual_seed(decode.seed + i) for i in indices]
+    choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)
+    stream = _Stream(tokenizer, decode.stop, indices, on_text)
+    limits = torch.tensor(room, device=device) + 1  # up to `room` tokens, then </s> ends the row
+    generated = extend(model.decoding(valid), tokens, limits, tokenizer.specials, choose, stream.observe)
+    return [stream.finish(row, ids) for row, ids in enumerate(generated)]
+
+
+class _Stream:
+    """Decodes the rows as they grow: finds stop strings and passes new text to ``on_text``."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], indices: list[int], on_text: OnText | None):
+        self.tokenizer, self.stop, self.indices, self.on_text = tokenizer, stop, indices, on_text
+        self.sent = [0] * len(indices)  # characters already passed to on_text
+        self.stopped = [False] * len(indices)
+
+    def _cut(self, text: str) -> tuple[str, bool]:
+        """``text`` up to the first stop string, and whether there was one."""
+        found = [text.index(s) for s in self.stop if s in text]
+        return (text[: min(found)], True) if found else (text, False)
+
+    def _send(self, row: int, text: str) -> None:
+        if self.on_text is not None and len(text) > self.sent[row]:
+            self.on_text(self.indices[row], text[self.sent[row] :])
+            self.sent[row] = len(text)
+
+    def observe(self, generated: Tensor) -> Tensor:
+        """After each step: the rows that reached a stop string end now."""
+        if not self.stop and self.on_text is None:
+            return None
+        for row, ids in enumerate(generated.tolist()):
+            if self.stopped[row]:
+                continue
+            text, self.stopped[row] = self._cut(self.tokenizer.decode(ids))
+            self._send(row, text if self.stopped[row] else text.rstrip("\ufffd"))  # bytes still arriving
+        return torch.tensor(self.stopped, device=generated.device)
+
+    def finish(self, row: int, ids: list[int]) -> str:
+        text, _ = self._cut(self.tokenizer.decode(ids))
+        self._send(row, text)
+        return text

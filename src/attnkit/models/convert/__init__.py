@@ -1,0 +1,17 @@
+"""Weight mapping to and from HF transformers' layouts, one module per model family.
+
+Every conversion works on plain state dicts and config objects (or dicts), so attnkit never imports
+transformers; only the parity tests do, as the independent reference.
+"""
+
+from attnkit.models.convert.gpt2 import from_hf_gpt2, hf_gpt2_config_kwargs, to_hf_gpt2
+from attnkit.models.convert.marian import from_hf_marian, hf_marian_config_kwargs, to_hf_marian
+
+__all__ = [
+    "from_hf_gpt2",
+    "from_hf_marian",
+    "hf_gpt2_config_kwargs",
+    "hf_marian_config_kwargs",
+    "to_hf_gpt2",
+    "to_hf_marian",
+]

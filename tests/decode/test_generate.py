@@ -1,0 +1,141 @@
+"""Generation from a decoder-only model: batched = one by one, cached = uncached, sampling as defined,
+stop strings, streaming, and clear errors for prompts the model cannot take."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from attnkit.config import DecodeConfig
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.generate import generate
+from attnkit.decode.search import argmax, extend, restrict, sampler
+from attnkit.errors import AttnkitError
+from attnkit.models import build_model, from_preset
+
+TEXT = ["to be or not to be, that is the question", "all the world's a stage", "now is the winter"]
+PROMPTS = ["to be", "a", "now is the win", "the question"]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    """A tiny model trained for a moment on TEXT, so that it continues text plausibly but not exactly."""
+    tokenizer = Tokenizer.train("char", TEXT)
+    torch.manual_seed(0)
+    model = build_model(from_preset("tiny-decoder", max_len=48), tokenizer.vocab_size)
+    stream = torch.tensor(tokenizer.encode(" / ".join(TEXT * 3)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        starts = torch.randint(0, len(stream) - 33, (16,))
+        block = torch.stack([stream[s : s + 33] for s in starts])  # (16, 33)
+        loss = torch.nn.functional.cross_entropy(model(block[:, :-1]).transpose(1, 2), block[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval(), tokenizer
+
+
+def _decode(**settings) -> DecodeConfig:
+    return DecodeConfig(**{"max_new_tokens": 12, "temperature": 0.0, "batch_size": 8, **settings})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"temperature": 0.0},
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_k": 5},
+        {"temperature": 1.3, "top_p": 0.8},
+    ],
+    ids=["greedy", "sampling", "top-k", "top-p"],
+)
+def test_batched_prompts_of_different_lengths_give_what_each_gives_alone(model_and_tokenizer, settings):
+    model, tokenizer = model_and_tokenizer
+    batched = generate(model, tokenizer, PROMPTS, _decode(**settings))
+    for i, prompt in enumerate(PROMPTS):
+        alone = _decode(**settings, seed=1337 + i)  # prompt i samples from seed + i
+        assert generate(model, tokenizer, [prompt], alone) == [batched[i]]
+    assert len(set(batched)) > 1 and all(batched)
+
+
+def test_cached_generation_equals_uncached(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    ids = tokenizer.encode_batch(["to be", "now is t"])
+    tokens = torch.tensor([[0, 0, 0, *ids[0]], ids[1]])
+    valid = torch.tensor([[False] * 3 + [True] * 5, [True] * 8])
+    limits = torch.tensor([10, 10])
+    cached = extend(model.decoding(valid, use_cache=True), tokens, limits, tokenizer.specials, argmax)
+    uncached = extend(model.decoding(valid, use_cache=False), tokens, limits, tokenizer.specials, argmax)
+    assert cached == uncached and all(cached)
+
+
+def test_sampling_is_reproducible_by_seed_and_changes_with_it(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    settings = {"temperature": 1.0, "max_new_tokens": 20}
+    first = generate(model, tokenizer, PROMPTS, _decode(**settings, seed=1))
+    assert generate(model, tokenizer, PROMPTS, _decode(**settings, seed=1)) == first
+    assert generate(model, tokenizer, PROMPTS, _decode(**settings, seed=2)) != first
+
+
+def test_restrict_keeps_the_top_k_and_the_smallest_top_p_set():
+    torch.manual_seed(0)
+    scores = torch.randn(4, 30)
+    probs = scores.softmax(-1)
+    for row in range(4):
+        ranked = sorted(range(30), key=lambda j: -scores[row, j].item())
+        kept_k = {j for j, v in enumerate(restrict(scores, top_k=7)[row].tolist()) if v > float("-inf")}
+        assert kept_k == set(ranked[:7])
+        smallest, mass = [], 0.0  # the definition: add tokens from the most probable until mass >= p
+        for j in ranked:
+            smallest.append(j)
+            mass += probs[row, j].item()
+            if mass >= 0.6:
+                break
+        kept_p = {j for j, v in enumerate(restrict(scores, top_p=0.6)[row].tolist()) if v > float("-inf")}
+        assert kept_p == set(smallest)
+
+
+def test_temperature_zero_is_greedy_and_top_k_one_is_greedy_too(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    greedy = generate(model, tokenizer, PROMPTS, _decode(temperature=0.0))
+    assert generate(model, tokenizer, PROMPTS, _decode(temperature=1.0, top_k=1)) == greedy
+    log_probs = torch.randn(5, 9).log_softmax(-1)
+    generators = [torch.Generator().manual_seed(i) for i in range(5)]
+    assert torch.equal(sampler(generators, temperature=0.0)(log_probs), log_probs.argmax(-1))
+
+
+def test_a_stop_string_ends_generation_before_it(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    full = generate(model, tokenizer, PROMPTS, _decode(max_new_tokens=20, temperature=1.0))
+    stop = full[0][5:7]  # a string that appears in the first continuation
+    stopped = generate(model, tokenizer, PROMPTS, _decode(max_new_tokens=20, temperature=1.0, stop=[stop]))
+    for whole, cut in zip(full, stopped, strict=True):
+        assert cut == (whole[: whole.index(stop)] if stop in whole else whole)
+    assert stopped[0] == full[0][: full[0].index(stop)]
+
+
+def test_streamed_pieces_add_up_to_the_output(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    pieces: dict[int, list[str]] = {}
+    outputs = generate(model, tokenizer, PROMPTS, _decode(max_new_tokens=15),
+                       on_text=lambda i, text: pieces.setdefault(i, []).append(text))  # fmt: skip
+    assert ["".join(pieces.get(i, [])) for i in range(len(PROMPTS))] == outputs
+    assert max(len(p) for p in pieces.values()) > 3  # the text came in pieces, as it was generated
+
+
+def test_output_length_is_bounded_by_max_new_tokens_and_by_the_context(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    decode = _decode(max_new_tokens=7, temperature=1.0)
+    for text in generate(model, tokenizer, PROMPTS, decode):
+        assert len(tokenizer.encode(text)) <= 7
+    long_prompt = "x" * 45  # the context is 48 tokens
+    (text,) = generate(model, tokenizer, [long_prompt], dataclasses.replace(decode, max_new_tokens=100))
+    assert len(tokenizer.encode(text)) <= 48 - 45
+
+
+def test_prompts_the_model_cannot_take_are_one_clear_error(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    with pytest.raises(AttnkitError, match=r"prompt 2 has 60 tokens, but the model's context is 48 tokens"):
+        generate(model, tokenizer, ["ok", "y" * 60], _decode())
+    with pytest.raises(AttnkitError, match=r"prompt 1 is empty"):
+        generate(model, tokenizer, [""], _decode())
