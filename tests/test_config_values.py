@@ -19,10 +19,13 @@ BAD_VALUES = [
     ("train.max_tokens=0", r"train\.max_tokens must be >= 1; got 0"),
     ("train.eval_every=0", r"train\.eval_every must be >= 1; got 0"),
     ("train.keep_last=0", r"train\.keep_last must be >= 1; got 0"),
-    (
-        "train.schedule=cosine",
-        r"train\.schedule must be one of 'noam', 'inverse_sqrt', 'constant'; got 'cosine'",
-    ),
+    ("train.schedule=linear", r"train\.schedule must be one of 'noam', 'inverse_sqrt', 'cosine', 'constant'"),
+    ("train.weight_decay=-0.1", r"train\.weight_decay must be >= 0; got -0\.1"),
+    ("data.task=text", r"data\.task='text' and model\.arch='encoder-decoder' do not go together"),
+    ("data.valid_fraction=1.0", r"data\.valid_fraction must be in \(0, 1\); got 1\.0"),
+    ("decode.top_p=0", r"decode\.top_p must be in \(0, 1\]; got 0"),
+    ("decode.temperature=-1", r"decode\.temperature must be >= 0; got -1"),
+    ("decode.stop=['']", r"decode\.stop must be a list of non-empty strings"),
     ("train.warmup=0", r"train\.warmup must be >= 1; got 0"),  # noam divides by it
     ("train.lr=-1", r"train\.lr must be >= 0; got -1\.0"),
     ("train.lr=.nan", r"train\.lr must be >= 0; got nan"),
@@ -35,7 +38,10 @@ BAD_VALUES = [
     ("decode.beam_size=0", r"decode\.beam_size must be >= 1; got 0"),
     ("decode.batch_size=0", r"decode\.batch_size must be >= 1; got 0"),
     ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
-    ("data.task=translate", r"data\.task must be one of 'parallel', 'dates', 'copy'; got 'translate'"),
+    (
+        "data.task=translate",
+        r"data\.task must be one of 'parallel', 'dates', 'copy', 'text'; got 'translate'",
+    ),
     (
         "data.tokenizer=sentencepiece",
         r"data\.tokenizer must be one of 'bpe', 'char', 'word'; got 'sentencepiece'",

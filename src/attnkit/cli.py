@@ -100,6 +100,16 @@ def _read_input(path: Path | None) -> list[str]:
     return read_lines(path, allow_empty=True)
 
 
+def _write_output(output: Path | None, text: str) -> None:
+    """``text`` to stdout, or to the file ``output`` written atomically (all of it or nothing)."""
+    from attnkit.train.checkpoint import write_text_atomic
+
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_text_atomic(output, text)
+
+
 def _note(message: str) -> None:
     typer.echo(f"attnkit: note: {message}", err=True)
 
@@ -225,7 +235,7 @@ def translate(
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line)."""
     from attnkit.decode.translate import translate as translate_texts
-    from attnkit.train.checkpoint import load_for_inference, write_text_atomic
+    from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
     at_least("--beam", beam, 1)
@@ -237,11 +247,68 @@ def translate(
     hypotheses = translate_texts(
         model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note
     )
-    text = "".join(h + "\n" for h in hypotheses)
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        write_text_atomic(output, text)
+    _write_output(output, "".join(h + "\n" for h in hypotheses))
+
+
+@app.command()
+@one_line_errors
+def generate(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a decoder model.")],
+    prompt: Annotated[
+        str | None, typer.Option(help="Text to continue, streamed as it is written (default: a newline).")
+    ] = None,
+    input: Annotated[
+        Path | None,
+        typer.Option("-i", "--input", help="Prompts, one per line; writes JSON Lines {prompt, text}."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")
+    ] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="At most this many new tokens.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy; higher = more varied.")] = None,
+    top_k: Annotated[
+        int | None, typer.Option(help="Sample among the k most probable tokens; 0 = all.")
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option(help="... and the smallest set holding this probability.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Prompt i samples with seed + i.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="End where this text appears (repeatable).")] = None,
+) -> None:
+    """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden."""
+    import dataclasses
+    import json
+
+    from attnkit.decode.generate import generate as generate_texts
+    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.distributed import resolve_device
+
+    if prompt is not None and input is not None:
+        raise AttnkitError("give --prompt TEXT or -i FILE, not both")
+    if output is not None:
+        writable_file(output)
+    device = resolve_device()
+    model, tokenizer, config = load_for_inference(ckpt, device, arch="decoder")
+    given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+             "seed": seed, "stop": stop}  # fmt: skip
+    try:
+        decode = dataclasses.replace(config.decode, **{k: v for k, v in given.items() if v is not None})
+    except AttnkitError as error:  # a value out of range: name the option, not the config field
+        raise AttnkitError(str(error).replace("decode.", "--").replace("_", "-")) from None
+    if input is None:  # one prompt: stream its continuation
+        text = "\n" if prompt is None else prompt
+        sink = sys.stdout if output is None else None
+        if sink is not None:
+            sink.write(text)
+            sink.flush()
+        on_text = (lambda _, piece: (sink.write(piece), sink.flush())) if sink is not None else None
+        (continuation,) = generate_texts(model, tokenizer, [text], decode, device=device, on_text=on_text)
+        _write_output(output, "\n" if output is None else text + continuation + "\n")
+        return
+    prompts = _read_input(input)
+    texts = generate_texts(model, tokenizer, prompts, decode, device=device)
+    _write_output(output, "".join(json.dumps({"prompt": p, "text": t}, ensure_ascii=False) + "\n"
+                                  for p, t in zip(prompts, texts, strict=True)))  # fmt: skip
 
 
 @app.command()

@@ -28,13 +28,18 @@ EVAL_METRICS = ("bleu", "accuracy", "loss")
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
+TEXT_TASK = "text"  # language modelling on raw text; the others are translation data
+
+
 @dataclass
 class DataConfig:
-    task: str = "parallel"  # "parallel" (files) or a synthetic task: "dates", "copy"
+    # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text"
+    task: str = "parallel"
     dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
-    train: list[str] = field(default_factory=list)  # [source file, target file]
-    valid: list[str] = field(default_factory=list)
+    train: list[str] = field(default_factory=list)  # [source file, target file]; text: [file]
+    valid: list[str] = field(default_factory=list)  # the same; text: [file], or none to hold some out
     test: list[str] = field(default_factory=list)
+    valid_fraction: float = 0.1  # text without a valid file: the end of the training text held out
     tokenizer: str = "bpe"  # "bpe" (joint, byte-level), "char" or "word"
     vocab_size: int = 8000  # bpe and word; char keeps every character seen
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
@@ -42,7 +47,7 @@ class DataConfig:
     n_valid: int = 500  # synthetic tasks: generated held-out pairs
 
     def __post_init__(self) -> None:
-        require_one_of("data.task", self.task, ("parallel", *TASKS))
+        require_one_of("data.task", self.task, ("parallel", *TASKS, TEXT_TASK))
         require_one_of("data.tokenizer", self.tokenizer, KINDS)
         smallest = MIN_BPE_VOCAB if self.tokenizer == "bpe" else len(SPECIALS) + 1
         if self.vocab_size < smallest:
@@ -54,16 +59,30 @@ class DataConfig:
         require_at_least("data.max_len", self.max_len, 2)
         require_at_least("data.n_train", self.n_train, 1)
         require_at_least("data.n_valid", self.n_valid, 1)
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ConfigError(f"data.valid_fraction must be in (0, 1); got {self.valid_fraction!r}")
         for split in ("train", "valid", "test"):
             files = getattr(self, split)
-            if files and (len(files) != 2 or not all(isinstance(f, str) and f for f in files)):
-                raise ConfigError(f"data.{split} must list two files [source, target]; got {files!r}")
+            if files and (
+                len(files) != self._files_per_split or not all(isinstance(f, str) and f for f in files)
+            ):
+                raise ConfigError(f"data.{split} must list {self._files_wanted}; got {files!r}")
+
+    @property
+    def _files_per_split(self) -> int:
+        return 1 if self.task == TEXT_TASK else 2
+
+    @property
+    def _files_wanted(self) -> str:
+        return "one text file [file]" if self.task == TEXT_TASK else "two files [source, target]"
 
     def check_files_given(self) -> None:
-        """Training on files needs ``train`` and ``valid``; checked before any file is read."""
-        for split in ("train", "valid"):
-            if self.task == "parallel" and not getattr(self, split):
-                raise ConfigError(f"data.{split} is not set: it must list two files [source, target]")
+        """Training on files needs ``train`` and (for translation) ``valid``; checked before any file
+        is read."""
+        needed = {"parallel": ("train", "valid"), TEXT_TASK: ("train",)}.get(self.task, ())
+        for split in needed:
+            if not getattr(self, split):
+                raise ConfigError(f"data.{split} is not set: it must list {self._files_wanted}")
 
     def path(self, name: str) -> Path:
         return Path(self.dir) / name
@@ -74,11 +93,14 @@ class TrainConfig:
     seed: int = 1
     max_tokens: int = 4096  # tokens per batch (padded, the longer side); the paper used ~25,000
     update_freq: int = 1  # batches per optimizer step (gradient accumulation)
-    schedule: str = "noam"  # "noam" (the paper), "inverse_sqrt" or "constant"
+    schedule: str = "noam"  # "noam" (the paper), "inverse_sqrt", "cosine" or "constant"
     lr: float = 1.0  # noam: the factor; inverse_sqrt and constant: the peak learning rate
     warmup: int = 4000
+    min_lr: float = 0.0  # cosine: the learning rate at the end of the decay
+    decay_steps: int = 0  # cosine: steps until min_lr (0 = train.max_steps)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # the paper's Adam β1, β2
     eps: float = 1e-9
+    weight_decay: float = 0.0  # AdamW's decoupled decay of weight matrices and embeddings (0 = Adam)
     label_smoothing: float = 0.1  # the paper's ε_ls
     clip_norm: float = 0.0  # 0 = no clipping
     max_steps: int = 0  # 0 = no limit (stop on max_epochs or max_minutes)
@@ -95,12 +117,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("seed", "clip_norm", "max_steps", "max_epochs", "max_minutes", "valid_bleu_sentences",
-                     "patience", "log_every", "lr"):  # fmt: skip
+                     "patience", "log_every", "lr", "min_lr", "decay_steps", "weight_decay"):  # fmt: skip
             require_at_least(f"train.{name}", getattr(self, name), 0)
         for name in ("max_tokens", "update_freq", "eval_every", "keep_last"):
             require_at_least(f"train.{name}", getattr(self, name), 1)
         require_one_of("train.schedule", self.schedule, SCHEDULES)
-        require_at_least("train.warmup", self.warmup, 0 if self.schedule == "constant" else 1)
+        require_at_least("train.warmup", self.warmup, 0 if self.schedule in ("constant", "cosine") else 1)
         if len(self.betas) != 2:
             raise ConfigError(f"train.betas must be two numbers [β1, β2]; got {self.betas!r}")
         for beta in self.betas:
@@ -160,7 +182,21 @@ class RunConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        if self.model.positions == "learned" and self.model.max_len < self.data.max_len:
+        language_modelling = self.data.task == TEXT_TASK
+        if language_modelling != (self.model.arch == "decoder"):
+            raise ConfigError(
+                f"data.task={self.data.task!r} and model.arch={self.model.arch!r} do not go together: "
+                "language modelling (data.task: text) trains a decoder, translation an encoder-decoder"
+            )
+        if language_modelling and self.train.eval_metric != "loss":
+            raise ConfigError(
+                f"train.eval_metric={self.train.eval_metric!r}: language modelling is judged by 'loss'"
+            )
+        if (
+            self.model.arch == "encoder-decoder"
+            and self.model.positions == "learned"
+            and self.model.max_len < self.data.max_len
+        ):
             raise ConfigError(
                 f"model.max_len ({self.model.max_len}) must be >= data.max_len ({self.data.max_len}): "
                 "learned positions stop at model.max_len"
@@ -191,10 +227,14 @@ class RunConfig:
         model_class = config_class(model_values.get("arch", default_arch))
         checked = _checked(model_class, model_values, "model")
         model = model_class.from_preset(preset, **checked) if preset is not None else model_class(**checked)
+        data, train = dict(_mapping(values.get("data"), "data")), dict(_mapping(values.get("train"), "train"))
+        if model.arch == "decoder":  # a decoder's defaults: language modelling, judged by its loss
+            data.setdefault("task", TEXT_TASK)
+            train.setdefault("eval_metric", "loss")
         return cls(
             model=model,
-            data=DataConfig(**_checked(DataConfig, values.get("data"), "data")),
-            train=TrainConfig(**_checked(TrainConfig, values.get("train"), "train")),
+            data=DataConfig(**_checked(DataConfig, data, "data")),
+            train=TrainConfig(**_checked(TrainConfig, train, "train")),
             decode=DecodeConfig(**_checked(DecodeConfig, values.get("decode"), "decode")),
         )
 

@@ -17,8 +17,8 @@ from attnkit.config import RunConfig
 from attnkit.data.batching import make_batch
 from attnkit.decode.translate import translate
 from attnkit.metrics import exact_match
+from attnkit.tasks.translation import read_split
 from attnkit.train.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
-from attnkit.train.data import read_split
 from attnkit.train.loop import Trainer
 from attnkit.viz.attention import cross_attention, plot_attention
 

@@ -6,8 +6,8 @@ import torch
 
 from attnkit.config import load_run_config
 from attnkit.errors import AttnkitError
-from attnkit.train import loop
-from attnkit.train.data import prepare_data
+from attnkit.tasks import translation
+from attnkit.tasks.translation import prepare_data
 from attnkit.train.loop import Trainer
 
 TINY = ["model.preset=tiny", "data.task=dates", "data.tokenizer=char", "data.n_train=80", "data.n_valid=8",
@@ -31,10 +31,13 @@ def test_patience_stops_training_when_validation_does_not_improve(tmp_path):
 def test_a_non_finite_loss_stops_with_a_clear_message(tmp_path, monkeypatch):
     trainer, _ = _trainer(tmp_path, "train.lr=0.001", "train.max_steps=3")
 
-    def nan_loss(logits, target, epsilon, pad_id):
-        return logits.sum() * float("nan"), logits.sum().detach()
+    real_loss = trainer.task.loss
 
-    monkeypatch.setattr(loop, "label_smoothed_loss", nan_loss)
+    def nan_loss(model, batch):
+        loss, nll = real_loss(model, batch)
+        return loss * float("nan"), nll
+
+    monkeypatch.setattr(trainer.task, "loss", nan_loss)
     with pytest.raises(AttnkitError, match=r"loss became nan at step 1"):
         trainer.fit()
 
@@ -65,9 +68,9 @@ def test_valid_bleu_sentences_decodes_only_a_prefix_but_scores_loss_on_all(tmp_p
         decoded.append(list(texts))
         return list(texts)  # "perfect" translations of the source: scores are computed on these
 
-    monkeypatch.setattr(loop, "translate", recording_translate)
+    monkeypatch.setattr(translation, "translate", recording_translate)
     full, _ = _trainer(tmp_path / "full", "train.max_steps=1")
     limited, _ = _trainer(tmp_path / "limited", "train.max_steps=1", "train.valid_bleu_sentences=3")
     full_scores, limited_scores = full.validate(), limited.validate()
-    assert decoded == [full.data.valid.src, full.data.valid.src[:3]]
+    assert decoded == [full.task.data.valid.src, full.task.data.valid.src[:3]]
     assert limited_scores["valid_loss"] == pytest.approx(full_scores["valid_loss"])  # same weights, all pairs

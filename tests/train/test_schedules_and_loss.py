@@ -1,10 +1,12 @@
 """The schedules are the paper's formulas; the loss is label-smoothed cross-entropy ignoring padding."""
 
+import math
+
 import pytest
 import torch
 
 from attnkit.train.losses import label_smoothed_loss
-from attnkit.train.schedules import inverse_sqrt, learning_rate_fn, noam
+from attnkit.train.schedules import inverse_sqrt, learning_rate_fn, make_scheduler, noam
 
 
 def annotated_rate(step, model_size, factor, warmup):
@@ -26,11 +28,32 @@ def test_noam_peaks_at_the_end_of_warmup_and_inverse_sqrt_peaks_at_lr():
     assert inverse_sqrt(1600, 5e-4, 400) == pytest.approx(2.5e-4)
 
 
+def nanogpt_get_lr(it, learning_rate, warmup_iters, lr_decay_iters, min_lr):
+    """nanoGPT's train.py get_lr(it), written out independently (iterations count from 0)."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def test_cosine_is_nanogpts_schedule_through_the_scheduler():
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    scheduler = make_scheduler(optimizer, learning_rate_fn("cosine", 1e-3, 100, 384, 5000, 1e-4))
+    for it in range(5200):  # the optimizer's it-th update uses the rate after `it` scheduler steps
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(nanogpt_get_lr(it, 1e-3, 100, 5000, 1e-4))
+        optimizer.step()
+        scheduler.step()
+
+
 def test_unknown_schedule_is_a_config_error():
     from attnkit.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"train\.schedule"):
-        learning_rate_fn("cosine", 1.0, 100, 512)
+        learning_rate_fn("linear", 1.0, 100, 512)
 
 
 def annotated_label_smoothing(log_probs, target, padding_idx, smoothing):

@@ -16,10 +16,11 @@ from pathlib import Path
 from attnkit.errors import DataError
 
 
-def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
-    """The lines of a UTF-8 text file (``.gz`` is decompressed), without line endings.
+def read_text(path: str | Path, allow_empty: bool = False) -> str:
+    """A whole UTF-8 text file (``.gz`` is decompressed), line endings kept.
 
-    An empty file is an error unless ``allow_empty`` (text to translate: empty in, empty out).
+    An empty (or all-whitespace) file is an error unless ``allow_empty``; invalid UTF-8 is an error
+    naming the line.
     """
     path = Path(path)
     if not path.is_file():
@@ -30,16 +31,23 @@ def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
         raise DataError(f"{path}: cannot read ({error})") from None
     if not raw.strip() and not allow_empty:
         raise DataError(f"{path}: file is empty")
-    lines = raw.split(b"\n")
-    if lines[-1] == b"":
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1)
+        raise DataError(f"{path}:{line}: invalid UTF-8 at byte {column} of the line") from None
+
+
+def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
+    """The lines of a UTF-8 text file (``.gz`` is decompressed), without line endings (LF or CRLF).
+
+    An empty file is an error unless ``allow_empty`` (text to translate: empty in, empty out).
+    """
+    lines = read_text(path, allow_empty).split("\n")
+    if lines[-1] == "":
         lines.pop()
-    decoded = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            decoded.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as error:
-            raise DataError(f"{path}:{number}: invalid UTF-8 at byte {error.start} of the line") from None
-    return decoded
+    return [line.removesuffix("\r") for line in lines]
 
 
 @dataclass

@@ -29,20 +29,16 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from attnkit.config import RunConfig
-from attnkit.data.batching import make_batch, token_batches
+from attnkit.config import RunConfig, TrainConfig
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError, ConfigError
-from attnkit.metrics import bleu, exact_match, perplexity
+from attnkit.metrics import perplexity
+from attnkit.tasks import make_task
 from attnkit.train import checkpoint as ckpt
-from attnkit.train.data import prepare_data
 from attnkit.train.distributed import close_world, init_world, resolve_device, shard
-from attnkit.train.losses import label_smoothed_loss
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 
-LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s", "valid_loss", "valid_ppl",
-              "valid_bleu", "valid_accuracy", "elapsed_s"]  # fmt: skip
+LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s"]  # then the task's scores
 
 
 def _new_window() -> dict[str, float]:
@@ -54,13 +50,11 @@ def _ready_to_train(config: RunConfig) -> RunConfig:
     """A copy of ``config`` (the caller's stays as it was) checked for what training needs before any
     data is read, with ``data.dir`` resolved so that ``--resume`` works from any working directory."""
     config = copy.deepcopy(config)
-    if config.model.arch != "encoder-decoder":
-        raise ConfigError(
-            f"model.arch={config.model.arch!r}: attnkit trains encoder-decoder models only so far"
-        )
     t = config.train
     if not (t.max_steps or t.max_epochs or t.max_minutes):
         raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
+    if t.schedule == "cosine" and not (t.decay_steps or t.max_steps):
+        raise ConfigError("train.schedule='cosine' decays over train.decay_steps or train.max_steps: set one")
     config.data.check_files_given()
     config.data.dir = str(Path(config.data.dir).resolve())
     return config
@@ -87,6 +81,18 @@ def _check_resumable(saved: RunConfig, config: RunConfig) -> None:
         raise ConfigError(
             f"a resumed run keeps its model and vocabulary, but {', '.join(changed)}; start a new run instead"
         )
+
+
+def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """Adam(β1, β2, ε) with a learning rate of 1 that the schedule scales (the paper's §5.3); with
+    ``train.weight_decay``, AdamW's decoupled decay of the weight matrices and embeddings only, not of
+    biases and LayerNorm gains (Loshchilov & Hutter, 2019; nanoGPT). One fused kernel on a GPU."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=1.0, betas=tuple(t.betas), eps=t.eps, fused=device.type == "cuda")
 
 
 class Trainer:
@@ -119,24 +125,16 @@ class Trainer:
         self._prepare_run_dir(replace=not resume, overwrite=overwrite)
         torch.manual_seed(t.seed)  # the same initial weights in every process
         tokenizer = Tokenizer.load(resume_from / "tokenizer.json") if resume_from else None
-        self.data = prepare_data(config.data, t.seed, tokenizer, self._say)
-        self.tokenizer = self.data.tokenizer
+        self.task = make_task(config, tokenizer, self._say)
+        self.tokenizer = self.task.tokenizer
         self.model = ckpt.build_for_tokenizer(config, self.tokenizer).to(self.device)
         torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
-        self.optimizer = torch.optim.Adam(  # one fused kernel per step on a GPU instead of one per tensor
-            self.model.parameters(), lr=1.0, betas=tuple(t.betas), eps=t.eps,
-            fused=self.device.type == "cuda",
-        )  # fmt: skip
-        self.scheduler = make_scheduler(
-            self.optimizer, learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model)
-        )
+        self.optimizer = make_optimizer(self.model, t, self.device)
+        rate = learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model,
+                                t.decay_steps or t.max_steps, t.min_lr)  # fmt: skip
+        self.scheduler = make_scheduler(self.optimizer, rate)
         self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
         self.best, self.bad_evals, self.history, self.scores = None, 0, [], {}
-        self.lengths = [len(s) + 1 for s in self.data.train_src], [len(s) + 1 for s in self.data.train_tgt]
-        self.valid_ids = (
-            self.tokenizer.encode_batch(self.data.valid.src),
-            self.tokenizer.encode_batch(self.data.valid.tgt),
-        )
         if resume_from:
             self._restore(resume_from)
         self.ddp = (
@@ -200,7 +198,7 @@ class Trainer:
     def _train_epoch(self, bar: tqdm, show_bar: bool) -> bool:
         """Continue the current epoch from ``self.position``; True when early stopping ends training."""
         t = self.config.train
-        batches = token_batches(*self.lengths, t.max_tokens, seed=t.seed, epoch=self.epoch)
+        batches = self.task.epoch_batches(self.epoch)
         if len(batches) < self.world.size:  # no step could ever be taken: say so instead of looping
             raise AttnkitError(
                 f"the training data makes {len(batches)} batch(es) of at most "
@@ -249,11 +247,7 @@ class Trainer:
         """One optimizer update over this rank's batches; returns global (loss, nll, tokens) sums."""
         self.ddp.train()
         self.optimizer.zero_grad(set_to_none=True)
-        specials = self.tokenizer.specials
-        made = [
-            make_batch([self.data.train_src[i] for i in b], [self.data.train_tgt[i] for i in b], specials)
-            for b in batches
-        ]
+        made = [self.task.make_batch(b) for b in batches]
         local_tokens = sum(b.n_tokens for b in made)
         (global_tokens,) = self.world.all_sum([float(local_tokens)], self.device)
         sums = torch.zeros(2, device=self.device)  # (loss, nll) summed on the device, read once per step
@@ -261,10 +255,7 @@ class Trainer:
             batch = batch.to(self.device)
             sync = k == len(made) - 1 or self.world.size == 1
             with nullcontext() if sync else self.ddp.no_sync(), self._autocast():
-                logits = self.ddp(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_loss(
-                    logits, batch.tgt_out, self.config.train.label_smoothing, specials.pad
-                )
+                loss, nll = self.task.loss(self.ddp, batch)
             # DDP averages gradients over ranks; scaling by world size makes that a sum over tokens.
             (loss * self.world.size / global_tokens).backward()
             sums += torch.stack([loss.detach(), nll])  # no .item() per batch: a GPU need not wait
@@ -288,29 +279,9 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""
-        valid, (src, tgt) = self.data.valid, self.valid_ids
+        """The task's validation scores (loss and perplexity, and e.g. BLEU for translation)."""
         self.model.eval()
-        sums, tokens = torch.zeros(2, device=self.device), 0  # (loss, nll) summed on the device, read once
-        lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
-        specials, epsilon = self.tokenizer.specials, self.config.train.label_smoothing
-        for b in token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False):
-            batch = make_batch([src[i] for i in b], [tgt[i] for i in b], specials).to(self.device)
-            with self._autocast():
-                logits = self.model(batch.src, batch.tgt_in)
-            sums += torch.stack(label_smoothed_loss(logits, batch.tgt_out, epsilon, specials.pad))
-            tokens += batch.n_tokens
-        loss_sum, nll_sum = sums.tolist()
-        # BLEU and accuracy need decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
-        n = self.config.train.valid_bleu_sentences or len(valid)
-        hypotheses = translate(self.model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1,
-                               device=self.device)  # fmt: skip
-        return {
-            "valid_loss": loss_sum / tokens,
-            "valid_ppl": perplexity(nll_sum / tokens),
-            "valid_bleu": bleu(hypotheses, valid.tgt[:n]).score,
-            "valid_accuracy": exact_match(hypotheses, valid.tgt[:n]),
-        }
+        return self.task.validate(self.model, self.device, self._autocast)
 
     def _evaluate_and_save(self) -> None:
         """Validate, log, save a checkpoint (best or not), and start a new window of training statistics."""
@@ -318,11 +289,7 @@ class Trainer:
         train_seconds = max(time.perf_counter() - window["began"], 1e-9)  # before validation's time
         scores = self.scores = self.validate()
         metric = self.config.train.eval_metric
-        value = {
-            "bleu": scores["valid_bleu"],
-            "accuracy": scores["valid_accuracy"],
-            "loss": -scores["valid_loss"],
-        }[metric]
+        value = scores[self.task.metrics[metric]] * (-1 if metric == "loss" else 1)  # higher is better
         is_best = self.best is None or value > self.best
         self.best, self.bad_evals = (value, 0) if is_best else (self.best, self.bad_evals + 1)
         tokens = max(window["tokens"], 1.0)
@@ -331,11 +298,9 @@ class Trainer:
                "tokens_per_s": window["tokens"] / train_seconds,
                **scores, "elapsed_s": self.elapsed}  # fmt: skip
         self.history.append(row)
-        self._say(
-            f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid loss "
-            f"{scores['valid_loss']:.3f}, ppl {scores['valid_ppl']:.2f}, BLEU {scores['valid_bleu']:.2f}, "
-            f"accuracy {scores['valid_accuracy']:.3f}" + ("  (best)" if is_best else "")
-        )
+        shown = ", ".join(f"{name.removeprefix('valid_')} {value:.4g}" for name, value in scores.items())
+        self._say(f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid {shown}"
+                  + ("  (best)" if is_best else ""))  # fmt: skip
         rng = self.world.all_gather(ckpt.rng_state())  # every process's, so each resumes its own stream
         if self.world.is_main:
             self._save(is_best, rng)
@@ -367,11 +332,14 @@ class Trainer:
                       "training continues, but not bit for bit as the uninterrupted run would")  # fmt: skip
 
     def _write_log(self) -> None:
-        """metrics.csv, rewritten whole from the history (so a resumed run has no stale rows)."""
-        text_rows = [{k: row.get(k, "") for k in LOG_FIELDS} for row in self.history]
+        """metrics.csv, rewritten whole from the history (so a resumed run has no stale rows): the
+        training statistics, then the task's validation scores, then the elapsed time."""
+        scores = [k for k in self.history[0] if k not in LOG_FIELDS and k != "elapsed_s"]
+        fields = [*LOG_FIELDS, *scores, "elapsed_s"]
+        text_rows = [{k: row.get(k, "") for k in fields} for row in self.history]
         path = self.run_dir / "metrics.csv"
         with open(path.with_suffix(".csv.tmp"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=LOG_FIELDS)
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(text_rows)
         path.with_suffix(".csv.tmp").replace(path)

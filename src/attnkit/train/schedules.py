@@ -4,6 +4,8 @@
   factor (the Annotated Transformer's ``rate()``): linear warm-up, then decay with the inverse square root.
 - ``inverse_sqrt``: the same shape, parameterised by its peak (fairseq's): ``peak · min(step / warmup,
   sqrt(warmup / step))``.
+- ``cosine``: nanoGPT's: a linear warm-up to ``peak``, then half a cosine down to ``min_lr`` at
+  ``decay_steps``, then ``min_lr`` (Loshchilov & Hutter, 2017, without restarts).
 - ``constant``: ``peak`` after a linear warm-up.
 """
 
@@ -17,7 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from attnkit.errors import ConfigError
 
-SCHEDULES = ("noam", "inverse_sqrt", "constant")
+SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")
 
 
 def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -30,16 +32,31 @@ def inverse_sqrt(step: int, peak: float, warmup: int) -> float:
     return peak * min(step / warmup, math.sqrt(warmup / step))
 
 
+def cosine(step: int, peak: float, warmup: int, decay_steps: int, min_lr: float = 0.0) -> float:
+    """nanoGPT's ``get_lr(it)`` with ``it = step - 1`` (its iterations count from 0)."""
+    it = step - 1
+    if it < warmup:
+        return peak * (it + 1) / (warmup + 1)
+    if it > decay_steps:
+        return min_lr
+    progress = (it - warmup) / max(decay_steps - warmup, 1)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - min_lr)
+
+
 def constant(step: int, peak: float, warmup: int) -> float:
     return peak * min(1.0, max(step, 1) / max(warmup, 1))
 
 
-def learning_rate_fn(name: str, lr: float, warmup: int, d_model: int) -> Callable[[int], float]:
+def learning_rate_fn(
+    name: str, lr: float, warmup: int, d_model: int, decay_steps: int = 0, min_lr: float = 0.0
+) -> Callable[[int], float]:
     """``step -> learning rate`` for the schedule called ``name``."""
     if name == "noam":
         return lambda step: noam(step, d_model, warmup, lr)
     if name == "inverse_sqrt":
         return lambda step: inverse_sqrt(step, lr, warmup)
+    if name == "cosine":
+        return lambda step: cosine(step, lr, warmup, decay_steps, min_lr)
     if name == "constant":
         return lambda step: constant(step, lr, warmup)
     raise ConfigError(f"train.schedule must be one of {SCHEDULES}, got {name!r}")

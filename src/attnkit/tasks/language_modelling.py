@@ -1,0 +1,124 @@
+"""Language modelling: predict every next token of raw text with a decoder-only model (GPT).
+
+Data are UTF-8 text files (``data.task: text``): ``data.train: [file]`` and ``data.valid: [file]``, or,
+without a validation file, the last ``data.valid_fraction`` of the training text (nanoGPT's split of
+tiny Shakespeare: the first 90% of the characters for training, the last 10% for validation). Each text
+is tokenised as one stream.
+
+A training example is a block of ``model.max_len`` tokens, its targets the same block one token later.
+An epoch cuts the stream into consecutive whole blocks starting at a random offset (drawn from the seed
+and the epoch, so a resumed run sees the same blocks) and shuffles them: every token but those before
+the offset and after the last whole block is seen once per epoch.
+A batch holds ``train.max_tokens // model.max_len`` blocks. Validation runs over the whole validation
+stream in consecutive blocks and reports the loss and perplexity per token.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from attnkit.config import DataConfig, RunConfig
+from attnkit.data.readers import read_text
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import DataError
+from attnkit.metrics import perplexity
+from attnkit.train.losses import label_smoothed_loss
+
+
+@dataclass
+class Blocks:
+    """A batch of text blocks: the tokens, and the tokens that follow each of them."""
+
+    inputs: Tensor  # (B, T)
+    targets: Tensor  # (B, T)
+    n_tokens: int
+
+    def to(self, device: torch.device | str) -> Blocks:
+        return Blocks(self.inputs.to(device), self.targets.to(device), self.n_tokens)
+
+
+def read_texts(config: DataConfig) -> tuple[str, str]:
+    """The training and validation text: two files, or one file split at ``1 - valid_fraction``."""
+    train = read_text(config.path(config.train[0]))
+    if config.valid:
+        return train, read_text(config.path(config.valid[0]))
+    cut = int(len(train) * (1 - config.valid_fraction))
+    if cut == 0 or cut == len(train):
+        raise DataError(
+            f"{config.path(config.train[0])}: too short to hold out data.valid_fraction for validation"
+        )
+    return train[:cut], train[cut:]
+
+
+class LanguageModellingTask:
+    """The trainer's view of language modelling: batches, loss and validation (see the module docstring)."""
+
+    metrics: ClassVar[dict[str, str]] = {"loss": "valid_loss"}
+
+    def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
+        self.config = config
+        train_text, valid_text = read_texts(config.data)
+        if tokenizer is None:
+            lines = train_text.splitlines(keepends=True)
+            tokenizer = Tokenizer.train(config.data.tokenizer, lines, config.data.vocab_size)
+        self.tokenizer = tokenizer
+        self.train_ids = torch.tensor(tokenizer.encode(train_text))
+        self.valid_ids = torch.tensor(tokenizer.encode(valid_text))
+        self.block = config.model.max_len
+        for name, ids in (("training", self.train_ids), ("validation", self.valid_ids)):
+            if len(ids) < 2:
+                raise DataError(f"the {name} text has {len(ids)} token(s); a language model needs at least 2")
+        self.per_batch = max(1, config.train.max_tokens // self.block)
+        sizes = f"training tokens: {len(self.train_ids):,}; validation: {len(self.valid_ids):,}"
+        echo(
+            f"{sizes}; vocabulary: {tokenizer.vocab_size:,}; batches of {self.per_batch}×{self.block} tokens"
+        )
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This epoch's batches of block start positions, the same for the same (seed, epoch)."""
+        rng = random.Random(self.config.train.seed * 1_000_003 + epoch)
+        block = min(self.block, len(self.train_ids) - 1)  # a text shorter than a block is one block
+        span = len(self.train_ids) - 1  # the last token is only ever a target
+        offset = rng.randrange(min(block, span - block + 1))  # leaves room for at least one block
+        starts = list(range(offset, span - block + 1, block))  # whole blocks only
+        rng.shuffle(starts)
+        return [starts[i : i + self.per_batch] for i in range(0, len(starts), self.per_batch)]
+
+    def make_batch(self, starts: list[int]) -> Blocks:
+        return _blocks(self.train_ids, starts, min(self.block, len(self.train_ids) - 1))
+
+    def loss(self, model: torch.nn.Module, batch: Blocks) -> tuple[Tensor, Tensor]:
+        """Summed (label-smoothed) loss and NLL over every predicted token."""
+        logits = model(batch.inputs)
+        return label_smoothed_loss(
+            logits, batch.targets, self.config.train.label_smoothing, self.tokenizer.specials.pad
+        )
+
+    def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
+        """Loss and perplexity per token over the whole validation text."""
+        span = len(self.valid_ids) - 1  # predicted tokens
+        whole = list(range(0, span - self.block + 1, self.block))
+        batches = [(whole[i : i + self.per_batch], self.block) for i in range(0, len(whole), self.per_batch)]
+        tail = len(whole) * self.block
+        if tail < span:  # the rest, shorter than a block, in a batch of its own
+            batches.append(([tail], span - tail))
+        sums, tokens = torch.zeros(2, device=device), 0  # (loss, nll) summed on the device, read once
+        for starts, length in batches:
+            batch = _blocks(self.valid_ids, starts, length).to(device)
+            with autocast():
+                sums += torch.stack(self.loss(model, batch))
+            tokens += batch.n_tokens
+        loss_sum, nll_sum = sums.tolist()
+        return {"valid_loss": loss_sum / tokens, "valid_ppl": perplexity(nll_sum / tokens)}
+
+
+def _blocks(ids: Tensor, starts: list[int], length: int) -> Blocks:
+    """The blocks of ``length`` tokens at ``starts``, with their targets."""
+    rows = torch.stack([ids[s : s + length + 1] for s in starts])  # (B, length + 1)
+    return Blocks(rows[:, :-1], rows[:, 1:], rows.size(0) * length)

@@ -1,0 +1,132 @@
+"""Translation: source sentence -> target sentence with an encoder-decoder (the paper's task).
+
+Data are parallel text files (``data.task: parallel``) or a task generated in code (``dates``, ``copy``).
+A batch is sentence pairs of similar length within a token budget (data/batching.py); the loss is the
+label-smoothed cross-entropy of the target given the source and the target's previous tokens;
+validation reports loss, perplexity, and BLEU and exact-match accuracy of greedy translations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from attnkit.config import DataConfig, RunConfig
+from attnkit.data.batching import Batch, make_batch, token_batches
+from attnkit.data.readers import ParallelText, read_parallel
+from attnkit.data.synthetic import generate
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.translate import translate
+from attnkit.errors import ConfigError
+from attnkit.metrics import bleu, exact_match, perplexity
+from attnkit.train.losses import label_smoothed_loss
+
+
+@dataclass
+class PreparedData:
+    tokenizer: Tokenizer
+    train_src: list[list[int]]
+    train_tgt: list[list[int]]
+    valid: ParallelText
+
+
+def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = True) -> ParallelText:
+    """The ``train``/``valid``/``test`` split: generated for synthetic tasks, read from files otherwise
+    (``drop_empty`` as in :func:`read_parallel`)."""
+    if config.task != "parallel":
+        train = generate(config.task, config.n_train, seed)
+        if split == "train":
+            return train
+        offset = {"valid": 1, "test": 2}[split]
+        return generate(config.task, config.n_valid, seed + offset, exclude=set(train.src))
+    files = getattr(config, split)
+    if len(files) != 2:
+        raise ConfigError(f"data.{split} is not set: it must list two files [source, target]")
+    return read_parallel(config.path(files[0]), config.path(files[1]), drop_empty)
+
+
+def prepare_data(
+    config: DataConfig, seed: int, tokenizer: Tokenizer | None = None, echo: Callable[[str], None] = print
+) -> PreparedData:
+    """Read (or generate), learn the tokeniser if none is given, encode, and drop over-long pairs."""
+    train, valid = read_split(config, "train", seed), read_split(config, "valid", seed)
+    for name, split in (("training", train), ("validation", valid)):
+        if split.dropped_empty:
+            echo(f"dropped {split.dropped_empty} {name} pairs with an empty side")
+    if tokenizer is None:
+        tokenizer = Tokenizer.train(config.tokenizer, train.src + train.tgt, config.vocab_size)
+    src, tgt = tokenizer.encode_batch(train.src), tokenizer.encode_batch(train.tgt)
+    # +1 for </s> (source) or <s>/</s> (target); pairs are dropped together to keep alignment.
+    keep = [
+        i for i in range(len(src)) if len(src[i]) + 1 <= config.max_len and len(tgt[i]) + 1 <= config.max_len
+    ]
+    if len(keep) < len(src):
+        echo(
+            f"dropped {len(src) - len(keep)} training pairs longer than data.max_len={config.max_len} tokens"
+        )
+    if not keep:
+        raise ConfigError(f"data.max_len={config.max_len} leaves no training pair")
+    echo(f"training pairs: {len(keep):,}; validation: {len(valid):,}; vocabulary: {tokenizer.vocab_size:,}")
+    return PreparedData(tokenizer, [src[i] for i in keep], [tgt[i] for i in keep], valid)
+
+
+class TranslationTask:
+    """The trainer's view of translation: batches, loss and validation (see the module docstring)."""
+
+    metrics: ClassVar[dict[str, str]] = {
+        "bleu": "valid_bleu",
+        "accuracy": "valid_accuracy",
+        "loss": "valid_loss",
+    }
+
+    def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
+        self.config = config
+        self.data = prepare_data(config.data, config.train.seed, tokenizer, echo)
+        self.tokenizer = self.data.tokenizer
+        self.lengths = [len(s) + 1 for s in self.data.train_src], [len(t) + 1 for t in self.data.train_tgt]
+        valid = self.data.valid
+        self.valid_ids = self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This epoch's batches of pair indices, the same for the same (seed, epoch)."""
+        t = self.config.train
+        return token_batches(*self.lengths, t.max_tokens, seed=t.seed, epoch=epoch)
+
+    def make_batch(self, indices: list[int]) -> Batch:
+        data = self.data
+        return make_batch([data.train_src[i] for i in indices], [data.train_tgt[i] for i in indices],
+                          self.tokenizer.specials)  # fmt: skip
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
+        """Summed label-smoothed loss and NLL over the batch's target tokens."""
+        logits = model(batch.src, batch.tgt_in)
+        return label_smoothed_loss(
+            logits, batch.tgt_out, self.config.train.label_smoothing, self.tokenizer.specials.pad
+        )
+
+    def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
+        """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""
+        valid, (src, tgt) = self.data.valid, self.valid_ids
+        sums, tokens = torch.zeros(2, device=device), 0  # (loss, nll) summed on the device, read once
+        lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
+        for b in token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False):
+            batch = make_batch([src[i] for i in b], [tgt[i] for i in b], self.tokenizer.specials).to(device)
+            with autocast():
+                sums += torch.stack(self.loss(model, batch))
+            tokens += batch.n_tokens
+        loss_sum, nll_sum = sums.tolist()
+        # BLEU and accuracy need decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
+        n = self.config.train.valid_bleu_sentences or len(valid)
+        hypotheses = translate(
+            model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1, device=device
+        )
+        return {
+            "valid_loss": loss_sum / tokens,
+            "valid_ppl": perplexity(nll_sum / tokens),
+            "valid_bleu": bleu(hypotheses, valid.tgt[:n]).score,
+            "valid_accuracy": exact_match(hypotheses, valid.tgt[:n]),
+        }

@@ -1,0 +1,171 @@
+"""Language modelling on raw text: nanoGPT's split, epochs of whole blocks, validation over every token,
+training that learns, exact resume, and the command line from train to generate."""
+
+import json
+import re
+from contextlib import nullcontext
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from attnkit.cli import app
+from attnkit.config import load_run_config
+from attnkit.errors import ConfigError
+from attnkit.tasks.language_modelling import LanguageModellingTask, read_texts
+from attnkit.train.checkpoint import resolve_checkpoint
+from attnkit.train.loop import Trainer
+
+runner = CliRunner()
+VERSE = "".join(
+    f"line {i}: the quick brown fox jumps over the lazy dog, and the cat sleeps.\n" for i in range(60)
+)
+TINY = ["model.arch=decoder", "model.preset=tiny-decoder", "model.max_len=32", "data.train=[text.txt]",
+        "data.tokenizer=char", "train.max_tokens=256", "train.schedule=cosine", "train.lr=3e-3",
+        "train.warmup=5", "train.label_smoothing=0", "train.eval_every=10"]  # fmt: skip
+
+
+@pytest.fixture
+def text_dir(tmp_path):
+    (tmp_path / "text.txt").write_text(VERSE)
+    return tmp_path
+
+
+def _config(text_dir, *extra):
+    return load_run_config(None, [*TINY, f"data.dir={text_dir}", *extra])
+
+
+def test_without_a_validation_file_the_last_tenth_is_held_out_like_nanogpt(text_dir):
+    train, valid = read_texts(_config(text_dir).data)
+    n = len(VERSE)
+    assert train == VERSE[: int(n * 0.9)] and valid == VERSE[int(n * 0.9) :]
+
+
+def test_an_epoch_is_whole_distinct_blocks_reshuffled_every_epoch(text_dir):
+    task = LanguageModellingTask(_config(text_dir), None, lambda m: None)
+    first = task.epoch_batches(0)
+    starts = [s for batch in first for s in batch]
+    assert len(starts) == len(set(starts)) and all(s + 32 < len(task.train_ids) for s in starts)
+    assert sorted(starts) == list(
+        range(min(starts), min(starts) + 32 * len(starts), 32)
+    )  # consecutive blocks
+    assert len(starts) * 32 > len(task.train_ids) - 64  # every token but less than two blocks
+    assert all(len(batch) == 256 // 32 for batch in first[:-1])
+    assert task.epoch_batches(0) == first and task.epoch_batches(1) != first
+    batch = task.make_batch(first[0])
+    assert torch.equal(batch.inputs[:, 1:], batch.targets[:, :-1])  # targets are the next tokens
+
+
+def test_validation_predicts_every_validation_token_once(text_dir, monkeypatch):
+    task = LanguageModellingTask(_config(text_dir), None, lambda m: None)
+    seen = []
+    real_loss = task.loss
+    monkeypatch.setattr(
+        task, "loss", lambda model, batch: seen.append(batch.targets.numel()) or real_loss(model, batch)
+    )
+    from attnkit.models import build_model
+
+    scores = task.validate(
+        build_model(_config(text_dir).model, task.tokenizer.vocab_size), "cpu", nullcontext
+    )
+    assert sum(seen) == len(task.valid_ids) - 1
+    assert set(scores) == {"valid_loss", "valid_ppl"}
+
+
+def test_training_learns_the_text(text_dir, tmp_path):
+    trainer = Trainer(_config(text_dir, "train.max_steps=60"), tmp_path / "run", echo=lambda m: None)
+    untrained = trainer.validate()["valid_loss"]
+    scores = trainer.fit()
+    assert scores["valid_loss"] < untrained - 1.5  # from ~ln(vocabulary) to a model of the text
+
+
+def test_a_resumed_language_model_run_is_the_uninterrupted_one(text_dir, tmp_path):
+    settings = [
+        "train.max_steps=24",
+        "train.decay_steps=24",
+        "model.dropout=0.1",
+        "model.attention_dropout=0.1",
+    ]
+    whole = Trainer(_config(text_dir, *settings), tmp_path / "whole", echo=lambda m: None)
+    whole.fit()
+    Trainer(
+        _config(text_dir, *settings[1:], "train.max_steps=10"), tmp_path / "split", echo=lambda m: None
+    ).fit()
+    resumed = Trainer(_config(text_dir, *settings), tmp_path / "split", resume=True, echo=lambda m: None)
+    resumed.fit()
+    assert whole.epoch >= 1  # the runs cross an epoch boundary
+    assert [r["valid_loss"] for r in resumed.history] == [r["valid_loss"] for r in whole.history]
+    a = load_file(str(resolve_checkpoint(tmp_path / "whole", "last") / "model.safetensors"))
+    b = load_file(str(resolve_checkpoint(tmp_path / "split", "last") / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_decoder_recipe_defaults_to_language_modelling_judged_by_loss():
+    config = load_run_config(None, ["model.preset=shakespeare-char"])
+    assert (config.model.arch, config.data.task, config.train.eval_metric) == ("decoder", "text", "loss")
+    with pytest.raises(
+        ConfigError, match=r"train\.eval_metric='bleu': language modelling is judged by 'loss'"
+    ):
+        load_run_config(None, ["model.arch=decoder", "train.eval_metric=bleu"])
+    with pytest.raises(
+        ConfigError, match=r"data\.task='parallel' and model\.arch='decoder' do not go together"
+    ):
+        load_run_config(None, ["model.arch=decoder", "data.task=parallel"])
+
+
+def test_a_cosine_schedule_needs_to_know_its_length_before_training(text_dir, tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.schedule='cosine' decays over train\.decay_steps or"):
+        Trainer(_config(text_dir, "train.max_minutes=1"), tmp_path / "run", echo=lambda m: None)
+
+
+def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
+                                 "train.max_steps=40"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert re.search(r"step 40 epoch \d+: train loss [\d.]+, valid loss [\d.]+, ppl [\d.]+", result.output)
+
+    result = runner.invoke(app, ["generate", "--ckpt", str(run), "--prompt", "line 7:", "--max-new-tokens",
+                                 "20", "--temperature", "0"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("line 7:") and len(result.stdout) > len("line 7:") + 5
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("line 1\nthe quick\n")
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["generate", "--ckpt", str(run), "-i", str(prompts), "-o", str(out),
+                                 "--max-new-tokens", "10", "--seed", "3"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["line 1", "the quick"] and all(r["text"] for r in rows)
+
+
+def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy_data):
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
+                               "train.max_steps=2"]).exit_code == 0  # fmt: skip
+    cases = [
+        (["--prompt", "x" * 40], r"prompt 1 has 40 tokens, but the model's context is 32 tokens"),
+        (["--top-p", "0"], r"--top-p must be in \(0, 1\]; got 0\.0"),
+        (["--prompt", "a", "-i", "f.txt"], r"give --prompt TEXT or -i FILE, not both"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["generate", "--ckpt", str(run), *args])
+        assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+        assert re.search(message, result.stderr), result.stderr
+    translation = tmp_path / "translation"
+    files = ["data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]"]
+    args = [
+        "--run-dir",
+        str(translation),
+        "--data",
+        str(copy_data),
+        "model.preset=tiny",
+        "data.tokenizer=word",
+    ]
+    assert runner.invoke(app, ["train", *args, *files, "train.max_steps=1"]).exit_code == 0
+    result = runner.invoke(app, ["generate", "--ckpt", str(translation)])
+    assert result.exit_code == 2
+    assert re.search(r"holds a encoder-decoder model, which this command cannot use; use attnkit translate",
+                     result.stderr)  # fmt: skip
