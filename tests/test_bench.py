@@ -19,6 +19,22 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
             ["--preset", "tiny", "--shapes", "2x4"],
             r"median EncoderDecoder/torch_transformer time = \d",
         ),
+        (
+            "lm_speed.py",
+            [
+                "--preset",
+                "tiny-decoder",
+                "--vocab",
+                "100",
+                "--batch",
+                "2x8",
+                "--gen-batch",
+                "1,2",
+                "--new-tokens",
+                "3",
+            ],
+            r"ours/hf_generate tok/s \(batch 2\) = \d+\.\d+",
+        ),
     ],
 )
 def test_benchmark_prints_ours_over_peer_ratios(script, arguments, summary):
@@ -44,3 +60,18 @@ def test_the_speed_benchmarks_give_ours_and_the_peer_the_same_dropout_at_the_sam
     assert ours.self_attn.dropout == peer.self_attn.dropout == 0.1  # on the attention weights
     assert ours.feed_forward.dropout.p == peer.dropout.p == 0.1  # on the FFN's hidden activations
     assert ours.sublayer[0].dropout.p == peer.dropout1.p == 0.1  # on the residual sub-layer outputs
+
+
+def test_the_shakespeare_quality_benchmark_runs_end_to_end_on_a_tiny_text(tmp_path):
+    (tmp_path / "input.txt").write_text(
+        "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40
+    )
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "quality_shakespeare.py"), "--data", str(tmp_path), "--run-dir",
+         str(tmp_path / "run"), "--config", str(BENCH.parent / "configs" / "shakespeare_char_cpu.yaml"),
+         "train.max_steps=6", "train.decay_steps=6", "train.eval_every=3", "decode.max_new_tokens=20"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"best valid loss = \d\.\d{4}", result.stdout)
+    assert re.search(r"seconds to valid loss <= 1\.8|valid loss 1\.8: not reached", result.stdout)

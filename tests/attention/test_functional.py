@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit.attention import attend, attend_reference
+from attnkit.attention import attend, attend_reference, causal_mask
 
 
 def oracle_float64(q, k, v, mask=None, scale=None):
@@ -120,3 +120,20 @@ def test_non_boolean_masks_are_refused_rather_than_silently_added_to_scores(dtyp
     q = k = v = torch.randn(1, 3, 4)
     with pytest.raises(TypeError, match="boolean"):
         attend(q, k, v, torch.ones(1, 3, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize(("t_q", "t_k"), [(7, 7), (1, 9), (3, 8)])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_causal_flag_equals_an_explicit_causal_mask(t_q, t_k, need_weights):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, t_q, 16), torch.randn(2, 4, t_k, 16), torch.randn(2, 4, t_k, 16)
+    expected, expected_weights = attend(q, k, v, causal_mask(t_q, t_k), need_weights=need_weights)
+    out, weights = attend(q, k, v, causal=True, need_weights=need_weights)
+    torch.testing.assert_close(out, expected)
+    if need_weights:
+        torch.testing.assert_close(weights, expected_weights)
+    padding = torch.ones(2, 1, 1, t_k, dtype=torch.bool)  # (B, heads, T_q, T_k), broadcast
+    padding[1, ..., : t_k // 2] = False  # the second sequence is left-padded
+    torch.testing.assert_close(
+        attend(q, k, v, padding, causal=True)[0], attend(q, k, v, padding & causal_mask(t_q, t_k))[0]
+    )

@@ -114,13 +114,18 @@ def test_a_stop_string_ends_generation_before_it(model_and_tokenizer):
     assert stopped[0] == full[0][: full[0].index(stop)]
 
 
-def test_streamed_pieces_add_up_to_the_output(model_and_tokenizer):
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_streamed_pieces_add_up_to_the_output_even_with_stop_strings(model_and_tokenizer, with_stop):
     model, tokenizer = model_and_tokenizer
+    settings = {"max_new_tokens": 15, "temperature": 1.0}
+    full = generate(model, tokenizer, PROMPTS, _decode(**settings))
+    stop = [full[0][4:8], "xyz"] if with_stop else []  # a stop string that does occur, after 4 characters
     pieces: dict[int, list[str]] = {}
-    outputs = generate(model, tokenizer, PROMPTS, _decode(max_new_tokens=15),
+    outputs = generate(model, tokenizer, PROMPTS, _decode(**settings, stop=stop),
                        on_text=lambda i, text: pieces.setdefault(i, []).append(text))  # fmt: skip
+    assert not with_stop or outputs[0] == full[0][:4]
     assert ["".join(pieces.get(i, [])) for i in range(len(PROMPTS))] == outputs
-    assert max(len(p) for p in pieces.values()) > 3  # the text came in pieces, as it was generated
+    assert max(len(p) for p in pieces.values()) > 1  # the text came in pieces, as it was generated
 
 
 def test_output_length_is_bounded_by_max_new_tokens_and_by_the_context(model_and_tokenizer):

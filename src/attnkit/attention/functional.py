@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit.attention.masks import causal_mask, combine_masks
 from attnkit.attention.normalisers import get_normaliser
 from attnkit.attention.scores import ScoreFn, resolve_score
 
@@ -32,6 +33,7 @@ def attend(
     normaliser: str = "softmax",
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Attend from queries to keys and mix the values.
 
@@ -44,6 +46,9 @@ def attend(
         normaliser: ``"softmax"``, ``"relu"``, ``"gelu"`` or ``"sigmoid"`` (normalisers.py).
         dropout_p: dropout on the weights; pass 0.0 at evaluation time (as with F.sdpa).
         need_weights: also return the weights ``(..., T_q, T_k)``; forces the reference path.
+        causal: each query also sees only keys up to its own position (queries aligned to the end of
+            the keys, as :func:`causal_mask`), without a mask tensor: the fused kernels then skip the
+            hidden half instead of computing and discarding it.
 
     Returns:
         ``(output (..., T_q, d_v), weights or None)``. A query with no attendable key outputs zeros.
@@ -53,7 +58,17 @@ def attend(
             f"attention masks are boolean (True = may attend), got dtype {mask.dtype}; convert with "
             "attnkit.attention.masks (e.g. from_hf_attention_mask) instead of passing 0/1 or additive masks"
         )
-    if not need_weights and normaliser == "softmax" and isinstance(score, str) and score in _FAST_SCORE_SCALE:
+    fast = (
+        not need_weights and normaliser == "softmax" and isinstance(score, str) and score in _FAST_SCORE_SCALE
+    )
+    if fast and causal and mask is None and q.size(-2) == k.size(-2):  # SDPA's is_causal: square only
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=_FAST_SCORE_SCALE[score]
+        )
+        return out, None
+    if causal:
+        mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+    if fast:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=_FAST_SCORE_SCALE[score]
         )

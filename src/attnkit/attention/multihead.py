@@ -86,8 +86,11 @@ class MultiHeadAttention(nn.Module):
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend; returns ``(output (B, T_q, d_model), per-head weights (B, h, T_q, T_k) or None)``."""
+        """Attend; returns ``(output (B, T_q, d_model), per-head weights (B, h, T_q, T_k) or None)``.
+
+        ``causal``: also hide later positions, without a mask tensor (see :func:`attend`)."""
         q, k, v = self._project(query, memory, cache)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
@@ -100,6 +103,7 @@ class MultiHeadAttention(nn.Module):
             normaliser=self.normaliser,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights or self.record_weights,
+            causal=causal,
         )
         if self.record_weights:
             self.last_weights = weights.detach()

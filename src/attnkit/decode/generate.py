@@ -5,7 +5,8 @@ Prompts are batched by length and left-padded; each prompt samples from its own 
 share its batch. Generation ends at ``</s>``, at ``decode.max_new_tokens``, at the model's context
 (``max_len`` positions, prompt included) or where a ``decode.stop`` string appears; the returned text
 stops before that string. ``on_text(i, new_text)`` receives each prompt's text as it is generated
-(streaming); a character whose UTF-8 bytes are still arriving is held back until it is complete.
+(streaming); a character whose UTF-8 bytes are still arriving, and text that may still turn out to be
+the start of a stop string, are held back until that is settled, so the pieces add up to the result.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ class _Stream:
         found = [text.index(s) for s in self.stop if s in text]
         return (text[: min(found)], True) if found else (text, False)
 
+    def _settled(self, text: str) -> str:
+        """``text`` without a tail that may still grow into a stop string or a multi-byte character."""
+        held = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return text[: len(text) - held].rstrip("\ufffd")
+
     def _send(self, row: int, text: str) -> None:
         if self.on_text is not None and len(text) > self.sent[row]:
             self.on_text(self.indices[row], text[self.sent[row] :])
@@ -110,7 +116,7 @@ class _Stream:
             if self.stopped[row]:
                 continue
             text, self.stopped[row] = self._cut(self.tokenizer.decode(ids))
-            self._send(row, text if self.stopped[row] else text.rstrip("\ufffd"))  # bytes still arriving
+            self._send(row, text if self.stopped[row] else self._settled(text))
         return torch.tensor(self.stopped, device=generated.device)
 
     def finish(self, row: int, ids: list[int]) -> str:

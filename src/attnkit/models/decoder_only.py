@@ -76,11 +76,11 @@ class DecoderModel(nn.Module):
         ``caches`` (from :meth:`new_caches`) pass only the new tokens, after those already cached.
         """
         start = len(caches[0]) if caches else 0
-        mask = causal_mask(ids.size(1), start + ids.size(1), device=ids.device)  # (T, T_all)
-        if key_valid is not None:
-            mask = mask & key_valid.unsqueeze(-2)  # (B, T, T_all)
         x = self.positions(self.embed(ids), start, positions)
-        return self.generator(self.decoder(x, mask, caches))
+        if key_valid is None:  # no padding: the fused kernels' own causal masking, no mask tensor
+            return self.generator(self.decoder(x, None, caches, causal=True))
+        mask = causal_mask(ids.size(1), start + ids.size(1), device=ids.device) & key_valid.unsqueeze(-2)
+        return self.generator(self.decoder(x, mask, caches))  # mask: (B, T, T_all)
 
     def new_caches(self) -> list[KVCache]:
         """One empty self-attention KV cache per layer."""

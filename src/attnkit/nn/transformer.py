@@ -38,8 +38,11 @@ class EncoderLayer(nn.Module):
         self.self_attn, self.feed_forward = self_attn, feed_forward
         self.sublayer = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first, eps) for _ in range(2))
 
-    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None) -> Tensor:
-        x = self.sublayer[0](x, lambda y: self.self_attn(y, mask=mask, cache=cache)[0])
+    def forward(
+        self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, causal: bool = False
+    ) -> Tensor:
+        """``causal``: each position attends only to itself and earlier ones (a GPT layer)."""
+        x = self.sublayer[0](x, lambda y: self.self_attn(y, mask=mask, cache=cache, causal=causal)[0])
         return self.sublayer[1](x, self.feed_forward)
 
 
@@ -91,10 +94,13 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor | None, caches: list[KVCache] | None = None) -> Tensor:
-        """``caches``: one self-attention KV cache per layer, for step-by-step causal use (GPT)."""
+    def forward(
+        self, x: Tensor, mask: Tensor | None, caches: list[KVCache] | None = None, causal: bool = False
+    ) -> Tensor:
+        """``caches``: one self-attention KV cache per layer, for step-by-step causal use (GPT);
+        ``causal``: every layer attends causally (see :func:`attnkit.attention.attend`)."""
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, None if caches is None else caches[i])
+            x = layer(x, mask, None if caches is None else caches[i], causal)
         return self.norm(x)
 
 

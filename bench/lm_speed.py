@@ -1,0 +1,93 @@
+"""Decoder-only speed: attnkit's DecoderModel against HF ``GPT2LMHeadModel`` with the same weights.
+
+Both sides are built at GPT-2 small's shape (``--preset gpt2``: 12 layers, 768 wide, 124M parameters)
+with random weights (no download): ours from the preset, HF's converted from ours with ``to_hf_gpt2``,
+so every weight is equal. HF uses its default attention (``sdpa``).
+
+- Training step: forward, cross-entropy, backward, AdamW step, on the same batch of random tokens, with
+  the same dropout (GPT-2's 0.1 on embeddings, residuals and attention weights) on both sides. Prints
+  tokens/s and ``ours/hf_gpt2 train tok/s``.
+- Generation: greedy, with the KV cache, ``--new-tokens`` tokens after prompts of ``--prompt-len``
+  tokens, at each of ``--gen-batch``: ours (``attnkit.decode.search.extend``) against HF ``generate``;
+  prints new tokens/s and ``ours/hf_generate tok/s``.
+
+Run: ``python bench/lm_speed.py`` (``--device cuda`` on a GPU, bf16 there).
+"""
+
+from __future__ import annotations
+
+import torch
+from timing import compare, make_parser, resolve_dtype, setup
+
+from attnkit.data.tokenizer import SpecialIds
+from attnkit.decode.search import argmax, extend
+from attnkit.models import build_model, from_preset
+from attnkit.models.convert import hf_gpt2_config_kwargs, to_hf_gpt2
+
+
+def main() -> None:
+    parser = make_parser(__doc__)
+    parser.add_argument("--preset", default="gpt2")
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--batch", default="4x256", help="training batch: sequences x length")
+    parser.add_argument("--gen-batch", default="1,32", help="generation batch sizes, comma-separated")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    args = parser.parse_args()
+    from transformers import GPT2Config, GPT2LMHeadModel  # the peer; attnkit itself never imports it
+
+    dtype = resolve_dtype(args)
+    torch.manual_seed(0)
+    ours = build_model(from_preset(args.preset), args.vocab)
+    peer = GPT2LMHeadModel(GPT2Config(**hf_gpt2_config_kwargs(ours)))
+    peer.load_state_dict(to_hf_gpt2(ours), strict=True)
+    ours, peer = ours.to(args.device, dtype), peer.to(args.device, dtype)
+    c, size = ours.config, sum(p.numel() for p in ours.parameters()) / 1e6
+    dropout = f"dropout {c.dropout} (embeddings, residuals), {c.attention_dropout} (attention)"
+    print(setup(args), f"preset {args.preset} ({size:.1f}M), vocab {args.vocab}, {dropout}")
+
+    sequences, length = (int(n) for n in args.batch.split("x"))
+    ids = torch.randint(0, args.vocab, (sequences, length + 1), device=args.device)
+    steps = {}
+    for name, model in (("ours", ours), ("peer", peer)):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(model=model, optimizer=optimizer, name=name):
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            logits = model(ids[:, :-1]) if name == "ours" else model(input_ids=ids[:, :-1]).logits
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+            optimizer.step()
+
+        steps[name] = step
+    ratio = compare(f"{args.preset} training step B={sequences} T={length}", steps["ours"], steps["peer"],
+                    "hf_gpt2", device=args.device, rounds=args.rounds, tokens=sequences * length)  # fmt: skip
+    print(f"ours/hf_gpt2 train tok/s = {1 / ratio:.3f}")
+
+    end = args.vocab - 1  # GPT-2's <|endoftext|>: never produced by chance often enough to end early
+    specials = SpecialIds(pad=end, unk=end, bos=end, eos=end)
+    for batch in (int(b) for b in args.gen_batch.split(",")):
+        prompts = torch.randint(0, end, (batch, args.prompt_len), device=args.device)
+        valid = torch.ones_like(prompts, dtype=torch.bool)
+        limits = torch.full((batch,), args.new_tokens + 1, device=args.device)
+
+        @torch.inference_mode()
+        def ours_generate(prompts=prompts, valid=valid, limits=limits):
+            ours.eval()
+            return extend(ours.decoding(valid), prompts, limits, specials, argmax)
+
+        @torch.inference_mode()
+        def peer_generate(prompts=prompts, valid=valid):
+            peer.eval()
+            return peer.generate(input_ids=prompts, attention_mask=valid.long(), do_sample=False, num_beams=1,
+                                 max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                 pad_token_id=end, eos_token_id=end)  # fmt: skip
+
+        label = f"greedy generation B={batch}, {args.prompt_len}+{args.new_tokens} tokens"
+        ratio = compare(label, ours_generate, peer_generate, "hf_generate", device=args.device,
+                        rounds=args.rounds, tokens=batch * args.new_tokens)  # fmt: skip
+        print(f"ours/hf_generate tok/s (batch {batch}) = {1 / ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
