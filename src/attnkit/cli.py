@@ -149,7 +149,8 @@ def summary(
         logits = model(*inputs)
         seconds = time.perf_counter() - began
     shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
-    typer.echo(f"forward pass: {shapes} -> logits {tuple(logits.shape)} in {seconds * 1000:.0f} ms")
+    what = "hidden states" if getattr(config, "head", "") == "none" else "logits"
+    typer.echo(f"forward pass: {shapes} -> {what} {tuple(logits.shape)} in {seconds * 1000:.0f} ms")
 
 
 @app.command()

@@ -21,7 +21,7 @@ from attnkit.data.synthetic import TASKS
 from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models import PRESETS, config_class
-from attnkit.models.config import DecoderModelConfig, TransformerConfig
+from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.train.schedules import SCHEDULES
 
 EVAL_METRICS = ("bleu", "accuracy", "loss")
@@ -176,12 +176,19 @@ class DecodeConfig:
 
 @dataclass
 class RunConfig:
-    model: TransformerConfig | DecoderModelConfig = field(default_factory=TransformerConfig)
+    model: TransformerConfig | DecoderModelConfig | EncoderModelConfig = field(
+        default_factory=TransformerConfig
+    )
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
+        if self.model.arch == "encoder":
+            raise ConfigError(
+                "model.arch='encoder': encoder models are built and imported "
+                "(attnkit.models.convert.from_hf) but not yet trained by attnkit train"
+            )
         language_modelling = self.data.task == TEXT_TASK
         if language_modelling != (self.model.arch == "decoder"):
             raise ConfigError(

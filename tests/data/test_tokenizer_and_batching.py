@@ -89,7 +89,9 @@ def test_specials_are_found_by_role_wherever_they_are_in_the_vocabulary(tmp_path
 def test_a_vocabulary_without_a_pad_token_is_one_clear_error(tmp_path):
     hf = HFTokenizer(models.WordLevel(vocab={"<unk>": 0, "<s>": 1, "</s>": 2, "x": 3}, unk_token="<unk>"))
     hf.save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(DataError, match=r"tokenizer\.json: the vocabulary has no <pad> token"):
+    with pytest.raises(
+        DataError, match=r"tokenizer\.json: the vocabulary has no <pad> or \[PAD\] or <\|endoftext\|> token"
+    ):
         Tokenizer.load(tmp_path / "tokenizer.json")
 
 
@@ -155,3 +157,13 @@ def test_generated_dates_are_correct_and_held_out_sets_are_disjoint():
         dt.date.fromisoformat(iso)
     held_out = dates(100, seed=1, exclude=set(train.src))
     assert not set(held_out.src) & set(train.src)
+
+
+def test_a_tokenizer_file_that_pads_and_truncates_by_itself_gives_all_tokens_and_no_padding(tmp_path):
+    tokenizer = Tokenizer.train("word", ["a b c d e f"])
+    tokenizer.hf.enable_padding(length=16, pad_id=0, pad_token="<pad>")
+    tokenizer.hf.enable_truncation(max_length=3)
+    tokenizer.save(tmp_path / "tokenizer.json")
+    loaded = Tokenizer.load(tmp_path / "tokenizer.json")
+    assert loaded.decode(loaded.encode("a b c d e")) == "a b c d e"
+    assert len(loaded.encode("a b c d e")) == 5

@@ -11,9 +11,12 @@
 - ``word``: one token per whitespace-separated word (toy tasks); unseen words become ``<unk>`` and runs of
   spaces are not kept, so it is the one lossy kind.
 
-Special tokens are found **by role** (pad, unk, bos, eos) in the vocabulary, never assumed to sit at
-fixed ids; everything downstream (batching, loss, search) takes its ids from :attr:`Tokenizer.specials`.
-The text ``"</s>"`` inside a sentence is ordinary text, not the end-of-sentence token.
+Special tokens are found **by role** (pad, unk, bos, eos, and mask where there is one) in the
+vocabulary, never assumed to sit at fixed ids: attnkit's own names, BERT's (``[PAD]``, ``[UNK]``,
+``[CLS]``, ``[SEP]``, ``[MASK]``) and GPT-2's single ``<|endoftext|>`` are all recognised, so a real BERT
+or GPT-2 ``tokenizer.json`` loads as it is. Everything downstream (batching, loss, search) takes its
+ids from :attr:`Tokenizer.specials`. The text ``"</s>"`` inside a sentence is ordinary text, not the
+end-of-sentence token.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 from attnkit.errors import DataError
 
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")  # attnkit's own vocabularies start with these, in this order
-ROLES = ("pad", "unk", "bos", "eos")
+ROLE_TOKENS = {  # each role's token in attnkit's, BERT's and GPT-2's vocabularies, looked for in this order
+    "pad": ("<pad>", "[PAD]", "<|endoftext|>"),
+    "unk": ("<unk>", "[UNK]", "<|endoftext|>"),
+    "bos": ("<s>", "[CLS]", "<|endoftext|>"),
+    "eos": ("</s>", "[SEP]", "<|endoftext|>"),
+    "mask": ("<mask>", "[MASK]"),  # optional: only masked-LM vocabularies have one
+}
 KINDS = ("bpe", "char", "word")
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))  # SentencePiece's names for byte fallback
 MIN_BPE_VOCAB = len(SPECIALS) + 256  # the specials and the byte alphabet, before any merge
@@ -41,8 +50,9 @@ class SpecialIds:
 
     pad: int
     unk: int
-    bos: int
-    eos: int
+    bos: int  # also BERT's [CLS]
+    eos: int  # also BERT's [SEP]
+    mask: int | None = None
 
 
 class Tokenizer:
@@ -50,13 +60,16 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer, source: str = "tokenizer") -> None:
         ids = {}
-        for role, token in zip(ROLES, SPECIALS, strict=True):
-            ids[role] = hf.token_to_id(token)
-            if ids[role] is None:
-                raise DataError(f"{source}: the vocabulary has no {token} token (needed as the {role} token)")
+        for role, candidates in ROLE_TOKENS.items():
+            ids[role] = next((i for t in candidates if (i := hf.token_to_id(t)) is not None), None)
+            if ids[role] is None and role != "mask":
+                names = " or ".join(candidates)
+                raise DataError(f"{source}: the vocabulary has no {names} token (needed as the {role} token)")
         self.specials = SpecialIds(**ids)
-        self._special_set = frozenset(ids.values())
+        self._special_set = frozenset(i for i in ids.values() if i is not None)
         hf.encode_special_tokens = True  # "</s>" typed in a sentence is text (not stored in tokenizer.json)
+        hf.no_padding()  # a tokenizer.json may pad or truncate by itself (BERT's often do); attnkit batches
+        hf.no_truncation()  # and bounds lengths itself, and a text's ids are all of its tokens
         self.hf = hf
 
     @classmethod

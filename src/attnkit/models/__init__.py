@@ -9,13 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from attnkit.errors import ConfigError, require_one_of
-from attnkit.models.config import DecoderModelConfig, TransformerConfig
+from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.encoder_only import EncoderModel
 from attnkit.models.seq2seq import EncoderDecoder, Generator, build_transformer
 
 ARCHITECTURES: dict[str, tuple[type, type]] = {
     "encoder-decoder": (TransformerConfig, EncoderDecoder),
     "decoder": (DecoderModelConfig, DecoderModel),
+    "encoder": (EncoderModelConfig, EncoderModel),
 }
 PRESETS: dict[str, type] = {name: cls for cls, _ in ARCHITECTURES.values() for name in cls.PRESETS}
 
@@ -34,8 +36,8 @@ def from_preset(name: str, **overrides: Any):
 
 
 def build_model(
-    config: TransformerConfig | DecoderModelConfig, vocab_size: int
-) -> EncoderDecoder | DecoderModel:
+    config: TransformerConfig | DecoderModelConfig | EncoderModelConfig, vocab_size: int
+) -> EncoderDecoder | DecoderModel | EncoderModel:
     """The one way to build a model of any architecture from its config and vocabulary size."""
     if isinstance(config, TransformerConfig):
         return build_transformer(config, vocab_size)
@@ -48,6 +50,8 @@ __all__ = [
     "DecoderModel",
     "DecoderModelConfig",
     "EncoderDecoder",
+    "EncoderModel",
+    "EncoderModelConfig",
     "Generator",
     "TransformerConfig",
     "build_model",

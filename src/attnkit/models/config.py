@@ -147,3 +147,55 @@ class DecoderModelConfig(_Presets):
 
     def __post_init__(self) -> None:
         check_transformer_fields(self, ("layers",))
+
+
+HEADS = ("none", "mlm", "classify", "span")
+
+
+@dataclass
+class EncoderModelConfig(_Presets):
+    """A BERT-style encoder-only Transformer; defaults are BERT-base's (Devlin et al., 2019): post-LN,
+    learned positions and token types, a LayerNorm on the embedding sum, GELU, no embedding scaling.
+
+    ``head`` is what sits on the encoder: ``none`` (the hidden states, e.g. for sentence embeddings),
+    ``mlm`` (masked-token logits, tied to the embedding), ``classify`` (``num_labels`` logits from the
+    ``pooling`` of the sequence) or ``span`` (start and end logits per token, for extractive QA)."""
+
+    ARCH: ClassVar[str] = "encoder"
+    arch: str = "encoder"
+    layers: int = 12  # N
+    d_model: int = 768
+    d_ff: int = 3072
+    h: int = 12
+    dropout: float = 0.1  # on the embedding sum and residual sub-layer outputs (BERT's hidden_dropout)
+    attention_dropout: float = 0.1  # BERT's attention_probs_dropout
+    activation_dropout: float = 0.0
+    activation: str = "gelu"
+    norm_first: bool = False  # post-LN, as BERT (and the paper)
+    layer_norm_eps: float = 1e-12
+    positions: str = "learned"
+    sinusoid_layout: str = "interleaved"
+    max_len: int = 512
+    type_vocab_size: int = 2  # segments (sentence A / B); 0 = none
+    pad_id: int = 0  # set from the tokenizer's [PAD]
+    head: str = "none"
+    pooling: str = "cls"  # classify: "cls" (BERT's pooler, tanh(W h_[CLS])) or "mean" over real tokens
+    num_labels: int = 2  # classify: how many classes
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # BERT-base: 12 layers, 768 wide, 12 heads, 512 positions (110M parameters with its vocabulary).
+        "bert-base": {},
+        # all-MiniLM-L6-v2's shape: 6 layers, 384 wide, 12 heads.
+        "minilm-l6": {"layers": 6, "d_model": 384, "d_ff": 1536},
+        # For tests.
+        "tiny-encoder": dict(
+            layers=2, d_model=32, d_ff=64, h=4, max_len=64, dropout=0.0, attention_dropout=0.0
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        check_transformer_fields(self, ("layers",))
+        require_one_of("model.head", self.head, HEADS)
+        require_one_of("model.pooling", self.pooling, ("cls", "mean"))
+        require_at_least("model.type_vocab_size", self.type_vocab_size, 0)
+        require_at_least("model.num_labels", self.num_labels, 1)

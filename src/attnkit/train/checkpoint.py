@@ -361,7 +361,8 @@ def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer) -> EncoderDecod
     return build_model(config.model, tokenizer.vocab_size)
 
 
-COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "decoder": "attnkit generate"}
+COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "decoder": "attnkit generate",
+            "encoder": "the Python API (attnkit.models.EncoderModel)"}  # fmt: skip
 
 
 def load_for_inference(

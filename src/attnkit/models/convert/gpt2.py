@@ -16,7 +16,7 @@ from torch import Tensor
 
 from attnkit.errors import ConversionError
 from attnkit.models.config import DecoderModelConfig
-from attnkit.models.convert.hf_config import hf_field
+from attnkit.models.convert.common import hf_field, load_mapped
 from attnkit.models.decoder_only import DecoderModel
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -109,11 +109,7 @@ def from_hf_gpt2(state_dict: Mapping[str, Tensor], hf_config: Any) -> DecoderMod
             ours["generator.proj.weight"] = theirs["lm_head.weight"]
     except KeyError as missing:
         raise ConversionError(f"GPT-2 state dict has no {missing} (is it a GPT2LMHeadModel's?)") from None
-    result = model.load_state_dict(ours, strict=False)
-    if set(result.missing_keys) - {"generator.proj.weight"} or result.unexpected_keys:
-        raise ConversionError(
-            f"GPT-2 mapping incomplete: missing {result.missing_keys}, extra {result.unexpected_keys}"
-        )
+    load_mapped(model, ours, {"generator.proj.weight"}, "GPT-2")
     return model
 
 

