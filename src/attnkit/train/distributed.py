@@ -46,14 +46,6 @@ class World:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """Whether ``flag`` is true in any process (the flag itself for one process)."""
-        if self.size == 1:
-            return flag
-        tensor = torch.tensor([float(flag)], device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return bool(tensor.item())
-
     def barrier(self) -> None:
         """Wait until every process arrives here (nothing for one process)."""
         if self.size > 1:

@@ -179,6 +179,7 @@ class Trainer:
         """Train until a limit (steps, epochs, minutes) or early stopping; returns the last validation."""
         t = self.config.train
         self.started = time.perf_counter() - self.elapsed
+        self.out_of_time = self._past_budget()  # from the restored elapsed time: the same in every process
         show_bar = self.world.is_main and sys.stderr.isatty()  # no bar in log files; validations still print
         bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
                    dynamic_ncols=True, leave=False)  # fmt: skip
@@ -235,13 +236,16 @@ class Trainer:
         elif self.config.train.log_every and self.step % self.config.train.log_every == 0:
             self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} target tokens/s")
 
+    def _past_budget(self) -> bool:
+        """Whether this process's clock has passed ``train.max_minutes``."""
+        t = self.config.train
+        return bool(t.max_minutes and time.perf_counter() - self.started >= t.max_minutes * 60)
+
     def _finished(self) -> bool:
-        t, elapsed = self.config.train, time.perf_counter() - self.started
-        out_of_time = bool(t.max_minutes and elapsed >= t.max_minutes * 60)
-        if t.max_minutes and self.world.size > 1:  # clocks differ: all processes stop when the first does
-            out_of_time = self.world.any(out_of_time, self.device)
+        """A limit is reached; ``out_of_time`` is agreed by all processes once per step (``_train_step``)."""
+        t = self.config.train
         enough_steps = bool(t.max_steps and self.step >= t.max_steps)
-        return enough_steps or bool(t.max_epochs and self.epoch >= t.max_epochs) or out_of_time
+        return enough_steps or bool(t.max_epochs and self.epoch >= t.max_epochs) or self.out_of_time
 
     def _train_step(self, batches: list[list[int]]) -> tuple[float, float, float]:
         """One optimizer update over this rank's batches; returns global (loss, nll, tokens) sums."""
@@ -259,7 +263,12 @@ class Trainer:
             # DDP averages gradients over ranks; scaling by world size makes that a sum over tokens.
             (loss * self.world.size / global_tokens).backward()
             sums += torch.stack([loss.detach(), nll])  # no .item() per batch: a GPU need not wait
-        loss_sum, nll_sum = self.world.all_sum(sums.tolist(), self.device)
+        # One collective per step: the sums, and whether any process's clock passed the budget (clocks
+        # differ; all processes must stop at the same step).
+        loss_sum, nll_sum, late = self.world.all_sum(
+            [*sums.tolist(), float(self._past_budget())], self.device
+        )
+        self.out_of_time = late > 0
         if not math.isfinite(loss_sum):
             raise AttnkitError(
                 f"loss became {loss_sum} at step {self.step + 1}; lower train.lr or add train.clip_norm"
