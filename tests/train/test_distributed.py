@@ -59,6 +59,7 @@ def test_two_gloo_processes_equal_one_process_with_twice_the_accumulation(tmp_pa
             a, b = a[keep], b[keep]
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
     assert single_out.count("step 4 epoch") == double_out.count("step 4 epoch") == 1  # only rank 0 reports
+    assert double_out.count("final validation") == 1
 
 
 DROPOUT = [*COMMON[:-3], "model.dropout=0.1", "train.eval_every=3", "train.label_smoothing=0.1"]
