@@ -6,7 +6,10 @@ run's YAML and in a checkpoint's ``config.json``); :func:`build_model` builds an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_one_of
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
@@ -44,6 +47,18 @@ def build_model(
     return ARCHITECTURES[config.arch][1](config, vocab_size)
 
 
+def load_weights(model: nn.Module, weights: Mapping[str, Tensor]) -> tuple[list[str], list[str]]:
+    """Load ``weights`` (attnkit's parameter names) into ``model``; return the names that were missing
+    and those that were extra. A tied parameter, which shares its tensor with one that was given (the
+    paper's shared embeddings, an output tied to its embedding), is not missing: safetensors'
+    ``save_model`` and the HF layouts store a tied tensor under one name only."""
+    expected = model.state_dict()
+    given = {expected[name].data_ptr() for name in weights if name in expected}
+    result = model.load_state_dict(dict(weights), strict=False)
+    missing = [name for name in result.missing_keys if expected[name].data_ptr() not in given]
+    return missing, list(result.unexpected_keys)
+
+
 __all__ = [
     "ARCHITECTURES",
     "PRESETS",
@@ -58,4 +73,5 @@ __all__ = [
     "build_transformer",
     "config_class",
     "from_preset",
+    "load_weights",
 ]

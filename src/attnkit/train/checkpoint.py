@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file, save_model
 
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
-from attnkit.models import build_model
+from attnkit.models import build_model, load_weights
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -327,7 +327,7 @@ def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
                 f"{path}: '{name}' has shape {tuple(tensor.shape)} but config.json and tokenizer.json "
                 f"describe {tuple(expected[name].shape)} (are the files from different checkpoints?)"
             )
-    missing, unexpected = load_model(model, str(path), strict=False)
+    missing, unexpected = load_weights(model, weights)  # the weights already read, not the file again
     if missing or unexpected:
         raise AttnkitError(
             f"{path}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})"

@@ -119,7 +119,7 @@ def from_hf_bert(state_dict: Mapping[str, Tensor], hf_config: Any, head: str | N
         }
     except KeyError as missing:
         raise ConversionError(f"BERT state dict has no {missing} (is it a {HF_CLASS[head]}'s?)") from None
-    load_mapped(model, ours, {"head.proj.weight"} if head == "mlm" else set(), "BERT")
+    load_mapped(model, ours, "BERT")
     return model
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnkit.errors import ConversionError
+from attnkit.models import load_weights
 
 _MISSING = object()
 
@@ -25,11 +26,9 @@ def hf_field(hf_config: Any, name: str, default: Any = _MISSING) -> Any:
     return value
 
 
-def load_mapped(model: nn.Module, weights: Mapping[str, Tensor], tied: set[str], family: str) -> None:
-    """Load ``weights`` (our names) into ``model``: every parameter but the ``tied`` ones (which share
-    a tensor with a loaded one) must be given, and nothing else."""
-    result = model.load_state_dict(dict(weights), strict=False)  # strict would refuse the tied names
-    if set(result.missing_keys) - tied or result.unexpected_keys:
-        raise ConversionError(
-            f"{family} mapping incomplete: missing {result.missing_keys}, extra {result.unexpected_keys}"
-        )
+def load_mapped(model: nn.Module, weights: Mapping[str, Tensor], family: str) -> None:
+    """Load ``weights`` (our names, mapped from ``family``'s) into ``model``: every parameter must be
+    given (tied ones count as given with the tensor they share) and nothing else."""
+    missing, unexpected = load_weights(model, weights)
+    if missing or unexpected:
+        raise ConversionError(f"{family} mapping incomplete: missing {missing}, extra {unexpected}")

@@ -109,7 +109,7 @@ def from_hf_gpt2(state_dict: Mapping[str, Tensor], hf_config: Any) -> DecoderMod
             ours["generator.proj.weight"] = theirs["lm_head.weight"]
     except KeyError as missing:
         raise ConversionError(f"GPT-2 state dict has no {missing} (is it a GPT2LMHeadModel's?)") from None
-    load_mapped(model, ours, {"generator.proj.weight"}, "GPT-2")
+    load_mapped(model, ours, "GPT-2")
     return model
 
 

@@ -141,7 +141,7 @@ def from_hf_marian(state_dict: Mapping[str, Tensor], hf_config: Any) -> EncoderD
             ours[mine] = torch.cat([state_dict[name] for name in theirs])
     except KeyError as missing:
         raise ConversionError(f"Marian state dict has no {missing} (is it a MarianMTModel's?)") from None
-    load_mapped(model, ours, {"tgt_embed.lut.weight", "generator.proj.weight"}, "Marian")
+    load_mapped(model, ours, "Marian")
     return model
 
 
