@@ -9,6 +9,7 @@ a run is reproducible and a resumed run sees exactly the batches it would have s
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,13 @@ def token_batches(
     if shuffle:
         rng.shuffle(batches)
     return batches
+
+
+def length_batches(indices: Iterable[int], lengths: Sequence[int], size: int) -> list[list[int]]:
+    """``indices`` in batches of at most ``size``, ordered by ``lengths[i]`` so that similar lengths
+    share a batch (less padding when decoding)."""
+    order = sorted(indices, key=lengths.__getitem__)
+    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
 @dataclass

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from attnkit.config import DecodeConfig
-from attnkit.data.batching import pad
+from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import extend, sampler
+from attnkit.decode.search import evaluating, extend, sampler
 from attnkit.errors import AttnkitError
 from attnkit.models.decoder_only import DecoderModel
 
@@ -48,17 +48,13 @@ def generate(
                 "(prompt and continuation together): shorten the prompt"
             )
     outputs = [""] * len(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(order), decode.batch_size):
-            rows = order[start : start + decode.batch_size]
-            for i, text in zip(rows, _generate_batch(model, tokenizer, [encoded[i] for i in rows], rows,
-                                                     decode, device, on_text), strict=True):  # fmt: skip
+    with evaluating(model):
+        for rows in length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size):
+            texts = _generate_batch(
+                model, tokenizer, [encoded[i] for i in rows], rows, decode, device, on_text
+            )
+            for i, text in zip(rows, texts, strict=True):
                 outputs[i] = text
-    finally:
-        model.train(was_training)
     return outputs
 
 

@@ -20,7 +20,8 @@ tokens including ``</s>``; ``alpha = 0`` ranks by plain log-probability. A row i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +40,17 @@ class Decoding(Protocol):
     def next_logits(self, tokens: Tensor) -> Tensor: ...
 
     def reorder(self, index: Tensor) -> None: ...
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` in eval mode (no dropout) inside the block, back in its former mode after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 @dataclass

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 
 from attnkit.config import DecodeConfig
-from attnkit.data.batching import pad
+from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import beam_search, greedy
+from attnkit.decode.search import beam_search, evaluating, greedy
 from attnkit.models.seq2seq import EncoderDecoder
 
 
@@ -38,15 +38,11 @@ def translate(
              f"(line {too_long[0] + 1}: {len(encoded[too_long[0]])} tokens); they are cut to "
              f"{longest - 1} tokens, and outputs stop at {longest} tokens")  # fmt: skip
     encoded = [[*ids[: longest - 1], specials.eos] for ids in encoded]
-    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
     outputs = [""] * len(texts)
     bounds = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "max_output_len": longest}
-    was_training = model.training
-    model.eval()
-    try:
-        todo = [i for i in order if texts[i].strip()]
-        for start in range(0, len(todo), decode.batch_size):
-            chunk = todo[start : start + decode.batch_size]
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    with evaluating(model):
+        for chunk in length_batches(todo, [len(ids) for ids in encoded], decode.batch_size):
             src = pad([encoded[i] for i in chunk], specials.pad).to(device)
             if beam == 1:
                 ids = greedy(model, src, specials, **bounds)
@@ -55,6 +51,4 @@ def translate(
                 ids = [h[0].tokens for h in hyps]
             for i, hyp in zip(chunk, ids, strict=True):
                 outputs[i] = tokenizer.decode(hyp)
-    finally:
-        model.train(was_training)
     return outputs
