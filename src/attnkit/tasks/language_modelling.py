@@ -27,7 +27,7 @@ from attnkit.config import DataConfig, RunConfig
 from attnkit.data.readers import read_text
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import DataError
-from attnkit.metrics import perplexity
+from attnkit.tasks.validation import validation_loss
 from attnkit.train.losses import label_smoothed_loss
 
 
@@ -108,14 +108,8 @@ class LanguageModellingTask:
         tail = len(whole) * self.block
         if tail < span:  # the rest, shorter than a block, in a batch of its own
             batches.append(([tail], span - tail))
-        sums, tokens = torch.zeros(2, device=device), 0  # (loss, nll) summed on the device, read once
-        for starts, length in batches:
-            batch = _blocks(self.valid_ids, starts, length).to(device)
-            with autocast():
-                sums += torch.stack(self.loss(model, batch))
-            tokens += batch.n_tokens
-        loss_sum, nll_sum = sums.tolist()
-        return {"valid_loss": loss_sum / tokens, "valid_ppl": perplexity(nll_sum / tokens)}
+        blocks = (_blocks(self.valid_ids, starts, length) for starts, length in batches)
+        return validation_loss(self.loss, model, blocks, device, autocast)
 
 
 def _blocks(ids: Tensor, starts: list[int], length: int) -> Blocks:

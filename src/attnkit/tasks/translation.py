@@ -22,7 +22,8 @@ from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
-from attnkit.metrics import bleu, exact_match, perplexity
+from attnkit.metrics import bleu, exact_match
+from attnkit.tasks.validation import validation_loss
 from attnkit.train.losses import label_smoothed_loss
 
 
@@ -111,22 +112,18 @@ class TranslationTask:
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""
         valid, (src, tgt) = self.data.valid, self.valid_ids
-        sums, tokens = torch.zeros(2, device=device), 0  # (loss, nll) summed on the device, read once
         lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
-        for b in token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False):
-            batch = make_batch([src[i] for i in b], [tgt[i] for i in b], self.tokenizer.specials).to(device)
-            with autocast():
-                sums += torch.stack(self.loss(model, batch))
-            tokens += batch.n_tokens
-        loss_sum, nll_sum = sums.tolist()
+        groups = token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False)
+        specials = self.tokenizer.specials
+        batches = (make_batch([src[i] for i in b], [tgt[i] for i in b], specials) for b in groups)
+        scores = validation_loss(self.loss, model, batches, device, autocast)
         # BLEU and accuracy need decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
         n = self.config.train.valid_bleu_sentences or len(valid)
         hypotheses = translate(
             model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1, device=device
         )
         return {
-            "valid_loss": loss_sum / tokens,
-            "valid_ppl": perplexity(nll_sum / tokens),
+            **scores,
             "valid_bleu": bleu(hypotheses, valid.tgt[:n]).score,
             "valid_accuracy": exact_match(hypotheses, valid.tgt[:n]),
         }
