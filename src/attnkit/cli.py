@@ -23,6 +23,7 @@ from attnkit.models import PRESETS, build_model, from_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+OutputFile = Annotated[Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")]
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -108,6 +109,12 @@ def _write_output(output: Path | None, text: str) -> None:
         sys.stdout.write(text)
     else:
         write_text_atomic(output, text)
+
+
+def _stream(text: str) -> None:
+    """Show ``text`` on stdout now, not when the buffer fills."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _note(message: str) -> None:
@@ -231,9 +238,7 @@ def translate(
         int | None, typer.Option(help="Beam size; 1 = greedy. Default: the run's decode.beam_size.")
     ] = None,
     input: Annotated[Path | None, typer.Option("-i", "--input", help="Source file (default: stdin).")] = None,
-    output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")
-    ] = None,
+    output: OutputFile = None,
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line)."""
     from attnkit.decode.translate import translate as translate_texts
@@ -263,9 +268,7 @@ def generate(
         Path | None,
         typer.Option("-i", "--input", help="Prompts, one per line; writes JSON Lines {prompt, text}."),
     ] = None,
-    output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")
-    ] = None,
+    output: OutputFile = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="At most this many new tokens.")] = None,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy; higher = more varied.")] = None,
     top_k: Annotated[
@@ -296,16 +299,18 @@ def generate(
     try:
         decode = dataclasses.replace(config.decode, **{k: v for k, v in given.items() if v is not None})
     except AttnkitError as error:  # a value out of range: name the option, not the config field
-        raise AttnkitError(str(error).replace("decode.", "--").replace("_", "-")) from None
-    if input is None:  # one prompt: stream its continuation
+        message = str(error)
+        for name in given:
+            message = message.replace(f"decode.{name}", "--" + name.replace("_", "-"))
+        raise AttnkitError(message) from None
+    if input is None:  # one prompt: stream its continuation to stdout, or write it to the output file
         text = "\n" if prompt is None else prompt
-        sink = sys.stdout if output is None else None
-        if sink is not None:
-            sink.write(text)
-            sink.flush()
-        on_text = (lambda _, piece: (sink.write(piece), sink.flush())) if sink is not None else None
+        streaming = output is None
+        if streaming:
+            _stream(text)
+        on_text = (lambda _, piece: _stream(piece)) if streaming else None
         (continuation,) = generate_texts(model, tokenizer, [text], decode, device=device, on_text=on_text)
-        _write_output(output, "\n" if output is None else text + continuation + "\n")
+        _write_output(output, "\n" if streaming else text + continuation + "\n")
         return
     prompts = _read_input(input)
     texts = generate_texts(model, tokenizer, prompts, decode, device=device)
