@@ -12,7 +12,10 @@ from attnkit.errors import ConfigError
 
 BAD_VALUES = [
     # (override, what the message must contain)
-    ("train.eval_metric=blue", r"train\.eval_metric must be one of 'bleu', 'accuracy', 'loss'; got 'blue'"),
+    (
+        "train.eval_metric=blue",
+        r"train\.eval_metric must be one of 'bleu', 'accuracy', 'f1', 'loss'; got 'blue'",
+    ),
     ("train.precision=fp16", r"train\.precision 'fp16' needs loss scaling.*use 'bf16'"),
     ("train.precision=half", r"train\.precision must be one of 'auto', 'fp32', 'bf16'; got 'half'"),
     ("train.update_freq=0", r"train\.update_freq must be >= 1; got 0"),
@@ -21,7 +24,7 @@ BAD_VALUES = [
     ("train.keep_last=0", r"train\.keep_last must be >= 1; got 0"),
     ("train.schedule=linear", r"train\.schedule must be one of 'noam', 'inverse_sqrt', 'cosine', 'constant'"),
     ("train.weight_decay=-0.1", r"train\.weight_decay must be >= 0; got -0\.1"),
-    ("data.task=text", r"data\.task='text' and model\.arch='encoder-decoder' do not go together"),
+    ("data.task=text", r"data\.task='text' trains a model\.arch='decoder' model, not 'encoder-decoder'"),
     ("data.valid_fraction=1.0", r"data\.valid_fraction must be in \(0, 1\); got 1\.0"),
     ("decode.top_p=0", r"decode\.top_p must be in \(0, 1\]; got 0"),
     ("decode.temperature=-1", r"decode\.temperature must be >= 0; got -1"),
@@ -40,7 +43,8 @@ BAD_VALUES = [
     ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
     (
         "data.task=translate",
-        r"data\.task must be one of 'parallel', 'dates', 'copy', 'text'; got 'translate'",
+        r"data\.task must be one of 'parallel', 'dates', 'copy', 'text', 'classify', 'mlm', 'qa'; "
+        r"got 'translate'",
     ),
     (
         "data.tokenizer=sentencepiece",

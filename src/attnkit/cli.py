@@ -322,21 +322,41 @@ def generate(
 @one_line_errors
 def evaluate(
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory.")],
-    src: Annotated[Path, typer.Option(help="Source sentences, one per line (.gz allowed).")],
-    ref: Annotated[Path, typer.Option(help="Reference translations, aligned with --src.")],
-    beam: Annotated[int | None, typer.Option(help="Beam size; 1 = greedy.")] = None,
+    src: Annotated[
+        Path | None, typer.Option(help="Translation: source sentences, one per line (.gz allowed).")
+    ] = None,
+    ref: Annotated[Path | None, typer.Option(help="Translation: references, aligned with --src.")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Classifier: a TSV file of sentence<TAB>label lines.")
+    ] = None,
+    beam: Annotated[int | None, typer.Option(help="Translation: beam size; 1 = greedy.")] = None,
 ) -> None:
-    """Translate --src and print sacreBLEU BLEU and chrF against --ref, with their signatures.
+    """Score a model: a translation model's sacreBLEU BLEU and chrF on --src against --ref, or a
+    classifier's accuracy and macro-F1 on the labelled sentences of --data.
 
-    Every pair is scored: an empty source line is translated as an empty line, and the counts of
-    empty sources and references are printed."""
+    For translation every pair is scored: an empty source line is translated as an empty line, and the
+    counts of empty sources and references are printed."""
+    from attnkit.train.checkpoint import read_run_config, resolve_checkpoint
+
+    at_least("--beam", beam, 1)
+    arch = read_run_config(resolve_checkpoint(ckpt)).model.arch
+    if arch == "encoder":
+        if data is None or src is not None or ref is not None:
+            raise AttnkitError(f"{ckpt} holds an encoder model: evaluate it with --data FILE.tsv")
+        _evaluate_classifier(ckpt, data)
+    elif data is not None or src is None or ref is None:
+        raise AttnkitError(f"{ckpt} holds a {arch} model: evaluate it with --src FILE --ref FILE")
+    else:
+        _evaluate_translation(ckpt, src, ref, beam)
+
+
+def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None) -> None:
     from attnkit.data.readers import read_parallel
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import bleu, chrf
     from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
-    at_least("--beam", beam, 1)
     pairs = read_parallel(src, ref, drop_empty=False)
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder-decoder")
@@ -352,6 +372,78 @@ def evaluate(
         f"{len(pairs)} sentences in {seconds:.1f} s; {empty_src} with an empty source (scored as an "
         f"empty translation), {empty_ref} with an empty reference"
     )
+
+
+def _load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
+    """An encoder checkpoint whose head is one of ``heads`` (a one-line error names what it has)."""
+    from attnkit.train.checkpoint import load_for_inference
+
+    model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder")
+    if config.model.head not in heads:
+        what = {"mlm": "a masked-LM model: pre-training, to fine-tune with train.init_from",
+                "none": "an encoder without a head"}.get(config.model.head, config.model.head)  # fmt: skip
+        raise AttnkitError(f"{ckpt} holds {what}; this command needs a {' or '.join(heads)} head")
+    return model, tokenizer, config
+
+
+def _evaluate_classifier(ckpt: Path, data: Path) -> None:
+    from attnkit.data.readers import read_labelled
+    from attnkit.tasks.classification import accuracy_and_f1, classify, label_ids
+    from attnkit.train.distributed import resolve_device
+
+    labelled = read_labelled(data)
+    device = resolve_device()
+    model, tokenizer, config = _load_encoder(ckpt, ("classify",), device)
+    gold = label_ids(labelled, config.data.labels, data)
+    began = time.perf_counter()
+    predicted = classify(model, tokenizer, labelled.sentences, config.decode.batch_size, device).argmax(-1)
+    seconds = time.perf_counter() - began
+    accuracy, f1 = accuracy_and_f1(predicted.tolist(), gold, len(config.data.labels))
+    correct = sum(p == g for p, g in zip(predicted.tolist(), gold, strict=True))
+    typer.echo(f"accuracy {accuracy:.4f} ({correct}/{len(gold)}), macro-F1 {f1:.4f}")
+    typer.echo(f"{len(gold)} sentences of {data} in {seconds:.1f} s")
+
+
+@app.command()
+@one_line_errors
+def predict(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of an encoder model.")],
+    text: Annotated[str | None, typer.Option(help="One input (default: lines of -i or stdin).")] = None,
+    input: Annotated[
+        Path | None, typer.Option("-i", "--input", help="One input per line (default: stdin).")
+    ] = None,
+    output: OutputFile = None,
+) -> None:
+    """Run an encoder model on each input line. A classifier prints ``label<TAB>probability``; a
+    question-answering model reads ``question<TAB>passage`` and prints the answer span."""
+    from attnkit.tasks.classification import classify
+    from attnkit.tasks.span_qa import answer
+    from attnkit.train.distributed import resolve_device
+
+    if text is not None and input is not None:
+        raise AttnkitError("give --text TEXT or -i FILE, not both")
+    if output is not None:
+        writable_file(output)
+    device = resolve_device()
+    model, tokenizer, config = _load_encoder(ckpt, ("classify", "span"), device)
+    lines = [text] if text is not None else _read_input(input)
+    size = config.decode.batch_size
+    if config.model.head == "classify":
+        probabilities = classify(model, tokenizer, lines, size, device)
+        best, label = probabilities.max(-1)
+        rows = [
+            f"{config.data.labels[i]}\t{p:.4f}" for p, i in zip(best.tolist(), label.tolist(), strict=True)
+        ]
+    else:
+        where = "--text" if text is not None else (input or "stdin")
+        pairs = [line.split("\t", 1) for line in lines]
+        for number, pair in enumerate(pairs, start=1):
+            if len(pair) != 2:
+                raise AttnkitError(
+                    f"{where}:{number}: no tab; a question-answering input is question<TAB>passage"
+                )
+        rows = answer(model, tokenizer, [q for q, _ in pairs], [p for _, p in pairs], size, device)
+    _write_output(output, "".join(row + "\n" for row in rows))
 
 
 @app.command()

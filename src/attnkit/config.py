@@ -24,22 +24,34 @@ from attnkit.models import PRESETS, config_class
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.train.schedules import SCHEDULES
 
-EVAL_METRICS = ("bleu", "accuracy", "loss")
 PRECISIONS = ("auto", "fp32", "bf16")
 
-
-TEXT_TASK = "text"  # language modelling on raw text; the others are translation data
+TEXT_TASK = "text"  # language modelling on raw text
+TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
+# data.task -> (the architecture that does it, its head for encoders, the train.eval_metric choices:
+# the first is the default)
+TASKS_OF = {
+    **{task: ("encoder-decoder", None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
+    TEXT_TASK: ("decoder", None, ("loss",)),
+    "classify": ("encoder", "classify", ("accuracy", "f1", "loss")),
+    "mlm": ("encoder", "mlm", ("loss", "accuracy")),
+    "qa": ("encoder", "span", ("f1", "accuracy", "loss")),
+}
+EVAL_METRICS = ("bleu", "accuracy", "f1", "loss")
+FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1}  # files per split; generated: none
 
 
 @dataclass
 class DataConfig:
-    # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text"
+    # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text";
+    # encoder models: "classify" (TSV files), "mlm" (sentences), "qa" (generated)
     task: str = "parallel"
     dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
-    train: list[str] = field(default_factory=list)  # [source file, target file]; text: [file]
-    valid: list[str] = field(default_factory=list)  # the same; text: [file], or none to hold some out
+    train: list[str] = field(default_factory=list)  # [source file, target file]; text, classify, mlm: [file]
+    valid: list[str] = field(default_factory=list)  # the same; text, mlm: [file], or none to hold some out
     test: list[str] = field(default_factory=list)
-    valid_fraction: float = 0.1  # text without a valid file: the end of the training text held out
+    valid_fraction: float = 0.1  # text, mlm without a valid file: the end of the training data held out
+    labels: list[str] = field(default_factory=list)  # classify: the labels in order; [] = the training file's
     tokenizer: str = "bpe"  # "bpe" (joint, byte-level), "char" or "word"
     vocab_size: int = 8000  # bpe and word; char keeps every character seen
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
@@ -47,7 +59,7 @@ class DataConfig:
     n_valid: int = 500  # synthetic tasks: generated held-out pairs
 
     def __post_init__(self) -> None:
-        require_one_of("data.task", self.task, ("parallel", *TASKS, TEXT_TASK))
+        require_one_of("data.task", self.task, tuple(TASKS_OF))
         require_one_of("data.tokenizer", self.tokenizer, KINDS)
         smallest = MIN_BPE_VOCAB if self.tokenizer == "bpe" else len(SPECIALS) + 1
         if self.vocab_size < smallest:
@@ -64,22 +76,23 @@ class DataConfig:
         for split in ("train", "valid", "test"):
             files = getattr(self, split)
             if files and (
-                len(files) != self._files_per_split or not all(isinstance(f, str) and f for f in files)
+                len(files) != FILES_OF.get(self.task) or not all(isinstance(f, str) and f for f in files)
             ):
                 raise ConfigError(f"data.{split} must list {self._files_wanted}; got {files!r}")
-
-    @property
-    def _files_per_split(self) -> int:
-        return 1 if self.task == TEXT_TASK else 2
+        if not all(isinstance(label, str) and label for label in self.labels):
+            raise ConfigError(f"data.labels must be a list of non-empty strings; got {self.labels!r}")
 
     @property
     def _files_wanted(self) -> str:
-        return "one text file [file]" if self.task == TEXT_TASK else "two files [source, target]"
+        if self.task not in FILES_OF:
+            return f"no files (data.task={self.task!r} is generated)"
+        return "two files [source, target]" if FILES_OF[self.task] == 2 else "one file [file]"
 
     def check_files_given(self) -> None:
-        """Training on files needs ``train`` and (for translation) ``valid``; checked before any file
-        is read."""
-        needed = {"parallel": ("train", "valid"), TEXT_TASK: ("train",)}.get(self.task, ())
+        """Training on files needs ``train`` and (for translation, classification) ``valid``; checked
+        before any file is read."""
+        needed = {"parallel": ("train", "valid"), TEXT_TASK: ("train",), "classify": ("train", "valid"),
+                  "mlm": ("train",)}.get(self.task, ())  # fmt: skip
         for split in needed:
             if not getattr(self, split):
                 raise ConfigError(f"data.{split} is not set: it must list {self._files_wanted}")
@@ -102,12 +115,13 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0  # AdamW's decoupled decay of weight matrices and embeddings (0 = Adam)
     label_smoothing: float = 0.1  # the paper's ε_ls
+    init_from: str = ""  # start from these weights: an attnkit checkpoint or run, or an HF model folder
     clip_norm: float = 0.0  # 0 = no clipping
     max_steps: int = 0  # 0 = no limit (stop on max_epochs or max_minutes)
     max_epochs: int = 0
     max_minutes: float = 0.0
     eval_every: int = 500  # steps between validations (and checkpoints)
-    eval_metric: str = "bleu"  # what picks the best checkpoint: "bleu", "accuracy" or "loss"
+    eval_metric: str = "bleu"  # what picks the best checkpoint: "bleu", "accuracy", "f1" or "loss"
     valid_bleu_sentences: int = 0  # validation decodes (for BLEU, accuracy) only the first N; 0 = all
     patience: int = 0  # validations without improvement before stopping early; 0 = never
     keep_last: int = 5  # checkpoints kept besides the best (for averaging)
@@ -184,20 +198,21 @@ class RunConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        if self.model.arch == "encoder":
+        arch, head, metrics = TASKS_OF[self.data.task]
+        if self.model.arch != arch:
+            fitting = ", ".join(sorted(task for task, (a, _, _) in TASKS_OF.items() if a == self.model.arch))
             raise ConfigError(
-                "model.arch='encoder': encoder models are built and imported "
-                "(attnkit.models.convert.from_hf) but not yet trained by attnkit train"
+                f"data.task={self.data.task!r} trains a model.arch={arch!r} model, not {self.model.arch!r} "
+                f"(model.arch={self.model.arch!r} does data.task {fitting})"
             )
-        language_modelling = self.data.task == TEXT_TASK
-        if language_modelling != (self.model.arch == "decoder"):
+        if head is not None and self.model.head != head:
             raise ConfigError(
-                f"data.task={self.data.task!r} and model.arch={self.model.arch!r} do not go together: "
-                "language modelling (data.task: text) trains a decoder, translation an encoder-decoder"
+                f"data.task={self.data.task!r} needs model.head={head!r}; got {self.model.head!r}"
             )
-        if language_modelling and self.train.eval_metric != "loss":
+        if self.train.eval_metric not in metrics:
             raise ConfigError(
-                f"train.eval_metric={self.train.eval_metric!r}: language modelling is judged by 'loss'"
+                f"train.eval_metric={self.train.eval_metric!r}: data.task={self.data.task!r} is judged by "
+                f"one of {list(metrics)}"
             )
         if (
             self.model.arch == "encoder-decoder"
@@ -235,9 +250,14 @@ class RunConfig:
         checked = _checked(model_class, model_values, "model")
         model = model_class.from_preset(preset, **checked) if preset is not None else model_class(**checked)
         data, train = dict(_mapping(values.get("data"), "data")), dict(_mapping(values.get("train"), "train"))
-        if model.arch == "decoder":  # a decoder's defaults: language modelling, judged by its loss
+        if model.arch == "decoder":  # a decoder's default task: language modelling
             data.setdefault("task", TEXT_TASK)
-            train.setdefault("eval_metric", "loss")
+        task = data.get("task", DataConfig.task)
+        if task in TASKS_OF:  # the task's own default metric (an unknown task is reported by DataConfig)
+            train.setdefault("eval_metric", TASKS_OF[task][2][0])
+            head = TASKS_OF[task][1]
+            if head is not None and "head" not in model_values and model.arch == "encoder":
+                model.head = head  # an encoder's head follows from its task unless set
         return cls(
             model=model,
             data=DataConfig(**_checked(DataConfig, data, "data")),

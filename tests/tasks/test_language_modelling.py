@@ -105,11 +105,12 @@ def test_a_decoder_recipe_defaults_to_language_modelling_judged_by_loss():
     config = load_run_config(None, ["model.preset=shakespeare-char"])
     assert (config.model.arch, config.data.task, config.train.eval_metric) == ("decoder", "text", "loss")
     with pytest.raises(
-        ConfigError, match=r"train\.eval_metric='bleu': language modelling is judged by 'loss'"
+        ConfigError, match=r"train\.eval_metric='bleu': data\.task='text' is judged by one of \['loss'\]"
     ):
         load_run_config(None, ["model.arch=decoder", "train.eval_metric=bleu"])
     with pytest.raises(
-        ConfigError, match=r"data\.task='parallel' and model\.arch='decoder' do not go together"
+        ConfigError,
+        match=r"data\.task='parallel' trains a model\.arch='encoder-decoder' model, not 'decoder'",
     ):
         load_run_config(None, ["model.arch=decoder", "data.task=parallel"])
 

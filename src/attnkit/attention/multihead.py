@@ -5,6 +5,11 @@
 The h projections of each kind are one ``d_model x d_model`` matrix, and the three kinds are stacked
 into one ``in_proj`` of ``3·d_model`` rows (the layout of ``torch.nn.MultiheadAttention``): self-attention
 projects Q, K and V with a single matrix multiply, cross-attention projects K and V together.
+
+``normaliser`` turns scores into weights (softmax, the paper's, or relu / gelu / sigmoid: see
+normalisers.py); ``window`` > 0 makes self-attention local, each query seeing only the keys within
+``window`` positions of it (Luong et al.'s local attention with p_t = t, the sliding window of
+Longformer and Mistral when combined with a causal mask). Cross-attention always sees the whole memory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention.functional import attend
+from attnkit.attention.masks import local_window_mask
 
 
 @dataclass
@@ -64,6 +70,7 @@ class MultiHeadAttention(nn.Module):
         *,
         score: str = "scaled_dot",
         normaliser: str = "softmax",
+        window: int = 0,
     ) -> None:
         super().__init__()
         if d_model % h != 0:
@@ -71,6 +78,9 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.h, self.d_k = d_model, h, d_model // h
         self.dropout = dropout
         self.score, self.normaliser = score, normaliser
+        if window < 0:
+            raise ValueError(f"window must be >= 0 (0 = attend to every key), got {window}")
+        self.window = window  # self-attention only: each query sees the keys within `window` positions
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         # Set record_weights to keep the last call's weights in last_weights (for plots), as the
@@ -94,6 +104,9 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(query, memory, cache)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
+        if self.window and memory is None:  # local self-attention: a band of keys around each query
+            band = local_window_mask(q.size(-2), k.size(-2), window=self.window, device=q.device)
+            mask = band if mask is None else mask & band
         out, weights = attend(
             q,
             k,

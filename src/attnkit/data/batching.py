@@ -87,3 +87,31 @@ def make_batch(src: list[list[int]], tgt: list[list[int]], specials: SpecialIds)
         tgt_out=pad([[*t, specials.eos] for t in tgt], specials.pad),
         n_tokens=sum(len(t) + 1 for t in tgt),
     )
+
+
+def encoder_input(first: list[int], specials: SpecialIds, second: list[int] | None = None):
+    """BERT's input layout (§3): ``[CLS] first [SEP]``, or ``[CLS] first [SEP] second [SEP]`` for a pair
+    (a question and its passage), and the token type (segment) of each position: 0 up to the first
+    ``[SEP]``, 1 after it. Our own vocabularies play ``[CLS]``/``[SEP]`` with ``<s>``/``</s>``."""
+    ids = [specials.bos, *first, specials.eos]
+    types = [0] * len(ids)
+    if second is not None:
+        ids += [*second, specials.eos]
+        types += [1] * (len(second) + 1)
+    return ids, types
+
+
+@dataclass
+class EncoderBatch:
+    """Padded inputs of an encoder-only model and the task's targets (labels, masked tokens, spans)."""
+
+    ids: Tensor  # (B, T)
+    token_types: Tensor  # (B, T)
+    targets: tuple[Tensor, ...]
+    n_tokens: int  # the number of predictions the loss sums over (tokens, sentences or answers)
+
+    def to(self, device: torch.device | str) -> EncoderBatch:
+        return EncoderBatch(
+            self.ids.to(device), self.token_types.to(device), tuple(t.to(device) for t in self.targets),
+            self.n_tokens,
+        )  # fmt: skip

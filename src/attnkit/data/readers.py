@@ -80,3 +80,39 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path, drop_empty: bool =
     pairs = enumerate(zip(src, tgt, strict=True))
     keep = [i for i, (s, t) in pairs if not drop_empty or (s.strip() and t.strip())]
     return ParallelText([src[i].strip() for i in keep], [tgt[i].strip() for i in keep], len(src) - len(keep))
+
+
+@dataclass
+class LabelledText:
+    """Sentences with a label each (classification data), and the file line each came from."""
+
+    sentences: list[str]
+    labels: list[str]
+    lines: list[int]  # 1-based line numbers in the file, for errors that point at a line
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+
+def read_labelled(path: str | Path) -> LabelledText:
+    """A TSV file of ``sentence<TAB>label`` lines (GLUE's SST-2 format), with an optional header line
+    whose label field is ``label``. The label is the text after the last tab, so a sentence may hold
+    tabs; a line without a tab, or with an empty sentence or label, is an error naming the line."""
+    sentences, labels, numbers = [], [], []
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue  # blank lines (e.g. at the end of a file) carry nothing
+        sentence, tab, label = line.rpartition("\t")
+        if number == 1 and label.strip().lower() == "label":
+            continue  # the header
+        if not tab:
+            raise DataError(f"{path}:{number}: no tab; a line is sentence<TAB>label")
+        sentence, label = sentence.strip(), label.strip()
+        if not sentence or not label:
+            raise DataError(f"{path}:{number}: empty {'sentence' if not sentence else 'label'}")
+        sentences.append(sentence)
+        labels.append(label)
+        numbers.append(number)
+    if not sentences:
+        raise DataError(f"{path}: no labelled lines (sentence<TAB>label)")
+    return LabelledText(sentences, labels, numbers)

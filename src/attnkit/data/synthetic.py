@@ -49,7 +49,7 @@ FORMATS = (
 )
 
 
-def _random_date(rng: random.Random) -> dt.date:
+def random_date(rng: random.Random) -> dt.date:
     start = dt.date(1900, 1, 1).toordinal()
     return dt.date.fromordinal(rng.randrange(start, dt.date(2099, 12, 31).toordinal() + 1))
 
@@ -59,7 +59,7 @@ def dates(n: int, seed: int, exclude: set[str] | None = None) -> ParallelText:
     rng, exclude, seen = random.Random(seed), exclude or set(), set()
     src, tgt = [], []
     while len(src) < n:
-        date = _random_date(rng)
+        date = random_date(rng)
         text = rng.choice(FORMATS)(date)
         if text in exclude or text in seen:
             continue

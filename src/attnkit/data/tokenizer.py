@@ -32,6 +32,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 from attnkit.errors import DataError
 
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")  # attnkit's own vocabularies start with these, in this order
+MASK = "<mask>"  # added after the learned vocabulary when a masked-LM task needs one
 ROLE_TOKENS = {  # each role's token in attnkit's, BERT's and GPT-2's vocabularies, looked for in this order
     "pad": ("<pad>", "[PAD]", "<|endoftext|>"),
     "unk": ("<unk>", "[UNK]", "<|endoftext|>"),
@@ -74,9 +75,15 @@ class Tokenizer:
 
     @classmethod
     def train(
-        cls, kind: str, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2
+        cls,
+        kind: str,
+        texts: Iterable[str],
+        vocab_size: int = 8000,
+        min_frequency: int = 2,
+        mask: bool = False,
     ) -> Tokenizer:
-        """Learn a ``kind`` tokeniser (``bpe``, ``char`` or ``word``) from ``texts``."""
+        """Learn a ``kind`` tokeniser (``bpe``, ``char`` or ``word``) from ``texts``; with ``mask``, a
+        ``<mask>`` token is added after the learned vocabulary (masked-LM pre-training needs one)."""
         if kind == "bpe":
             hf = _train_byte_level_bpe(texts, vocab_size, min_frequency)
         elif kind == "char":
@@ -90,6 +97,8 @@ class Tokenizer:
             hf.train_from_iterator(texts, trainer=trainer)
         else:
             raise DataError(f"data.tokenizer must be one of {KINDS}, got {kind!r}")
+        if mask:
+            hf.add_special_tokens([MASK])
         return cls(hf)
 
     @classmethod
@@ -117,6 +126,12 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and, for each, the ``(start, end)`` characters of ``text`` it covers (which may include
+        the space before a word): how a span of tokens is mapped back to a span of text."""
+        encoding = self.hf.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text for ``ids``, stopping at the end-of-sentence token and leaving out the other specials."""

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from attnkit.attention.normalisers import NORMALISERS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -36,6 +37,8 @@ def check_transformer_fields(config: Any, layer_fields: tuple[str, ...]) -> None
     require_one_of("model.activation", config.activation, ACTIVATIONS)
     require_one_of("model.positions", config.positions, ("sinusoidal", "learned"))
     require_one_of("model.sinusoid_layout", config.sinusoid_layout, ("interleaved", "concatenated"))
+    require_one_of("model.attention_normaliser", config.attention_normaliser, tuple(NORMALISERS))
+    require_at_least("model.attention_window", config.attention_window, 0)
 
 
 class _Presets:
@@ -91,6 +94,8 @@ class TransformerConfig(_Presets):
     tie_output: bool = True  # target embedding = pre-softmax projection (§3.4)
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     pad_id: int = 0  # set from the tokenizer's <pad> when a model is trained or loaded
+    attention_normaliser: str = "softmax"  # scores -> weights: "softmax" (paper), "relu", "gelu", "sigmoid"
+    attention_window: int = 0  # > 0: self-attention sees only keys within this many positions (local)
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (65M parameters).
@@ -131,6 +136,8 @@ class DecoderModelConfig(_Presets):
     tie_output: bool = True  # output projection = token embedding
     output_bias: bool = False
     pad_id: int = 0  # set from the tokenizer's <pad>; padded positions are never attended to
+    attention_normaliser: str = "softmax"  # scores -> weights: "softmax" (paper), "relu", "gelu", "sigmoid"
+    attention_window: int = 0  # > 0: self-attention sees only keys within this many positions (local)
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # GPT-2 small: 12 layers, 768 wide, 12 heads, 1024 positions (124M parameters with its vocabulary).
@@ -178,6 +185,8 @@ class EncoderModelConfig(_Presets):
     max_len: int = 512
     type_vocab_size: int = 2  # segments (sentence A / B); 0 = none
     pad_id: int = 0  # set from the tokenizer's [PAD]
+    attention_normaliser: str = "softmax"  # scores -> weights: "softmax" (paper), "relu", "gelu", "sigmoid"
+    attention_window: int = 0  # > 0: self-attention sees only keys within this many positions (local)
     head: str = "none"
     pooling: str = "cls"  # classify: "cls" (BERT's pooler, tanh(W h_[CLS])) or "mean" over real tokens
     num_labels: int = 2  # classify: how many classes

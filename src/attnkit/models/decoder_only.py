@@ -38,7 +38,13 @@ class DecoderModel(nn.Module):
         norm = {"dropout": c.dropout, "norm_first": c.norm_first, "eps": c.layer_norm_eps}
 
         def layer() -> EncoderLayer:  # causal self-attention and FFN: see the module docstring
-            attention = MultiHeadAttention(c.d_model, c.h, c.attention_dropout)
+            attention = MultiHeadAttention(
+                c.d_model,
+                c.h,
+                c.attention_dropout,
+                normaliser=c.attention_normaliser,
+                window=c.attention_window,
+            )
             feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
             return EncoderLayer(c.d_model, attention, feed_forward, **norm)
 

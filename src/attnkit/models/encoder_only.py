@@ -97,7 +97,13 @@ class EncoderModel(nn.Module):
         self.embed = EncoderEmbeddings(c, vocab_size)
 
         def layer() -> EncoderLayer:
-            attention = MultiHeadAttention(c.d_model, c.h, c.attention_dropout)
+            attention = MultiHeadAttention(
+                c.d_model,
+                c.h,
+                c.attention_dropout,
+                normaliser=c.attention_normaliser,
+                window=c.attention_window,
+            )
             feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
             return EncoderLayer(c.d_model, attention, feed_forward, c.dropout, c.norm_first, c.layer_norm_eps)
 
@@ -123,8 +129,23 @@ class EncoderModel(nn.Module):
         mask = padding_mask(ids, self.config.pad_id) if valid is None else valid.unsqueeze(-2)  # (B, 1, T)
         return self.encoder(self.embed(ids, token_types), mask)
 
-    def forward(self, ids: Tensor, token_types: Tensor | None = None, valid: Tensor | None = None):
-        """The head's output for ``ids (B, T)`` (the hidden states when there is no head)."""
+    def forward(
+        self,
+        ids: Tensor,
+        token_types: Tensor | None = None,
+        valid: Tensor | None = None,
+        select: Tensor | None = None,
+    ):
+        """The head's output for ``ids (B, T)`` (the hidden states when there is no head). ``select
+        (B, T)``, for the masked-LM head, asks for the logits of the selected positions only, ``(n, V)``:
+        masked-LM training predicts ~15% of the tokens, and the vocabulary projection of the others
+        would be most of the work."""
         valid = ids != self.config.pad_id if valid is None else valid
         hidden = self.encode(ids, token_types, valid)
-        return hidden if self.head is None else self.head(hidden, valid)
+        if self.head is None:
+            return hidden
+        if select is not None:
+            if not isinstance(self.head, MaskedLMHead):
+                raise ValueError("select= is for the masked-LM head")
+            return self.head(hidden[select], valid[select])  # (n, d_model) -> (n, V)
+        return self.head(hidden, valid)

@@ -48,7 +48,13 @@ class EncoderDecoder(nn.Module):
         self.config, self.src_vocab, self.tgt_vocab = c, src_vocab, tgt_vocab
 
         def attention() -> MultiHeadAttention:
-            return MultiHeadAttention(c.d_model, c.h, c.attention_dropout)
+            return MultiHeadAttention(
+                c.d_model,
+                c.h,
+                c.attention_dropout,
+                normaliser=c.attention_normaliser,
+                window=c.attention_window,
+            )
 
         def feed_forward() -> PositionwiseFeedForward:
             return PositionwiseFeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)

@@ -1,32 +1,44 @@
 """Tasks: how a batch is made from data, the loss, the validation metrics. One module per task; the
 trainer calls the task's methods and never branches on which task it is.
 
-| ``data.task`` | task | model (``model.arch``) |
+| ``data.task`` | task | model (``model.arch``, ``model.head``) |
 |---|---|---|
 | ``parallel``, ``dates``, ``copy`` | translation (``translation.py``) | ``encoder-decoder`` |
 | ``text`` | language modelling (``language_modelling.py``) | ``decoder`` |
+| ``classify`` | sequence classification (``classification.py``) | ``encoder``, ``classify`` |
+| ``mlm`` | masked-LM pre-training (``masked_lm.py``) | ``encoder``, ``mlm`` |
+| ``qa`` | extractive question answering (``span_qa.py``) | ``encoder``, ``span`` |
 
 A task offers ``tokenizer``, ``metrics`` (``train.eval_metric`` name -> validation score; ``loss`` is
 better lower, the others higher), ``epoch_batches(epoch)`` (cheap descriptions of the epoch's batches,
 the same for the same seed and epoch, so a run resumes mid-epoch), ``make_batch(description)``,
-``loss(model, batch)`` (summed loss and NLL, and the batch's ``n_tokens``) and
-``validate(model, device, autocast)``.
+``loss(model, batch)`` (summed loss and NLL, and the batch's ``n_tokens``: how many predictions the
+sums are over) and ``validate(model, device, autocast)``. A task may fill in what only its data can say
+(a classifier's labels) in the run config it is given, which is then saved with the checkpoints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnkit.config import RunConfig
+from attnkit.config import TRANSLATION_TASKS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.tasks.classification import ClassificationTask
 from attnkit.tasks.language_modelling import LanguageModellingTask
+from attnkit.tasks.masked_lm import MaskedLMTask
+from attnkit.tasks.span_qa import SpanQATask
 from attnkit.tasks.translation import TranslationTask
 
-Task = TranslationTask | LanguageModellingTask
+Task = TranslationTask | LanguageModellingTask | ClassificationTask | MaskedLMTask | SpanQATask
+TASK_CLASSES: dict[str, type] = {
+    **dict.fromkeys(TRANSLATION_TASKS, TranslationTask),
+    "text": LanguageModellingTask,
+    "classify": ClassificationTask,
+    "mlm": MaskedLMTask,
+    "qa": SpanQATask,
+}
 
 
 def make_task(config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> Task:
     """The task that ``data.task`` names, with its data read (and a tokenizer learned if none is given)."""
-    if config.data.task == "text":
-        return LanguageModellingTask(config, tokenizer, echo)
-    return TranslationTask(config, tokenizer, echo)
+    return TASK_CLASSES[config.data.task](config, tokenizer, echo)

@@ -59,6 +59,7 @@ def read_texts(config: DataConfig) -> tuple[str, str]:
 class LanguageModellingTask:
     """The trainer's view of language modelling: batches, loss and validation (see the module docstring)."""
 
+    unit: ClassVar[str] = "tokens"  # what the loss is summed over (the speed shown is tokens/s)
     metrics: ClassVar[dict[str, str]] = {"loss": "valid_loss"}
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:

@@ -78,6 +78,7 @@ def prepare_data(
 class TranslationTask:
     """The trainer's view of translation: batches, loss and validation (see the module docstring)."""
 
+    unit: ClassVar[str] = "target tokens"  # what the loss is summed over (the speed shown is target tokens/s)
     metrics: ClassVar[dict[str, str]] = {
         "bleu": "valid_bleu",
         "accuracy": "valid_accuracy",

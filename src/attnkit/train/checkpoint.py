@@ -362,7 +362,7 @@ def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer) -> EncoderDecod
 
 
 COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "decoder": "attnkit generate",
-            "encoder": "the Python API (attnkit.models.EncoderModel)"}  # fmt: skip
+            "encoder": "attnkit predict / evaluate --data"}  # fmt: skip
 
 
 def load_for_inference(

@@ -36,6 +36,7 @@ from attnkit.metrics import perplexity
 from attnkit.tasks import make_task
 from attnkit.train import checkpoint as ckpt
 from attnkit.train.distributed import close_world, init_world, resolve_device, shard
+from attnkit.train.pretrained import read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 
 LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s"]  # then the task's scores
@@ -60,7 +61,8 @@ def _ready_to_train(config: RunConfig) -> RunConfig:
     return config
 
 
-RESUMABLE_MODEL_CHANGES = {"dropout", "attention_dropout", "activation_dropout"}
+# num_labels: a classifier's labels come from its data (data.labels), which the run keeps
+RESUMABLE_MODEL_CHANGES = {"dropout", "attention_dropout", "activation_dropout", "num_labels"}
 
 
 def _check_resumable(saved: RunConfig, config: RunConfig) -> None:
@@ -122,12 +124,21 @@ class Trainer:
         resume_from = ckpt.resolve_checkpoint(self.run_dir, prefer="last") if resume else None
         if resume_from:
             _check_resumable(ckpt.read_run_config(resume_from), config)
+        # Fine-tuning: the pretrained model's shape and tokenizer (a resumed run has its own weights).
+        pretrained = read_pretrained(t.init_from) if t.init_from and not resume_from else None
+        if pretrained:
+            config.model = pretrained.shape_for(config.model)
         self._prepare_run_dir(replace=not resume, overwrite=overwrite)
         torch.manual_seed(t.seed)  # the same initial weights in every process
         tokenizer = Tokenizer.load(resume_from / "tokenizer.json") if resume_from else None
+        if pretrained:
+            tokenizer = pretrained.tokenizer
         self.task = make_task(config, tokenizer, self._say)
         self.tokenizer = self.task.tokenizer
-        self.model = ckpt.build_for_tokenizer(config, self.tokenizer).to(self.device)
+        self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
+        if pretrained:
+            pretrained.load_into(self.model, self._say)
+        self.model.to(self.device)
         torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
         self.optimizer = make_optimizer(self.model, t, self.device)
         rate = learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model,
@@ -232,9 +243,9 @@ class Trainer:
         speed = self.window["tokens"] / max(time.perf_counter() - self.window["began"], 1e-9)
         if show_bar:
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", per_s=f"{speed:,.0f}")
         elif self.config.train.log_every and self.step % self.config.train.log_every == 0:
-            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} target tokens/s")
+            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} {self.task.unit}/s")
 
     def _past_budget(self) -> bool:
         """Whether this process's clock has passed ``train.max_minutes``."""

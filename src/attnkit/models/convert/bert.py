@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attnkit.errors import ConversionError
 from attnkit.models.config import EncoderModelConfig
-from attnkit.models.convert.common import hf_field, load_mapped
+from attnkit.models.convert.common import hf_field, load_mapped, require_full_softmax_attention
 from attnkit.models.encoder_only import EncoderModel
 
 HEAD_OF = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForSequenceClassification": "classify",
@@ -56,6 +56,7 @@ def config_from_hf_bert(hf_config: Any, head: str = "none") -> EncoderModelConfi
 def hf_bert_config_kwargs(model: EncoderModel) -> dict[str, Any]:
     """Keyword arguments for ``BertConfig`` describing ``model``; refuses what BERT cannot represent."""
     c = model.config
+    require_full_softmax_attention(c, "BERT")
     if c.norm_first or c.positions != "learned" or c.activation_dropout or not c.type_vocab_size:
         raise ConversionError("BERT needs post-LN, learned positions, token types and no FFN dropout")
     if c.head == "classify" and c.pooling != "cls":

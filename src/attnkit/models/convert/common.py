@@ -32,3 +32,13 @@ def load_mapped(model: nn.Module, weights: Mapping[str, Tensor], family: str) ->
     missing, unexpected = load_weights(model, weights)
     if missing or unexpected:
         raise ConversionError(f"{family} mapping incomplete: missing {missing}, extra {unexpected}")
+
+
+def require_full_softmax_attention(config: Any, family: str) -> None:
+    """HF's models attend with a softmax over every key: a model with another normaliser or a local
+    window would convert to one that computes something else, so it is refused."""
+    if config.attention_normaliser != "softmax" or config.attention_window:
+        raise ConversionError(
+            f"{family} attends with a softmax over all keys; this model has attention_normaliser="
+            f"{config.attention_normaliser!r}, attention_window={config.attention_window}"
+        )

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from attnkit.errors import ConversionError
 from attnkit.models.config import DecoderModelConfig
-from attnkit.models.convert.common import hf_field, load_mapped
+from attnkit.models.convert.common import hf_field, load_mapped, require_full_softmax_attention
 from attnkit.models.decoder_only import DecoderModel
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -57,6 +57,7 @@ def config_from_hf_gpt2(hf_config: Any) -> DecoderModelConfig:
 def hf_gpt2_config_kwargs(model: DecoderModel) -> dict[str, Any]:
     """Keyword arguments for ``GPT2Config`` describing ``model``; refuses what GPT-2 cannot represent."""
     c = model.config
+    require_full_softmax_attention(c, "GPT-2")
     if not c.norm_first or c.positions != "learned" or c.scale_embeddings or c.output_bias:
         raise ConversionError(
             "GPT-2 needs pre-LN (norm_first), learned positions, unscaled embeddings and no output bias"

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from attnkit.errors import ConversionError
 from attnkit.models.config import TransformerConfig
-from attnkit.models.convert.common import hf_field, load_mapped
+from attnkit.models.convert.common import hf_field, load_mapped, require_full_softmax_attention
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.embedding import sinusoid_table
 
@@ -66,6 +66,7 @@ def config_from_hf_marian(hf_config: Any) -> TransformerConfig:
 def hf_marian_config_kwargs(model: EncoderDecoder) -> dict[str, Any]:
     """Keyword arguments for ``MarianConfig`` describing ``model``."""
     c = model.config
+    require_full_softmax_attention(c, "Marian")
     if c.norm_first or c.positions != "sinusoidal" or c.sinusoid_layout != "concatenated":
         raise ConversionError("Marian needs post-LN (norm_first=False) and concatenated sinusoidal positions")
     if not c.tie_output:

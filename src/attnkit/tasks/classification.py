@@ -1,0 +1,146 @@
+"""Sequence classification (e.g. sentiment): a sentence -> one of a few labels, with an encoder model
+(BERT §4.1: the pooled ``[CLS]`` state, or the mean of the token states, and a linear layer).
+
+Data are TSV files of ``sentence<TAB>label`` (``data.task: classify``; GLUE's SST-2 layout, an optional
+header line). The labels are ``data.labels`` or, when that is empty, the sorted labels of the training
+file; they are stored in the run's config, so that predictions name them. Each sentence becomes
+``[CLS] sentence [SEP]``, cut to ``model.max_len`` tokens (how many were cut is reported). A batch holds
+sentences of similar length within ``train.max_tokens``; the loss is the cross-entropy of the label
+(label-smoothed with ``train.label_smoothing``), summed over sentences and divided by their number.
+Validation reports the loss, the accuracy and the macro-averaged F1 (the mean over labels of each
+label's F1, so that a rare label counts as much as a common one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.config import RunConfig
+from attnkit.data.batching import EncoderBatch, encoder_input, length_batches, pad, token_batches
+from attnkit.data.readers import LabelledText, read_labelled
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import DataError
+from attnkit.tasks.validation import validation_loss
+
+
+def encode_sentences(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> tuple[list[list[int]], int]:
+    """``[CLS] sentence [SEP]`` ids for each sentence, cut to ``max_len``; and how many were cut."""
+    rows = [encoder_input(ids, tokenizer.specials)[0] for ids in tokenizer.encode_batch(sentences)]
+    cut = sum(len(row) > max_len for row in rows)
+    return [row if len(row) <= max_len else [*row[: max_len - 1], row[-1]] for row in rows], cut
+
+
+def sentence_batch(rows: list[list[int]], pad_id: int, labels: list[int] | None = None) -> EncoderBatch:
+    ids = pad(rows, pad_id)
+    targets = (torch.tensor(labels),) if labels is not None else ()
+    return EncoderBatch(ids, torch.zeros_like(ids), targets, len(rows))
+
+
+def label_ids(data: LabelledText, labels: list[str], path: object) -> list[int]:
+    """Each line's label as an index into ``labels``; an unknown label is an error naming the line."""
+    index = {label: i for i, label in enumerate(labels)}
+    for label, line in zip(data.labels, data.lines, strict=True):
+        if label not in index:
+            raise DataError(f"{path}:{line}: label {label!r} is not one of the labels {labels}")
+    return [index[label] for label in data.labels]
+
+
+@torch.no_grad()
+def classify(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """Class probabilities ``(N, num_labels)`` for ``sentences`` (cut to the model's length)."""
+    rows, _ = encode_sentences(tokenizer, sentences, model.config.max_len)
+    probabilities = torch.empty(len(rows), model.config.num_labels)
+    for group in length_batches(range(len(rows)), [len(r) for r in rows], batch_size):
+        ids = sentence_batch([rows[i] for i in group], tokenizer.specials.pad).ids.to(device)
+        probabilities[group] = model(ids).float().softmax(-1).cpu()
+    return probabilities
+
+
+def accuracy_and_f1(predicted: list[int], gold: list[int], n_labels: int) -> tuple[float, float]:
+    """Accuracy and macro-F1: per label, F1 = 2·TP / (2·TP + FP + FN) (0 for a label never predicted
+    nor present), averaged over the labels."""
+    correct = sum(p == g for p, g in zip(predicted, gold, strict=True))
+    f1 = []
+    for label in range(n_labels):
+        tp = sum(p == label and g == label for p, g in zip(predicted, gold, strict=True))
+        fp = sum(p == label and g != label for p, g in zip(predicted, gold, strict=True))
+        fn = sum(p != label and g == label for p, g in zip(predicted, gold, strict=True))
+        f1.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return correct / max(len(gold), 1), sum(f1) / n_labels
+
+
+class ClassificationTask:
+    """The trainer's view of classification: batches, loss and validation (see the module docstring)."""
+
+    unit: ClassVar[str] = "sentences"  # what the loss is summed over (the speed shown is sentences/s)
+    metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_accuracy", "f1": "valid_f1", "loss": "valid_loss"}
+
+    def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
+        d = config.data
+        self.label_smoothing, self.max_tokens = config.train.label_smoothing, config.train.max_tokens
+        self.seed = config.train.seed
+        train_path, valid_path = d.path(d.train[0]), d.path(d.valid[0])
+        train, valid = read_labelled(train_path), read_labelled(valid_path)
+        labels = d.labels or sorted(set(train.labels))
+        if len(labels) < 2:
+            raise DataError(f"{train_path}: one label only ({labels[0]!r}); a classifier needs two or more")
+        # The labels decide the classifier's size and are named by predictions: stored with the run.
+        d.labels, config.model.num_labels = list(labels), len(labels)
+        self.train_labels = label_ids(train, labels, train_path)
+        self.valid_labels = label_ids(valid, labels, valid_path)
+        if tokenizer is None:
+            tokenizer = Tokenizer.train(d.tokenizer, train.sentences, d.vocab_size)
+        self.tokenizer, self.n_labels = tokenizer, len(labels)
+        self.rows, cut = encode_sentences(tokenizer, train.sentences, config.model.max_len)
+        self.valid_sentences = valid.sentences
+        self.valid_rows, valid_cut = encode_sentences(tokenizer, valid.sentences, config.model.max_len)
+        if cut or valid_cut:
+            echo(f"cut {cut} training and {valid_cut} validation sentences to model.max_len tokens")
+        echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; labels: "
+             f"{', '.join(labels)}; vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This epoch's batches of sentence indices, the same for the same (seed, epoch)."""
+        lengths = [len(row) for row in self.rows]
+        return token_batches(lengths, lengths, self.max_tokens, seed=self.seed, epoch=epoch)
+
+    def make_batch(self, indices: list[int]) -> EncoderBatch:
+        return sentence_batch([self.rows[i] for i in indices], self.tokenizer.specials.pad,
+                              [self.train_labels[i] for i in indices])  # fmt: skip
+
+    def loss(self, model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
+        """Summed (label-smoothed) cross-entropy and NLL of the labels."""
+        logits = model(batch.ids, batch.token_types).float()
+        (labels,) = batch.targets
+        loss = F.cross_entropy(logits, labels, reduction="sum", label_smoothing=self.label_smoothing)
+        return loss, F.cross_entropy(logits.detach(), labels, reduction="sum")
+
+    def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
+        """Loss, accuracy and macro-F1 on the validation sentences."""
+        lengths = [len(row) for row in self.valid_rows]
+        groups = token_batches(lengths, lengths, self.max_tokens, seed=0, epoch=0, shuffle=False)
+        pad_id = self.tokenizer.specials.pad
+        batches = [
+            sentence_batch([self.valid_rows[i] for i in g], pad_id, [self.valid_labels[i] for i in g])
+            for g in groups
+        ]
+        scores = validation_loss(self.loss, model, batches, device, autocast)
+        predicted = [0] * len(self.valid_rows)
+        for group, batch in zip(groups, batches, strict=True):
+            with autocast():
+                best = model(batch.ids.to(device)).argmax(-1).tolist()
+            for i, label in zip(group, best, strict=True):
+                predicted[i] = label
+        accuracy, f1 = accuracy_and_f1(predicted, self.valid_labels, self.n_labels)
+        return {"valid_loss": scores["valid_loss"], "valid_accuracy": accuracy, "valid_f1": f1}

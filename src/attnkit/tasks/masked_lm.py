@@ -1,0 +1,130 @@
+"""Masked-language-model pre-training (BERT §3.1, task 1): hide some tokens, predict them from both sides.
+
+Data are sentences (``data.task: mlm``): text files with one sentence per line, or TSV files of
+``sentence<TAB>label`` whose labels are ignored (so a classifier's own training sentences can pre-train
+it). Without ``data.valid``, the last ``data.valid_fraction`` of the training sentences is held out.
+Each sentence becomes ``[CLS] sentence [SEP]`` (cut to ``model.max_len``).
+
+BERT's recipe: 15% of the real tokens of a batch are chosen for prediction (at least one per batch); of
+those, 80% are replaced by ``[MASK]``, 10% by a random token and 10% left as they are, so that the model
+cannot learn that only ``[MASK]`` positions matter. The loss is the cross-entropy at the chosen
+positions only. The choice is drawn from ``(train.seed, epoch, batch)``, so a resumed run masks exactly
+as the uninterrupted one; validation masks with fixed seeds, so its scores compare across steps.
+Validation reports the loss and perplexity of the chosen tokens and the masked-token accuracy.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from attnkit.config import RunConfig
+from attnkit.data.batching import EncoderBatch, pad, token_batches
+from attnkit.data.readers import read_labelled, read_lines
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import DataError
+from attnkit.tasks.classification import encode_sentences
+from attnkit.tasks.validation import validation_loss
+from attnkit.train.losses import label_smoothed_loss
+
+MASK_RATE, REPLACE_WITH_MASK, REPLACE_WITH_RANDOM = 0.15, 0.8, 0.1  # BERT's 15%, and its 80/10/10
+
+
+def read_sentences(path) -> list[str]:
+    """Non-empty lines of a text file, or the sentence column of a ``sentence<TAB>label`` TSV file."""
+    if str(path).removesuffix(".gz").endswith(".tsv"):
+        return read_labelled(path).sentences
+    return [line.strip() for line in read_lines(path) if line.strip()]
+
+
+def mask_tokens(
+    ids: Tensor, maskable: Tensor, mask_id: int, random_ids: Tensor, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """BERT's masking of ``ids (B, T)`` where ``maskable``: returns the corrupted inputs and the chosen
+    positions ``(B, T)`` (bool). Random replacements are drawn from ``random_ids`` (no special tokens)."""
+    chosen = (torch.rand(ids.shape, generator=generator) < MASK_RATE) & maskable
+    if not chosen.any():  # a batch of very short sentences: predict one token rather than none
+        candidates = maskable.nonzero()
+        pick = candidates[torch.randint(len(candidates), (1,), generator=generator)]
+        chosen[pick[0, 0], pick[0, 1]] = True
+    roll = torch.rand(ids.shape, generator=generator)
+    inputs = ids.clone()
+    inputs[chosen & (roll < REPLACE_WITH_MASK)] = mask_id
+    swap = chosen & (roll >= REPLACE_WITH_MASK) & (roll < REPLACE_WITH_MASK + REPLACE_WITH_RANDOM)
+    inputs[swap] = random_ids[torch.randint(len(random_ids), (int(swap.sum()),), generator=generator)]
+    return inputs, chosen  # the remaining 10% of the chosen keep their token
+
+
+class MaskedLMTask:
+    """The trainer's view of masked-LM pre-training (see the module docstring)."""
+
+    unit: ClassVar[str] = "masked tokens"  # what the loss is summed over (the speed shown is masked tokens/s)
+    metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_accuracy", "loss": "valid_loss"}
+
+    def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
+        d, t = config.data, config.train
+        self.label_smoothing, self.max_tokens, self.seed = t.label_smoothing, t.max_tokens, t.seed
+        train = read_sentences(d.path(d.train[0]))
+        if d.valid:
+            valid = read_sentences(d.path(d.valid[0]))
+        else:
+            cut = int(len(train) * (1 - d.valid_fraction))
+            if cut in (0, len(train)):
+                raise DataError(f"{d.path(d.train[0])}: too few sentences to hold out data.valid_fraction")
+            train, valid = train[:cut], train[cut:]
+        if tokenizer is None:
+            tokenizer = Tokenizer.train(d.tokenizer, train, d.vocab_size, mask=True)
+        if tokenizer.specials.mask is None:
+            raise DataError("the tokenizer has no <mask> or [MASK] token, which masked-LM training needs")
+        self.tokenizer = tokenizer
+        specials = set(vars(tokenizer.specials).values())
+        self.random_ids = torch.tensor([i for i in range(tokenizer.vocab_size) if i not in specials])
+        self.rows, cut_train = encode_sentences(tokenizer, train, config.model.max_len)
+        self.valid_rows, cut_valid = encode_sentences(tokenizer, valid, config.model.max_len)
+        if cut_train or cut_valid:
+            echo(f"cut {cut_train} training and {cut_valid} validation sentences to model.max_len tokens")
+        echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; "
+             f"vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
+
+    def epoch_batches(self, epoch: int) -> list[tuple[list[int], int]]:
+        """This epoch's batches: sentence indices and the seed that masks them."""
+        lengths = [len(row) for row in self.rows]
+        groups = token_batches(lengths, lengths, self.max_tokens, seed=self.seed, epoch=epoch)
+        seeds = random.Random(self.seed * 1_000_003 + epoch)
+        return [(group, seeds.randrange(2**62)) for group in groups]
+
+    def make_batch(self, description: tuple[list[int], int]) -> EncoderBatch:
+        indices, seed = description
+        return self._masked([self.rows[i] for i in indices], seed)
+
+    def _masked(self, rows: list[list[int]], seed: int) -> EncoderBatch:
+        specials = self.tokenizer.specials
+        ids = pad(rows, specials.pad)
+        maskable = (ids != specials.pad) & (ids != specials.bos) & (ids != specials.eos)
+        generator = torch.Generator().manual_seed(seed)
+        inputs, chosen = mask_tokens(ids, maskable, specials.mask, self.random_ids, generator)
+        return EncoderBatch(inputs, torch.zeros_like(ids), (chosen, ids[chosen]), int(chosen.sum()))
+
+    def loss(self, model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
+        """Summed (label-smoothed) loss and NLL of the chosen tokens."""
+        chosen, targets = batch.targets
+        logits = model(batch.ids, batch.token_types, select=chosen)  # (n chosen, V)
+        return label_smoothed_loss(logits, targets, self.label_smoothing, self.tokenizer.specials.pad)
+
+    def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
+        """Loss, perplexity and accuracy of the masked tokens, masked the same way at every validation."""
+        lengths = [len(row) for row in self.valid_rows]
+        groups = token_batches(lengths, lengths, self.max_tokens, seed=0, epoch=0, shuffle=False)
+        batches = [self._masked([self.valid_rows[i] for i in g], seed) for seed, g in enumerate(groups)]
+        scores = validation_loss(self.loss, model, batches, device, autocast)
+        correct = 0
+        for batch in batches:
+            batch = batch.to(device)
+            chosen, targets = batch.targets
+            with autocast():
+                correct += int((model(batch.ids, select=chosen).argmax(-1) == targets).sum())
+        return {**scores, "valid_accuracy": correct / sum(b.n_tokens for b in batches)}

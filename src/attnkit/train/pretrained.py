@@ -1,0 +1,95 @@
+"""Starting a run from pretrained weights (``train.init_from``): fine-tuning.
+
+The source is an attnkit checkpoint (or run directory: its best checkpoint) or a local HF model folder
+(``config.json``, ``model.safetensors``, ``tokenizer.json``; e.g. all-MiniLM-L6-v2). The new run takes
+from it the model's shape (layers, widths, positions, ...) and its tokenizer, and keeps its own head
+and dropout settings: a masked-LM checkpoint becomes a classifier by dropping the masked-LM head and
+starting a new classification head (BERT §4: "the same pre-trained model parameters are used to
+initialise models for different down-stream tasks"). Every weight of the body must come from the
+source; only the head may be new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import ConfigError
+from attnkit.models import load_weights
+
+# What a fine-tuning run sets itself; every other model field comes from the pretrained model.
+RUN_FIELDS = ("head", "pooling", "num_labels", "dropout", "attention_dropout", "activation_dropout")
+
+
+@dataclass
+class Pretrained:
+    """A pretrained model's config, weights (attnkit's names) and tokenizer, and where they came from."""
+
+    source: str
+    config: object
+    weights: dict[str, Tensor]
+    tokenizer: Tokenizer
+
+    def shape_for(self, run_model: object) -> object:
+        """The run's model config: the pretrained shape with the run's head and dropouts. A shape field
+        the run sets to something other than its default and the pretrained value is an error, so
+        that ``model.layers: 2`` is never silently ignored."""
+        if self.config.arch != run_model.arch:
+            raise ConfigError(
+                f"train.init_from={self.source!r} holds a model.arch={self.config.arch!r} model; this "
+                f"run's model.arch is {run_model.arch!r}"
+            )
+        defaults = type(run_model)()
+        for f in dataclasses.fields(run_model):
+            mine, theirs = getattr(run_model, f.name), getattr(self.config, f.name)
+            if f.name in RUN_FIELDS or f.name == "pad_id":  # pad_id comes from the tokenizer
+                continue
+            if mine not in (theirs, getattr(defaults, f.name)):
+                raise ConfigError(
+                    f"model.{f.name}={mine!r}, but train.init_from={self.source!r} has {theirs!r}: a "
+                    f"fine-tuned model keeps the pretrained shape (leave model.{f.name} out)"
+                )
+        return dataclasses.replace(self.config, **{name: getattr(run_model, name) for name in RUN_FIELDS
+                                                    if hasattr(run_model, name)})  # fmt: skip
+
+    def load_into(self, model: torch.nn.Module, echo: Callable[[str], None]) -> None:
+        """Copy the weights into ``model``; the head may be new (and the source's head left out)."""
+        missing, unexpected = load_weights(model, self.weights)
+        body_missing = [name for name in missing if not name.startswith("head.")]
+        if body_missing:
+            raise ConfigError(
+                f"train.init_from={self.source!r} lacks weights this model needs: {body_missing[:3]}"
+            )
+        new = f"; new: {len(missing)} head tensors" if missing else ""
+        left = f"; left out: {len(unexpected)} tensors of its head" if unexpected else ""
+        echo(f"initialised from {self.source}: {len(self.weights) - len(unexpected)} tensors{new}{left}")
+
+
+def read_pretrained(path: str | Path) -> Pretrained:
+    """The model at ``path``: an HF model folder (its ``config.json`` has a ``model_type``) through
+    :func:`attnkit.models.convert.from_hf`, otherwise an attnkit checkpoint or run directory."""
+    from attnkit.models.convert import from_hf
+    from attnkit.train.checkpoint import load_for_inference
+
+    folder = Path(path)
+    if not folder.exists():
+        raise ConfigError(f"train.init_from={str(path)!r}: no such checkpoint or model folder")
+    config_file = folder / "config.json"
+    is_hf = False
+    # An unreadable config.json is reported by the attnkit loader below, which names the file.
+    with contextlib.suppress(OSError, UnicodeDecodeError, json.JSONDecodeError):
+        is_hf = "model_type" in json.loads(config_file.read_text(encoding="utf-8"))
+    if is_hf:
+        model, tokenizer = from_hf(folder)
+    else:
+        model, tokenizer, _ = load_for_inference(folder, prefer="best")
+    weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    return Pretrained(str(path), model.config, weights, tokenizer)
