@@ -21,6 +21,11 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
         ),
         ("encoder_speed.py", ["--batch", "4"], r"ours/hf_bert sentences/s = \d+\.\d+"),
         (
+            "local_attention.py",
+            ["--lengths", "40", "--window", "4"],
+            r"T=40 peak MiB: .* blocked/full memory",
+        ),
+        (
             "lm_speed.py",
             [
                 "--preset",

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention.functional import attend
+from attnkit.attention.local import attend_local
 from attnkit.attention.masks import local_window_mask
 
 
@@ -104,7 +105,18 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(query, memory, cache)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
+        weights_wanted = need_weights or self.record_weights
         if self.window and memory is None:  # local self-attention: a band of keys around each query
+            reach = q.size(-2) + self.window  # with a cache, the keys before the last `reach` are out of it
+            if k.size(-2) > reach:
+                k, v, mask = (
+                    k[..., -reach:, :],
+                    v[..., -reach:, :],
+                    None if mask is None else mask[..., -reach:],
+                )
+            out = self._local(q, k, v, mask, causal) if not weights_wanted else None
+            if out is not None:
+                return self._merge_heads(out), None
             band = local_window_mask(q.size(-2), k.size(-2), window=self.window, device=q.device)
             mask = band if mask is None else mask & band
         out, weights = attend(
@@ -120,9 +132,25 @@ class MultiHeadAttention(nn.Module):
         )
         if self.record_weights:
             self.last_weights = weights.detach()
+        return self._merge_heads(out), (weights if need_weights else None)
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        """Concat(head_1..h) W^O: ``(B, h, T_q, d_k) -> (B, T_q, d_model)``."""
         B, _, T_q, _ = out.shape
-        out = out.transpose(1, 2).reshape(B, T_q, self.d_model)  # (B, h, T_q, d_k) -> (B, T_q, d_model)
-        return self.out_proj(out), (weights if need_weights else None)
+        return self.out_proj(out.transpose(1, 2).reshape(B, T_q, self.d_model))
+
+    def _local(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor | None:
+        """Windowed self-attention in blocks (attention/local.py) when it computes what the banded mask
+        would: softmax of scaled dot products, as many queries as keys, and a mask that only marks padded
+        keys (``(B, 1, 1, T)``); None otherwise (the banded mask then serves)."""
+        key_padding_only = mask is None or (mask.dim() == 4 and mask.shape[1:3] == (1, 1))
+        if not (self.normaliser == "softmax" and self.score == "scaled_dot" and key_padding_only):
+            return None
+        if q.size(-2) != k.size(-2):
+            return None
+        key_valid = None if mask is None else mask[:, 0, 0, :].expand(q.size(0), -1)  # (B, T)
+        dropout = self.dropout if self.training else 0.0
+        return attend_local(q, k, v, self.window, key_valid, causal=causal, dropout_p=dropout)
 
     def _project(self, query: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, ...]:
         """Queries, keys and values split into heads, ``(B, h, T, d_k)`` each, using the cache if given."""

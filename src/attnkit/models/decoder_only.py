@@ -18,12 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.attention.masks import causal_mask
-from attnkit.attention.multihead import KVCache, MultiHeadAttention
+from attnkit.attention.multihead import KVCache
 from attnkit.models.config import DecoderModelConfig
+from attnkit.models.layers import encoder_layer
 from attnkit.models.seq2seq import Generator
 from attnkit.nn.embedding import Embeddings, positional_encoding
-from attnkit.nn.feedforward import PositionwiseFeedForward
-from attnkit.nn.transformer import Encoder, EncoderLayer
+from attnkit.nn.transformer import Encoder
 
 
 class DecoderModel(nn.Module):
@@ -35,20 +35,11 @@ class DecoderModel(nn.Module):
         self.config, self.vocab_size = c, vocab_size
         self.embed = Embeddings(vocab_size, c.d_model, scale=c.scale_embeddings)
         self.positions = positional_encoding(c.positions, c.d_model, c.dropout, c.max_len, c.sinusoid_layout)
-        norm = {"dropout": c.dropout, "norm_first": c.norm_first, "eps": c.layer_norm_eps}
 
-        def layer() -> EncoderLayer:  # causal self-attention and FFN: see the module docstring
-            attention = MultiHeadAttention(
-                c.d_model,
-                c.h,
-                c.attention_dropout,
-                normaliser=c.attention_normaliser,
-                window=c.attention_window,
-            )
-            feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
-            return EncoderLayer(c.d_model, attention, feed_forward, **norm)
-
-        self.decoder = Encoder([layer() for _ in range(c.layers)], c.d_model, c.norm_first, c.layer_norm_eps)
+        # causal self-attention and FFN: the encoder layer with a causal mask (see the module docstring)
+        self.decoder = Encoder(
+            [encoder_layer(c) for _ in range(c.layers)], c.d_model, c.norm_first, c.layer_norm_eps
+        )
         self.generator = Generator(c.d_model, vocab_size, bias=c.output_bias)
         self._init_weights()
 

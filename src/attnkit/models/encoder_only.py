@@ -18,11 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.attention.masks import padding_mask
-from attnkit.attention.multihead import MultiHeadAttention
 from attnkit.models.config import EncoderModelConfig
+from attnkit.models.layers import encoder_layer
 from attnkit.nn.embedding import Embeddings, positional_encoding
-from attnkit.nn.feedforward import ACTIVATIONS, PositionwiseFeedForward
-from attnkit.nn.transformer import Encoder, EncoderLayer
+from attnkit.nn.feedforward import ACTIVATIONS
+from attnkit.nn.transformer import Encoder
 
 
 class EncoderEmbeddings(nn.Module):
@@ -96,18 +96,9 @@ class EncoderModel(nn.Module):
         self.config, self.vocab_size = c, vocab_size
         self.embed = EncoderEmbeddings(c, vocab_size)
 
-        def layer() -> EncoderLayer:
-            attention = MultiHeadAttention(
-                c.d_model,
-                c.h,
-                c.attention_dropout,
-                normaliser=c.attention_normaliser,
-                window=c.attention_window,
-            )
-            feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
-            return EncoderLayer(c.d_model, attention, feed_forward, c.dropout, c.norm_first, c.layer_norm_eps)
-
-        self.encoder = Encoder([layer() for _ in range(c.layers)], c.d_model, c.norm_first, c.layer_norm_eps)
+        self.encoder = Encoder(
+            [encoder_layer(c) for _ in range(c.layers)], c.d_model, c.norm_first, c.layer_norm_eps
+        )
         heads = {"none": lambda: None, "mlm": lambda: MaskedLMHead(c, vocab_size),
                  "classify": lambda: ClassificationHead(c), "span": lambda: SpanHead(c)}  # fmt: skip
         self.head = heads[c.head]()

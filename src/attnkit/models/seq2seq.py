@@ -11,12 +11,11 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from attnkit.attention.masks import causal_mask, padding_mask
-from attnkit.attention.multihead import MultiHeadAttention
 from attnkit.errors import ConfigError
 from attnkit.models.config import TransformerConfig
+from attnkit.models.layers import attention, encoder_layer, feed_forward, residual
 from attnkit.nn.embedding import Embeddings, positional_encoding
-from attnkit.nn.feedforward import PositionwiseFeedForward
-from attnkit.nn.transformer import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer
+from attnkit.nn.transformer import Decoder, DecoderCache, DecoderLayer, Encoder
 
 
 class Generator(nn.Module):
@@ -47,25 +46,10 @@ class EncoderDecoder(nn.Module):
             )
         self.config, self.src_vocab, self.tgt_vocab = c, src_vocab, tgt_vocab
 
-        def attention() -> MultiHeadAttention:
-            return MultiHeadAttention(
-                c.d_model,
-                c.h,
-                c.attention_dropout,
-                normaliser=c.attention_normaliser,
-                window=c.attention_window,
-            )
-
-        def feed_forward() -> PositionwiseFeedForward:
-            return PositionwiseFeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
-
-        norm = {"dropout": c.dropout, "norm_first": c.norm_first, "eps": c.layer_norm_eps}
-        self.encoder = Encoder(
-            [EncoderLayer(c.d_model, attention(), feed_forward(), **norm) for _ in range(c.encoder_layers)],
-            c.d_model, c.norm_first, c.layer_norm_eps,
-        )  # fmt: skip
+        self.encoder = Encoder([encoder_layer(c) for _ in range(c.encoder_layers)],
+                               c.d_model, c.norm_first, c.layer_norm_eps)  # fmt: skip
         self.decoder = Decoder(
-            [DecoderLayer(c.d_model, attention(), attention(), feed_forward(), **norm)
+            [DecoderLayer(c.d_model, attention(c), attention(c), feed_forward(c), **residual(c))
              for _ in range(c.decoder_layers)],
             c.d_model, c.norm_first, c.layer_norm_eps,
         )  # fmt: skip
