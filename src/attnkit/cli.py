@@ -149,7 +149,7 @@ def summary(
         typer.echo(f"  {name:<10} {count:>14,} parameters" + ("  (shared)" if shared else ""))
     total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
     typer.echo(f"  {'total':<10} {total:>14,} parameters ({total / 1e6:.1f}M)")
-    n_inputs = 2 if config.arch == "encoder-decoder" else 1  # (source, target) or the tokens
+    n_inputs = 2 if config.arch in ("encoder-decoder", "rnn") else 1  # (source, target) or the tokens
     inputs = [torch.randint(1, vocab, (batch, length)) for _ in range(n_inputs)]  # any id but padding (0)
     with torch.inference_mode():
         began = time.perf_counter()
@@ -249,7 +249,7 @@ def translate(
     if output is not None:
         writable_file(output)
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder-decoder")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
     texts = _read_input(input)
     hypotheses = translate_texts(
         model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note
@@ -359,7 +359,7 @@ def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None) ->
 
     pairs = read_parallel(src, ref, drop_empty=False)
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder-decoder")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
     began = time.perf_counter()
     hypotheses = translate_texts(
         model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note

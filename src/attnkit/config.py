@@ -22,20 +22,22 @@ from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models import PRESETS, config_class
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
+from attnkit.models.rnn import RNNConfig
 from attnkit.train.schedules import SCHEDULES
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
 TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
-# data.task -> (the architecture that does it, its head for encoders, the train.eval_metric choices:
+SEQ2SEQ = ("encoder-decoder", "rnn")  # the architectures that translate
+# data.task -> (the architectures that do it, their head for encoders, the train.eval_metric choices:
 # the first is the default)
 TASKS_OF = {
-    **{task: ("encoder-decoder", None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
-    TEXT_TASK: ("decoder", None, ("loss",)),
-    "classify": ("encoder", "classify", ("accuracy", "f1", "loss")),
-    "mlm": ("encoder", "mlm", ("loss", "accuracy")),
-    "qa": ("encoder", "span", ("f1", "accuracy", "loss")),
+    **{task: (SEQ2SEQ, None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
+    TEXT_TASK: (("decoder",), None, ("loss",)),
+    "classify": (("encoder",), "classify", ("accuracy", "f1", "loss")),
+    "mlm": (("encoder",), "mlm", ("loss", "accuracy")),
+    "qa": (("encoder",), "span", ("f1", "accuracy", "loss")),
 }
 EVAL_METRICS = ("bleu", "accuracy", "f1", "loss")
 FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1}  # files per split; generated: none
@@ -190,7 +192,7 @@ class DecodeConfig:
 
 @dataclass
 class RunConfig:
-    model: TransformerConfig | DecoderModelConfig | EncoderModelConfig = field(
+    model: TransformerConfig | DecoderModelConfig | EncoderModelConfig | RNNConfig = field(
         default_factory=TransformerConfig
     )
     data: DataConfig = field(default_factory=DataConfig)
@@ -198,12 +200,12 @@ class RunConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        arch, head, metrics = TASKS_OF[self.data.task]
-        if self.model.arch != arch:
-            fitting = ", ".join(sorted(task for task, (a, _, _) in TASKS_OF.items() if a == self.model.arch))
+        archs, head, metrics = TASKS_OF[self.data.task]
+        if self.model.arch not in archs:
+            fitting = ", ".join(sorted(task for task, (a, _, _) in TASKS_OF.items() if self.model.arch in a))
             raise ConfigError(
-                f"data.task={self.data.task!r} trains a model.arch={arch!r} model, not {self.model.arch!r} "
-                f"(model.arch={self.model.arch!r} does data.task {fitting})"
+                f"data.task={self.data.task!r} trains a model.arch={' or '.join(map(repr, archs))} model, "
+                f"not {self.model.arch!r} (model.arch={self.model.arch!r} does data.task {fitting})"
             )
         if head is not None and self.model.head != head:
             raise ConfigError(

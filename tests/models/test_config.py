@@ -32,8 +32,12 @@ def test_every_preset_of_every_architecture_builds_and_overrides_apply():
     for name, config_class in PRESETS.items():
         config = from_preset(name)
         assert isinstance(config, config_class) and config.arch == config_class.ARCH
-        small = build_model(from_preset(name, d_model=32, d_ff=64, h=4), 40)
-        inputs = [torch.ones(1, 3, dtype=torch.long)] * (2 if config.arch == "encoder-decoder" else 1)
+        shape = (
+            {"d_embed": 16, "d_hidden": 32} if config.arch == "rnn" else {"d_model": 32, "d_ff": 64, "h": 4}
+        )
+        small = build_model(from_preset(name, **shape), 40)
+        seq2seq = config.arch in ("encoder-decoder", "rnn")
+        inputs = [torch.ones(1, 3, dtype=torch.long)] * (2 if seq2seq else 1)
         width = 32 if config.arch == "encoder" else 40  # an encoder without a head: hidden states
         assert small(*inputs).shape == (1, 3, width)
     assert TransformerConfig.from_preset("small", dropout=0.3).dropout == 0.3

@@ -264,7 +264,7 @@ def test_tasks_and_architectures_must_go_together():
     assert (config.model.head, config.train.eval_metric) == ("span", "f1")  # from the task
     with pytest.raises(ConfigError, match=r"data\.task='classify' needs model\.head='classify'; got 'span'"):
         load_run_config(None, ["model.arch=encoder", "data.task=classify", "model.head=span"])
-    wrong = r"data\.task='parallel' trains a model\.arch='encoder-decoder' model, not 'encoder' "
+    wrong = r"data\.task='parallel' trains a model\.arch='encoder-decoder' or 'rnn' model, not 'encoder' "
     with pytest.raises(
         ConfigError, match=wrong + r"\(model\.arch='encoder' does data\.task classify, mlm, qa"
     ):

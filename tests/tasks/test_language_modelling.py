@@ -110,7 +110,7 @@ def test_a_decoder_recipe_defaults_to_language_modelling_judged_by_loss():
         load_run_config(None, ["model.arch=decoder", "train.eval_metric=bleu"])
     with pytest.raises(
         ConfigError,
-        match=r"data\.task='parallel' trains a model\.arch='encoder-decoder' model, not 'decoder'",
+        match=r"data\.task='parallel' trains a model\.arch='encoder-decoder' or 'rnn' model, not 'decoder'",
     ):
         load_run_config(None, ["model.arch=decoder", "data.task=parallel"])
 

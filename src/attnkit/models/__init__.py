@@ -15,12 +15,14 @@ from attnkit.errors import ConfigError, require_one_of
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.encoder_only import EncoderModel
+from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
 from attnkit.models.seq2seq import EncoderDecoder, Generator, build_transformer
 
 ARCHITECTURES: dict[str, tuple[type, type]] = {
     "encoder-decoder": (TransformerConfig, EncoderDecoder),
     "decoder": (DecoderModelConfig, DecoderModel),
     "encoder": (EncoderModelConfig, EncoderModel),
+    "rnn": (RNNConfig, RNNSeq2Seq),
 }
 PRESETS: dict[str, type] = {name: cls for cls, _ in ARCHITECTURES.values() for name in cls.PRESETS}
 
@@ -68,6 +70,8 @@ __all__ = [
     "EncoderModel",
     "EncoderModelConfig",
     "Generator",
+    "RNNConfig",
+    "RNNSeq2Seq",
     "TransformerConfig",
     "build_model",
     "build_transformer",

@@ -361,18 +361,22 @@ def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer) -> EncoderDecod
     return build_model(config.model, tokenizer.vocab_size)
 
 
-COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "decoder": "attnkit generate",
+COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "rnn": "attnkit translate / evaluate",
+            "decoder": "attnkit generate",
             "encoder": "attnkit predict / evaluate --data"}  # fmt: skip
 
 
 def load_for_inference(
-    path: str | Path, device: torch.device | str = "cpu", prefer: str = "best", arch: str | None = None
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    prefer: str = "best",
+    arch: str | tuple[str, ...] | None = None,
 ):
     """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode;
     with ``arch``, a checkpoint of another architecture is an error that says which command fits it."""
     checkpoint = resolve_checkpoint(path, prefer)
     config = read_run_config(checkpoint)
-    if arch is not None and config.model.arch != arch:
+    if arch is not None and config.model.arch not in ((arch,) if isinstance(arch, str) else arch):
         raise AttnkitError(
             f"{checkpoint} holds a {config.model.arch} model, which this command cannot use; "
             f"use {COMMANDS[config.model.arch]}"
