@@ -24,7 +24,7 @@ import torch
 
 from attnkit.config import load_run_config
 from attnkit.data.readers import read_labelled
-from attnkit.tasks.classification import accuracy_and_f1, classify, label_ids
+from attnkit.tasks.classification import score_classifier
 from attnkit.train.checkpoint import load_for_inference
 from attnkit.train.distributed import resolve_device
 from attnkit.train.loop import Trainer
@@ -53,9 +53,10 @@ def dev_accuracy(run_dir: Path, data: str, prefer: str) -> tuple[float, float]:
     """Accuracy and macro-F1 on dev.tsv of the run's ``best`` or ``last`` checkpoint."""
     device = resolve_device()
     model, tokenizer, config = load_for_inference(run_dir, device, prefer=prefer)
-    dev = read_labelled(Path(data) / "dev.tsv")
-    predicted = classify(model, tokenizer, dev.sentences, 64, device).argmax(-1).tolist()
-    return accuracy_and_f1(predicted, label_ids(dev, config.data.labels, "dev.tsv"), len(config.data.labels))
+    path = Path(data) / "dev.tsv"
+    accuracy, f1, _ = score_classifier(model, tokenizer, config.data.labels, read_labelled(path), path,
+                                       device=device)  # fmt: skip
+    return accuracy, f1
 
 
 def report(name: str, run_dir: Path, data: str, seconds: float) -> None:

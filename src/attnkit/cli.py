@@ -388,20 +388,18 @@ def _load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
 
 def _evaluate_classifier(ckpt: Path, data: Path) -> None:
     from attnkit.data.readers import read_labelled
-    from attnkit.tasks.classification import accuracy_and_f1, classify, label_ids
+    from attnkit.tasks.classification import score_classifier
     from attnkit.train.distributed import resolve_device
 
     labelled = read_labelled(data)
     device = resolve_device()
     model, tokenizer, config = _load_encoder(ckpt, ("classify",), device)
-    gold = label_ids(labelled, config.data.labels, data)
     began = time.perf_counter()
-    predicted = classify(model, tokenizer, labelled.sentences, config.decode.batch_size, device).argmax(-1)
+    accuracy, f1, correct = score_classifier(model, tokenizer, config.data.labels, labelled, data,
+                                             config.decode.batch_size, device)  # fmt: skip
     seconds = time.perf_counter() - began
-    accuracy, f1 = accuracy_and_f1(predicted.tolist(), gold, len(config.data.labels))
-    correct = sum(p == g for p, g in zip(predicted.tolist(), gold, strict=True))
-    typer.echo(f"accuracy {accuracy:.4f} ({correct}/{len(gold)}), macro-F1 {f1:.4f}")
-    typer.echo(f"{len(gold)} sentences of {data} in {seconds:.1f} s")
+    typer.echo(f"accuracy {accuracy:.4f} ({correct}/{len(labelled)}), macro-F1 {f1:.4f}")
+    typer.echo(f"{len(labelled)} sentences of {data} in {seconds:.1f} s")
 
 
 @app.command()

@@ -67,7 +67,7 @@ class Tokenizer:
                 names = " or ".join(candidates)
                 raise DataError(f"{source}: the vocabulary has no {names} token (needed as the {role} token)")
         self.specials = SpecialIds(**ids)
-        self._special_set = frozenset(i for i in ids.values() if i is not None)
+        self.special_set = frozenset(i for i in ids.values() if i is not None)  # every special id
         hf.encode_special_tokens = True  # "</s>" typed in a sentence is text (not stored in tokenizer.json)
         hf.no_padding()  # a tokenizer.json may pad or truncate by itself (BERT's often do); attnkit batches
         hf.no_truncation()  # and bounds lengths itself, and a text's ids are all of its tokens
@@ -140,7 +140,7 @@ class Tokenizer:
             i = int(i)
             if i == self.specials.eos:
                 break
-            if i not in self._special_set:
+            if i not in self.special_set:
                 kept.append(i)
         return self.hf.decode(kept, skip_special_tokens=False)
 
@@ -149,10 +149,7 @@ class Tokenizer:
         shown = []
         for i in ids:
             token = self.hf.id_to_token(int(i))
-            if (
-                isinstance(self.hf.pre_tokenizer, pre_tokenizers.ByteLevel)
-                and int(i) not in self._special_set
-            ):
+            if isinstance(self.hf.pre_tokenizer, pre_tokenizers.ByteLevel) and int(i) not in self.special_set:
                 token = _BYTE_LEVEL.decode([token])
             shown.append(token.replace(" ", "▁"))
         return shown

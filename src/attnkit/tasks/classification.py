@@ -80,6 +80,23 @@ def accuracy_and_f1(predicted: list[int], gold: list[int], n_labels: int) -> tup
     return correct / max(len(gold), 1), sum(f1) / n_labels
 
 
+def score_classifier(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    labels: list[str],
+    data: LabelledText,
+    path: object,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> tuple[float, float, int]:
+    """Accuracy, macro-F1 and the number right of a classifier with ``labels`` on labelled sentences
+    read from ``path`` (named by the error for a label the classifier does not know)."""
+    gold = label_ids(data, labels, path)
+    predicted = classify(model, tokenizer, data.sentences, batch_size, device).argmax(-1).tolist()
+    accuracy, f1 = accuracy_and_f1(predicted, gold, len(labels))
+    return accuracy, f1, sum(p == g for p, g in zip(predicted, gold, strict=True))
+
+
 class ClassificationTask:
     """The trainer's view of classification: batches, loss and validation (see the module docstring)."""
 
@@ -103,7 +120,6 @@ class ClassificationTask:
             tokenizer = Tokenizer.train(d.tokenizer, train.sentences, d.vocab_size)
         self.tokenizer, self.n_labels = tokenizer, len(labels)
         self.rows, cut = encode_sentences(tokenizer, train.sentences, config.model.max_len)
-        self.valid_sentences = valid.sentences
         self.valid_rows, valid_cut = encode_sentences(tokenizer, valid.sentences, config.model.max_len)
         if cut or valid_cut:
             echo(f"cut {cut} training and {valid_cut} validation sentences to model.max_len tokens")
@@ -121,7 +137,9 @@ class ClassificationTask:
 
     def loss(self, model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
         """Summed (label-smoothed) cross-entropy and NLL of the labels."""
-        logits = model(batch.ids, batch.token_types).float()
+        return self._loss(model(batch.ids, batch.token_types).float(), batch)
+
+    def _loss(self, logits: Tensor, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
         (labels,) = batch.targets
         loss = F.cross_entropy(logits, labels, reduction="sum", label_smoothing=self.label_smoothing)
         return loss, F.cross_entropy(logits.detach(), labels, reduction="sum")
@@ -135,12 +153,14 @@ class ClassificationTask:
             sentence_batch([self.valid_rows[i] for i in g], pad_id, [self.valid_labels[i] for i in g])
             for g in groups
         ]
-        scores = validation_loss(self.loss, model, batches, device, autocast)
-        predicted = [0] * len(self.valid_rows)
-        for group, batch in zip(groups, batches, strict=True):
-            with autocast():
-                best = model(batch.ids.to(device)).argmax(-1).tolist()
-            for i, label in zip(group, best, strict=True):
-                predicted[i] = label
-        accuracy, f1 = accuracy_and_f1(predicted, self.valid_labels, self.n_labels)
+        predicted = []  # each batch's predicted labels, from the same forward pass as its loss
+
+        def loss_and_labels(model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
+            logits = model(batch.ids, batch.token_types).float()
+            predicted.append(logits.argmax(-1))
+            return self._loss(logits, batch)
+
+        scores = validation_loss(loss_and_labels, model, batches, device, autocast)
+        gold = [self.valid_labels[i] for group in groups for i in group]  # in batch order, as predicted
+        accuracy, f1 = accuracy_and_f1(torch.cat(predicted).tolist(), gold, self.n_labels)
         return {"valid_loss": scores["valid_loss"], "valid_accuracy": accuracy, "valid_f1": f1}

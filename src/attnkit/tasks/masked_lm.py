@@ -81,8 +81,9 @@ class MaskedLMTask:
         if tokenizer.specials.mask is None:
             raise DataError("the tokenizer has no <mask> or [MASK] token, which masked-LM training needs")
         self.tokenizer = tokenizer
-        specials = set(vars(tokenizer.specials).values())
-        self.random_ids = torch.tensor([i for i in range(tokenizer.vocab_size) if i not in specials])
+        self.random_ids = torch.tensor(
+            [i for i in range(tokenizer.vocab_size) if i not in tokenizer.special_set]
+        )
         self.rows, cut_train = encode_sentences(tokenizer, train, config.model.max_len)
         self.valid_rows, cut_valid = encode_sentences(tokenizer, valid, config.model.max_len)
         if cut_train or cut_valid:
@@ -111,20 +112,26 @@ class MaskedLMTask:
 
     def loss(self, model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
         """Summed (label-smoothed) loss and NLL of the chosen tokens."""
-        chosen, targets = batch.targets
-        logits = model(batch.ids, batch.token_types, select=chosen)  # (n chosen, V)
-        return label_smoothed_loss(logits, targets, self.label_smoothing, self.tokenizer.specials.pad)
+        return self._loss(model(batch.ids, batch.token_types, select=batch.targets[0]), batch)
+
+    def _loss(self, logits: Tensor, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
+        """``logits (n chosen, V)`` against the chosen tokens."""
+        return label_smoothed_loss(
+            logits, batch.targets[1], self.label_smoothing, self.tokenizer.specials.pad
+        )
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss, perplexity and accuracy of the masked tokens, masked the same way at every validation."""
         lengths = [len(row) for row in self.valid_rows]
         groups = token_batches(lengths, lengths, self.max_tokens, seed=0, epoch=0, shuffle=False)
         batches = [self._masked([self.valid_rows[i] for i in g], seed) for seed, g in enumerate(groups)]
-        scores = validation_loss(self.loss, model, batches, device, autocast)
-        correct = 0
-        for batch in batches:
-            batch = batch.to(device)
-            chosen, targets = batch.targets
-            with autocast():
-                correct += int((model(batch.ids, select=chosen).argmax(-1) == targets).sum())
-        return {**scores, "valid_accuracy": correct / sum(b.n_tokens for b in batches)}
+        correct = []  # each batch's correctly predicted tokens, from the same forward pass as its loss
+
+        def loss_and_hits(model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
+            logits = model(batch.ids, batch.token_types, select=batch.targets[0])
+            correct.append((logits.argmax(-1) == batch.targets[1]).sum())
+            return self._loss(logits, batch)
+
+        scores = validation_loss(loss_and_hits, model, batches, device, autocast)
+        hits = int(torch.stack(correct).sum()) if correct else 0
+        return {**scores, "valid_accuracy": hits / sum(b.n_tokens for b in batches)}

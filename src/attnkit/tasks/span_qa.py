@@ -113,11 +113,16 @@ def answer(
 
 def _predict(model: torch.nn.Module, batch: EncoderBatch, encoded: list[EncodedQuestion]) -> list[list[int]]:
     start, end = model(batch.ids, batch.token_types)
+    return _spans(start, end, batch, encoded).tolist()
+
+
+def _spans(start: Tensor, end: Tensor, batch: EncoderBatch, encoded: list[EncodedQuestion]) -> Tensor:
+    """The best valid span of each row, within its passage: ``(B, 2)``."""
     positions = torch.arange(batch.ids.size(1), device=batch.ids.device)
     first = torch.tensor([e.passage_start for e in encoded], device=batch.ids.device).unsqueeze(1)
     last = torch.tensor([e.passage_start + len(e.offsets) for e in encoded], device=batch.ids.device)
     passage = (positions >= first) & (positions < last.unsqueeze(1))  # (B, T)
-    return best_spans(start.float(), end.float(), passage).tolist()
+    return best_spans(start.float(), end.float(), passage)
 
 
 def normalize_answer(text: str) -> str:
@@ -184,7 +189,9 @@ class SpanQATask:
 
     def loss(self, model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
         """BERT's span loss, (CE(start) + CE(end)) / 2, summed over questions; padding is never a target."""
-        start, end = model(batch.ids, batch.token_types)
+        return self._loss(*model(batch.ids, batch.token_types), batch)
+
+    def _loss(self, start: Tensor, end: Tensor, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
         padding = batch.ids == self.tokenizer.specials.pad
         start, end = start.float().masked_fill(padding, -1e4), end.float().masked_fill(padding, -1e4)
         loss = (F.cross_entropy(start, batch.targets[0], reduction="sum")
@@ -195,15 +202,21 @@ class SpanQATask:
         """Loss, exact match and F1 of the best valid spans on the validation questions."""
         lengths = [len(e.ids) for e in self.valid]
         groups = token_batches(lengths, lengths, self.max_tokens, seed=0, epoch=0, shuffle=False)
-        batches = [question_batch([self.valid[i] for i in g], self.tokenizer.specials.pad) for g in groups]
-        scores = validation_loss(self.loss, model, batches, device, autocast)
+        members = [[self.valid[i] for i in g] for g in groups]
+        batches = [question_batch(encoded, self.tokenizer.specials.pad) for encoded in members]
+        spans = []  # each batch's best spans, from the same forward pass as its loss
+        encoded = iter(members)
+
+        def loss_and_spans(model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
+            start, end = model(batch.ids, batch.token_types)
+            spans.append(_spans(start, end, batch, next(encoded)))
+            return self._loss(start, end, batch)
+
+        scores = validation_loss(loss_and_spans, model, batches, device, autocast)
         exact = f1 = 0.0
-        for group, batch in zip(groups, batches, strict=True):
-            with autocast():
-                spans = _predict(model, batch.to(device), [self.valid[i] for i in group])
-            for k, (i, j) in zip(group, spans, strict=True):
-                x = self.valid_examples[k]
-                e, f = exact_and_f1(_span_text(self.valid[k], x.context, i, j), x.answer)
-                exact, f1 = exact + e, f1 + f
+        for k, (i, j) in zip((k for g in groups for k in g), torch.cat(spans).tolist(), strict=True):
+            x = self.valid_examples[k]
+            e, f = exact_and_f1(_span_text(self.valid[k], x.context, i, j), x.answer)
+            exact, f1 = exact + e, f1 + f
         n = max(len(self.valid), 1)
         return {"valid_loss": scores["valid_loss"], "valid_exact": exact / n, "valid_f1": f1 / n}
