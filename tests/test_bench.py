@@ -81,3 +81,21 @@ def test_the_shakespeare_quality_benchmark_runs_end_to_end_on_a_tiny_text(tmp_pa
     assert result.returncode == 0, result.stderr
     assert re.search(r"best valid loss = \d\.\d{4}", result.stdout)
     assert re.search(r"seconds to valid loss <= 1\.8|valid loss 1\.8: not reached", result.stdout)
+
+
+def test_the_attention_variants_benchmark_trains_scores_and_plots_each_variant(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "attention_variants.py"), "--task", "dates", "--minutes", "0.02",
+         "--variants", "transformer-window,rnn-hard,rnn-none", "--runs", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(
+        r"\| dates \| ([\w-]+) \| [\d,]+ \| [\d,]+ \| [\d.]+ \| \d+\.\d\d exact match % \| [^|]+ \|",
+        result.stdout,
+    )
+    assert rows == ["transformer-window", "rnn-hard", "rnn-none"], result.stdout
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "dates-rnn-hard.png",
+        "dates-transformer-window.png",
+    ]

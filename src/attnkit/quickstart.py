@@ -14,13 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnkit.config import RunConfig
-from attnkit.data.batching import make_batch
 from attnkit.decode.translate import translate
 from attnkit.metrics import exact_match
 from attnkit.tasks.translation import read_split
 from attnkit.train.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
 from attnkit.train.loop import Trainer
-from attnkit.viz.attention import cross_attention, plot_attention
+from attnkit.viz.attention import plot_translation_attention
 
 RECIPE = {
     "model": {"preset": "tiny", "d_model": 64, "d_ff": 256, "h": 4, "dropout": 0.0},
@@ -57,14 +56,6 @@ def run_quickstart(
             + ("" if hypothesis == reference else f"  (expected {reference!r})")
         )
     plot = out / "attention.png"
-    _plot_example(model, tokenizer, test.src[0], hypotheses[0], plot)
+    plot_translation_attention(model, tokenizer, test.src[0], hypotheses[0], plot)
     echo(f"attention heat map of the first example: {plot}")
     return accuracy
-
-
-def _plot_example(model, tokenizer, source: str, output: str, path: Path) -> None:
-    batch = make_batch([tokenizer.encode(source)], [tokenizer.encode(output)], tokenizer.specials)
-    weights = cross_attention(model, batch.src, batch.tgt_in)[0]  # (T_tgt, T_src)
-    src_tokens = tokenizer.tokens(batch.src[0].tolist())
-    tgt_tokens = tokenizer.tokens(batch.tgt_out[0].tolist())  # each row predicts this token
-    plot_attention(weights, src_tokens, tgt_tokens, path, title="encoder-decoder attention, last layer")

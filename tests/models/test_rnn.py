@@ -7,9 +7,21 @@ from typer.testing import CliRunner
 
 from attnkit.cli import app
 from attnkit.config import load_run_config
+from attnkit.data.batching import make_batch
+from attnkit.data.tokenizer import SpecialIds
+from attnkit.decode.search import beam_search, greedy
 from attnkit.models import RNNConfig, build_model
 from attnkit.models.rnn import ATTENTIONS
+from attnkit.train.checkpoint import load_for_inference
 from attnkit.train.loop import Trainer
+
+IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)
+VARIANTS = [{"attention": a} for a in ATTENTIONS] + [
+    {"attention": "general", "local": "local-m", "window": 2},
+    {"attention": "bahdanau", "local": "local-p", "window": 2},
+    {"attention": "general", "hard": True},  # decoding takes the argmax position
+    {"attention": "concat", "local": "local-p", "hard": True},
+]
 
 
 def _model(attention: str, cell: str = "gru", **fields) -> torch.nn.Module:
@@ -17,10 +29,27 @@ def _model(attention: str, cell: str = "gru", **fields) -> torch.nn.Module:
     return build_model(RNNConfig.from_preset("rnn-tiny", attention=attention, cell=cell, **fields), 20).eval()
 
 
+@pytest.mark.parametrize("variant", VARIANTS[:1] + VARIANTS[5:], ids=lambda v: "-".join(map(str, v.values())))
+def test_batched_search_equals_one_sentence_at_a_time(variant):
+    """Greedy and beam search over a padded batch give each sentence what it gets alone (local windows
+    and local-p's centre use each sentence's own length, not the batch's)."""
+    model = _model(**variant)
+    sentences = [[5, 6, 7, 8, 9, 10, 3], [11, 12, 3], [4, 9, 9, 13, 3]]
+    batch = torch.zeros(3, 7, dtype=torch.long)
+    for i, ids in enumerate(sentences):
+        batch[i, : len(ids)] = torch.tensor(ids)
+    alone = [torch.tensor([ids]) for ids in sentences]
+    assert greedy(model, batch, IDS) == [greedy(model, src, IDS)[0] for src in alone]
+    beams = [[h.tokens for h in hyps] for hyps in beam_search(model, batch, IDS, beam_size=3, n_best=2)]
+    assert beams == [
+        [h.tokens for h in beam_search(model, src, IDS, beam_size=3, n_best=2)[0]] for src in alone
+    ]
+
+
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_step_by_step_decoding_with_reordering_equals_the_teacher_forced_pass(attention, cell):
-    model = _model(attention, cell, layers=2)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+def test_step_by_step_decoding_with_reordering_equals_the_teacher_forced_pass(variant, cell):
+    model = _model(cell=cell, layers=2, **variant)
     src = torch.randint(4, 20, (3, 7))
     src[1, 5:] = 0  # a padded source
     tgt = torch.randint(4, 20, (3, 6))
@@ -51,12 +80,16 @@ def test_the_rnn_config_is_checked():
         RNNConfig(d_hidden=5)
 
 
-@pytest.mark.parametrize("attention", ["bahdanau", "dot"])
+@pytest.mark.parametrize(
+    "attention",
+    ["bahdanau", "dot", "general model.local=local-m model.window=1",
+     "general model.local=local-p model.window=3"],
+)  # fmt: skip
 def test_an_attentional_rnn_learns_to_copy_and_translates_from_the_command_line(
     attention, copy_data, tmp_path
 ):
     run = tmp_path / "run"
-    settings = ["model.arch=rnn", "model.preset=rnn-tiny", f"model.attention={attention}",
+    settings = ["model.arch=rnn", "model.preset=rnn-tiny", *f"model.attention={attention}".split(),
                 "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
                 f"data.dir={copy_data}", "data.tokenizer=word", "train.max_steps=150", "train.eval_every=150",
                 "train.schedule=constant", "train.warmup=0", "train.lr=1e-2", "train.max_tokens=512",
@@ -69,3 +102,37 @@ def test_an_attentional_rnn_learns_to_copy_and_translates_from_the_command_line(
     assert result.exit_code == 0, result.output
     outputs = result.stdout.splitlines()
     assert len(outputs) == 2 and outputs[0] == "1 2 3"  # (accuracy on held-out data is checked above)
+
+
+def _copy_settings(copy_data, *extra: str) -> list[str]:
+    return ["model.arch=rnn", "model.preset=rnn-tiny", "data.train=[train.src, train.tgt]",
+            "data.valid=[valid.src, valid.tgt]", f"data.dir={copy_data}", "data.tokenizer=word",
+            "train.schedule=constant", "train.warmup=0", "train.lr=1e-2", "train.max_tokens=512",
+            "train.label_smoothing=0", "train.clip_norm=1", *extra]  # fmt: skip
+
+
+def _diagonal_share(model, tokenizer, sentences: list[str]) -> float:
+    """How often output t's most-weighted source token is token t: the copy task's true alignment."""
+    ids = tokenizer.encode_batch(sentences)
+    batch = make_batch(ids, ids, tokenizer.specials)
+    weights = model.alignments(batch.src, batch.tgt_in)  # (B, T, S)
+    hits = sum(
+        (weights[i, : len(s)].argmax(-1) == torch.arange(len(s))).sum().item() for i, s in enumerate(ids)
+    )
+    return hits / sum(map(len, ids))
+
+
+def test_hard_attention_learns_to_align_with_reinforce(copy_data, tmp_path):
+    """The sampled attention has no gradient but REINFORCE's: its alignments become the diagonal."""
+    run = tmp_path / "run"
+    settings = _copy_settings(copy_data, "model.attention=general", "model.hard=true", "train.max_steps=300",
+                              "train.eval_every=300")  # fmt: skip
+    scores = Trainer(load_run_config(None, settings), run, echo=lambda m: None).fit()
+    sentences = (copy_data / "valid.src").read_text().splitlines()
+    trained, tokenizer, config = load_for_inference(run, "cpu")
+    torch.manual_seed(0)
+    untrained = build_model(config.model, tokenizer.vocab_size).eval()
+    assert _diagonal_share(untrained, tokenizer, sentences) < 0.5
+    assert _diagonal_share(trained, tokenizer, sentences) >= 0.7
+    assert scores["valid_accuracy"] >= 0.7, scores
+    assert trained.baseline.value < 0  # the baseline (a mean log-likelihood) came back with the weights

@@ -55,11 +55,19 @@ def local_window_mask(
         raise ValueError(f"window must be >= 0, got {window}")
     t_k = t_q if t_k is None else t_k
     query_pos = torch.arange(t_k - t_q, t_k, device=device).unsqueeze(-1)  # (T_q, 1)
-    key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, T_k)
-    distance = query_pos - key_pos
-    if causal:
-        return (distance >= 0) & (distance <= window)
-    return distance.abs() <= window
+    if not causal:
+        return keys_near(query_pos, t_k, window)
+    distance = query_pos - torch.arange(t_k, device=device)  # (T_q, T_k)
+    return (distance >= 0) & (distance <= window)
+
+
+def keys_near(centre: Tensor, t_k: int, window: float) -> Tensor:
+    """Keys ``j`` with ``|j - centre| <= window``: centres ``(..., 1)`` (integer or real) -> ``(..., T_k)``.
+
+    The window of Luong et al.'s local attention (2015, §3.2), ``[p_t - D, p_t + D]``, for a centre
+    ``p_t`` that each query (and each sentence) has its own of.
+    """
+    return (torch.arange(t_k, device=centre.device) - centre).abs() <= window
 
 
 def combine_masks(*masks: Tensor | None) -> Tensor | None:

@@ -6,6 +6,10 @@ A score function maps queries ``q (..., T_q, d_q)`` and keys ``k (..., T_k, d_k)
 - ``dot`` and ``scaled_dot`` have no parameters and are plain functions, chosen by name.
 - Luong ``general`` and ``concat`` (Luong et al., 2015, §3.1) and Bahdanau ``additive`` (Bahdanau et al.,
   2015, appendix A.1.2) learn parameters, so they are modules; pass an instance as ``score=``.
+
+Every score splits as ``score(q, k) = match(q, project_keys(k))``: the key side does not depend on the
+query, so an RNN decoder, which scores one query per step against the same source, projects the keys
+once per sentence (:func:`split_score`).
 """
 
 from __future__ import annotations
@@ -50,8 +54,14 @@ class LuongGeneral(nn.Module):
         super().__init__()
         self.W_a = nn.Linear(d_k or d_q, d_q, bias=False)
 
+    def project_keys(self, k: Tensor) -> Tensor:
+        return self.W_a(k)
+
+    def match(self, q: Tensor, projected: Tensor) -> Tensor:
+        return q @ projected.transpose(-2, -1)
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return q @ self.W_a(k).transpose(-2, -1)
+        return self.match(q, self.project_keys(k))
 
 
 class LuongConcat(nn.Module):
@@ -67,9 +77,14 @@ class LuongConcat(nn.Module):
         self.W_a = nn.Linear(d_q + (d_k or d_q), d_attn or d_q, bias=False)
         self.v_a = nn.Linear(d_attn or d_q, 1, bias=False)
 
+    def project_keys(self, k: Tensor) -> Tensor:
+        return k @ self.W_a.weight[:, self.d_q :].T
+
+    def match(self, q: Tensor, projected: Tensor) -> Tensor:
+        return _additive(q @ self.W_a.weight[:, : self.d_q].T, projected, self.v_a)
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        W_q, W_k = self.W_a.weight[:, : self.d_q], self.W_a.weight[:, self.d_q :]
-        return _additive(q @ W_q.T, k @ W_k.T, self.v_a)
+        return self.match(q, self.project_keys(k))
 
 
 class BahdanauAdditive(nn.Module):
@@ -87,8 +102,14 @@ class BahdanauAdditive(nn.Module):
         self.U_a = nn.Linear(d_k or d_q, d_attn, bias=True)
         self.v_a = nn.Linear(d_attn, 1, bias=False)
 
+    def project_keys(self, k: Tensor) -> Tensor:
+        return self.U_a(k)
+
+    def match(self, q: Tensor, projected: Tensor) -> Tensor:
+        return _additive(self.W_a(q), projected, self.v_a)
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return _additive(self.W_a(q), self.U_a(k), self.v_a)
+        return self.match(q, self.project_keys(k))
 
 
 def resolve_score(score: str | ScoreFn) -> ScoreFn:
@@ -101,3 +122,11 @@ def resolve_score(score: str | ScoreFn) -> ScoreFn:
         raise ValueError(
             f"unknown score {score!r}; choose one of {sorted(SCORES)} or pass a module such as LuongGeneral"
         ) from None
+
+
+def split_score(score: str | ScoreFn) -> tuple[Callable[[Tensor], Tensor], ScoreFn]:
+    """``(project_keys, match)`` with ``score(q, k) == match(q, project_keys(k))``; a score without
+    parameters on the key side (``dot``, ``scaled_dot``) keeps the keys as they are."""
+    if hasattr(score, "project_keys"):
+        return score.project_keys, score.match
+    return (lambda k: k), resolve_score(score)

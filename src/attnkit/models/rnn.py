@@ -13,7 +13,13 @@ backward states side by side (``d_hidden`` wide in all). The decoder predicts on
 - ``attention: none``: the baseline without attention (Sutskever et al., 2014; Cho et al., 2014): the
   decoder starts from the encoder's final states and never looks back at the source.
 
-The scores are the ones in ``attnkit.attention.scores`` and the weights come from ``attend`` with the
+Two choices refine any of the scores (``rnn_attention.py`` holds the attention):
+
+- ``local: local-m | local-p`` (Luong et al. §3.2): attend only within ``[p_t - D, p_t + D]``
+  (``window: D``), around ``p_t = t`` (monotonic) or a predicted ``p_t`` with a Gaussian preference.
+- ``hard: true`` (Xu et al., 2015, §4.1): attend to *one* sampled position, trained with REINFORCE.
+
+The scores are the ones in ``attnkit.attention.scores`` and the weights come from its softmax with the
 source's padding mask, so masked positions get exactly zero weight (no second copy of either).
 ``decoding(src)`` offers the step interface the one search uses (greedy, beam, sampling): the decoder's
 state is its recurrent state and last attentional vector, reordered with the beams; there is no KV cache.
@@ -25,15 +31,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.attention.functional import attend
-from attnkit.attention.masks import padding_mask
-from attnkit.attention.scores import BahdanauAdditive, LuongConcat, LuongGeneral, dot
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models.config import _Presets
+from attnkit.models.rnn_attention import Alignment, Source, SourceAttention, make_source
+from attnkit.nn.reinforce import MovingAverageBaseline, reinforce_loss
 
 ATTENTIONS = ("bahdanau", "dot", "general", "concat", "none")
+LOCAL = ("none", "local-m", "local-p")
 
 
 @dataclass
@@ -44,6 +51,10 @@ class RNNConfig(_Presets):
     arch: str = "rnn"
     cell: str = "gru"  # "gru" or "lstm"
     attention: str = "bahdanau"  # "bahdanau", Luong's "dot" / "general" / "concat", or "none"
+    local: str = "none"  # global attention, or Luong's "local-m" / "local-p" window (rnn_attention.py)
+    window: int = 10  # D: a local window spans [p_t - D, p_t + D] (Luong's D = 10)
+    hard: bool = False  # attend to one sampled position, trained with REINFORCE (Xu et al., 2015)
+    entropy_bonus: float = 0.01  # hard attention: λ_e, the weight of the attention entropy (Xu eq. 12)
     layers: int = 1  # stacked recurrent layers on each side
     d_embed: int = 256
     d_hidden: int = 512  # decoder state, and encoder annotation (two directions of d_hidden / 2)
@@ -66,19 +77,16 @@ class RNNConfig(_Presets):
         require_one_of("model.arch", self.arch, (self.ARCH,))
         require_one_of("model.cell", self.cell, ("gru", "lstm"))
         require_one_of("model.attention", self.attention, ATTENTIONS)
-        for name in ("layers", "d_embed", "d_hidden", "max_len"):
+        require_one_of("model.local", self.local, LOCAL)
+        for name in ("layers", "d_embed", "d_hidden", "max_len", "window"):
             require_at_least(f"model.{name}", getattr(self, name), 1)
         if self.d_hidden % 2:
             raise ConfigError(f"model.d_hidden must be even (two encoder directions); got {self.d_hidden}")
+        if self.attention == "none" and (self.local != "none" or self.hard):
+            raise ConfigError("model.local and model.hard refine an attention; model.attention is none")
         require_fraction("model.dropout", self.dropout)
+        require_at_least("model.entropy_bonus", self.entropy_bonus, 0.0)
         require_at_least("model.pad_id", self.pad_id, 0)
-
-
-def _score(c: RNNConfig) -> Any:
-    d = c.d_hidden
-    return {"bahdanau": lambda: BahdanauAdditive(d, d), "dot": lambda: dot,
-            "general": lambda: LuongGeneral(d, d), "concat": lambda: LuongConcat(d, d),
-            "none": lambda: None}[c.attention]()  # fmt: skip
 
 
 class RNNSeq2Seq(nn.Module):
@@ -96,25 +104,31 @@ class RNNSeq2Seq(nn.Module):
         self.luong = c.attention in ("dot", "general", "concat")
         feed = c.d_hidden if c.attention == "bahdanau" or (self.luong and c.input_feeding) else 0
         self.decoder = rnn(c.d_embed + feed, c.d_hidden, c.layers, batch_first=True)
-        self.score = _score(c)
+        if c.attention != "none":
+            self.attention = SourceAttention(c.attention, c.d_hidden, c.local, c.window, c.hard)
+        if c.hard:
+            self.baseline = MovingAverageBaseline()
         if self.luong:
             self.combine = nn.Linear(2 * c.d_hidden, c.d_hidden, bias=False)  # W_c [c_t; h_t]
             out = c.d_hidden
         else:  # Bahdanau's output layer reads [s_i; c_i; y_{i-1}] (no context without attention)
             out = c.d_hidden + (c.d_hidden if c.attention == "bahdanau" else 0) + c.d_embed
         self.output = nn.Linear(out, vocab_size)
+        self._choices: tuple[Tensor, Tensor] | None = None  # hard attention's (log p, entropy), training
 
     # --- encoder ---------------------------------------------------------------------------------------
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor, Any]:
-        """Annotations ``(B, S, d_hidden)``, the source mask ``(B, 1, S)`` and the decoder's first state."""
-        mask = padding_mask(src, self.config.pad_id)  # (B, 1, S)
-        lengths = mask.sum(-1).squeeze(-1).clamp(min=1).cpu()
+    def encode(self, src: Tensor) -> tuple[Source, Any]:
+        """The source to attend to (annotations ``(B, S, d_hidden)``) and the decoder's first state."""
+        c = self.config
+        lengths = (src != c.pad_id).sum(-1).clamp(min=1).cpu()
         packed = nn.utils.rnn.pack_padded_sequence(self.dropout(self.embed(src)), lengths, batch_first=True,
                                                    enforce_sorted=False)  # fmt: skip
         out, final = self.encoder(packed)
         annotations, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
-        return annotations, mask, self._bridge(final)
+        if c.attention == "none":  # nothing to attend to
+            return make_source(annotations, src, c.pad_id), self._bridge(final)
+        return self.attention.prepare(annotations, src, c.pad_id), self._bridge(final)
 
     def _bridge(self, final: Any) -> Any:
         """Each layer's forward and backward final states, joined and mapped to the decoder's size."""
@@ -127,40 +141,78 @@ class RNNSeq2Seq(nn.Module):
 
     # --- decoder ---------------------------------------------------------------------------------------
 
-    def _context(self, query: Tensor, annotations: Tensor, mask: Tensor) -> Tensor:
-        """``c = Σ_j α_j h_j`` for a query ``(B, 1, d)``: ``(B, 1, d_hidden)``."""
-        context, _ = attend(query, annotations, annotations, mask, score=self.score)
-        return context
+    def step(self, y: Tensor, t: int, state: Any, feed: Tensor, source: Source):
+        """One decoder step for the previous tokens ``y (B,)`` at target position ``t``:
+        ``(logits (B, V), state, feed, alignment or None)``; ``feed`` is Bahdanau's context or Luong's
+        h̃ carried to the next step (``(B, 1, d_hidden)``)."""
+        features, state, feed, alignment = self._advance(y, t, state, feed, source)
+        return self.output(self.dropout(features)).squeeze(1), state, feed, alignment
 
-    def step(self, y: Tensor, state: Any, feed: Tensor, annotations: Tensor, mask: Tensor):
-        """One decoder step for the previous tokens ``y (B,)``: ``(logits (B, V), state, feed)``; ``feed``
-        is Bahdanau's context or Luong's h̃ carried to the next step (``(B, 1, d_hidden)``)."""
+    def _advance(self, y: Tensor, t: int, state: Any, feed: Tensor, source: Source):
+        """``step`` up to the output layer: the features ``(B, 1, ·)`` the logits are computed from."""
         c = self.config
         embedded = self.dropout(self.embed(y).unsqueeze(1))  # (B, 1, d_embed)
         top = (state[0] if isinstance(state, tuple) else state)[-1].unsqueeze(1)  # s_{i-1}: (B, 1, d)
+        alignment = None
         if c.attention == "bahdanau":
-            context = self._context(top, annotations, mask)  # from the previous state
+            context, alignment = self.attention(top, t, source)  # from the previous state
             hidden, state = self.decoder(torch.cat([embedded, context], -1), state)
             features, feed = torch.cat([hidden, context, embedded], -1), context
         elif self.luong:
             inputs = torch.cat([embedded, feed], -1) if c.input_feeding else embedded
             hidden, state = self.decoder(inputs, state)
-            context = self._context(hidden, annotations, mask)  # from the current state
+            context, alignment = self.attention(hidden, t, source)  # from the current state
             features = feed = torch.tanh(self.combine(torch.cat([context, hidden], -1)))  # h̃_t
         else:
             hidden, state = self.decoder(embedded, state)
             features = torch.cat([hidden, embedded], -1)
-        return self.output(self.dropout(features)).squeeze(1), state, feed
+        return features, state, feed, alignment
+
+    def _decode(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, list[Alignment | None]]:
+        """Teacher-forced logits ``(B, T, V)`` and each step's alignment."""
+        source, state = self.encode(src)
+        feed = source.annotations.new_zeros(src.size(0), 1, self.config.d_hidden)
+        features, alignments = [], []
+        for t in range(tgt_in.size(1)):
+            step_features, state, feed, alignment = self._advance(tgt_in[:, t], t, state, feed, source)
+            features.append(step_features)
+            alignments.append(alignment)
+        return self.output(self.dropout(torch.cat(features, dim=1))), alignments  # one (B·T, ·) x (·, V)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits ``(B, T, V)`` for ``src (B, S)`` and ``tgt_in (B, T)`` (``<s> y``)."""
-        annotations, mask, state = self.encode(src)
-        feed = annotations.new_zeros(src.size(0), 1, self.config.d_hidden)
-        logits = []
-        for t in range(tgt_in.size(1)):
-            step_logits, state, feed = self.step(tgt_in[:, t], state, feed, annotations, mask)
-            logits.append(step_logits)
-        return torch.stack(logits, dim=1)
+        logits, alignments = self._decode(src, tgt_in)
+        if self.config.hard and self.training:  # kept for policy_loss, which needs the targets
+            self._choices = (torch.stack([a.log_prob for a in alignments], 1),  # (B, T)
+                             torch.stack([a.entropy for a in alignments], 1))  # fmt: skip
+        return logits
+
+    @torch.no_grad()
+    def alignments(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """The attention weights of every target step, ``(B, T, S)`` (for heat maps)."""
+        if self.config.attention == "none":
+            raise ValueError("a model with attention: none attends to nothing")
+        return torch.stack([a.weights for a in self._decode(src, tgt_in)[1]], dim=1)
+
+    def policy_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Hard attention's REINFORCE term for the last training forward (zero for soft attention).
+
+        Each sampled position is credited with the log-likelihood of the token predicted at its step,
+        against a moving-average baseline of those, plus the entropy bonus ``λ_e Σ H(α_t)`` (Xu et al.
+        eq. 12). Xu et al. credit every choice with the whole output's log-likelihood, which is unbiased
+        but noisier: on the copy task the per-step reward learned sharper alignments in the same steps.
+        It ignores what a choice does to later steps through the decoder state, a small bias.
+        """
+        if self._choices is None:
+            return logits.new_zeros(())
+        (log_prob, entropy), self._choices = self._choices, None
+        keep = targets != self.config.pad_id  # (B, T)
+        log_likelihood = -F.cross_entropy(logits.detach().transpose(1, 2).float(), targets,
+                                          ignore_index=self.config.pad_id, reduction="none")  # fmt: skip
+        baseline = self.baseline.update(log_likelihood[keep])
+        chosen = torch.where(keep, log_prob, 0.0)  # (B, T)
+        bonus = torch.where(keep, entropy, 0.0).sum()
+        return reinforce_loss(chosen, log_likelihood, baseline) - self.config.entropy_bonus * bonus
 
     def decoding(self, src: Tensor, use_cache: bool = True) -> RNNDecoding:
         return RNNDecoding(self, src)
@@ -172,19 +224,19 @@ class RNNDecoding:
 
     def __init__(self, model: RNNSeq2Seq, src: Tensor) -> None:
         self.model = model
-        self.annotations, self.mask, self.state = model.encode(src)
-        self.feed = self.annotations.new_zeros(src.size(0), 1, model.config.d_hidden)
+        self.source, self.state = model.encode(src)
+        self.feed = self.source.annotations.new_zeros(src.size(0), 1, model.config.d_hidden)
         self.seen = 0
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         logits = None
         for t in range(self.seen, tokens.size(1)):
-            logits, self.state, self.feed = self.model.step(tokens[:, t], self.state, self.feed,
-                                                            self.annotations, self.mask)  # fmt: skip
+            logits, self.state, self.feed, _ = self.model.step(tokens[:, t], t, self.state, self.feed,
+                                                               self.source)  # fmt: skip
         self.seen = tokens.size(1)
         return logits
 
     def reorder(self, index: Tensor) -> None:
         pick = lambda h: h.index_select(1, index)  # noqa: E731  (layers, B, d)
         self.state = tuple(map(pick, self.state)) if isinstance(self.state, tuple) else pick(self.state)
-        self.feed, self.annotations, self.mask = self.feed[index], self.annotations[index], self.mask[index]
+        self.feed, self.source = self.feed[index], self.source.select(index)

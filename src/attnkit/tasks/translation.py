@@ -104,11 +104,14 @@ class TranslationTask:
                           self.tokenizer.specials)  # fmt: skip
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
-        """Summed label-smoothed loss and NLL over the batch's target tokens."""
+        """Summed label-smoothed loss and NLL over the batch's target tokens (plus, for a model that
+        samples its attention, the REINFORCE term that trains the sampling)."""
         logits = model(batch.src, batch.tgt_in)
-        return label_smoothed_loss(
+        loss, nll = label_smoothed_loss(
             logits, batch.tgt_out, self.config.train.label_smoothing, self.tokenizer.specials.pad
         )
+        policy_loss = getattr(getattr(model, "module", model), "policy_loss", None)  # (DDP wraps the model)
+        return (loss if policy_loss is None else loss + policy_loss(logits, batch.tgt_out)), nll
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""

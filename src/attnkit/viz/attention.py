@@ -9,6 +9,8 @@ import torch
 from torch import Tensor
 
 from attnkit.attention.multihead import MultiHeadAttention
+from attnkit.data.batching import make_batch
+from attnkit.data.tokenizer import Tokenizer
 
 
 @contextmanager
@@ -25,7 +27,10 @@ def recording(modules: list[MultiHeadAttention]):
 
 @torch.no_grad()
 def cross_attention(model, src: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor:
-    """Encoder-decoder attention of one decoder layer, averaged over heads: ``(B, T_tgt, T_src)``."""
+    """Encoder-decoder attention of one decoder layer, averaged over heads: ``(B, T_tgt, T_src)``
+    (an RNN encoder-decoder has one attention: ``layer`` is ignored)."""
+    if hasattr(model, "alignments"):
+        return model.alignments(src, tgt_in)
     module = model.decoder.layers[layer].src_attn
     with recording([module]):
         model(src, tgt_in)
@@ -54,3 +59,15 @@ def plot_attention(
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def plot_translation_attention(
+    model, tokenizer: Tokenizer, source: str, output: str, path: str | Path, title: str = ""
+) -> None:
+    """Save the heat map of what each token of ``output`` attended to in ``source`` (see above)."""
+    batch = make_batch([tokenizer.encode(source)], [tokenizer.encode(output)], tokenizer.specials)
+    weights = cross_attention(model, batch.src, batch.tgt_in)[0]  # (T_tgt, T_src)
+    src_tokens = tokenizer.tokens(batch.src[0].tolist())
+    tgt_tokens = tokenizer.tokens(batch.tgt_out[0].tolist())  # each row predicts this token
+    default = "encoder-decoder attention" + ("" if hasattr(model, "alignments") else ", last layer")
+    plot_attention(weights, src_tokens, tgt_tokens, path, title=title or default)

@@ -1,0 +1,114 @@
+"""The RNN decoder's attention over the source: global or local, soft or hard.
+
+One query (the decoder state) a step against the same source annotations ``h_j``:
+
+- **global, soft** (Bahdanau et al., 2015; Luong et al., 2015, §3.1): ``α = softmax(score(q, h))`` over
+  every source token, ``c = Σ_j α_j h_j``.
+- **local-m** (Luong §3.2): only ``j ∈ [p_t - D, p_t + D]`` with ``p_t = t``, the target step, assuming
+  roughly monotonic alignments. Where the target runs longer than the source, ``p_t`` stops at the last
+  source token (Luong leave this case open; without it those steps would see no source at all).
+- **local-p** (Luong §3.2, eq. 9–10): a predicted centre ``p_t = S · sigmoid(v_pᵀ tanh(W_p q))`` (``S``
+  the source length), and ``α_j = softmax(score)_j · exp(-(j - p_t)² / 2σ²)`` with ``σ = D/2``: the
+  Gaussian makes ``p_t`` differentiable, and the weights then sum to *at most* one, as in the paper.
+- **hard** (Xu et al., 2015, §4.1, "stochastic hard attention"): while training, sample one position
+  ``s ~ α`` (renormalised) and take ``c = h_s``; the choice is trained by REINFORCE (``nn/reinforce.py``)
+  with the log-likelihood of each step's token as reward, a moving-average baseline and an entropy
+  bonus (Xu et al. eq. 12). When decoding, take the most likely position (argmax), not the expectation
+  ``Σ α_j h_j``: the decoder was trained on single annotations, never on blends of them.
+
+Scores come from ``attnkit.attention.scores`` (the key side projected once per sentence) and weights
+from its ``softmax`` with the padding mask and window, so masked positions get exactly zero weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.attention.masks import keys_near, padding_mask
+from attnkit.attention.normalisers import softmax
+from attnkit.attention.scores import BahdanauAdditive, LuongConcat, LuongGeneral, dot, split_score
+
+
+@dataclass
+class Source:
+    """The encoded source a decoder attends to, one row per sentence (or beam)."""
+
+    annotations: Tensor  # (B, S, d_hidden): h_j
+    keys: Tensor  # (B, S, d): the score's key side, computed once per sentence
+    mask: Tensor  # (B, 1, S): real tokens
+    length: Tensor  # (B, 1, 1): how many, as a float (local attention's S)
+
+    def select(self, index: Tensor) -> Source:
+        """The given rows (the search's reordering of beams)."""
+        return Source(*(getattr(self, f.name)[index] for f in fields(self)))
+
+
+@dataclass
+class Alignment:
+    """What one step attended to."""
+
+    weights: Tensor  # (B, S): α_t, zero on padding and outside a local window
+    log_prob: Tensor | None = None  # hard attention: log-probability of the sampled position (B,)
+    entropy: Tensor | None = None  # hard attention: entropy of the distribution it was drawn from (B,)
+
+
+def make_source(annotations: Tensor, src: Tensor, pad_id: int, project_keys: Any = None) -> Source:
+    """The source for annotations ``(B, S, d_hidden)`` of ``src (B, S)``; keys projected if asked."""
+    mask = padding_mask(src, pad_id)  # (B, 1, S)
+    length = mask.sum(-1, keepdim=True).clamp(min=1).to(annotations.dtype)  # (B, 1, 1)
+    return Source(annotations, project_keys(annotations) if project_keys else annotations, mask, length)
+
+
+def make_score(name: str, d: int) -> Any:
+    """The score module (or function) called ``name`` for queries and keys ``d`` wide."""
+    return {"bahdanau": lambda: BahdanauAdditive(d, d), "dot": lambda: dot,
+            "general": lambda: LuongGeneral(d, d), "concat": lambda: LuongConcat(d, d)}[name]()  # fmt: skip
+
+
+class SourceAttention(nn.Module):
+    """``prepare(annotations, src)`` once per batch, then ``forward(query, t, source)`` each step."""
+
+    def __init__(self, score: str, d_hidden: int, local: str = "none", window: int = 10, hard: bool = False):
+        super().__init__()
+        self.score, self.local, self.window, self.hard = make_score(score, d_hidden), local, window, hard
+        if local == "local-p":  # p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))
+            self.W_p = nn.Linear(d_hidden, d_hidden, bias=False)
+            self.v_p = nn.Linear(d_hidden, 1, bias=False)
+
+    def prepare(self, annotations: Tensor, src: Tensor, pad_id: int) -> Source:
+        project_keys, _ = split_score(self.score)
+        return make_source(annotations, src, pad_id, project_keys)
+
+    def forward(self, query: Tensor, t: int, source: Source) -> tuple[Tensor, Alignment]:
+        """The context ``(B, 1, d_hidden)`` for a query ``(B, 1, d_hidden)`` at target step ``t``."""
+        _, match = split_score(self.score)
+        scores, mask = match(query, source.keys), source.mask  # (B, 1, S) each
+        if self.local != "none":
+            centre = self.centre(query, t, source.length)  # (B, 1, 1)
+            mask = mask & keys_near(centre, scores.size(-1), self.window)
+        weights = softmax(scores, mask)  # (B, 1, S)
+        if self.local == "local-p":  # prefer positions near p_t: a Gaussian with σ = D/2 (Luong eq. 10)
+            distance = torch.arange(scores.size(-1), device=scores.device) - centre  # (B, 1, S)
+            weights = weights * torch.exp(-distance.square() / (2 * (self.window / 2) ** 2))
+        if self.hard:
+            return self._sample(weights.squeeze(1), source.annotations)
+        return weights @ source.annotations, Alignment(weights.squeeze(1))
+
+    def centre(self, query: Tensor, t: int, length: Tensor) -> Tensor:
+        """``p_t`` of the local window, ``(B, 1, 1)``: the step (local-m) or a prediction (local-p)."""
+        if self.local == "local-m":
+            return (length - 1).clamp(max=t)
+        return length * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))))
+
+    def _sample(self, weights: Tensor, annotations: Tensor) -> tuple[Tensor, Alignment]:
+        """Hard attention: one position, sampled from ``weights (B, S)`` while training, else the argmax."""
+        p = weights / weights.sum(-1, keepdim=True)  # local-p's weights sum to less than one
+        choice = torch.multinomial(p, 1) if self.training else p.argmax(-1, keepdim=True)  # (B, 1)
+        picked = annotations.gather(1, choice.unsqueeze(-1).expand(-1, -1, annotations.size(-1)))  # (B, 1, d)
+        log_prob = p.gather(-1, choice).squeeze(-1).log()
+        log_p = p.clamp(min=torch.finfo(p.dtype).tiny).log()  # finite where p = 0 (xlogy's gradient is not)
+        return picked, Alignment(p, log_prob, entropy=-(p * log_p).sum(-1))

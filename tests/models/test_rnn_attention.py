@@ -1,0 +1,140 @@
+"""The RNN decoder's attention: global weights sum to one over the real tokens, Luong's local-m and
+local-p windows and Gaussian as the paper defines them (recomputed here in float64 from eq. 9–10), and
+hard attention that picks one annotation, samples from α, and learns by REINFORCE."""
+
+import math
+
+import pytest
+import torch
+
+from attnkit.models.rnn_attention import SourceAttention
+from attnkit.nn.reinforce import reinforce_loss
+
+D_HIDDEN = 8
+
+
+def _setup(local="none", window=2, hard=False, score="general", lengths=(7, 4)):
+    torch.manual_seed(0)
+    attention = SourceAttention(score, D_HIDDEN, local, window, hard).double()
+    S = max(lengths)
+    src = torch.zeros(len(lengths), S, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(4, 20, (n,))
+    annotations = torch.randn(len(lengths), S, D_HIDDEN, dtype=torch.float64)
+    query = torch.randn(len(lengths), 1, D_HIDDEN, dtype=torch.float64)
+    return attention, attention.prepare(annotations, src, pad_id=0), query, torch.tensor(lengths)
+
+
+def _general_softmax(attention, query, annotations, allowed):
+    """Luong's general score ``h_tᵀ W_a h_s`` and a softmax over the allowed positions, in float64."""
+    scores = torch.einsum("bd,bsd->bs", query[:, 0], attention.score.W_a(annotations))
+    return scores.masked_fill(~allowed, -math.inf).softmax(-1)
+
+
+@pytest.mark.parametrize("score", ["bahdanau", "dot", "general", "concat"])
+def test_global_weights_sum_to_one_over_the_real_tokens_and_mix_the_annotations(score):
+    attention, source, query, lengths = _setup(score=score)
+    context, alignment = attention(query, 0, source)
+    weights = alignment.weights  # (B, S)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, dtype=torch.float64))
+    assert (weights[1, lengths[1] :] == 0).all() and (weights[1, : lengths[1]] > 0).all()
+    torch.testing.assert_close(context[:, 0], torch.einsum("bs,bsd->bd", weights, source.annotations))
+
+
+@pytest.mark.parametrize("t", [0, 3, 5, 9])
+def test_local_m_attends_within_d_of_the_target_step(t):
+    """Window [t - D, t + D] (Luong §3.2, p_t = t), clamped to the last source token past the end."""
+    D = 2
+    attention, source, query, lengths = _setup("local-m", window=D)
+    _, alignment = attention(query, t, source)
+    positions = torch.arange(source.annotations.size(1))
+    for b, n in enumerate(lengths.tolist()):
+        centre = min(t, n - 1)
+        allowed = ((positions - centre).abs() <= D) & (positions < n)
+        expected = _general_softmax(attention, query[b : b + 1], source.annotations[b : b + 1], allowed)
+        torch.testing.assert_close(alignment.weights[b], expected[0])
+        assert alignment.weights[b].sum().item() == pytest.approx(1.0)
+
+
+def test_local_p_predicts_the_centre_and_weights_by_a_gaussian():
+    """p_t = S · sigmoid(v_pᵀ tanh(W_p h_t)) (eq. 9); α = align · exp(-(s - p_t)² / 2σ²), σ = D/2 (eq. 10)."""
+    D = 2
+    attention, source, query, lengths = _setup("local-p", window=D)
+    _, alignment = attention(query, 0, source)
+    positions = torch.arange(source.annotations.size(1), dtype=torch.float64)
+    for b, n in enumerate(lengths.tolist()):
+        h = query[b, 0]
+        p_t = n * torch.sigmoid(attention.v_p.weight[0] @ torch.tanh(attention.W_p.weight @ h))
+        allowed = ((positions - p_t).abs() <= D) & (positions < n)
+        align = _general_softmax(attention, query[b : b + 1], source.annotations[b : b + 1], allowed)[0]
+        expected = align * torch.exp(-((positions - p_t) ** 2) / (2 * (D / 2) ** 2))
+        torch.testing.assert_close(alignment.weights[b], expected)
+        assert 0 < alignment.weights[b].sum() <= 1  # the Gaussian takes mass away: at most one
+
+
+def test_local_p_trains_its_centre_through_the_gaussian():
+    attention, source, query, _ = _setup("local-p")
+    context, _ = attention(query, 0, source)
+    context.sum().backward()
+    assert attention.W_p.weight.grad.abs().sum() > 0 and attention.v_p.weight.grad.abs().sum() > 0
+
+
+def test_hard_attention_samples_one_annotation_with_the_probabilities_of_alpha():
+    attention, source, query, _ = _setup(hard=True)
+    attention.eval()
+    soft = _general_softmax(attention, query, source.annotations, source.mask[:, 0])  # (B, S)
+    context, alignment = attention(query, 0, source)
+    assert torch.equal(
+        context[:, 0], source.annotations[torch.arange(2), soft.argmax(-1)]
+    )  # decoding: argmax
+    attention.train()
+    torch.manual_seed(1)
+    counts = torch.zeros_like(soft)
+    for _ in range(4000):
+        context, alignment = attention(query, 0, source)
+        choice = (context - source.annotations).abs().sum(-1).argmin(-1)  # which annotation it took
+        assert torch.equal(context[:, 0], source.annotations[torch.arange(2), choice])
+        torch.testing.assert_close(alignment.log_prob, soft.gather(-1, choice[:, None])[:, 0].log())
+        counts[torch.arange(2), choice] += 1
+    assert (counts / 4000 - soft).abs().max() < 0.03  # 4,000 draws: standard error below 0.008
+    torch.testing.assert_close(alignment.entropy, -(soft * soft.clamp(min=1e-300).log()).sum(-1))
+
+
+def test_only_reinforce_trains_what_hard_attention_samples():
+    """The sample is not differentiable: a loss of the context alone leaves the score without a gradient,
+    and the REINFORCE surrogate, rewarding the choice of position 2, raises α there after one step."""
+    attention, source, query, _ = _setup(hard=True, lengths=(6, 6))
+    src = torch.ones(2, 6, dtype=torch.long)
+    attention.train()
+    source.annotations.requires_grad_()  # the encoder is trained through the annotation taken
+    context, _ = attention(query, 0, source)
+    context.sum().backward()
+    assert source.annotations.grad.any()
+    assert attention.score.W_a.weight.grad is None or not attention.score.W_a.weight.grad.any()
+    before = attention.eval()(query, 0, source)[1].weights[:, 2]
+    attention.train()
+    optimiser = torch.optim.SGD(attention.parameters(), lr=0.5)
+    optimiser.zero_grad()
+    rewards, log_probs = [], []
+    for _ in range(64):
+        context, alignment = attention(query, 0, source)
+        chose_2 = torch.isclose(context[:, 0], source.annotations[:, 2]).all(-1)
+        rewards.append(chose_2.double())
+        log_probs.append(alignment.log_prob)
+    rewards, log_probs = torch.stack(rewards), torch.stack(log_probs)  # (64, B)
+    reinforce_loss(log_probs, rewards, rewards.mean()).backward()
+    optimiser.step()
+    source = attention.prepare(source.annotations.detach(), src, pad_id=0)  # keys from the new W_a
+    after = attention.eval()(query, 0, source)[1].weights[:, 2]
+    assert (after > before).all(), (before, after)
+
+
+def test_hard_attention_gradients_stay_finite_on_padded_sources():
+    """The entropy bonus differentiates p·log p, whose gradient is infinite at p = 0 (padding) unless
+    the logarithm is kept finite there; one NaN gradient would ruin every weight."""
+    attention, source, query, _ = _setup(hard=True, lengths=(7, 3))
+    attention.train()
+    query.requires_grad_()
+    _, alignment = attention(query, 0, source)
+    (alignment.log_prob.sum() + alignment.entropy.sum()).backward()
+    assert torch.isfinite(query.grad).all() and torch.isfinite(attention.score.W_a.weight.grad).all()
