@@ -136,3 +136,5 @@ def test_hard_attention_learns_to_align_with_reinforce(copy_data, tmp_path):
     assert _diagonal_share(trained, tokenizer, sentences) >= 0.7
     assert scores["valid_accuracy"] >= 0.7, scores
     assert trained.baseline.value < 0  # the baseline (a mean log-likelihood) came back with the weights
+    result = CliRunner().invoke(app, ["translate", "--ckpt", str(run), "--beam", "3"], input="1 2 3\n")
+    assert result.exit_code == 0 and result.stdout == "1 2 3\n", result.output

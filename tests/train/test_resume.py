@@ -16,17 +16,23 @@ SETTINGS = [
 ]  # fmt: skip
 
 
-def _run(run_dir, max_steps, resume=False):
-    config = load_run_config(None, [*SETTINGS, f"train.max_steps={max_steps}"])
+# An RNN whose attention is sampled: the draws, and the REINFORCE baseline, must resume too.
+HARD_RNN = ["model.arch=rnn", "model.preset=rnn-tiny", "model.attention=general", "model.hard=true",
+            "model.dropout=0.1"]  # fmt: skip
+
+
+def _run(run_dir, max_steps, resume=False, model=()):
+    config = load_run_config(None, [*SETTINGS, *model, f"train.max_steps={max_steps}"])
     trainer = Trainer(config, run_dir, resume=resume, echo=lambda message: None)
     trainer.fit()
     return trainer
 
 
-def test_resumed_run_has_the_same_losses_and_weights_as_an_uninterrupted_one(tmp_path):
-    whole = _run(tmp_path / "whole", 9)
-    _run(tmp_path / "split", 3)
-    resumed = _run(tmp_path / "split", 9, resume=True)
+@pytest.mark.parametrize("model", [(), HARD_RNN], ids=["transformer", "rnn-hard-attention"])
+def test_resumed_run_has_the_same_losses_and_weights_as_an_uninterrupted_one(tmp_path, model):
+    whole = _run(tmp_path / "whole", 9, model=model)
+    _run(tmp_path / "split", 3, model=model)
+    resumed = _run(tmp_path / "split", 9, resume=True, model=model)
     assert whole.epoch >= 1  # the runs cross an epoch boundary (reshuffled batches)
     assert [row["train_loss"] for row in resumed.history] == [row["train_loss"] for row in whole.history]
     assert [row["valid_loss"] for row in resumed.history] == [row["valid_loss"] for row in whole.history]
