@@ -10,6 +10,7 @@ from attnkit.errors import ConfigError, ConversionError
 from attnkit.models import DecoderModelConfig, EncoderModelConfig, TransformerConfig, build_model
 from attnkit.models.convert import to_hf_bert, to_hf_gpt2, to_hf_marian
 from attnkit.train.loop import Trainer
+from tests.models.test_decoder_only import cached_pass
 
 
 def test_a_windowed_head_equals_torch_multihead_attention_with_the_band_as_its_mask():
@@ -66,12 +67,9 @@ def test_a_sliding_window_decoder_with_the_kv_cache_equals_the_full_pass(normali
     )
     model = build_model(config, 30).eval()
     ids = torch.randint(1, 30, (2, 12))
-    caches = model.new_caches()
     with torch.no_grad():
         full = model(ids)
-        steps = [model(ids[:, :4], caches=caches)] + [model(ids[:, t : t + 1], caches=caches)
-                                                     for t in range(4, 12)]  # fmt: skip
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cached_pass(model, ids, prompt=4), full, atol=1e-5, rtol=1e-5)
     changed = ids.clone()
     changed[:, 0] = (ids[:, 0] % 29) + 1
     with torch.no_grad():  # two layers of window 3 reach 6 positions back, no further

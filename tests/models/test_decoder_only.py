@@ -5,6 +5,16 @@ import torch
 from attnkit.models import DecoderModel, build_model, from_preset
 
 
+@torch.no_grad()
+def cached_pass(model: DecoderModel, ids: torch.Tensor, prompt: int) -> torch.Tensor:
+    """The model's logits for ``ids``, computed as generation does: the first ``prompt`` tokens at
+    once, then one token at a time through the KV cache."""
+    caches = model.new_caches()
+    steps = [model(ids[:, :prompt], caches=caches)]
+    steps += [model(ids[:, t : t + 1], caches=caches) for t in range(prompt, ids.size(1))]
+    return torch.cat(steps, dim=1)
+
+
 def _model(seed=0, **overrides) -> DecoderModel:
     torch.manual_seed(seed)
     return build_model(from_preset("tiny-decoder", **overrides), 30).eval()
@@ -24,12 +34,9 @@ def test_step_by_step_with_the_kv_cache_equals_the_full_forward_pass():
     for positions in ("learned", "sinusoidal"):
         model = _model(positions=positions)
         ids = torch.randint(0, 30, (3, 12))
-        caches = model.new_caches()
         with torch.no_grad():
             full = model(ids)
-            steps = [model(ids[:, :5], caches=caches)] + [model(ids[:, t : t + 1], caches=caches)
-                                                         for t in range(5, 12)]  # fmt: skip
-        torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cached_pass(model, ids, prompt=5), full, atol=1e-5, rtol=1e-5)
 
 
 def test_a_left_padded_batch_gives_each_row_what_it_gives_alone():

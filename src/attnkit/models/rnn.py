@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
@@ -152,9 +151,9 @@ class RNNSeq2Seq(nn.Module):
         """``step`` up to the output layer: the features ``(B, 1, ·)`` the logits are computed from."""
         c = self.config
         embedded = self.dropout(self.embed(y).unsqueeze(1))  # (B, 1, d_embed)
-        top = (state[0] if isinstance(state, tuple) else state)[-1].unsqueeze(1)  # s_{i-1}: (B, 1, d)
         alignment = None
         if c.attention == "bahdanau":
+            top = (state[0] if isinstance(state, tuple) else state)[-1].unsqueeze(1)  # s_{i-1}: (B, 1, d)
             context, alignment = self.attention(top, t, source)  # from the previous state
             hidden, state = self.decoder(torch.cat([embedded, context], -1), state)
             features, feed = torch.cat([hidden, context, embedded], -1), context
@@ -168,10 +167,15 @@ class RNNSeq2Seq(nn.Module):
             features = torch.cat([hidden, embedded], -1)
         return features, state, feed, alignment
 
+    def start(self, src: Tensor) -> tuple[Source, Any, Tensor]:
+        """What the first decoder step needs: the encoded source, the first state, and no feed yet
+        (zeros ``(B, 1, d_hidden)``)."""
+        source, state = self.encode(src)
+        return source, state, source.annotations.new_zeros(src.size(0), 1, self.config.d_hidden)
+
     def _decode(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, list[Alignment | None]]:
         """Teacher-forced logits ``(B, T, V)`` and each step's alignment."""
-        source, state = self.encode(src)
-        feed = source.annotations.new_zeros(src.size(0), 1, self.config.d_hidden)
+        source, state, feed = self.start(src)
         features, alignments = [], []
         for t in range(tgt_in.size(1)):
             step_features, state, feed, alignment = self._advance(tgt_in[:, t], t, state, feed, source)
@@ -194,8 +198,9 @@ class RNNSeq2Seq(nn.Module):
             raise ValueError("a model with attention: none attends to nothing")
         return torch.stack([a.weights for a in self._decode(src, tgt_in)[1]], dim=1)
 
-    def policy_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Hard attention's REINFORCE term for the last training forward (zero for soft attention).
+    def policy_loss(self, log_likelihood: Tensor, targets: Tensor) -> Tensor:
+        """Hard attention's REINFORCE term for the last training forward (zero for soft attention),
+        given each target token's log-likelihood ``(B, T)`` (detached) and the targets.
 
         Each sampled position is credited with the log-likelihood of the token predicted at its step,
         against a moving-average baseline of those, plus the entropy bonus ``λ_e Σ H(α_t)`` (Xu et al.
@@ -204,11 +209,9 @@ class RNNSeq2Seq(nn.Module):
         It ignores what a choice does to later steps through the decoder state, a small bias.
         """
         if self._choices is None:
-            return logits.new_zeros(())
+            return log_likelihood.new_zeros(())
         (log_prob, entropy), self._choices = self._choices, None
         keep = targets != self.config.pad_id  # (B, T)
-        log_likelihood = -F.cross_entropy(logits.detach().transpose(1, 2).float(), targets,
-                                          ignore_index=self.config.pad_id, reduction="none")  # fmt: skip
         baseline = self.baseline.update(log_likelihood[keep])
         chosen = torch.where(keep, log_prob, 0.0)  # (B, T)
         bonus = torch.where(keep, entropy, 0.0).sum()
@@ -224,8 +227,7 @@ class RNNDecoding:
 
     def __init__(self, model: RNNSeq2Seq, src: Tensor) -> None:
         self.model = model
-        self.source, self.state = model.encode(src)
-        self.feed = self.source.annotations.new_zeros(src.size(0), 1, model.config.d_hidden)
+        self.source, self.state, self.feed = model.start(src)
         self.seen = 0
 
     def next_logits(self, tokens: Tensor) -> Tensor:

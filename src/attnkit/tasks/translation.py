@@ -24,7 +24,7 @@ from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 from attnkit.metrics import bleu, exact_match
 from attnkit.tasks.validation import validation_loss
-from attnkit.train.losses import label_smoothed_loss
+from attnkit.train.losses import token_losses
 
 
 @dataclass
@@ -107,11 +107,14 @@ class TranslationTask:
         """Summed label-smoothed loss and NLL over the batch's target tokens (plus, for a model that
         samples its attention, the REINFORCE term that trains the sampling)."""
         logits = model(batch.src, batch.tgt_in)
-        loss, nll = label_smoothed_loss(
+        smoothed, nll = token_losses(
             logits, batch.tgt_out, self.config.train.label_smoothing, self.tokenizer.specials.pad
         )
+        loss = smoothed.sum()
         policy_loss = getattr(getattr(model, "module", model), "policy_loss", None)  # (DDP wraps the model)
-        return (loss if policy_loss is None else loss + policy_loss(logits, batch.tgt_out)), nll
+        if policy_loss is not None:  # rewarded with each token's log-likelihood
+            loss = loss + policy_loss(-nll, batch.tgt_out)
+        return loss, nll.sum()
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""

@@ -19,7 +19,13 @@ from torch import Tensor
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
-    """Summed smoothed loss and NLL over non-pad targets: logits ``(B, T, V)``, target ``(B, T)``.
+    """Summed smoothed loss and NLL over non-pad targets: logits ``(B, T, V)``, target ``(B, T)``."""
+    smoothed, nll = token_losses(logits, target, epsilon, pad_id)
+    return smoothed.sum(), nll.sum()
+
+
+def token_losses(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Each target token's smoothed loss and (detached) NLL, ``(B, T)`` each, zero at padding.
 
     One log-softmax, in float32 at least whatever the logits' dtype (bf16 logits are not copied to
     float32 first: the kernel reads them and writes float32).
@@ -33,4 +39,4 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: 
     smoothed = -(1.0 - epsilon) * log_q_ref - epsilon / (V - 2) * log_q_others
     nll = -log_q_ref.detach()
     zero = log_q.new_zeros(())
-    return torch.where(keep, smoothed, zero).sum(), torch.where(keep, nll, zero).sum()
+    return torch.where(keep, smoothed, zero), torch.where(keep, nll, zero)
