@@ -99,3 +99,44 @@ def test_the_attention_variants_benchmark_trains_scores_and_plots_each_variant(t
         "dates-rnn-hard.png",
         "dates-transformer-window.png",
     ]
+
+
+def test_the_glimpse_benchmark_trains_both_models_and_draws_the_glimpse_paths(tmp_path):
+    pytest.importorskip("sklearn", reason="the cluttered-digits task draws scikit-learn's bundled digits")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "glimpse_vs_whole_image.py"), "--minutes", "0.02",
+         "--runs", str(tmp_path), "--plot", str(tmp_path / "paths.png")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(
+        r"\| ([\w-]+) \| ([\d,]+) \| [\d,]+ \| [\d.]+ \| [\d.]+ \| (\d\.\d{3}) \|", result.stdout
+    )
+    assert [name for name, _, _ in rows] == ["glimpse", "whole-image"], result.stdout
+    sizes = [int(parameters.replace(",", "")) for _, parameters, _ in rows]
+    assert abs(sizes[0] / sizes[1] - 1) < 0.01  # the same size
+    assert (tmp_path / "paths.png").stat().st_size > 10_000
+
+
+def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(copy_data, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
+    from attnkit.config import load_run_config
+    from attnkit.train.loop import Trainer
+
+    settings = ["model.preset=tiny", "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
+                f"data.dir={copy_data}", "data.tokenizer=word", "train.schedule=constant", "train.warmup=0",
+                "train.lr=3e-3", "train.max_tokens=512", "train.max_steps=100",
+                "train.eval_every=100"]  # fmt: skip
+    Trainer(load_run_config(None, settings), tmp_path / "run", echo=lambda m: None).fit()
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "translate_speed.py"), "--ckpt", str(tmp_path / "run"),
+         "--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--n", "8",
+         "--beams", "1,2", "--batch", "4", "--threads", "1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| [\d.]+ \|", result.stdout)
+    engines = ["attnkit", "hf-generate", "ctranslate2", "ctranslate2-int8"]
+    assert [(name, beam) for name, beam, _ in rows] == [(e, b) for b in "12" for e in engines], result.stdout
+    scores = {(name, beam): score for name, beam, score in rows}
+    assert scores[("attnkit", "1")] == scores[("ctranslate2", "1")] == scores[("hf-generate", "1")]

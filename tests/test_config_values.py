@@ -43,8 +43,8 @@ BAD_VALUES = [
     ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
     (
         "data.task=translate",
-        r"data\.task must be one of 'parallel', 'dates', 'copy', 'text', 'classify', 'mlm', 'qa'; "
-        r"got 'translate'",
+        r"data\.task must be one of 'parallel', 'dates', 'copy', 'text', 'classify', 'mlm', 'qa', "
+        r"'cluttered-digits'; got 'translate'",
     ),
     (
         "data.tokenizer=sentencepiece",
@@ -59,6 +59,9 @@ BAD_VALUES = [
     ("model.dropout=1.0", r"model\.dropout must be in \[0, 1\); got 1\.0"),
     ("model.positions=rotary", r"model\.positions must be one of 'sinusoidal', 'learned'; got 'rotary'"),
     ("model.layer_norm_eps=0", r"model\.layer_norm_eps must be > 0; got 0\.0"),
+    ("train.batch_size=0", r"train\.batch_size must be >= 1; got 0"),
+    ("data.canvas=10", r"data\.canvas must be >= 16; got 10"),
+    ("data.clutter=-1", r"data\.clutter must be >= 0; got -1"),
 ]
 
 
@@ -100,3 +103,8 @@ def test_training_without_files_names_the_missing_setting(tmp_path):
     result = CliRunner().invoke(app, ["train", "--run-dir", str(tmp_path / "run"), "train.max_steps=5"])
     assert result.exit_code == 2
     assert "data.train is not set" in result.stderr
+
+
+def test_hard_attentions_expected_share_is_a_fraction():
+    with pytest.raises(ConfigError, match=r"model\.hard_expected must be in \[0, 1\); got 1\.0"):
+        load_run_config(None, ["model.arch=rnn", "model.hard=true", "model.hard_expected=1.0"])

@@ -18,6 +18,7 @@ from typing import Annotated
 import torch
 import typer
 
+from attnkit.config import IMAGE_ARCHS
 from attnkit.errors import AttnkitError
 from attnkit.models import PRESETS, build_model, from_preset
 
@@ -135,8 +136,10 @@ def summary(
     at_least("--length", length, 1)
     config = from_preset(preset)
     torch.manual_seed(0)
-    model = build_model(config, vocab).eval()
-    typer.echo(f"attnkit {type(model).__name__} ({config.arch}), preset {preset!r}, vocabulary {vocab}")
+    images = config.arch in IMAGE_ARCHS  # they read pixels: no vocabulary
+    model = build_model(config, None if images else vocab).eval()
+    reads = f"{config.image_size}×{config.image_size} images" if images else f"vocabulary {vocab}"
+    typer.echo(f"attnkit {type(model).__name__} ({config.arch}), preset {preset!r}, {reads}")
     typer.echo("  " + ", ".join(f"{k}={v}" for k, v in config.to_dict().items()))
     seen: set[int] = set()
     for name, child in model.named_modules(remove_duplicate=False):
@@ -151,6 +154,8 @@ def summary(
     typer.echo(f"  {'total':<10} {total:>14,} parameters ({total / 1e6:.1f}M)")
     n_inputs = 2 if config.arch in ("encoder-decoder", "rnn") else 1  # (source, target) or the tokens
     inputs = [torch.randint(1, vocab, (batch, length)) for _ in range(n_inputs)]  # any id but padding (0)
+    if images:
+        inputs = [torch.rand(batch, 1, config.image_size, config.image_size)]
     with torch.inference_mode():
         began = time.perf_counter()
         logits = model(*inputs)
@@ -239,6 +244,9 @@ def translate(
     ] = None,
     input: Annotated[Path | None, typer.Option("-i", "--input", help="Source file (default: stdin).")] = None,
     output: OutputFile = None,
+    engine: Annotated[
+        str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
+    ] = "attnkit",
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line)."""
     from attnkit.decode.translate import translate as translate_texts
@@ -246,8 +254,16 @@ def translate(
     from attnkit.train.distributed import resolve_device
 
     at_least("--beam", beam, 1)
+    if engine not in ("attnkit", "ctranslate2"):
+        raise AttnkitError(f"--engine {engine!r}: choose attnkit or ctranslate2")
     if output is not None:
         writable_file(output)
+    if engine == "ctranslate2":
+        from attnkit.decode.ct2 import translate_ctranslate2
+
+        hypotheses = translate_ctranslate2(ckpt, _read_input(input), beam)
+        _write_output(output, "".join(h + "\n" for h in hypotheses))
+        return
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
     texts = _read_input(input)
@@ -330,9 +346,13 @@ def evaluate(
         Path | None, typer.Option(help="Classifier: a TSV file of sentence<TAB>label lines.")
     ] = None,
     beam: Annotated[int | None, typer.Option(help="Translation: beam size; 1 = greedy.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Glimpse model: save its glimpse paths on 8 test images (PNG).")
+    ] = None,
 ) -> None:
-    """Score a model: a translation model's sacreBLEU BLEU and chrF on --src against --ref, or a
-    classifier's accuracy and macro-F1 on the labelled sentences of --data.
+    """Score a model: a translation model's sacreBLEU BLEU and chrF on --src against --ref, a
+    classifier's accuracy and macro-F1 on the labelled sentences of --data, or an image model's accuracy
+    on its task's generated test images (digits never seen in training).
 
     For translation every pair is scored: an empty source line is translated as an empty line, and the
     counts of empty sources and references are printed."""
@@ -340,7 +360,15 @@ def evaluate(
 
     at_least("--beam", beam, 1)
     arch = read_run_config(resolve_checkpoint(ckpt)).model.arch
-    if arch == "encoder":
+    if plot is not None and arch != "glimpse":
+        raise AttnkitError(f"--plot draws a glimpse model's glimpses; {ckpt} holds a {arch} model")
+    if arch in IMAGE_ARCHS:
+        if data is not None or src is not None or ref is not None:
+            raise AttnkitError(
+                f"{ckpt} holds a {arch} model: it is evaluated on its own generated test images"
+            )
+        _evaluate_images(ckpt, plot)
+    elif arch == "encoder":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds an encoder model: evaluate it with --data FILE.tsv")
         _evaluate_classifier(ckpt, data)
@@ -400,6 +428,26 @@ def _evaluate_classifier(ckpt: Path, data: Path) -> None:
     seconds = time.perf_counter() - began
     typer.echo(f"accuracy {accuracy:.4f} ({correct}/{len(labelled)}), macro-F1 {f1:.4f}")
     typer.echo(f"{len(labelled)} sentences of {data} in {seconds:.1f} s")
+
+
+def _evaluate_images(ckpt: Path, plot: Path | None) -> None:
+    from attnkit.tasks.image_classification import accuracy, image_batch, split_canvases
+    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.distributed import resolve_device
+
+    if plot is not None:
+        writable_file(plot)
+    device = resolve_device()
+    model, _, config = load_for_inference(ckpt, device, arch=IMAGE_ARCHS)
+    test = split_canvases(config, "test")
+    began = time.perf_counter()
+    score = accuracy(model, test, config.train.batch_size, device)
+    typer.echo(f"accuracy {score:.4f} on {len(test)} test images ({time.perf_counter() - began:.1f} s)")
+    if plot is not None:
+        from attnkit.viz.glimpses import plot_glimpse_paths
+
+        batch = image_batch(test, list(range(min(8, len(test))))).to(device)
+        typer.echo(f"glimpse paths: {plot_glimpse_paths(model, batch.images, batch.labels, plot)}")
 
 
 @app.command()
@@ -469,6 +517,70 @@ def average(
         f"averaged {len(checkpoints)} checkpoints{fewer} ({', '.join(c.name for c in checkpoints)}) "
         f"into {written}"
     )
+
+
+@app.command()
+@one_line_errors
+def export(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a translation model.")],
+    out: Annotated[Path, typer.Option(help="The folder to write (replaced whole if it exists).")],
+    to: Annotated[
+        str,
+        typer.Option(
+            help="hf: a folder MarianMTModel.from_pretrained loads; ctranslate2: a CTranslate2 model."
+        ),
+    ] = "hf",
+    quantization: Annotated[
+        str | None, typer.Option(help="ctranslate2: int8, int8_float32, ... (default: float32 weights).")
+    ] = None,
+) -> None:
+    """Export a Transformer translation model for another tool: --to hf writes a folder that HF
+    transformers' MarianMTModel.from_pretrained loads; --to ctranslate2 a CTranslate2 model for
+    attnkit translate --engine ctranslate2.
+
+    Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout."""
+    from attnkit.models.convert.export import export_ctranslate2, export_hf
+    from attnkit.train.checkpoint import load_for_inference
+
+    if to not in ("hf", "ctranslate2"):
+        raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers' Marian) or 'ctranslate2'")
+    if quantization is not None and to != "ctranslate2":
+        raise AttnkitError("--quantization is for --to ctranslate2")
+    model, tokenizer, config = load_for_inference(ckpt, "cpu", arch="encoder-decoder")
+    if to == "ctranslate2":
+        written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
+        typer.echo(f"{written}: translate with attnkit translate --engine ctranslate2 --ckpt {written}")
+        return
+    written = export_hf(model, tokenizer, out)
+    typer.echo(f"{written}: load it with transformers.MarianMTModel.from_pretrained({str(written)!r}); "
+               "append </s> to each source's ids, as attnkit does")  # fmt: skip
+
+
+data_app = typer.Typer(no_args_is_help=True, help="The standard data sets, laid out as the recipes expect.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("get")
+@one_line_errors
+def data_get(
+    name: Annotated[str, typer.Argument(help="multi30k, sst2 or tinyshakespeare.")],
+    folder: Annotated[Path, typer.Argument(help="Where to put the files (made if needed).")],
+    mirror: Annotated[
+        str | None, typer.Option(help="Fetch MIRROR/NAME/FILE instead of from the publishers.")
+    ] = None,
+) -> None:
+    """Download a data set with its SHA-256 checked; a broken download resumes when run again, and
+    files already there (and right) are not fetched again."""
+    from attnkit.data.download import get_dataset
+
+    for path in get_dataset(name, folder, mirror, progress=sys.stderr.isatty()):
+        typer.echo(f"{path}: {path.stat().st_size:,} bytes, SHA-256 checked")
+    recipe = {
+        "multi30k": "multi30k_de_en",
+        "sst2": "sst2_from_scratch",
+        "tinyshakespeare": "shakespeare_char",
+    }
+    typer.echo(f"ready: attnkit train configs/{recipe[name]}.yaml --data {folder} --run-dir runs/{name}")
 
 
 @app.callback()

@@ -22,6 +22,7 @@ from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models import PRESETS, config_class
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
+from attnkit.models.glimpse import GlimpseConfig, WholeImageConfig
 from attnkit.models.rnn import RNNConfig
 from attnkit.train.schedules import SCHEDULES
 
@@ -30,6 +31,8 @@ PRECISIONS = ("auto", "fp32", "bf16")
 TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
 SEQ2SEQ = ("encoder-decoder", "rnn")  # the architectures that translate
+IMAGE_TASK = "cluttered-digits"  # generated images (data/cluttered_digits.py)
+IMAGE_ARCHS = ("glimpse", "whole-image")  # the architectures that read images: no tokenizer
 # data.task -> (the architectures that do it, their head for encoders, the train.eval_metric choices:
 # the first is the default)
 TASKS_OF = {
@@ -38,6 +41,7 @@ TASKS_OF = {
     "classify": (("encoder",), "classify", ("accuracy", "f1", "loss")),
     "mlm": (("encoder",), "mlm", ("loss", "accuracy")),
     "qa": (("encoder",), "span", ("f1", "accuracy", "loss")),
+    IMAGE_TASK: (IMAGE_ARCHS, None, ("accuracy", "loss")),
 }
 EVAL_METRICS = ("bleu", "accuracy", "f1", "loss")
 FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1}  # files per split; generated: none
@@ -46,7 +50,8 @@ FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1}  # files per s
 @dataclass
 class DataConfig:
     # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text";
-    # encoder models: "classify" (TSV files), "mlm" (sentences), "qa" (generated)
+    # encoder models: "classify" (TSV files), "mlm" (sentences), "qa" (generated); images (glimpse and
+    # whole-image models): "cluttered-digits" (generated)
     task: str = "parallel"
     dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
     train: list[str] = field(default_factory=list)  # [source file, target file]; text, classify, mlm: [file]
@@ -58,7 +63,9 @@ class DataConfig:
     vocab_size: int = 8000  # bpe and word; char keeps every character seen
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
     n_train: int = 20000  # synthetic tasks: generated training pairs
-    n_valid: int = 500  # synthetic tasks: generated held-out pairs
+    n_valid: int = 500  # synthetic tasks: generated held-out pairs (cluttered-digits: images, and test)
+    canvas: int = 40  # cluttered-digits: the image's side in pixels (a digit is 16)
+    clutter: int = 4  # cluttered-digits: 6×6 pieces of other digits strewn on each image
 
     def __post_init__(self) -> None:
         require_one_of("data.task", self.task, tuple(TASKS_OF))
@@ -73,6 +80,8 @@ class DataConfig:
         require_at_least("data.max_len", self.max_len, 2)
         require_at_least("data.n_train", self.n_train, 1)
         require_at_least("data.n_valid", self.n_valid, 1)
+        require_at_least("data.canvas", self.canvas, 16)
+        require_at_least("data.clutter", self.clutter, 0)
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"data.valid_fraction must be in (0, 1); got {self.valid_fraction!r}")
         for split in ("train", "valid", "test"):
@@ -107,6 +116,7 @@ class DataConfig:
 class TrainConfig:
     seed: int = 1
     max_tokens: int = 4096  # tokens per batch (padded, the longer side); the paper used ~25,000
+    batch_size: int = 64  # image tasks: images per batch (text is batched by max_tokens)
     update_freq: int = 1  # batches per optimizer step (gradient accumulation)
     schedule: str = "noam"  # "noam" (the paper), "inverse_sqrt", "cosine" or "constant"
     lr: float = 1.0  # noam: the factor; inverse_sqrt and constant: the peak learning rate
@@ -135,7 +145,7 @@ class TrainConfig:
         for name in ("seed", "clip_norm", "max_steps", "max_epochs", "max_minutes", "valid_bleu_sentences",
                      "patience", "log_every", "lr", "min_lr", "decay_steps", "weight_decay"):  # fmt: skip
             require_at_least(f"train.{name}", getattr(self, name), 0)
-        for name in ("max_tokens", "update_freq", "eval_every", "keep_last"):
+        for name in ("max_tokens", "batch_size", "update_freq", "eval_every", "keep_last"):
             require_at_least(f"train.{name}", getattr(self, name), 1)
         require_one_of("train.schedule", self.schedule, SCHEDULES)
         require_at_least("train.warmup", self.warmup, 0 if self.schedule in ("constant", "cosine") else 1)
@@ -192,9 +202,14 @@ class DecodeConfig:
 
 @dataclass
 class RunConfig:
-    model: TransformerConfig | DecoderModelConfig | EncoderModelConfig | RNNConfig = field(
-        default_factory=TransformerConfig
-    )
+    model: (
+        TransformerConfig
+        | DecoderModelConfig
+        | EncoderModelConfig
+        | RNNConfig
+        | GlimpseConfig
+        | WholeImageConfig
+    ) = field(default_factory=TransformerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -254,6 +269,8 @@ class RunConfig:
         data, train = dict(_mapping(values.get("data"), "data")), dict(_mapping(values.get("train"), "train"))
         if model.arch == "decoder":  # a decoder's default task: language modelling
             data.setdefault("task", TEXT_TASK)
+        if model.arch in IMAGE_ARCHS:
+            data.setdefault("task", IMAGE_TASK)
         task = data.get("task", DataConfig.task)
         if task in TASKS_OF:  # the task's own default metric (an unknown task is reported by DataConfig)
             train.setdefault("eval_metric", TASKS_OF[task][2][0])

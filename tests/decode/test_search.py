@@ -78,3 +78,18 @@ def test_outputs_respect_the_length_bound():
     for row, hyps in enumerate(beam_search(model, src, IDS, beam_size=3, max_len_a=0.5, max_len_b=1)):
         assert len(hyps[0].tokens) <= bounds[row] - 1
         assert BOS_ID not in hyps[0].tokens and PAD_ID not in hyps[0].tokens
+
+
+def test_beam_search_encodes_each_source_once_and_matches_searching_alone():
+    """The K beams of a source share one encoding (not K), and each source's result is the one it gets
+    when searched by itself (its beams never read another source's memory)."""
+    model, src = _model_and_src(3)
+    seen = []
+    handle = model.encoder.register_forward_hook(lambda module, args, out: seen.append(out.size(0)))
+    together = beam_search(model, src, IDS, beam_size=4, max_len_a=1.0, max_len_b=5)
+    handle.remove()
+    assert seen == [len(src)]
+    for row, hypotheses in zip(src, together, strict=True):
+        length = int((row != PAD_ID).sum())
+        alone = beam_search(model, row[None, :length], IDS, beam_size=4, max_len_a=1.0, max_len_b=5)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in hypotheses]

@@ -32,6 +32,10 @@ def test_every_preset_of_every_architecture_builds_and_overrides_apply():
     for name, config_class in PRESETS.items():
         config = from_preset(name)
         assert isinstance(config, config_class) and config.arch == config_class.ARCH
+        if config.arch in ("glimpse", "whole-image"):  # images in, one label per image out
+            small = build_model(from_preset(name, d_hidden=32, image_size=24), None)
+            assert small(torch.rand(2, 1, 24, 24)).shape == (2, 10)
+            continue
         shape = (
             {"d_embed": 16, "d_hidden": 32} if config.arch == "rnn" else {"d_model": 32, "d_ff": 64, "h": 4}
         )

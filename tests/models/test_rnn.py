@@ -123,10 +123,17 @@ def _diagonal_share(model, tokenizer, sentences: list[str]) -> float:
 
 
 def test_hard_attention_learns_to_align_with_reinforce(copy_data, tmp_path):
-    """The sampled attention has no gradient but REINFORCE's: its alignments become the diagonal."""
+    """The sampled attention has no gradient but REINFORCE's (no sentence is given the expected context
+    here): its alignments become the diagonal."""
     run = tmp_path / "run"
-    settings = _copy_settings(copy_data, "model.attention=general", "model.hard=true", "train.max_steps=300",
-                              "train.eval_every=300")  # fmt: skip
+    settings = _copy_settings(
+        copy_data,
+        "model.attention=general",
+        "model.hard=true",
+        "model.hard_expected=0",
+        "train.max_steps=300",
+        "train.eval_every=300",
+    )
     scores = Trainer(load_run_config(None, settings), run, echo=lambda m: None).fit()
     sentences = (copy_data / "valid.src").read_text().splitlines()
     trained, tokenizer, config = load_for_inference(run, "cpu")

@@ -138,3 +138,39 @@ def test_hard_attention_gradients_stay_finite_on_padded_sources():
     _, alignment = attention(query, 0, source)
     (alignment.log_prob.sum() + alignment.entropy.sum()).backward()
     assert torch.isfinite(query.grad).all() and torch.isfinite(attention.score.W_a.weight.grad).all()
+
+
+def test_hard_attention_gives_a_share_of_sentences_the_expected_context():
+    """Xu et al. §4.1: with probability ``expected`` a training sentence takes Σ_j α_j h_j at every step
+    instead of a sample; those rows train α by backpropagation and carry no REINFORCE log-probability."""
+    attention, source, query, _ = _setup(hard=True, lengths=(6, 6))
+    attention.expected = 0.5
+    src = torch.ones(400, 6, dtype=torch.long)
+    torch.manual_seed(3)
+    marked = attention.train().prepare(torch.randn(400, 6, D_HIDDEN, dtype=torch.float64), src, 0).expected
+    assert abs(marked.double().mean().item() - 0.5) < 0.1  # 400 sentences: standard error 0.025
+    assert attention.eval().prepare(source.annotations, src[:2], 0).expected is None  # decoding: argmax
+    attention.train()
+    source.expected = torch.tensor([True, False]).view(2, 1, 1)
+    context, alignment = attention(query, 0, source)
+    soft = _general_softmax(attention, query, source.annotations, source.mask[:, 0])  # (B, S)
+    torch.testing.assert_close(context[0, 0], soft[0] @ source.annotations[0])  # the expectation
+    assert alignment.log_prob[0] == 0 and alignment.log_prob[1] < 0
+    assert alignment.entropy[0] == 0 and alignment.entropy[1] > 0  # the bonus is for sampled rows only
+    assert (source.annotations[1] == context[1]).all(-1).any()  # row 1 still took one annotation
+    context[0].sum().backward()
+    assert attention.score.W_a.weight.grad.abs().sum() > 0  # α learns through the expected context
+
+
+def test_hard_attention_can_start_soft():
+    """With ``soft_batches = 2`` the first two training batches give every sentence the expected context,
+    then the share is ``expected`` again; evaluation does not count."""
+    attention, *_ = _setup(hard=True, lengths=(6, 6))
+    attention.expected, attention.soft_batches = 0.0, 2
+    attention.batches.zero_()
+    src = torch.ones(50, 6, dtype=torch.long)
+    annotations = torch.randn(50, 6, D_HIDDEN, dtype=torch.float64)
+    attention.eval().prepare(annotations, src, 0)
+    shares = [attention.train().prepare(annotations, src, 0).expected for _ in range(3)]
+    assert shares[0].all() and shares[1].all() and shares[2] is None  # then expected = 0: all sampled
+    assert attention.batches.item() == 3

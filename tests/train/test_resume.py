@@ -22,13 +22,21 @@ HARD_RNN = ["model.arch=rnn", "model.preset=rnn-tiny", "model.attention=general"
 
 
 def _run(run_dir, max_steps, resume=False, model=()):
-    config = load_run_config(None, [*SETTINGS, *model, f"train.max_steps={max_steps}"])
+    settings = [s for s in SETTINGS if not (model and s.startswith("model."))]  # a model: all its own fields
+    config = load_run_config(None, [*settings, *model, f"train.max_steps={max_steps}"])
     trainer = Trainer(config, run_dir, resume=resume, echo=lambda message: None)
     trainer.fit()
     return trainer
 
 
-@pytest.mark.parametrize("model", [(), HARD_RNN], ids=["transformer", "rnn-hard-attention"])
+# The glimpse model samples where it looks, on canvases drawn afresh every epoch: both must resume.
+GLIMPSE = ["model.arch=glimpse", "model.preset=ram-tiny", "model.glimpses=3", "data.task=cluttered-digits",
+           "data.canvas=24", "train.batch_size=8", "train.eval_metric=accuracy"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model", [(), HARD_RNN, GLIMPSE], ids=["transformer", "rnn-hard-attention", "glimpse"]
+)
 def test_resumed_run_has_the_same_losses_and_weights_as_an_uninterrupted_one(tmp_path, model):
     whole = _run(tmp_path / "whole", 9, model=model)
     _run(tmp_path / "split", 3, model=model)
@@ -48,3 +56,12 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
 
     with pytest.raises(AttnkitError, match="no checkpoint here"):
         _run(tmp_path / "empty", 3, resume=True)
+
+
+def test_a_resumed_image_run_keeps_its_canvas(tmp_path):
+    """The image size is filled in from data.canvas, so a resumed run may not change the canvas."""
+    from attnkit.errors import ConfigError
+
+    _run(tmp_path / "run", 3, model=GLIMPSE)
+    with pytest.raises(ConfigError, match=r"data\.canvas=28 \(the run has 24\)"):
+        _run(tmp_path / "run", 6, resume=True, model=[*GLIMPSE, "data.canvas=28"])

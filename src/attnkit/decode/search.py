@@ -35,7 +35,8 @@ Choose = Callable[[Tensor], Tensor]  # log-probabilities (N, V) -> the next toke
 
 
 class Decoding(Protocol):
-    """Step-by-step decoding, as a generative model offers it (see the module docstring)."""
+    """Step-by-step decoding, as a generative model offers it (see the module docstring); a
+    sequence-to-sequence model's also offers ``repeat(k)`` (each row becomes k beams, encoded once)."""
 
     def next_logits(self, tokens: Tensor) -> Tensor: ...
 
@@ -163,7 +164,13 @@ def beam(
     n_best: int = 1,
 ) -> list[list[Hypothesis]]:
     """Beam search after ``tokens (B·K, t)``, each row's prefix repeated ``K = beam_size`` times
-    (``decoding`` made for those B·K rows); the ``n_best`` best hypotheses per row, best first."""
+    (``decoding`` made for those B·K rows); the ``n_best`` best hypotheses per row, best first.
+
+    Each step takes every row's 2K best candidates (K beams × V tokens; 2K because up to K may end in
+    ``</s>``). In score order, a candidate ending in ``</s>`` becomes a finished hypothesis while fewer
+    than K others came before it and its row still needs some; the first K others are the next beams.
+    This is done on tensors for all rows at once, with one read-back per step (the finished ones).
+    """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
     K, start, device = beam_size, tokens.size(1), tokens.device
@@ -171,52 +178,35 @@ def beam(
     row_limits = limits.repeat_interleave(K)  # (B·K,)
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one so the first step does not pick duplicates
+    first_beam = torch.arange(B, device=device)[:, None] * K  # (B, 1): row of each source's beam 0
+    position = torch.arange(2 * K, device=device)  # a candidate's rank in its row
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(int(limits.max()) if B else 0):
         log_probs = next_log_probs(decoding, tokens, t + 1 >= row_limits, specials)  # (B·K, V)
         V = log_probs.size(-1)
         candidates = (scores.view(-1, 1) + log_probs).view(B, K * V)
-        top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=-1)  # 2K: K may end in </s>
-        keep_rows, keep_tokens, keep_scores = [], [], []
-        for b in range(B):
-            rows, next_tokens, next_scores = _advance_row(
-                b, t, K, V, top_scores[b].tolist(), top_index[b].tolist(), tokens[:, start:], alpha,
-                finished, specials,
-            )  # fmt: skip
-            keep_rows += rows
-            keep_tokens += next_tokens
-            keep_scores += next_scores
+        top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=-1)  # (B, 2K) each, best first
+        rows, words = first_beam + top_index // V, top_index % V  # the beam row and token of each
+        needed = torch.tensor([K - len(f) for f in finished], device=device)[:, None]  # (B, 1)
+        alive = (top_scores > float("-inf")) & (needed > 0)
+        ends, goes_on = alive & (words == specials.eos), alive & (words != specials.eos)
+        others_before = goes_on.cumsum(-1) - goes_on.long()  # candidates that go on, ranked higher
+        ends &= (others_before < K) & (ends.cumsum(-1) <= needed)
+        for b, p in ends.nonzero().tolist():
+            hypothesis = tokens[rows[b, p], start:].tolist()
+            finished[b].append(Hypothesis(hypothesis, top_scores[b, p].item() / length_penalty(t + 1, alpha)))
         if all(len(f) >= K for f in finished):
             break
-        index = torch.tensor(keep_rows, device=device)
-        tokens = torch.cat([tokens[index], torch.tensor(keep_tokens, device=device)[:, None]], dim=1)
-        scores = torch.tensor(keep_scores, device=device).view(B, K)
+        # The next beams: the first K candidates that go on, in score order; too few: dead beams.
+        order = torch.where(goes_on, position[: top_index.size(1)], 2 * K + position[: top_index.size(1)])
+        chosen = order.argsort(-1)[:, :K]  # (B, K)
+        real = goes_on.gather(-1, chosen)
+        index = torch.where(real, rows.gather(-1, chosen), first_beam).view(-1)  # (B·K,)
+        next_tokens = torch.where(real, words.gather(-1, chosen), specials.pad).view(-1, 1)
+        scores = torch.where(real, top_scores.gather(-1, chosen), float("-inf"))
+        tokens = torch.cat([tokens[index], next_tokens], dim=1)
         decoding.reorder(index)
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
-
-
-def _advance_row(b, t, K, V, top_scores, top_index, generated, alpha, finished, specials):
-    """Move row ``b``'s candidates into finished hypotheses or the K beams of the next step."""
-    rows, next_tokens, next_scores = [], [], []
-    done = len(finished[b]) >= K
-    for score, flat in zip(top_scores, top_index, strict=True):
-        if done or len(rows) == K or score == float("-inf"):
-            break
-        beam_index, token = divmod(flat, V)
-        row = b * K + beam_index
-        if token == specials.eos:
-            hypothesis = Hypothesis(generated[row].tolist(), score / length_penalty(t + 1, alpha))
-            finished[b].append(hypothesis)
-            done = len(finished[b]) >= K
-        else:
-            rows.append(row)
-            next_tokens.append(token)
-            next_scores.append(score)
-    while len(rows) < K:  # a finished row (or too few candidates) keeps dead beams in place
-        rows.append(b * K)
-        next_tokens.append(specials.pad)
-        next_scores.append(float("-inf"))
-    return rows, next_tokens, next_scores
 
 
 # --- the encoder-decoder's entry points ------------------------------------------------------------
@@ -261,6 +251,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """The ``n_best`` best hypotheses per source (fewer if fewer finished), best first."""
     limits = _limits(src, specials.pad, max_len_a, max_len_b, max_output_len)
-    decoding = model.decoding(src.repeat_interleave(beam_size, dim=0), use_cache)  # B·K rows
+    decoding = model.decoding(src, use_cache)  # encoded once,
+    decoding.repeat(beam_size)  # then B·K rows
     start = torch.full((src.size(0) * beam_size, 1), specials.bos, dtype=torch.long, device=src.device)
     return beam(decoding, start, limits, specials, beam_size, alpha, n_best)

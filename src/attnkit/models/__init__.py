@@ -15,6 +15,7 @@ from attnkit.errors import ConfigError, require_one_of
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.encoder_only import EncoderModel
+from attnkit.models.glimpse import GlimpseClassifier, GlimpseConfig, WholeImageClassifier, WholeImageConfig
 from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
 from attnkit.models.seq2seq import EncoderDecoder, Generator, build_transformer
 
@@ -23,6 +24,8 @@ ARCHITECTURES: dict[str, tuple[type, type]] = {
     "decoder": (DecoderModelConfig, DecoderModel),
     "encoder": (EncoderModelConfig, EncoderModel),
     "rnn": (RNNConfig, RNNSeq2Seq),
+    "glimpse": (GlimpseConfig, GlimpseClassifier),  # images: vocab_size is None
+    "whole-image": (WholeImageConfig, WholeImageClassifier),
 }
 PRESETS: dict[str, type] = {name: cls for cls, _ in ARCHITECTURES.values() for name in cls.PRESETS}
 
@@ -40,10 +43,9 @@ def from_preset(name: str, **overrides: Any):
     return PRESETS[name].from_preset(name, **overrides)
 
 
-def build_model(
-    config: TransformerConfig | DecoderModelConfig | EncoderModelConfig, vocab_size: int
-) -> EncoderDecoder | DecoderModel | EncoderModel:
-    """The one way to build a model of any architecture from its config and vocabulary size."""
+def build_model(config: Any, vocab_size: int | None) -> nn.Module:
+    """The one way to build a model of any architecture from its config and vocabulary size (``None``
+    for the image models, which read pixels)."""
     if isinstance(config, TransformerConfig):
         return build_transformer(config, vocab_size)
     return ARCHITECTURES[config.arch][1](config, vocab_size)

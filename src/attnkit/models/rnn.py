@@ -17,7 +17,8 @@ Two choices refine any of the scores (``rnn_attention.py`` holds the attention):
 
 - ``local: local-m | local-p`` (Luong et al. §3.2): attend only within ``[p_t - D, p_t + D]``
   (``window: D``), around ``p_t = t`` (monotonic) or a predicted ``p_t`` with a Gaussian preference.
-- ``hard: true`` (Xu et al., 2015, §4.1): attend to *one* sampled position, trained with REINFORCE.
+- ``hard: true`` (Xu et al., 2015, §4.1): attend to *one* sampled position, trained with REINFORCE
+  (``hard_expected``: the share of training sentences that take the expected context instead).
 
 The scores are the ones in ``attnkit.attention.scores`` and the weights come from its softmax with the
 source's padding mask, so masked positions get exactly zero weight (no second copy of either).
@@ -54,6 +55,8 @@ class RNNConfig(_Presets):
     window: int = 10  # D: a local window spans [p_t - D, p_t + D] (Luong's D = 10)
     hard: bool = False  # attend to one sampled position, trained with REINFORCE (Xu et al., 2015)
     entropy_bonus: float = 0.01  # hard attention: λ_e, the weight of the attention entropy (Xu eq. 12)
+    hard_expected: float = 0.5  # hard attention: share of training sentences given Σ α h (Xu et al. §4.1)
+    hard_soft_batches: int = 0  # hard attention: the first training batches all take Σ α h (a soft start)
     layers: int = 1  # stacked recurrent layers on each side
     d_embed: int = 256
     d_hidden: int = 512  # decoder state, and encoder annotation (two directions of d_hidden / 2)
@@ -84,7 +87,9 @@ class RNNConfig(_Presets):
         if self.attention == "none" and (self.local != "none" or self.hard):
             raise ConfigError("model.local and model.hard refine an attention; model.attention is none")
         require_fraction("model.dropout", self.dropout)
+        require_fraction("model.hard_expected", self.hard_expected)
         require_at_least("model.entropy_bonus", self.entropy_bonus, 0.0)
+        require_at_least("model.hard_soft_batches", self.hard_soft_batches, 0)
         require_at_least("model.pad_id", self.pad_id, 0)
 
 
@@ -104,7 +109,8 @@ class RNNSeq2Seq(nn.Module):
         feed = c.d_hidden if c.attention == "bahdanau" or (self.luong and c.input_feeding) else 0
         self.decoder = rnn(c.d_embed + feed, c.d_hidden, c.layers, batch_first=True)
         if c.attention != "none":
-            self.attention = SourceAttention(c.attention, c.d_hidden, c.local, c.window, c.hard)
+            self.attention = SourceAttention(c.attention, c.d_hidden, c.local, c.window, c.hard,
+                                             c.hard_expected, c.hard_soft_batches)  # fmt: skip
         if c.hard:
             self.baseline = MovingAverageBaseline()
         if self.luong:
@@ -242,3 +248,7 @@ class RNNDecoding:
         pick = lambda h: h.index_select(1, index)  # noqa: E731  (layers, B, d)
         self.state = tuple(map(pick, self.state)) if isinstance(self.state, tuple) else pick(self.state)
         self.feed, self.source = self.feed[index], self.source.select(index)
+
+    def repeat(self, times: int) -> None:
+        """Each row becomes ``times`` consecutive rows (beam search's beams): encoded once."""
+        self.reorder(torch.arange(self.feed.size(0), device=self.feed.device).repeat_interleave(times))

@@ -13,8 +13,16 @@ One query (the decoder state) a step against the same source annotations ``h_j``
 - **hard** (Xu et al., 2015, §4.1, "stochastic hard attention"): while training, sample one position
   ``s ~ α`` (renormalised) and take ``c = h_s``; the choice is trained by REINFORCE (``nn/reinforce.py``)
   with the log-likelihood of each step's token as reward, a moving-average baseline and an entropy
-  bonus (Xu et al. eq. 12). When decoding, take the most likely position (argmax), not the expectation
-  ``Σ α_j h_j``: the decoder was trained on single annotations, never on blends of them.
+  bonus (Xu et al. eq. 12). As Xu et al. do to lower the variance, a share of the training sentences
+  (``expected``, their 0.5) takes the expected context ``Σ_j α_j h_j`` at every step instead of a sample:
+  α then also learns by backpropagation, as soft attention does, and REINFORCE trains the sampled rest
+  (the entropy bonus, too, is for sampled sentences only). The first ``soft_batches`` training batches
+  take the expected context throughout: α learns alignments by backpropagation before anything is
+  sampled from it (from a uniform α, samples are noise the decoder learns to ignore, and then no choice
+  earns more reward than another).
+  When decoding, take the most likely position (argmax): the decoder must work from single annotations,
+  the case it was trained on whenever it sampled; without the expected-context share (``expected: 0``) it
+  never saw a blend at all.
 
 Scores come from ``attnkit.attention.scores`` (the key side projected once per sentence) and weights
 from its ``softmax`` with the padding mask and window, so masked positions get exactly zero weight.
@@ -41,10 +49,12 @@ class Source:
     keys: Tensor  # (B, S, d): the score's key side, computed once per sentence
     mask: Tensor  # (B, 1, S): real tokens
     length: Tensor  # (B, 1, 1): how many, as a float (local attention's S)
+    expected: Tensor | None = None  # (B, 1, 1) bool, hard attention while training: these rows take Σ α h
 
     def select(self, index: Tensor) -> Source:
         """The given rows (the search's reordering of beams)."""
-        return Source(*(getattr(self, f.name)[index] for f in fields(self)))
+        pick = lambda value: None if value is None else value[index]  # noqa: E731
+        return Source(*(pick(getattr(self, f.name)) for f in fields(self)))
 
 
 @dataclass
@@ -70,18 +80,29 @@ def make_score(name: str, d: int) -> Any:
 
 
 class SourceAttention(nn.Module):
-    """``prepare(annotations, src)`` once per batch, then ``forward(query, t, source)`` each step."""
+    """``prepare(annotations, src)`` once per batch, then ``forward(query, t, source)`` each step;
+    ``expected``: hard attention's share of training sentences given the expected context instead."""
 
-    def __init__(self, score: str, d_hidden: int, local: str = "none", window: int = 10, hard: bool = False):
+    def __init__(self, score: str, d_hidden: int, local: str = "none", window: int = 10, hard: bool = False,
+                 expected: float = 0.0, soft_batches: int = 0):  # fmt: skip
         super().__init__()
         self.score, self.local, self.window, self.hard = make_score(score, d_hidden), local, window, hard
+        self.expected, self.soft_batches = expected, soft_batches
+        if hard:  # training batches seen, so that the first soft_batches are soft (saved: resumes exactly)
+            self.register_buffer("batches", torch.zeros((), dtype=torch.long))
         if local == "local-p":  # p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))
             self.W_p = nn.Linear(d_hidden, d_hidden, bias=False)
             self.v_p = nn.Linear(d_hidden, 1, bias=False)
 
     def prepare(self, annotations: Tensor, src: Tensor, pad_id: int) -> Source:
         project_keys, _ = split_score(self.score)
-        return make_source(annotations, src, pad_id, project_keys)
+        source = make_source(annotations, src, pad_id, project_keys)
+        if self.hard and self.training:
+            self.batches += 1
+            share = 1.0 if self.batches <= self.soft_batches else self.expected  # a soft start, then Xu's
+            if share > 0:  # per sentence, with probability ``share``
+                source.expected = torch.rand(src.size(0), 1, 1, device=src.device) < share
+        return source
 
     def forward(self, query: Tensor, t: int, source: Source) -> tuple[Tensor, Alignment]:
         """The context ``(B, 1, d_hidden)`` for a query ``(B, 1, d_hidden)`` at target step ``t``."""
@@ -95,7 +116,7 @@ class SourceAttention(nn.Module):
             distance = torch.arange(scores.size(-1), device=scores.device) - centre  # (B, 1, S)
             weights = weights * torch.exp(-distance.square() / (2 * (self.window / 2) ** 2))
         if self.hard:
-            return self._sample(weights.squeeze(1), source.annotations)
+            return self._sample(weights.squeeze(1), source)
         return weights @ source.annotations, Alignment(weights.squeeze(1))
 
     def centre(self, query: Tensor, t: int, length: Tensor) -> Tensor:
@@ -104,11 +125,19 @@ class SourceAttention(nn.Module):
             return (length - 1).clamp(max=t)
         return length * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))))
 
-    def _sample(self, weights: Tensor, annotations: Tensor) -> tuple[Tensor, Alignment]:
-        """Hard attention: one position, sampled from ``weights (B, S)`` while training, else the argmax."""
+    def _sample(self, weights: Tensor, source: Source) -> tuple[Tensor, Alignment]:
+        """Hard attention: one position, sampled from ``weights (B, S)`` while training, else the argmax;
+        the rows ``source.expected`` marks take the expectation instead (their ``log_prob`` is zero, so
+        REINFORCE leaves them to backpropagation)."""
+        annotations = source.annotations
         p = weights / weights.sum(-1, keepdim=True)  # local-p's weights sum to less than one
         choice = torch.multinomial(p, 1) if self.training else p.argmax(-1, keepdim=True)  # (B, 1)
         picked = annotations.gather(1, choice.unsqueeze(-1).expand(-1, -1, annotations.size(-1)))  # (B, 1, d)
         log_prob = p.gather(-1, choice).squeeze(-1).log()
         log_p = p.clamp(min=torch.finfo(p.dtype).tiny).log()  # finite where p = 0 (xlogy's gradient is not)
-        return picked, Alignment(p, log_prob, entropy=-(p * log_p).sum(-1))
+        entropy = -(p * log_p).sum(-1)
+        if self.training and source.expected is not None:  # nothing sampled there: no REINFORCE, no bonus
+            picked = torch.where(source.expected, p.unsqueeze(1) @ annotations, picked)  # (B, 1, d)
+            log_prob = log_prob.masked_fill(source.expected.view(-1), 0.0)
+            entropy = entropy.masked_fill(source.expected.view(-1), 0.0)
+        return picked, Alignment(p, log_prob, entropy)

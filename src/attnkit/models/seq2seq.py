@@ -134,8 +134,16 @@ class Seq2SeqDecoding:
         return self.model.generator(hidden)
 
     def reorder(self, index: Tensor) -> None:
-        if self.cache is not None:
-            self.cache.reorder(index)
+        if self.cache is not None:  # beams of one source share its memory: only the target side moves
+            self.cache.reorder(index, sources_too=False)
+
+    def repeat(self, times: int) -> None:
+        """Each source row becomes ``times`` consecutive rows (beam search's beams), before the first step:
+        the sources are encoded once, not once per beam."""
+        if self.cache is not None and len(self.cache):
+            raise ValueError("repeat() comes before the first decoding step")
+        self.memory = self.memory.repeat_interleave(times, dim=0)  # (N·times, S, d_model)
+        self.src_mask = self.src_mask.repeat_interleave(times, dim=0)
 
 
 def build_transformer(

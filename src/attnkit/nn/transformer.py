@@ -114,11 +114,14 @@ class DecoderCache:
         """Number of target positions already decoded."""
         return len(self.layers[0].self_attn) if self.layers else 0
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` in every layer (beam search re-ranking)."""
+    def reorder(self, index: Tensor, sources_too: bool = True) -> None:
+        """Keep batch rows ``index`` in every layer (beam search re-ranking). ``sources_too=False`` leaves
+        the cross-attention's keys and values alone, right when ``index`` only moves rows among rows with
+        the same source (the beams of one sentence): copying them would change nothing."""
         for layer in self.layers:
             layer.self_attn.reorder(index)
-            layer.src_attn.reorder(index)
+            if sources_too:
+                layer.src_attn.reorder(index)
 
 
 class Decoder(nn.Module):

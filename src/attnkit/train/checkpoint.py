@@ -1,7 +1,8 @@
 """Checkpoints: safetensors + JSON, written atomically, self-contained, resumable.
 
 A run directory holds one folder per checkpoint, ``step-0000500/``, each with everything a later command
-needs: ``config.json``, ``model.safetensors``, ``tokenizer.json``, and for resuming
+needs: ``config.json``, ``model.safetensors``, ``tokenizer.json`` (not for image models, which read
+pixels), and for resuming
 ``trainer_state.safetensors`` (optimizer tensors, every process's RNG states) + ``trainer_state.json``
 (step, epoch, position in the epoch, best score, scalar optimizer settings). ``last`` and ``best`` are
 small text files naming a checkpoint folder.
@@ -29,12 +30,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
-from attnkit.config import RunConfig
+from attnkit.config import IMAGE_ARCHS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.models import build_model, load_weights
-from attnkit.models.decoder_only import DecoderModel
-from attnkit.models.seq2seq import EncoderDecoder
 
 CHECKPOINT_PREFIX = "step-"
 RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
@@ -99,9 +98,9 @@ def _publish(temporary: Path, final: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _write_folder(final: Path, write: Any) -> Path:
-    """Write a checkpoint folder with ``write(temporary_folder)`` and publish it; a failure leaves no
-    trace and is one line naming the folder."""
+def write_folder(final: Path, write: Any) -> Path:
+    """Write a folder (a checkpoint, an export) with ``write(temporary_folder)`` and publish it; a
+    failure leaves no trace and is one line naming the folder."""
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         temporary = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
@@ -198,7 +197,7 @@ def save_checkpoint(
     *,
     model: torch.nn.Module,
     config: dict[str, Any],
-    tokenizer_json: str,
+    tokenizer_json: str | None,
     optimizer: torch.optim.Optimizer | None = None,
     trainer_state: dict[str, Any] | None = None,
     rng: list[dict[str, Any]] | None = None,
@@ -214,11 +213,12 @@ def save_checkpoint(
     def write(folder: Path) -> None:
         save_model(model, str(folder / "model.safetensors"))  # handles the tied embeddings
         (folder / "config.json").write_text(json.dumps(config, indent=2))
-        (folder / "tokenizer.json").write_text(tokenizer_json)
+        if tokenizer_json is not None:  # image models have no tokenizer
+            (folder / "tokenizer.json").write_text(tokenizer_json)
         if optimizer is not None and trainer_state is not None:
             _trainer_state_files(folder, optimizer, trainer_state, rng or [rng_state()])
 
-    final = _write_folder(run_dir / f"{CHECKPOINT_PREFIX}{step:07d}", write)
+    final = write_folder(run_dir / f"{CHECKPOINT_PREFIX}{step:07d}", write)
     write_text_atomic(run_dir / "last", final.name)
     if is_best:
         write_text_atomic(run_dir / "best", final.name)
@@ -354,16 +354,25 @@ def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer, rank:
     return meta
 
 
-def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer) -> EncoderDecoder | DecoderModel:
+def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer | None) -> torch.nn.Module:
     """The model of ``config`` for ``tokenizer``: its vocabulary size, and its ``<pad>`` as the model's
-    padding id (``config.model.pad_id`` is set from the tokenizer, the one source of truth)."""
+    padding id (``config.model.pad_id`` is set from the tokenizer, the one source of truth); an image
+    model has no tokenizer (``None``)."""
+    if tokenizer is None:
+        return build_model(config.model, None)
     config.model.pad_id = tokenizer.specials.pad
     return build_model(config.model, tokenizer.vocab_size)
 
 
+def read_tokenizer(checkpoint: Path, config: RunConfig) -> Tokenizer | None:
+    """The checkpoint's tokenizer; ``None`` for an image model, which has none."""
+    return None if config.model.arch in IMAGE_ARCHS else Tokenizer.load(checkpoint / "tokenizer.json")
+
+
 COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "rnn": "attnkit translate / evaluate",
             "decoder": "attnkit generate",
-            "encoder": "attnkit predict / evaluate --data"}  # fmt: skip
+            "encoder": "attnkit predict / evaluate --data",
+            "glimpse": "attnkit evaluate", "whole-image": "attnkit evaluate"}  # fmt: skip
 
 
 def load_for_inference(
@@ -381,8 +390,8 @@ def load_for_inference(
             f"{checkpoint} holds a {config.model.arch} model, which this command cannot use; "
             f"use {COMMANDS[config.model.arch]}"
         )
-    tokenizer = Tokenizer.load(checkpoint / "tokenizer.json")
-    if config.model.pad_id != tokenizer.specials.pad:
+    tokenizer = read_tokenizer(checkpoint, config)
+    if tokenizer is not None and config.model.pad_id != tokenizer.specials.pad:
         raise AttnkitError(
             f"{checkpoint}: config.json has model.pad_id={config.model.pad_id} but tokenizer.json's <pad> "
             f"is {tokenizer.specials.pad} (are the files from different checkpoints?)"
@@ -416,6 +425,7 @@ def average_checkpoints(checkpoints: list[Path], out: Path) -> Path:
     def write(folder: Path) -> None:
         save_file(averaged, str(folder / "model.safetensors"))
         for name in ("config.json", "tokenizer.json"):
-            shutil.copyfile(checkpoints[0] / name, folder / name)
+            if (checkpoints[0] / name).exists():  # image models have no tokenizer.json
+                shutil.copyfile(checkpoints[0] / name, folder / name)
 
-    return _write_folder(out, write)
+    return write_folder(out, write)

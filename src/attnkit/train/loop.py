@@ -30,7 +30,6 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from attnkit.config import RunConfig, TrainConfig
-from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.metrics import perplexity
 from attnkit.tasks import make_task
@@ -61,8 +60,9 @@ def _ready_to_train(config: RunConfig) -> RunConfig:
     return config
 
 
-# num_labels: a classifier's labels come from its data (data.labels), which the run keeps
-RESUMABLE_MODEL_CHANGES = {"dropout", "attention_dropout", "activation_dropout", "num_labels"}
+# num_labels, image_size: a classifier's labels and an image model's size come from its data (data.labels,
+# data.canvas), which the run keeps
+RESUMABLE_MODEL_CHANGES = {"dropout", "attention_dropout", "activation_dropout", "num_labels", "image_size"}
 
 
 def _check_resumable(saved: RunConfig, config: RunConfig) -> None:
@@ -76,7 +76,7 @@ def _check_resumable(saved: RunConfig, config: RunConfig) -> None:
     ]
     changed += [
         f"data.{name}={getattr(config.data, name)!r} (the run has {getattr(saved.data, name)!r})"
-        for name in ("tokenizer", "vocab_size")
+        for name in ("tokenizer", "vocab_size", "canvas")
         if getattr(config.data, name) != getattr(saved.data, name)
     ]
     if changed:
@@ -130,7 +130,7 @@ class Trainer:
             config.model = pretrained.shape_for(config.model)
         self._prepare_run_dir(replace=not resume, overwrite=overwrite)
         torch.manual_seed(t.seed)  # the same initial weights in every process
-        tokenizer = Tokenizer.load(resume_from / "tokenizer.json") if resume_from else None
+        tokenizer = ckpt.read_tokenizer(resume_from, config) if resume_from else None
         if pretrained:
             tokenizer = pretrained.tokenizer
         self.task = make_task(config, tokenizer, self._say)
@@ -333,8 +333,8 @@ class Trainer:
                  "scheduler": self.scheduler.state_dict()}  # fmt: skip
         ckpt.save_checkpoint(
             self.run_dir, self.step, model=self.model, config=self.config.to_dict(),
-            tokenizer_json=self.tokenizer.to_str(), optimizer=self.optimizer, trainer_state=state, rng=rng,
-            is_best=is_best, keep_last=self.config.train.keep_last,
+            tokenizer_json=self.tokenizer and self.tokenizer.to_str(), optimizer=self.optimizer,
+            trainer_state=state, rng=rng, is_best=is_best, keep_last=self.config.train.keep_last,
         )  # fmt: skip
 
     def _restore(self, checkpoint: Path) -> None:

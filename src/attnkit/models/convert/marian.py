@@ -12,6 +12,7 @@ Our attention keeps Q, K and V stacked in one ``in_proj`` (3·d_model rows); Mar
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -166,3 +167,39 @@ def to_hf_marian(model: EncoderDecoder) -> dict[str, Tensor]:
     for mine, names in _key_map(model).items():
         theirs.update(zip(names, ours[mine].chunk(len(names)), strict=True))
     return {name: tensor.detach().clone() for name, tensor in theirs.items()}
+
+
+def with_concatenated_sinusoids(model: EncoderDecoder) -> EncoderDecoder:
+    """The same function as ``model`` with Marian's concatenated sinusoids instead of the paper's
+    interleaved ones (``model`` itself when it has them already).
+
+    The concatenated table is the interleaved one with its dimensions reordered (sines of dimensions
+    0, 2, 4, ... first, then the cosines of 1, 3, 5, ...). Reordering every vector of the residual stream
+    the same way changes nothing else: each layer that reads the stream gets its input columns
+    reordered, each that writes to it its output rows, LayerNorm (which normalises over the set of
+    dimensions, in any order) its gains and biases, the embeddings (and the tied output) their columns.
+    """
+    c = model.config
+    if c.positions != "sinusoidal" or c.sinusoid_layout == "concatenated":
+        return model
+    if c.d_model % 2:
+        raise ConversionError(f"an odd d_model ({c.d_model}) has no concatenated sinusoid layout")
+    order = torch.cat(
+        [torch.arange(0, c.d_model, 2), torch.arange(1, c.d_model, 2)]
+    )  # new dim k = old order[k]
+    reads = ("lut.weight", "in_proj.weight", "w_1.weight", "generator.proj.weight")  # (·, d_model) inputs
+    writes = ("out_proj.weight", "out_proj.bias", "w_2.weight", "w_2.bias", "norm.weight", "norm.bias")
+    unchanged = ("in_proj.bias", "w_1.bias", "generator.proj.bias")
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith(reads):
+            state[name] = tensor[:, order]
+        elif name.endswith(writes):
+            state[name] = tensor[order]
+        elif name.endswith(unchanged):
+            state[name] = tensor
+        else:
+            raise ConversionError(f"cannot reorder {name!r} to the concatenated sinusoid layout")
+    converted = EncoderDecoder(replace(c, sinusoid_layout="concatenated"), model.src_vocab, model.tgt_vocab)
+    load_mapped(converted.to(model.src_embed.lut.weight.dtype), state, "attnkit")  # in the model's precision
+    return converted.train(model.training)

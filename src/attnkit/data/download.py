@@ -1,0 +1,141 @@
+"""Fetching the standard data sets: ``attnkit data get multi30k DIR``.
+
+Each data set is a list of files, each with the address it is published at (a fixed commit, so the bytes
+never change) and its SHA-256. A file is downloaded into ``NAME.part`` beside its final place, with a
+progress bar; a broken download is resumed where it stopped (an HTTP ``Range`` request) the next time
+the same command runs; the finished file is checked against its SHA-256 and only then renamed into
+place, so a file with its final name is always complete and right. A file already there with the right
+checksum is not fetched again. Errors are one line naming the file: the server's refusal, a connection
+that broke off (run the command again to resume), a checksum that does not match (the partial file is
+deleted, as resuming it would keep the damage).
+
+``mirror`` replaces the publishers' addresses with ``MIRROR/<data set>/<file name>``: for a local copy,
+an internal server, or the tests (which serve files from 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from http.client import HTTPException
+from pathlib import Path
+
+from tqdm import tqdm
+
+from attnkit.errors import DataError
+
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class DataFile:
+    name: str  # where it goes, relative to the data set's folder
+    url: str
+    sha256: str
+
+
+MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw"
+SST2 = "https://raw.githubusercontent.com/eyalbd2/Reproducing-AutoPrompt/6288fb5bec9c572f2492875ae0111df5b6daed11/glue_data/SST-2"
+CHAR_RNN = "https://raw.githubusercontent.com/karpathy/char-rnn/6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data"
+
+# The layout each recipe expects (docs/data.md); checksums of the published bytes.
+DATASETS: dict[str, list[DataFile]] = {
+    "multi30k": [
+        DataFile(name, f"{MULTI30K}/{name}", sha256)
+        for name, sha256 in (
+            ("train.de.gz", "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6"),
+            ("train.en.gz", "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f"),
+            ("val.de.gz", "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a"),
+            ("val.en.gz", "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28"),
+            ("test_2016_flickr.de.gz", "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8"),
+            ("test_2016_flickr.en.gz", "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9"),
+        )
+    ],
+    "sst2": [
+        DataFile(
+            "train.tsv",
+            f"{SST2}/train_full.tsv",
+            "48eac26399f8456935f81dd9e3a745c1430adb6c62e233ccfe22db4a0d15d1d1",
+        ),
+        DataFile(
+            "dev.tsv", f"{SST2}/dev.tsv", "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0"
+        ),
+    ],
+    "tinyshakespeare": [
+        DataFile(
+            "input.txt",
+            f"{CHAR_RNN}/tinyshakespeare/input.txt",
+            "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        ),
+    ],
+}
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def get_dataset(name: str, folder: Path, mirror: str | None = None, progress: bool = True) -> list[Path]:
+    """Download data set ``name`` into ``folder`` (made if needed); returns the files' paths."""
+    if name not in DATASETS:
+        raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for file in DATASETS[name]:
+        url = f"{mirror.rstrip('/')}/{name}/{file.name}" if mirror else file.url
+        paths.append(fetch(DataFile(file.name, url, file.sha256), folder, progress))
+    return paths
+
+
+def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
+    """``folder / file.name``, downloaded (or resumed) and checked unless it is there already."""
+    final, partial = folder / file.name, folder / (file.name + ".part")
+    if final.exists() and sha256_of(final) == file.sha256:
+        return final
+    have = partial.stat().st_size if partial.exists() else 0
+    total = None  # bytes the file should have, when the server says
+    request = urllib.request.Request(file.url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            if have and response.status != 206:  # the server ignored the range: start again
+                have = 0
+            length = response.headers.get("Content-Length")
+            total = have + int(length) if length is not None else None
+            with open(partial, "ab" if have else "wb") as out, tqdm(
+                total=total, initial=have, unit="B", unit_scale=True, desc=file.name, disable=not progress,
+                leave=False,
+            ) as bar:  # fmt: skip
+                for chunk in iter(lambda: response.read(CHUNK), b""):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    except urllib.error.HTTPError as error:
+        if error.code != 416 or not have:  # 416 to a resumed request: nothing left, the part is whole
+            raise DataError(f"{file.name}: {file.url} answered {error.code} {error.reason}") from None
+    except (urllib.error.URLError, HTTPException, OSError) as error:
+        got = partial.stat().st_size if partial.exists() else 0
+        reason = getattr(error, "reason", None) or error
+        raise DataError(
+            f"{file.name}: the download broke off after {got:,} bytes ({reason}); run the same command "
+            "again to resume it"
+        ) from None
+    got = partial.stat().st_size
+    if total is not None and got < total:
+        raise DataError(
+            f"{file.name}: the download broke off after {got:,} of {total:,} bytes; run the same command "
+            "again to resume it"
+        )
+    digest = sha256_of(partial)
+    if digest != file.sha256:
+        partial.unlink()
+        raise DataError(
+            f"{file.name}: SHA-256 {digest} is not the expected {file.sha256} (from {file.url}); the partial "
+            "file was deleted"
+        )
+    partial.replace(final)
+    return final

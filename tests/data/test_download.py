@@ -1,0 +1,140 @@
+"""``attnkit data get``: files fetched from a local HTTP server (127.0.0.1) are checked against their
+SHA-256, a broken download resumes with a Range request, a wrong checksum or a refusal is a one-line error
+naming the file, and the real data sets' checksums match the real files."""
+
+import hashlib
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnkit.cli import app
+from attnkit.data.download import DATASETS, DataFile, fetch
+from attnkit.errors import DataError
+
+SHARED = Path(os.environ.get("ATTNKIT_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+
+
+class Server:
+    """Serves ``files`` (URL path -> bytes) with Range support; ``cut[path] = n`` sends only n bytes of
+    the body (announcing all of them) and hangs up; ``ranges`` records each request's Range header."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.cut: dict[str, int] = {}
+        self.ranges: list[str | None] = []
+        self.honour_ranges = True
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = server.files.get(self.path)
+                server.ranges.append(self.headers.get("Range"))
+                if body is None:
+                    self.send_error(404, "Not Found")
+                    return
+                start, status = 0, 200
+                if self.headers.get("Range") and server.honour_ranges:
+                    start, status = int(self.headers["Range"].removeprefix("bytes=").rstrip("-")), 206
+                    if start >= len(body):
+                        self.send_error(416, "Range Not Satisfiable")
+                        return
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body) - start))
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                self.end_headers()
+                self.wfile.write(body[start : start + server.cut.get(self.path, len(body))])
+                self.close_connection = True
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def server():
+    serving = Server()
+    yield serving
+    serving.httpd.shutdown()
+    serving.httpd.server_close()
+
+
+def _file(server, name="a.bin", size=300_000):
+    body = os.urandom(size)
+    server.files[f"/{name}"] = body
+    return DataFile(name, f"{server.url}/{name}", hashlib.sha256(body).hexdigest()), body
+
+
+def test_a_file_is_fetched_checked_and_not_fetched_again(server, tmp_path):
+    file, body = _file(server)
+    assert fetch(file, tmp_path, progress=False).read_bytes() == body
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"]  # no .part left behind
+    fetch(file, tmp_path, progress=False)
+    assert len(server.ranges) == 1  # already there and right: no second request
+
+
+def test_a_broken_download_resumes_where_it_stopped(server, tmp_path):
+    file, body = _file(server)
+    server.cut["/a.bin"] = 100_000
+    with pytest.raises(
+        DataError, match=r"a\.bin: the download broke off after 100,000 .*run the same command"
+    ):
+        fetch(file, tmp_path, progress=False)
+    assert (tmp_path / "a.bin.part").stat().st_size == 100_000 and not (tmp_path / "a.bin").exists()
+    del server.cut["/a.bin"]
+    assert fetch(file, tmp_path, progress=False).read_bytes() == body
+    assert server.ranges == [None, "bytes=100000-"]
+
+
+def test_a_server_that_ignores_the_range_gives_the_whole_file_again(server, tmp_path):
+    file, body = _file(server)
+    (tmp_path / "a.bin.part").write_bytes(body[:5000])
+    server.honour_ranges = False
+    assert fetch(file, tmp_path, progress=False).read_bytes() == body
+
+
+def test_a_wrong_checksum_is_an_error_and_deletes_the_partial_file(server, tmp_path):
+    file, _ = _file(server)
+    wrong = DataFile(file.name, file.url, "0" * 64)
+    with pytest.raises(DataError, match=r"^a\.bin: SHA-256 [0-9a-f]{64} is not the expected 0{64}"):
+        fetch(wrong, tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refusal_names_the_file_and_the_answer(server, tmp_path):
+    with pytest.raises(DataError, match=r"^gone\.txt: http://127\.0\.0\.1:\d+/gone\.txt answered 404"):
+        fetch(DataFile("gone.txt", f"{server.url}/gone.txt", "0" * 64), tmp_path, progress=False)
+
+
+@pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason=f"no Multi30k copy at {SHARED}/multi30k")
+def test_data_get_lays_out_multi30k_from_a_mirror_with_the_real_checksums(server, tmp_path):
+    """The real files, served from a local mirror: every checksum in the table matches them."""
+    for file in DATASETS["multi30k"]:
+        server.files[f"/multi30k/{file.name}"] = (SHARED / "multi30k" / file.name).read_bytes()
+    result = CliRunner().invoke(app, ["data", "get", "multi30k", str(tmp_path / "m"), "--mirror", server.url])
+    assert result.exit_code == 0, result.output
+    for file in DATASETS["multi30k"]:
+        assert (tmp_path / "m" / file.name).read_bytes() == server.files[f"/multi30k/{file.name}"]
+    assert "ready: attnkit train configs/multi30k_de_en.yaml --data" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["sst2", "tinyshakespeare"])
+def test_the_other_checksums_match_the_real_files(name):
+    folder = SHARED / name
+    if not folder.is_dir():
+        pytest.skip(f"no {name} copy at {folder}")
+    for file in DATASETS[name]:
+        assert hashlib.sha256((folder / file.name).read_bytes()).hexdigest() == file.sha256, file.name
+
+
+def test_an_unknown_data_set_is_a_one_line_error(tmp_path):
+    result = CliRunner().invoke(app, ["data", "get", "imagenet", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "unknown data set 'imagenet'; choose one of multi30k, sst2, tinyshakespeare" in result.output

@@ -1,0 +1,119 @@
+"""``attnkit export``: the paper's interleaved sinusoids are reordered into Marian's layout with the
+model's function unchanged; HF transformers' MarianMTModel, loaded from the exported folder as it is,
+translates exactly as attnkit does (greedy, the same token ids); and so does CTranslate2 from
+``--to ctranslate2`` through ``attnkit translate --engine ctranslate2``."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnkit.cli import app
+from attnkit.config import load_run_config
+from attnkit.decode.translate import translate
+from attnkit.models import TransformerConfig, build_model
+from attnkit.models.convert.marian import with_concatenated_sinusoids
+from attnkit.train.checkpoint import load_for_inference
+from attnkit.train.loop import Trainer
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"norm_first": True}, {"share_embeddings": False, "output_bias": True}],
+    ids=["post-ln", "pre-ln", "separate-embeddings"],
+)
+def test_reordering_to_concatenated_sinusoids_keeps_the_models_function(fields):
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, h=4, max_len=64, **fields
+    )
+    model = build_model(config, 40).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # LayerNorm's ones and zeros would hide a wrong order
+            if "norm" in name or name.endswith("bias"):
+                p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.2)
+    converted = with_concatenated_sinusoids(model).double().eval()
+    assert (
+        model.config.sinusoid_layout == "interleaved" and converted.config.sinusoid_layout == "concatenated"
+    )
+    src, tgt = torch.randint(4, 40, (3, 9)), torch.randint(4, 40, (3, 7))
+    expected = model(src, tgt)
+    torch.testing.assert_close(converted(src, tgt), expected, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(build_model(converted.config, 40).double().eval()(src, tgt), expected)
+
+
+@pytest.fixture(scope="module")
+def trained(copy_data, tmp_path_factory):
+    """A Transformer with the paper's interleaved sinusoids that has learned the copy task."""
+    run = tmp_path_factory.mktemp("export") / "run"
+    settings = ["model.preset=tiny", "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
+                f"data.dir={copy_data}", "data.tokenizer=word", "train.schedule=constant", "train.warmup=0",
+                "train.lr=3e-3", "train.max_tokens=512", "train.max_steps=200",
+                "train.eval_every=200"]  # fmt: skip
+    Trainer(load_run_config(None, settings), run, echo=lambda m: None).fit()
+    return run
+
+
+def test_the_exported_folder_translates_in_hf_transformers_as_attnkit_does(trained, copy_data, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="HF transformers is the reference")
+    run, out = trained, tmp_path / "hf"
+    result = CliRunner().invoke(app, ["export", "--ckpt", str(run), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    files = [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert sorted(p.name for p in out.iterdir()) == files
+
+    ours, tokenizer, config = load_for_inference(run)
+    sources = (copy_data / "valid.src").read_text().splitlines()
+    expected = translate(ours, tokenizer, sources, config.decode, beam_size=1)
+    theirs = transformers.MarianMTModel.from_pretrained(out).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    eos = theirs.generation_config.eos_token_id
+    outputs = []
+    for text in sources:
+        ids = hf_tokenizer(text)["input_ids"]
+        assert ids == tokenizer.encode_batch([text])[0]  # the same tokenizer
+        generated = theirs.generate(torch.tensor([[*ids, eos]]), do_sample=False, max_new_tokens=32)
+        outputs.append(hf_tokenizer.decode(generated[0], skip_special_tokens=True))
+    assert [o.split() for o in outputs] == [e.split() for e in expected]
+    assert (
+        sum(e == s for e, s in zip(expected, sources, strict=True)) >= 10
+    )  # it learned something to compare
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_ctranslate2_export_translates_as_attnkit_does(trained, copy_data, tmp_path, beam):
+    """Greedy: the same outputs; beam search: the same on this easy task, where one hypothesis wins by far
+    (CTranslate2 normalises by length^α, attnkit by GNMT's penalty)."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
+    out = tmp_path / "ct2"
+    result = CliRunner().invoke(
+        app, ["export", "--ckpt", str(trained), "--to", "ctranslate2", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    source = tmp_path / "source.txt"
+    source.write_text((copy_data / "valid.src").read_text() + "\n")  # and an empty line
+    ours = CliRunner().invoke(
+        app, ["translate", "--ckpt", str(trained), "--beam", str(beam), "-i", str(source)]
+    )
+    theirs = CliRunner().invoke(
+        app,
+        ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", str(beam), "-i", str(source)],
+    )
+    assert ours.exit_code == 0 and theirs.exit_code == 0, theirs.output
+    assert theirs.stdout == ours.stdout and theirs.stdout.endswith("\n\n")
+
+
+def test_exporting_to_ctranslate2_leaves_the_model_untouched(trained, tmp_path):
+    """CTranslate2 quantises its arrays in place; they must be copies, not views of the model's weights."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
+    from attnkit.models.convert.export import export_ctranslate2
+
+    model, tokenizer, config = load_for_inference(trained)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    export_ctranslate2(model, tokenizer, vars(config.decode), tmp_path / "int8", quantization="int8")
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
