@@ -41,6 +41,11 @@ def image_batch(canvases: Canvases, indices: list[int] | Tensor) -> ImageBatch:
     return ImageBatch(images, canvases.labels[indices], len(indices))
 
 
+def consecutive(n: int, size: int) -> list[list[int]]:
+    """Indices ``0 .. n-1`` in runs of at most ``size``: the batches of an epoch, validation or a test."""
+    return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+
+
 def split_canvases(config: RunConfig, split: str, epoch: int = 0) -> Canvases:
     """The generated ``train`` canvases of an epoch, or the ``valid``/``test`` ones (``n_valid`` each), of
     a run's config."""
@@ -57,8 +62,8 @@ def accuracy(
     """The share of ``canvases`` whose digit ``model`` names (evaluation mode: no sampled glimpses)."""
     model.eval()
     right = 0
-    for start in range(0, len(canvases), batch_size):
-        batch = image_batch(canvases, list(range(start, min(start + batch_size, len(canvases))))).to(device)
+    for group in consecutive(len(canvases), batch_size):
+        batch = image_batch(canvases, group).to(device)
         right += (model(batch.images).argmax(-1) == batch.labels).sum().item()
     return right / len(canvases)
 
@@ -81,8 +86,9 @@ class ImageClassificationTask:
     def epoch_batches(self, epoch: int) -> list[tuple[int, list[int]]]:
         """This epoch's batches, ``(epoch, image indices)``: consecutive runs of ``train.batch_size`` (the
         canvases are drawn in random order already)."""
-        n, size = self.config.data.n_train, self.config.train.batch_size
-        return [(epoch, list(range(i, min(i + size, n)))) for i in range(0, n, size)]
+        return [
+            (epoch, group) for group in consecutive(self.config.data.n_train, self.config.train.batch_size)
+        ]
 
     def make_batch(self, description: tuple[int, list[int]]) -> ImageBatch:
         epoch, indices = description
@@ -104,8 +110,7 @@ class ImageClassificationTask:
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss and accuracy on the validation canvases."""
         size = self.config.train.batch_size
-        groups = [list(range(i, min(i + size, len(self.valid)))) for i in range(0, len(self.valid), size)]
-        right = []
+        right = []  # each batch's count of right answers, read back once at the end
 
         def loss_and_answers(model: torch.nn.Module, batch: ImageBatch) -> tuple[Tensor, Tensor]:
             logits = model(batch.images).float()
@@ -113,9 +118,9 @@ class ImageClassificationTask:
             cross_entropy = F.cross_entropy(logits, batch.labels, reduction="sum")
             return cross_entropy, cross_entropy
 
-        batches = (image_batch(self.valid, group) for group in groups)
+        batches = (image_batch(self.valid, group) for group in consecutive(len(self.valid), size))
         scores = validation_loss(loss_and_answers, model, batches, device, autocast)
         return {
             "valid_loss": scores["valid_loss"],
-            "valid_accuracy": sum(r.item() for r in right) / len(self.valid),
+            "valid_accuracy": torch.stack(right).sum().item() / len(self.valid),
         }
