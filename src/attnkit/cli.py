@@ -259,9 +259,9 @@ def translate(
     if output is not None:
         writable_file(output)
     if engine == "ctranslate2":
-        from attnkit.decode.ct2 import translate_ctranslate2
+        from attnkit.decode.ct2 import CTranslate2Engine
 
-        hypotheses = translate_ctranslate2(ckpt, _read_input(input), beam)
+        hypotheses = CTranslate2Engine(ckpt).translate(_read_input(input), beam)
         _write_output(output, "".join(h + "\n" for h in hypotheses))
         return
     device = resolve_device()

@@ -21,34 +21,44 @@ from attnkit.errors import AttnkitError
 from attnkit.models.convert.export import DECODE_FILE
 
 
-def translate_ctranslate2(folder: Path, texts: list[str], beam_size: int | None = None) -> list[str]:
-    """Translate ``texts`` with the CTranslate2 model in ``folder`` on the CPU (torch's thread count)."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise AttnkitError(
-            "--engine ctranslate2 needs CTranslate2: pip install 'attnkit[ctranslate2]'"
-        ) from None
-    if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
-        raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
-    tokenizer = Tokenizer.load(folder / "tokenizer.json")
-    decode = DecodeConfig(**json.loads((folder / DECODE_FILE).read_text(encoding="utf-8")))
-    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=torch.get_num_threads())
-    names, s = tokenizer.hf.id_to_token, tokenizer.specials
-    todo = [i for i, text in enumerate(texts) if text.strip()]
-    sources = [
-        [names(i) for i in ids] + [names(s.eos)] for ids in tokenizer.encode_batch([texts[i] for i in todo])
-    ]
-    longest = max((len(source) for source in sources), default=0)
-    results = translator.translate_batch(
-        sources,
-        beam_size=decode.beam_size if beam_size is None else beam_size,
-        length_penalty=decode.alpha,
-        max_batch_size=decode.batch_size,
-        max_decoding_length=int(decode.max_len_a * longest + decode.max_len_b),
-        suppress_sequences=[[names(s.pad)], [names(s.bos)]],
-    )
-    outputs = [""] * len(texts)
-    for i, result in zip(todo, results, strict=True):
-        outputs[i] = tokenizer.decode(tokenizer.hf.token_to_id(token) for token in result.hypotheses[0])
-    return outputs
+class CTranslate2Engine:
+    """The CTranslate2 model, tokenizer and decoding settings of ``folder``, loaded once; ``translate``
+    as often as needed (CPU, torch's thread count)."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            import ctranslate2
+        except ImportError:
+            raise AttnkitError(
+                "--engine ctranslate2 needs CTranslate2: pip install 'attnkit[ctranslate2]'"
+            ) from None
+        if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
+            raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
+        self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
+        self.decode = DecodeConfig(**json.loads((folder / DECODE_FILE).read_text(encoding="utf-8")))
+        self.translator = ctranslate2.Translator(
+            str(folder), device="cpu", intra_threads=torch.get_num_threads()
+        )
+
+    def translate(self, texts: list[str], beam_size: int | None = None) -> list[str]:
+        """Translate ``texts``; ``beam_size`` 1 is greedy, default the run's ``decode.beam_size``."""
+        tokenizer, decode = self.tokenizer, self.decode
+        names, s = tokenizer.hf.id_to_token, tokenizer.specials
+        todo = [i for i, text in enumerate(texts) if text.strip()]
+        sources = [
+            [names(i) for i in ids] + [names(s.eos)]
+            for ids in tokenizer.encode_batch([texts[i] for i in todo])
+        ]
+        longest = max((len(source) for source in sources), default=0)
+        results = self.translator.translate_batch(
+            sources,
+            beam_size=decode.beam_size if beam_size is None else beam_size,
+            length_penalty=decode.alpha,
+            max_batch_size=decode.batch_size,
+            max_decoding_length=int(decode.max_len_a * longest + decode.max_len_b),
+            suppress_sequences=[[names(s.pad)], [names(s.bos)]],
+        )
+        outputs = [""] * len(texts)
+        for i, result in zip(todo, results, strict=True):
+            outputs[i] = tokenizer.decode(tokenizer.hf.token_to_id(token) for token in result.hypotheses[0])
+        return outputs
