@@ -6,8 +6,10 @@ first ``--n`` lines of ``--src`` in batches of ``--batch`` sentences, greedy and
 ``--threads`` threads. Each row: target tokens per second (attnkit's tokenizer counts the outputs), the
 outputs' sacreBLEU against ``--ref`` (to show they translate alike) and the ratio of attnkit's speed to
 the engine's. Settings on every side: no sampling, the start token ``<s>``, ``<pad>`` and ``<s>`` never
-produced; beam search's length normalisation is each engine's own (attnkit: GNMT's with the run's α;
-HF: its default, length^1; CTranslate2: length^α), and it is printed.
+produced; beam search ranks finished hypotheses by log P / length^α on every side, with ``--alpha``
+(default: the run's ``decode.alpha``), each with its own stopping rule (attnkit's and CTranslate2's:
+a sentence is done with K finished hypotheses; HF's default: when no running beam can beat them). Each
+engine runs in its own process, median of ``--rounds`` timed runs after a warm-up.
 
 Run: ``python bench/translate_speed.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz
 --ref data/multi30k/test_2016_flickr.en.gz --n 500`` (the HF rows need ``transformers``, the CTranslate2
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Engine
 from attnkit.decode.translate import translate
@@ -33,26 +38,63 @@ from attnkit.models.convert.export import export_ctranslate2, export_hf
 from attnkit.train.checkpoint import load_for_inference
 
 
-def hf_translator(folder: Path, tokenizer, batch: int) -> Callable[[list[str], int], list[str]]:
-    """HF ``generate`` over batches of ``batch`` sentences, sources encoded as attnkit encodes them."""
+def hf_translator(folder: Path, tokenizer, batch: int, alpha: float) -> Callable[[list[str], int], list[str]]:
+    """HF ``generate`` over the batches attnkit makes (``batch`` sentences of similar length), sources
+    encoded as attnkit encodes them."""
     from transformers import MarianMTModel
 
     model = MarianMTModel.from_pretrained(folder).eval()
     s = tokenizer.specials
 
     def run(texts: list[str], beam: int) -> list[str]:
-        outputs = []
-        for start in range(0, len(texts), batch):
-            ids = [[*row, s.eos] for row in tokenizer.encode_batch(texts[start : start + batch])]
-            longest = max(map(len, ids))
-            padded = torch.tensor([row + [s.pad] * (longest - len(row)) for row in ids])
+        encoded = [[*row, s.eos] for row in tokenizer.encode_batch(texts)]
+        outputs = [""] * len(texts)
+        for chunk in length_batches(range(len(texts)), [len(ids) for ids in encoded], batch):
+            padded = pad([encoded[i] for i in chunk], s.pad)
             with torch.inference_mode():
+                longest = 1 + int(1.5 * padded.size(1) + 10)  # <s> + attnkit's bound
                 out = model.generate(padded, attention_mask=padded != s.pad, num_beams=beam, do_sample=False,
-                                     max_new_tokens=int(1.5 * longest + 10))  # fmt: skip
-            outputs += [tokenizer.decode(row) for row in out.tolist()]  # without <s>, up to </s>
+                                     length_penalty=alpha, max_length=longest)  # fmt: skip
+            for i, row in zip(chunk, out.tolist(), strict=True):
+                outputs[i] = tokenizer.decode(row)  # without <s>, up to </s>
         return outputs
 
     return run
+
+
+def time_engine(
+    engine: str,
+    folder: str,
+    ckpt: str,
+    sources: list[str],
+    beams: list[int],
+    batch: int,
+    threads: int,
+    rounds: int,
+    alpha: float,
+) -> dict[int, tuple[float, list[str]]]:
+    """In a fresh process: load ``engine`` (from ``folder``; attnkit from ``ckpt``), warm it up, then
+    translate ``sources`` ``rounds`` times per beam size; the median seconds and the outputs per beam."""
+    torch.set_num_threads(threads)
+    model, tokenizer, config = load_for_inference(ckpt)
+    decode = config.decode
+    decode.batch_size, decode.length_penalty, decode.alpha = batch, "length", alpha
+    if engine == "attnkit":
+        run = lambda texts, beam: translate(model, tokenizer, texts, decode, beam_size=beam)  # noqa: E731
+    elif engine == "hf-generate":
+        run = hf_translator(Path(folder), tokenizer, batch, alpha)
+    else:
+        run = CTranslate2Engine(Path(folder)).translate  # loaded once, outside the timed runs
+    results = {}
+    for beam in beams:
+        run(sources[:batch], beam)  # warm-up: first-call allocations and lazy loading
+        times = []
+        for _ in range(rounds):
+            began = time.perf_counter()
+            outputs = run(sources, beam)
+            times.append(time.perf_counter() - began)
+        results[beam] = (statistics.median(times), outputs)
+    return results
 
 
 def main() -> None:
@@ -66,48 +108,52 @@ def main() -> None:
     parser.add_argument("--beams", default="1,5", help="beam sizes, comma-separated (1 = greedy)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="timed runs per engine and beam (the median)")
+    parser.add_argument("--alpha", type=float, default=None, help="length^α (default: the run's)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     model, tokenizer, config = load_for_inference(args.ckpt)
     pairs = read_parallel(Path(args.src), Path(args.ref))
     sources, references = pairs.src[: args.n], pairs.tgt[: args.n]
     decode = config.decode
-    decode.batch_size = args.batch
+    decode.length_penalty = "length"
+    decode.alpha = decode.alpha if args.alpha is None else args.alpha
     scratch = Path(tempfile.mkdtemp(prefix="translate_speed."))
-    engines: dict[str, Callable[[list[str], int], list[str]]] = {
-        "attnkit": lambda texts, beam: translate(model, tokenizer, texts, decode, beam_size=beam),
-    }
+    folders = {"attnkit": ""}
     if importlib.util.find_spec("transformers"):
-        engines["hf-generate"] = hf_translator(
-            export_hf(model, tokenizer, scratch / "hf"), tokenizer, args.batch
-        )
+        folders["hf-generate"] = str(export_hf(model, tokenizer, scratch / "hf"))
     else:
         print("note: transformers is not installed; no HF rows")
     if importlib.util.find_spec("ctranslate2"):
         for name, quantization in (("ctranslate2", None), ("ctranslate2-int8", "int8")):
             folder = export_ctranslate2(model, tokenizer, vars(decode), scratch / name, quantization)
-            engines[name] = CTranslate2Engine(folder).translate  # loaded once, outside the timed runs
+            folders[name] = str(folder)
     else:
         print("note: ctranslate2 is not installed; no CTranslate2 rows")
+    beams = [int(b) for b in args.beams.split(",")]
+    # One process per engine: a library's thread pool (CTranslate2's OpenMP runtime) slows the engines
+    # that run after it in the same process by half, which would not be like for like.
+    spawn = multiprocessing.get_context("spawn")
+    timed = {}
+    for name, folder in folders.items():
+        pool = spawn.Pool(1)
+        work = (name, folder, args.ckpt, sources, beams, args.batch, args.threads, args.rounds, decode.alpha)
+        timed[name] = pool.apply(time_engine, work)
+        pool.close()
+        pool.join()
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
-          f"{args.batch}; attnkit's α = {decode.alpha}, HF's length_penalty = 1.0 (its default)")  # fmt: skip
+          f"{args.batch}, median of {args.rounds} runs, each engine in its own process; beam search's "
+          f"score: log P / length^{decode.alpha} on every side")  # fmt: skip
     print("| engine | beam | seconds | target tokens/s | sacreBLEU | attnkit / engine speed |")
     print("|---|---|---|---|---|---|")
-    for beam in [int(b) for b in args.beams.split(",")]:
+    for beam in beams:
         speeds = {}
-        for name, run in engines.items():
-            run(sources[: args.batch], beam)  # warm-up: first-call allocations and lazy loading
-            began = time.perf_counter()
-            outputs = run(sources, beam)
-            seconds = time.perf_counter() - began
+        for name in folders:
+            seconds, outputs = timed[name][beam]
             tokens = sum(len(ids) + 1 for ids in tokenizer.encode_batch(outputs))  # + </s>
             speeds[name] = tokens / seconds
             ratio = speeds["attnkit"] / speeds[name]
             score = bleu(outputs, references).score
-            print(
-                f"| {name} | {beam} | {seconds:.1f} | {speeds[name]:,.0f} | {score:.2f} | {ratio:.2f} |",
-                flush=True,
-            )
+            print(f"| {name} | {beam} | {seconds:.2f} | {speeds[name]:,.0f} | {score:.2f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

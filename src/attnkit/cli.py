@@ -550,6 +550,10 @@ def export(
     if to == "ctranslate2":
         written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
         typer.echo(f"{written}: translate with attnkit translate --engine ctranslate2 --ckpt {written}")
+        if config.decode.length_penalty != "length":
+            typer.echo(f"note: CTranslate2 ranks beams by log P / length^{config.decode.alpha}; this run's "
+                       f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",
+                       err=True)  # fmt: skip
         return
     written = export_hf(model, tokenizer, out)
     typer.echo(f"{written}: load it with transformers.MarianMTModel.from_pretrained({str(written)!r}); "

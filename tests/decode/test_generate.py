@@ -101,7 +101,7 @@ def test_temperature_zero_is_greedy_and_top_k_one_is_greedy_too(model_and_tokeni
     assert generate(model, tokenizer, PROMPTS, _decode(temperature=1.0, top_k=1)) == greedy
     log_probs = torch.randn(5, 9).log_softmax(-1)
     generators = [torch.Generator().manual_seed(i) for i in range(5)]
-    assert torch.equal(sampler(generators, temperature=0.0)(log_probs), log_probs.argmax(-1))
+    assert torch.equal(sampler(generators, temperature=0.0)(log_probs, torch.arange(5)), log_probs.argmax(-1))
 
 
 def test_a_stop_string_ends_generation_before_it(model_and_tokenizer):

@@ -1,11 +1,15 @@
 """Greedy and beam search: beam 1 = greedy, cached = uncached, and beam finds better-scoring outputs."""
 
+import math
+from typing import ClassVar
+
 import pytest
 import torch
 
 from attnkit import build_transformer
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import beam_search, greedy, length_penalty
+from attnkit.decode.search import beam
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the tiny model's sources below use ids 4..15
 PAD_ID, BOS_ID, EOS_ID = IDS.pad, IDS.bos, IDS.eos
@@ -61,12 +65,31 @@ def test_beam_scores_are_sequence_log_probabilities_and_beat_greedy():
         assert hyps[0].score >= _log_prob(model, real_src, g) - 1e-5
 
 
-def test_length_penalty_is_gnmt_and_n_best_is_checked():
-    assert length_penalty(1, 0.6) == pytest.approx(1.0)
-    assert length_penalty(7, 1.0) == pytest.approx(2.0)
+def test_length_penalties_are_gnmts_and_the_plain_lengths_and_arguments_are_checked():
+    assert length_penalty(1, 0.6, "gnmt") == pytest.approx(1.0)  # ((5 + 1) / 6) ** 0.6
+    assert length_penalty(7, 1.0, "gnmt") == pytest.approx(2.0)  # (5 + 7) / 6
+    assert length_penalty(7, 1.0, "length") == pytest.approx(7.0)
+    assert length_penalty(9, 0.5, "length") == pytest.approx(3.0)
     model, src = _model_and_src()
     with pytest.raises(ValueError, match="n_best"):
         beam_search(model, src, IDS, beam_size=2, n_best=3)
+    with pytest.raises(ValueError, match="unknown length penalty 'wu'"):
+        beam_search(model, src, IDS, beam_size=2, penalty="wu")
+
+
+@pytest.mark.parametrize("penalty", ["length", "gnmt"])
+def test_hypotheses_are_scored_and_ranked_by_log_probability_over_the_length_penalty(penalty):
+    """The score of every finished hypothesis is log P(Y|X) / lp(|Y|), |Y| counting </s> (HF's
+    ``sum_logprobs / generated_len ** length_penalty``; GNMT's eq. 14), best first."""
+    model, src = _model_and_src(7)
+    alpha = 1.0
+    lp = {"length": lambda n: n**alpha, "gnmt": lambda n: ((5 + n) / 6) ** alpha}[penalty]
+    beams = beam_search(model, src, IDS, beam_size=4, alpha=alpha, n_best=4, penalty=penalty)
+    for row, hyps in enumerate(beams):
+        real_src = src[row][src[row] != PAD_ID]
+        expected = [_log_prob(model, real_src, h.tokens) / lp(len(h.tokens) + 1) for h in hyps]
+        assert [h.score for h in hyps] == pytest.approx(expected, abs=1e-4)
+        assert expected == sorted(expected, reverse=True)
 
 
 def test_outputs_respect_the_length_bound():
@@ -93,3 +116,74 @@ def test_beam_search_encodes_each_source_once_and_matches_searching_alone():
         length = int((row != PAD_ID).sum())
         alone = beam_search(model, row[None, :length], IDS, beam_size=4, max_len_a=1.0, max_len_b=5)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in hypotheses]
+
+
+class ScriptedDecoding:
+    """A "model" whose next-token probabilities are written out by hand for each prefix (ids: A=4, C=6)."""
+
+    A, B, C = 4, 5, 6
+    NEXT: ClassVar = {  # generated prefix -> {token: probability}; the rest of the mass on C
+        (): {A: 0.9, EOS_ID: 0.08, B: 0.02},
+        (A,): {C: 0.95, EOS_ID: 0.05},
+        (B,): {EOS_ID: 0.95, C: 0.05},
+        (A, C): {EOS_ID: 0.9, C: 0.1},
+    }
+
+    def next_logits(self, tokens):
+        rows = []
+        for prefix in tokens[:, 1:].tolist():
+            probs = torch.full((8,), 1e-12)
+            for token, p in self.NEXT.get(tuple(prefix), {EOS_ID: 0.5, self.C: 0.5}).items():
+                probs[token] = p
+            rows.append(probs.log())
+        return torch.stack(rows)
+
+    def reorder(self, index):
+        pass
+
+    keep = reorder
+
+
+def test_search_ends_when_no_running_beam_is_better_or_at_k_finished():
+    """Beam 2, alpha 0, by hand: step 1 finishes "" (log 0.08) and keeps A, B; step 2 finishes "A" (log
+    0.9·0.05) and "B" (log 0.02·0.95), runs on with "A C" (log 0.9·0.95). "k-finished" stops there with
+    "" as its best; "no-better" sees that "A C" still beats its finished ones and finds "A C </s>"
+    (log 0.9·0.95·0.9), the more probable output."""
+    start, limits = torch.full((2, 1), BOS_ID), torch.tensor([8])
+    hasty = beam(ScriptedDecoding(), start, limits, IDS, 2, alpha=0.0, n_best=2, stop="k-finished")[0]
+    patient = beam(ScriptedDecoding(), start, limits, IDS, 2, alpha=0.0, n_best=2, stop="no-better")[0]
+    A, C = ScriptedDecoding.A, ScriptedDecoding.C
+    assert [(h.tokens, h.score) for h in hasty] == [([], pytest.approx(math.log(0.08))),
+                                                    ([A], pytest.approx(math.log(0.9 * 0.05)))]  # fmt: skip
+    assert [(h.tokens, h.score) for h in patient] == [([A, C], pytest.approx(math.log(0.9 * 0.95 * 0.9))),
+                                                      ([], pytest.approx(math.log(0.08)))]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown stopping rule 'soon'"):
+        beam(ScriptedDecoding(), start, limits, IDS, 2, stop="soon")
+
+
+def _rows_decoded(model, search):
+    """What ``search()`` returns, and the number of rows the decoder ran at each step."""
+    rows = []
+    handle = model.decoder.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+    try:
+        return search(), rows
+    finally:
+        handle.remove()
+
+
+def test_a_finished_source_leaves_the_batch_and_the_others_results_do_not_change():
+    """Once a source's search is over (here: the one-token source, whose length bound is 2), the later
+    steps decode only the other sources' rows, in greedy and in beam search; what each source gets is
+    still what it gets when searched by itself."""
+    model, src = _model_and_src(6)
+    src[2, 1:] = PAD_ID  # one token: at most 1.0 * 1 + 1 = 2 output tokens, the others up to 8
+    bounds = {"max_len_a": 1.0, "max_len_b": 1}
+    greedy_out, greedy_rows = _rows_decoded(model, lambda: greedy(model, src, IDS, **bounds))
+    beams, beam_rows = _rows_decoded(model, lambda: beam_search(model, src, IDS, beam_size=3, **bounds))
+    assert greedy_rows[:2] == [5, 5] and len(greedy_rows) > 2 and max(greedy_rows[2:]) <= 4
+    assert beam_rows[:2] == [15, 15] and len(beam_rows) > 2 and max(beam_rows[2:]) <= 12  # B·K, then 4·3
+    assert greedy_rows == sorted(greedy_rows, reverse=True) and beam_rows == sorted(beam_rows, reverse=True)
+    for row in range(len(src)):
+        alone = src[row][src[row] != PAD_ID][None]
+        assert greedy(model, alone, IDS, **bounds)[0] == greedy_out[row]
+        assert beam_search(model, alone, IDS, beam_size=3, **bounds)[0][0].tokens == beams[row][0].tokens

@@ -85,10 +85,32 @@ def test_the_exported_folder_translates_in_hf_transformers_as_attnkit_does(train
     )  # it learned something to compare
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.0])
+def test_beam_search_gives_hf_generates_beam_search_outputs(trained, copy_data, tmp_path, alpha):
+    """HF's default beam search (keep the K best finished, scored log P / length^length_penalty; end when
+    the best running beam, ended now, would not beat them) is attnkit's length penalty "length" with
+    stop "no-better": the same outputs on the same weights."""
+    transformers = pytest.importorskip("transformers", reason="HF transformers is the reference")
+    out = tmp_path / "hf"
+    assert CliRunner().invoke(app, ["export", "--ckpt", str(trained), "--out", str(out)]).exit_code == 0
+    ours, tokenizer, config = load_for_inference(trained)
+    config.decode.alpha, config.decode.length_penalty, config.decode.beam_stop = alpha, "length", "no-better"
+    sources = (copy_data / "valid.src").read_text().splitlines()
+    expected = translate(ours, tokenizer, sources, config.decode, beam_size=3)
+    theirs = transformers.MarianMTModel.from_pretrained(out).eval()
+    outputs = []
+    for ids in tokenizer.encode_batch(sources):
+        bound = int(config.decode.max_len_a * (len(ids) + 1) + config.decode.max_len_b)
+        source = torch.tensor([[*ids, tokenizer.specials.eos]])
+        generated = theirs.generate(source, num_beams=3, do_sample=False, length_penalty=alpha,
+                                    max_length=bound + 1)  # fmt: skip
+        outputs.append(tokenizer.decode(generated[0].tolist()))
+    assert outputs == expected
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_the_ctranslate2_export_translates_as_attnkit_does(trained, copy_data, tmp_path, beam):
-    """Greedy: the same outputs; beam search: the same on this easy task, where one hypothesis wins by far
-    (CTranslate2 normalises by length^α, attnkit by GNMT's penalty)."""
+    """Greedy and beam search: the same outputs (both rank finished hypotheses by log P / length^α)."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
     out = tmp_path / "ct2"
     result = CliRunner().invoke(

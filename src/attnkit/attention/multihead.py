@@ -166,11 +166,17 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value
             else:
-                k, v = F.linear(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
-                k, v = self._split_heads(k), self._split_heads(v)
+                k, v = self.memory_keys_values(memory)
                 if cache is not None:
                     cache.append(k, v)
         return self._split_heads(q), k, v
+
+    def memory_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention's keys and values of ``memory (B, S, d_model)``: ``(B, h, S, d_k)`` each, laid
+        out as the attention kernel reads them (a decoder cache keeps them for every step)."""
+        W, b, d = self.in_proj.weight, self.in_proj.bias, self.d_model
+        k, v = F.linear(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
+        return self._split_heads(k).contiguous(), self._split_heads(v).contiguous()
 
     def _split_heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape

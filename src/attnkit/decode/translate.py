@@ -47,7 +47,8 @@ def translate(
             if beam == 1:
                 ids = greedy(model, src, specials, **bounds)
             else:
-                hyps = beam_search(model, src, specials, beam, decode.alpha, **bounds)
+                rules = {"penalty": decode.length_penalty, "stop": decode.beam_stop}
+                hyps = beam_search(model, src, specials, beam, decode.alpha, **rules, **bounds)
                 ids = [h[0].tokens for h in hyps]
             for i, hyp in zip(chunk, ids, strict=True):
                 outputs[i] = tokenizer.decode(hyp)

@@ -110,3 +110,5 @@ class CausalDecoding:
         self.prompt_valid = self.prompt_valid.index_select(0, index)
         for cache in self.caches or []:
             cache.reorder(index)
+
+    keep = reorder  # no source: keeping any rows is the same

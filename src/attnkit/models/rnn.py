@@ -249,6 +249,8 @@ class RNNDecoding:
         self.state = tuple(map(pick, self.state)) if isinstance(self.state, tuple) else pick(self.state)
         self.feed, self.source = self.feed[index], self.source.select(index)
 
+    keep = reorder  # each row carries its own source: keeping rows of different sources is the same
+
     def repeat(self, times: int) -> None:
         """Each row becomes ``times`` consecutive rows (beam search's beams): encoded once."""
         self.reorder(torch.arange(self.feed.size(0), device=self.feed.device).repeat_interleave(times))

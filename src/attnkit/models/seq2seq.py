@@ -8,6 +8,7 @@ shared vocabulary the source embedding, target embedding and output projection a
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.attention.masks import causal_mask, padding_mask
@@ -99,7 +100,7 @@ class EncoderDecoder(nn.Module):
         pass only the new tokens; they are placed after the positions already cached.
         """
         start = len(cache) if cache is not None else 0
-        if tgt_mask is None:
+        if tgt_mask is None and tgt.size(1) > 1:  # one new token may see every position: no mask at all
             tgt_mask = causal_mask(tgt.size(1), start + tgt.size(1), device=tgt.device)
         x = self.tgt_pos(self.tgt_embed(tgt), start)
         return self.decoder(x, memory, src_mask, tgt_mask, cache)
@@ -118,7 +119,7 @@ class Seq2SeqDecoding:
     so far (``<s>`` first; with the KV cache only the new ones are run) and ``reorder(index)``.
 
     ``reorder`` keeps each row's memory: search only ever reorders rows among the beams of one source,
-    whose memories are identical.
+    whose memories are identical; ``keep`` moves the memories too.
     """
 
     def __init__(self, model: EncoderDecoder, src: Tensor, use_cache: bool) -> None:
@@ -137,13 +138,25 @@ class Seq2SeqDecoding:
         if self.cache is not None:  # beams of one source share its memory: only the target side moves
             self.cache.reorder(index, sources_too=False)
 
+    def keep(self, index: Tensor) -> None:
+        """Keep rows ``index`` of any sources (search drops the finished ones): memories move too."""
+        self.memory, self.src_mask = self.memory.index_select(0, index), self.src_mask.index_select(0, index)
+        if self.cache is not None:
+            self.cache.reorder(index, sources_too=True)
+
     def repeat(self, times: int) -> None:
         """Each source row becomes ``times`` consecutive rows (beam search's beams), before the first step:
-        the sources are encoded once, not once per beam."""
+        the sources are encoded, and with the cache their cross-attention keys and values computed, once,
+        not once per beam."""
         if self.cache is not None and len(self.cache):
             raise ValueError("repeat() comes before the first decoding step")
-        self.memory = self.memory.repeat_interleave(times, dim=0)  # (N·times, S, d_model)
-        self.src_mask = self.src_mask.repeat_interleave(times, dim=0)
+        rows = torch.arange(self.memory.size(0), device=self.memory.device).repeat_interleave(times)
+        if self.cache is not None:
+            for layer, cache in zip(self.model.decoder.layers, self.cache.layers, strict=True):
+                cache.src_attn.append(*layer.src_attn.memory_keys_values(self.memory))
+                cache.src_attn.reorder(rows)  # (N·times, h, S, d_k)
+        self.memory = self.memory.index_select(0, rows)  # (N·times, S, d_model)
+        self.src_mask = self.src_mask.index_select(0, rows)
 
 
 def build_transformer(
