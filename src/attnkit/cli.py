@@ -519,6 +519,32 @@ def average(
     )
 
 
+@app.command("import-hf")
+@one_line_errors
+def import_hf(
+    folder: Annotated[
+        Path, typer.Argument(help="HF model folder: config.json, model.safetensors, tokenizer.json.")
+    ],
+    out: Annotated[Path, typer.Option(help="The run directory to write (must not hold a run).")],
+) -> None:
+    """Turn a local HF model folder (Marian translation, BERT-family or GPT-2; what save_pretrained
+    writes) into an attnkit run directory that translate / predict / generate / evaluate use."""
+    from attnkit.config import RunConfig
+    from attnkit.models.convert import from_hf
+    from attnkit.train.checkpoint import COMMANDS, earlier_run, save_checkpoint
+
+    if earlier_run(out):
+        raise AttnkitError(f"{out} already holds a run; import into a new directory")
+    model, tokenizer = from_hf(folder)
+    config = RunConfig.for_model(model.config).to_dict()
+    written = save_checkpoint(
+        out, 0, model=model, config=config, tokenizer_json=tokenizer.to_str(), is_best=True
+    )
+    typer.echo(
+        f"{written}: a {model.config.arch} model; use it with {COMMANDS[model.config.arch]} --ckpt {out}"
+    )
+
+
 @app.command()
 @one_line_errors
 def export(

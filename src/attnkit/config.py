@@ -253,6 +253,17 @@ class RunConfig:
                 "learned positions stop at model.max_len"
             )
 
+    @classmethod
+    def for_model(cls, model: Any) -> RunConfig:
+        """The run configuration of an imported model (``model`` its model config): the first task its
+        architecture and head do, judged by that task's first metric."""
+        head = getattr(model, "head", None)
+        for task, (archs, task_head, metrics) in TASKS_OF.items():
+            if model.arch in archs and task_head in (None, head):
+                return cls(model=model, data=DataConfig(task=task), train=TrainConfig(eval_metric=metrics[0]))
+        raise ConfigError(f"a model.arch={model.arch!r} model with model.head={head!r} does no task by "
+                          "itself; fine-tune it with train.init_from")  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -139,3 +139,19 @@ def test_exporting_to_ctranslate2_leaves_the_model_untouched(trained, tmp_path):
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     export_ctranslate2(model, tokenizer, vars(config.decode), tmp_path / "int8", quantization="int8")
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_an_exported_model_imported_back_translates_as_before(trained, copy_data, tmp_path):
+    runner = CliRunner()
+    assert (
+        runner.invoke(app, ["export", "--ckpt", str(trained), "--out", str(tmp_path / "hf")]).exit_code == 0
+    )
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")])
+    assert result.exit_code == 0, result.output
+    source = copy_data / "valid.src"
+    before = runner.invoke(app, ["translate", "--ckpt", str(trained), "--beam", "3", "-i", str(source)])
+    after = runner.invoke(
+        app, ["translate", "--ckpt", str(tmp_path / "back"), "--beam", "3", "-i", str(source)]
+    )
+    assert before.exit_code == after.exit_code == 0
+    assert after.stdout == before.stdout and len(before.stdout.splitlines()) > 10

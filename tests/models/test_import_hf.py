@@ -1,0 +1,118 @@
+"""``attnkit import-hf``: a local HF Marian folder (random weights, written by ``save_pretrained``, no
+download) becomes a run directory that ``attnkit translate`` uses, with HF's logits; folders attnkit cannot
+translate with are refused in one line that says why. (An exported model imported back: test_export.)"""
+
+import json
+import re
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnkit.cli import app
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.train.checkpoint import load_for_inference
+
+transformers = pytest.importorskip("transformers", reason="HF transformers writes the folders")
+
+TEXTS = ["ein kleiner hund läuft", "zwei männer sitzen auf einer bank", "eine frau liest ein buch"] * 20
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.train("bpe", TEXTS, vocab_size=300, min_frequency=1)
+
+
+def _marian_folder(path, tokenizer, **overrides):
+    """A random-weight MarianMTModel saved as HF saves it, with ``tokenizer``'s tokenizer.json."""
+    s = tokenizer.specials
+    settings = dict(
+        vocab_size=tokenizer.vocab_size, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=64, pad_token_id=s.pad, eos_token_id=s.eos, decoder_start_token_id=s.bos,
+        forced_eos_token_id=None, scale_embedding=True,
+    )  # fmt: skip
+    settings.update(overrides)
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(transformers.MarianConfig(**settings)).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_()  # zero by default: a real bias tests its import
+    model.save_pretrained(path)
+    (path / "tokenizer.json").write_text(tokenizer.to_str())
+    return model
+
+
+def test_an_hf_marian_folder_becomes_a_run_that_translates_with_hfs_logits(tokenizer, tmp_path):
+    hf = _marian_folder(tmp_path / "hf", tokenizer)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "attnkit translate" in result.output
+    ours, loaded_tokenizer, config = load_for_inference(run)
+    assert config.model.arch == "encoder-decoder" and loaded_tokenizer.vocab_size == tokenizer.vocab_size
+    src = torch.tensor([[*ids, tokenizer.specials.eos] for ids in tokenizer.encode_batch(TEXTS[:1])])
+    tgt = torch.tensor([[tokenizer.specials.bos, 7, 9, 11]])
+    with torch.no_grad():
+        expected = hf(input_ids=src, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(ours(src, tgt), expected, atol=1e-5, rtol=1e-5)
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(TEXTS[:3]) + "\n")
+    translated = CliRunner().invoke(app, ["translate", "--ckpt", str(run), "--beam", "2", "-i", str(source)])
+    assert translated.exit_code == 0, translated.output
+    assert len(translated.stdout.splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"decoder_start_token_id": 0}, "starts from id 0 .*search starts from the tokenizer's <s>"),
+        ({"decoder_vocab_size": 500, "share_encoder_decoder_embeddings": False}, "separate source and"),
+    ],
+    ids=["starts-from-pad", "two-vocabularies"],
+)  # fmt: skip
+def test_marian_folders_attnkit_cannot_translate_with_are_refused_in_one_line(
+    tokenizer, tmp_path, overrides, message
+):
+    _marian_folder(tmp_path / "hf", tokenizer, **overrides)
+    result = CliRunner().invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert re.search(message, result.output), result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_importing_into_a_run_directory_or_from_a_pickle_only_folder_is_refused(tokenizer, tmp_path):
+    _marian_folder(tmp_path / "hf", tokenizer)
+    runner = CliRunner()
+    assert (
+        runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]).exit_code == 0
+    )
+    again = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")])
+    assert again.exit_code == 2 and "already holds a run" in again.output
+    (tmp_path / "hf" / "model.safetensors").unlink()  # as a folder with only pytorch_model.bin
+    missing = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run2")])
+    assert missing.exit_code == 2 and "missing model.safetensors" in missing.output
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "marian"
+
+
+def test_an_hf_gpt2_folder_becomes_a_run_that_generates_as_hf_does(tokenizer, tmp_path):
+    """GPT2LMHeadModel (random weights) through import-hf: ``attnkit generate`` greedy = HF ``generate``."""
+    s = tokenizer.specials
+    settings = dict(vocab_size=tokenizer.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                    bos_token_id=s.bos, eos_token_id=s.eos, pad_token_id=s.pad)  # fmt: skip
+    torch.manual_seed(1)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**settings)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(tokenizer.to_str())
+    result = CliRunner().invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "attnkit generate" in result.output
+    prompt = "zwei männer"
+    ours = CliRunner().invoke(app, ["generate", "--ckpt", str(tmp_path / "run"), "--prompt", prompt,
+                                    "--temperature", "0", "--max-new-tokens", "8"])  # fmt: skip
+    assert ours.exit_code == 0, ours.output
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    with torch.no_grad():
+        out = hf.generate(ids, do_sample=False, max_new_tokens=8, bad_words_ids=[[s.pad], [s.bos]])
+    generated = [i for i in out[0, ids.size(1) :].tolist() if i != s.eos]
+    assert ours.stdout.strip() == (prompt + tokenizer.decode(generated)).strip()
