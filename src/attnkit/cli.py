@@ -519,6 +519,41 @@ def average(
     )
 
 
+@app.command()
+@one_line_errors
+def explore(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a Transformer.")],
+    text: Annotated[str, typer.Option(help="The sentence (source, prompt or text) to look at.")] = "",
+    target: Annotated[
+        str | None,
+        typer.Option(help="Encoder-decoder: the output to look at (default: its own translation)."),
+    ] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML page to write.")] = Path(
+        "attention.html"
+    ),
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Serve the page on 127.0.0.1 with a text box instead.")
+    ] = False,
+    port: Annotated[int, typer.Option(help="--serve: the port.")] = 8000,
+) -> None:
+    """Write one self-contained HTML page with every layer and head of the model's attention on TEXT:
+    a layers × heads grid, each head's matrix with its tokens, a token view and, for translation, the
+    alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page."""
+    from attnkit.train.checkpoint import load_for_inference, write_text_atomic
+    from attnkit.viz import explorer as page
+
+    model, tokenizer, _ = load_for_inference(ckpt, "cpu")
+    if serve:
+        page.serve(model, tokenizer, str(ckpt), text, port)
+        return
+    if not text.strip():
+        raise AttnkitError("--text is empty: give a sentence to look at (or --serve to type them)")
+    maps, translation = page.collect_attention(model, tokenizer, text, target)
+    write_text_atomic(output, page.explorer_html(maps, f"attention of {ckpt} on: {text}", translation))
+    layers, heads = len(maps[0].weights), len(maps[0].weights[0])
+    typer.echo(f"{output}: {len(maps)} attention(s) × {layers} layers × {heads} heads; open it in a browser")
+
+
 @app.command("import-hf")
 @one_line_errors
 def import_hf(
