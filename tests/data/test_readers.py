@@ -1,10 +1,11 @@
 """Parallel text is read together, and bad input is one clear error naming the file and line."""
 
 import gzip
+import json
 
 import pytest
 
-from attnkit.data.readers import read_lines, read_parallel
+from attnkit.data.readers import read_jsonl, read_lines, read_parallel
 from attnkit.errors import DataError
 
 
@@ -42,3 +43,40 @@ def test_invalid_utf8_names_the_line(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"fine\nalso fine\nbroken \xff here\n")
     with pytest.raises(DataError, match=r"bad\.txt:3: invalid UTF-8"):
         read_lines(tmp_path / "bad.txt")
+
+
+def test_json_lines_give_sources_and_one_or_several_references(tmp_path):
+    path = tmp_path / "dev.jsonl.gz"
+    records = [
+        {"email": "Hi, the meeting moves to 3pm.\nThanks", "subject": "Meeting",
+         "annotations": ["meeting at 3", "new time"]},
+        {"email": "  Please send the file. ", "subject": "file", "annotations": ["send file"]},
+    ]  # fmt: skip
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(json.dumps(r) for r in records) + "\n\n")
+    single = read_jsonl(path, "email", "subject")
+    assert single.src == ["Hi, the meeting moves to 3pm.\nThanks", "Please send the file."]
+    assert single.references == [["Meeting"], ["file"]]
+    assert read_jsonl(path, "email", "annotations").references == [
+        ["meeting at 3", "new time"],
+        ["send file"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"bad\.jsonl:2: not JSON"),
+        ("[1, 2]", r"bad\.jsonl:2: a line must be a JSON object, got list"),
+        ('{"email": "x"}', r"bad\.jsonl:2: no field 'subject' \(fields: email\)"),
+        (
+            '{"email": "x", "subject": []}',
+            r"bad\.jsonl:2: 'email' must be a string and 'subject' a string or a",
+        ),
+    ],
+)
+def test_bad_json_lines_name_the_file_line_and_field(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"email": "fine", "subject": "ok"}\n' + line + "\n")
+    with pytest.raises(DataError, match=message):
+        read_jsonl(path, "email", "subject")
