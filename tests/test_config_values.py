@@ -14,7 +14,8 @@ BAD_VALUES = [
     # (override, what the message must contain)
     (
         "train.eval_metric=blue",
-        r"train\.eval_metric must be one of 'bleu', 'accuracy', 'f1', 'loss'; got 'blue'",
+        r"train\.eval_metric must be one of 'bleu', 'accuracy', 'f1', 'rouge1', 'rouge2', 'rougeL', "
+        r"'loss'; got 'blue'",
     ),
     ("train.precision=fp16", r"train\.precision 'fp16' needs loss scaling.*use 'bf16'"),
     ("train.precision=half", r"train\.precision must be one of 'auto', 'fp32', 'bf16'; got 'half'"),
@@ -43,8 +44,8 @@ BAD_VALUES = [
     ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
     (
         "data.task=translate",
-        r"data\.task must be one of 'parallel', 'dates', 'copy', 'text', 'classify', 'mlm', 'qa', "
-        r"'cluttered-digits'; got 'translate'",
+        r"data\.task must be one of 'parallel', 'dates', 'copy', 'summarise', 'text', 'classify', 'mlm', "
+        r"'qa', 'cluttered-digits'; got 'translate'",
     ),
     (
         "data.tokenizer=sentencepiece",

@@ -343,7 +343,10 @@ def evaluate(
     ] = None,
     ref: Annotated[Path | None, typer.Option(help="Translation: references, aligned with --src.")] = None,
     data: Annotated[
-        Path | None, typer.Option(help="Classifier: a TSV file of sentence<TAB>label lines.")
+        Path | None,
+        typer.Option(
+            help="Classifier: a TSV file of sentence<TAB>label lines; summariser: a JSON Lines file."
+        ),
     ] = None,
     beam: Annotated[int | None, typer.Option(help="Translation: beam size; 1 = greedy.")] = None,
     plot: Annotated[
@@ -351,15 +354,17 @@ def evaluate(
     ] = None,
 ) -> None:
     """Score a model: a translation model's sacreBLEU BLEU and chrF on --src against --ref, a
-    classifier's accuracy and macro-F1 on the labelled sentences of --data, or an image model's accuracy
-    on its task's generated test images (digits never seen in training).
+    summariser's ROUGE-1/2/L on the records of --data, a classifier's accuracy and macro-F1 on the
+    labelled sentences of --data, or an image model's accuracy on its task's generated test images
+    (digits never seen in training).
 
     For translation every pair is scored: an empty source line is translated as an empty line, and the
     counts of empty sources and references are printed."""
     from attnkit.train.checkpoint import read_run_config, resolve_checkpoint
 
     at_least("--beam", beam, 1)
-    arch = read_run_config(resolve_checkpoint(ckpt)).model.arch
+    run_config = read_run_config(resolve_checkpoint(ckpt))
+    arch = run_config.model.arch
     if plot is not None and arch != "glimpse":
         raise AttnkitError(f"--plot draws a glimpse model's glimpses; {ckpt} holds a {arch} model")
     if arch in IMAGE_ARCHS:
@@ -372,6 +377,10 @@ def evaluate(
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds an encoder model: evaluate it with --data FILE.tsv")
         _evaluate_classifier(ckpt, data)
+    elif run_config.data.task == "summarise":
+        if data is None or src is not None or ref is not None:
+            raise AttnkitError(f"{ckpt} holds a summariser: evaluate it with --data FILE.jsonl")
+        _evaluate_summaries(ckpt, data, beam)
     elif data is not None or src is None or ref is None:
         raise AttnkitError(f"{ckpt} holds a {arch} model: evaluate it with --src FILE --ref FILE")
     else:
@@ -400,6 +409,37 @@ def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None) ->
         f"{len(pairs)} sentences in {seconds:.1f} s; {empty_src} with an empty source (scored as an "
         f"empty translation), {empty_ref} with an empty reference"
     )
+
+
+def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None) -> None:
+    """ROUGE of the run's summaries of ``data``'s sources, cut as in training, against the target field
+    and, where the run names one (``data.references``), against those references (the best counting)."""
+    from attnkit.data.readers import read_jsonl
+    from attnkit.decode.translate import translate as translate_texts
+    from attnkit.metrics import rouge
+    from attnkit.tasks.translation import cut_sources
+    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.distributed import resolve_device
+
+    device = resolve_device()
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
+    (source, target), references = config.data.fields, config.data.references
+    records = read_jsonl(data, source, target)
+    ids, cut = cut_sources(
+        tokenizer.encode_batch(records.src), min(config.data.source_limit, config.data.max_len)
+    )
+    began = time.perf_counter()
+    summaries = translate_texts(model, tokenizer, [tokenizer.decode(i) for i in ids], config.decode,
+                                beam_size=beam, device=device)  # fmt: skip
+    seconds = time.perf_counter() - began
+    against = {target: records.references}
+    if references and references != target:
+        against[references] = read_jsonl(data, source, references).references
+    for field, refs in against.items():
+        scores = rouge(summaries, refs)
+        typer.echo(f"against {field!r}: " + ", ".join(f"{s.name} {s.score:.2f}" for s in scores))
+    typer.echo(f"({scores[0].signature}); {len(records)} records in {seconds:.1f} s, {cut} sources cut to "
+               f"{config.data.source_limit} tokens")  # fmt: skip
 
 
 def _load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):

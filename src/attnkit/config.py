@@ -30,6 +30,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
+SUMMARY_TASK = "summarise"  # JSON Lines of long texts and their short summaries (AESLC: email -> subject)
 SEQ2SEQ = ("encoder-decoder", "rnn")  # the architectures that translate
 IMAGE_TASK = "cluttered-digits"  # generated images (data/cluttered_digits.py)
 IMAGE_ARCHS = ("glimpse", "whole-image")  # the architectures that read images: no tokenizer
@@ -37,21 +38,22 @@ IMAGE_ARCHS = ("glimpse", "whole-image")  # the architectures that read images: 
 # the first is the default)
 TASKS_OF = {
     **{task: (SEQ2SEQ, None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
+    SUMMARY_TASK: (SEQ2SEQ, None, ("rouge1", "rouge2", "rougeL", "loss")),
     TEXT_TASK: (("decoder",), None, ("loss",)),
     "classify": (("encoder",), "classify", ("accuracy", "f1", "loss")),
     "mlm": (("encoder",), "mlm", ("loss", "accuracy")),
     "qa": (("encoder",), "span", ("f1", "accuracy", "loss")),
     IMAGE_TASK: (IMAGE_ARCHS, None, ("accuracy", "loss")),
 }
-EVAL_METRICS = ("bleu", "accuracy", "f1", "loss")
-FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1}  # files per split; generated: none
+EVAL_METRICS = ("bleu", "accuracy", "f1", "rouge1", "rouge2", "rougeL", "loss")
+FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1, SUMMARY_TASK: 1}  # per split (generated: 0)
 
 
 @dataclass
 class DataConfig:
     # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text";
     # encoder models: "classify" (TSV files), "mlm" (sentences), "qa" (generated); images (glimpse and
-    # whole-image models): "cluttered-digits" (generated)
+    # whole-image models): "cluttered-digits" (generated); summarisation: "summarise" (JSON Lines)
     task: str = "parallel"
     dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
     train: list[str] = field(default_factory=list)  # [source file, target file]; text, classify, mlm: [file]
@@ -59,6 +61,9 @@ class DataConfig:
     test: list[str] = field(default_factory=list)
     valid_fraction: float = 0.1  # text, mlm without a valid file: the end of the training data held out
     labels: list[str] = field(default_factory=list)  # classify: the labels in order; [] = the training file's
+    fields: list[str] = field(default_factory=lambda: ["source", "target"])  # summarise: the JSON fields
+    references: str = ""  # summarise: the field of the validation/test references ("" = the target's)
+    max_source_len: int = 0  # summarise: longer sources are cut to this many tokens (0: data.max_len)
     tokenizer: str = "bpe"  # "bpe" (joint, byte-level), "char" or "word"
     vocab_size: int = 8000  # bpe and word; char keeps every character seen
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
@@ -90,6 +95,9 @@ class DataConfig:
                 len(files) != FILES_OF.get(self.task) or not all(isinstance(f, str) and f for f in files)
             ):
                 raise ConfigError(f"data.{split} must list {self._files_wanted}; got {files!r}")
+        if len(self.fields) != 2 or not all(isinstance(name, str) and name for name in self.fields):
+            raise ConfigError(f"data.fields must be [source field, target field]; got {self.fields!r}")
+        require_at_least("data.max_source_len", self.max_source_len, 0)
         if not all(isinstance(label, str) and label for label in self.labels):
             raise ConfigError(f"data.labels must be a list of non-empty strings; got {self.labels!r}")
 
@@ -98,6 +106,11 @@ class DataConfig:
         if self.task not in FILES_OF:
             return f"no files (data.task={self.task!r} is generated)"
         return "two files [source, target]" if FILES_OF[self.task] == 2 else "one file [file]"
+
+    @property
+    def source_limit(self) -> int:
+        """Summarisation: the tokens of a source kept (with its ``</s>``); longer ones are cut."""
+        return self.max_source_len or self.max_len
 
     def check_files_given(self) -> None:
         """Training on files needs ``train`` and (for translation, classification) ``valid``; checked

@@ -58,6 +58,7 @@ class ParallelText:
     src: list[str]
     tgt: list[str]
     dropped_empty: int = 0
+    references: list[list[str]] | None = None  # several references per source (summaries), if any
 
     def count_empty(self) -> tuple[int, int]:
         """How many kept pairs have an empty source, and how many an empty target."""

@@ -23,17 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnkit.config import IMAGE_TASK, TRANSLATION_TASKS, RunConfig
+from attnkit.config import IMAGE_TASK, SUMMARY_TASK, TRANSLATION_TASKS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.tasks.classification import ClassificationTask
 from attnkit.tasks.image_classification import ImageClassificationTask
 from attnkit.tasks.language_modelling import LanguageModellingTask
 from attnkit.tasks.masked_lm import MaskedLMTask
 from attnkit.tasks.span_qa import SpanQATask
-from attnkit.tasks.translation import TranslationTask
+from attnkit.tasks.translation import SummarisationTask, TranslationTask
 
 Task = (
     TranslationTask
+    | SummarisationTask
     | LanguageModellingTask
     | ClassificationTask
     | MaskedLMTask
@@ -42,6 +43,7 @@ Task = (
 )
 TASK_CLASSES: dict[str, type] = {
     **dict.fromkeys(TRANSLATION_TASKS, TranslationTask),
+    SUMMARY_TASK: SummarisationTask,
     "text": LanguageModellingTask,
     "classify": ClassificationTask,
     "mlm": MaskedLMTask,

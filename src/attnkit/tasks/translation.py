@@ -1,9 +1,13 @@
-"""Translation: source sentence -> target sentence with an encoder-decoder (the paper's task).
+"""Translation: source sentence -> target sentence with an encoder-decoder (the paper's task); and
+summarisation, the same with long sources and short targets.
 
-Data are parallel text files (``data.task: parallel``) or a task generated in code (``dates``, ``copy``).
+Data are parallel text files (``data.task: parallel``) or a task generated in code (``dates``, ``copy``);
+for ``summarise``, JSON Lines files (``data.fields``: the source and target fields), whose sources are
+cut to ``data.max_source_len`` tokens (counted and reported) instead of being dropped.
 A batch is sentence pairs of similar length within a token budget (data/batching.py); the loss is the
 label-smoothed cross-entropy of the target given the source and the target's previous tokens;
-validation reports loss, perplexity, and BLEU and exact-match accuracy of greedy translations.
+validation reports loss, perplexity, and BLEU and exact-match accuracy of greedy translations (for
+summaries: ROUGE-1/2/L F1 against every reference, the best one counting).
 """
 
 from __future__ import annotations
@@ -15,14 +19,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from attnkit.config import DataConfig, RunConfig
+from attnkit.config import SUMMARY_TASK, DataConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
-from attnkit.data.readers import ParallelText, read_parallel
+from attnkit.data.readers import ParallelText, read_jsonl, read_parallel
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
-from attnkit.metrics import bleu, exact_match
+from attnkit.metrics import bleu, exact_match, rouge
 from attnkit.tasks.validation import validation_loss
 from attnkit.train.losses import token_losses
 
@@ -38,6 +42,8 @@ class PreparedData:
 def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = True) -> ParallelText:
     """The ``train``/``valid``/``test`` split: generated for synthetic tasks, read from files otherwise
     (``drop_empty`` as in :func:`read_parallel`)."""
+    if config.task == SUMMARY_TASK:
+        return _read_summaries(config, split)
     if config.task != "parallel":
         train = generate(config.task, config.n_train, seed)
         if split == "train":
@@ -48,6 +54,25 @@ def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = Tru
     if len(files) != 2:
         raise ConfigError(f"data.{split} is not set: it must list two files [source, target]")
     return read_parallel(config.path(files[0]), config.path(files[1]), drop_empty)
+
+
+def _read_summaries(config: DataConfig, split: str) -> ParallelText:
+    """A JSON Lines split: sources and their first reference as the target (for the loss), and for
+    validation and test every reference in ``data.references`` (or the target field)."""
+    files = getattr(config, split)
+    if len(files) != 1:
+        raise ConfigError(f"data.{split} is not set: it must list one JSON Lines file")
+    path, (source, target) = config.path(files[0]), config.fields
+    records = read_jsonl(path, source, target)
+    references = records.references
+    if split != "train" and config.references and config.references != target:
+        references = read_jsonl(path, source, config.references).references
+    return ParallelText(records.src, [r[0] for r in records.references], references=references)
+
+
+def cut_sources(sources: list[list[int]], limit: int) -> tuple[list[list[int]], int]:
+    """Each source's first ``limit - 1`` tokens (room for ``</s>``), and how many were longer."""
+    return [ids[: limit - 1] for ids in sources], sum(len(ids) > limit - 1 for ids in sources)
 
 
 def prepare_data(
@@ -61,6 +86,11 @@ def prepare_data(
     if tokenizer is None:
         tokenizer = Tokenizer.train(config.tokenizer, train.src + train.tgt, config.vocab_size)
     src, tgt = tokenizer.encode_batch(train.src), tokenizer.encode_batch(train.tgt)
+    if config.task == SUMMARY_TASK:  # a long email is still worth its first tokens
+        src, cut = cut_sources(src, min(config.source_limit, config.max_len))
+        if cut:
+            echo(f"cut {cut:,} of {len(src):,} training sources to data.max_source_len="
+                 f"{config.source_limit} tokens")  # fmt: skip
     # +1 for </s> (source) or <s>/</s> (target); pairs are dropped together to keep alignment.
     keep = [
         i for i in range(len(src)) if len(src[i]) + 1 <= config.max_len and len(tgt[i]) + 1 <= config.max_len
@@ -92,6 +122,9 @@ class TranslationTask:
         self.lengths = [len(s) + 1 for s in self.data.train_src], [len(t) + 1 for t in self.data.train_tgt]
         valid = self.data.valid
         self.valid_ids = self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
+        if config.data.task == SUMMARY_TASK:
+            limit = min(config.data.source_limit, config.data.max_len)
+            self.valid_ids = cut_sources(self.valid_ids[0], limit)[0], self.valid_ids[1]
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This epoch's batches of pair indices, the same for the same (seed, epoch)."""
@@ -117,20 +150,44 @@ class TranslationTask:
         return loss, nll.sum()
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
-        """Loss, perplexity, greedy BLEU and exact-match accuracy on the validation set."""
-        valid, (src, tgt) = self.data.valid, self.valid_ids
+        """Loss and perplexity, then the scores of greedy outputs (:meth:`output_scores`)."""
+        src, tgt = self.valid_ids
         lengths = [len(s) + 1 for s in src], [len(t) + 1 for t in tgt]
         groups = token_batches(*lengths, self.config.train.max_tokens, seed=0, epoch=0, shuffle=False)
         specials = self.tokenizer.specials
         batches = (make_batch([src[i] for i in b], [tgt[i] for i in b], specials) for b in groups)
         scores = validation_loss(self.loss, model, batches, device, autocast)
-        # BLEU and accuracy need decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
-        n = self.config.train.valid_bleu_sentences or len(valid)
+        # Scoring outputs needs decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
+        n = self.config.train.valid_bleu_sentences or len(self.data.valid)
+        return {**scores, **self.output_scores(model, device, n)}
+
+    def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
+        """BLEU and exact-match accuracy of the greedy translations of the first ``n`` sources."""
+        valid = self.data.valid
         hypotheses = translate(
             model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1, device=device
         )
         return {
-            **scores,
             "valid_bleu": bleu(hypotheses, valid.tgt[:n]).score,
             "valid_accuracy": exact_match(hypotheses, valid.tgt[:n]),
         }
+
+
+class SummarisationTask(TranslationTask):
+    """Summarisation: translation's batches and loss; validation by ROUGE of greedy summaries against
+    every reference (the best one counting), on sources cut as in training."""
+
+    metrics: ClassVar[dict[str, str]] = {
+        "rouge1": "valid_rouge1",
+        "rouge2": "valid_rouge2",
+        "rougeL": "valid_rougeL",
+        "loss": "valid_loss",
+    }
+
+    def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
+        """ROUGE-1/2/L F1 of the greedy summaries of the first ``n`` sources (as cut for training)."""
+        valid = self.data.valid
+        texts = [self.tokenizer.decode(ids) for ids in self.valid_ids[0][:n]]
+        hypotheses = translate(model, self.tokenizer, texts, self.config.decode, beam_size=1, device=device)
+        r1, r2, rl = rouge(hypotheses, (valid.references or [[t] for t in valid.tgt])[:n])
+        return {"valid_rouge1": r1.score, "valid_rouge2": r2.score, "valid_rougeL": rl.score}
