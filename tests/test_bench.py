@@ -140,3 +140,27 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
     assert [(name, beam) for name, beam, _ in rows] == [(e, b) for b in "12" for e in engines], result.stdout
     scores = {(name, beam): score for name, beam, score in rows}
     assert scores[("attnkit", "1")] == scores[("ctranslate2", "1")] == scores[("hf-generate", "1")]
+
+
+def test_the_aeslc_quality_benchmark_trains_and_scores_rouge_on_tiny_records(tmp_path):
+    pytest.importorskip("rouge_score", reason="summarisation is scored with rouge-score")
+    import gzip
+    import json
+
+    words = ["budget", "gas", "power", "risk"] * 10
+    records = [{"email": f"the {w} report is late", "subject": f"{w} report", "annotations": [w, f"{w} late"]}
+               for w in words]  # fmt: skip
+    for name in ("train.jsonl.gz", "dev.jsonl.gz"):
+        with gzip.open(tmp_path / name, "wt") as f:
+            f.write("\n".join(map(json.dumps, records)) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "quality_aeslc.py"), "--data", str(tmp_path),
+         "--run-dir", str(tmp_path / "run"), "model.preset=tiny", "data.tokenizer=word",
+         "train.max_steps=6", "train.eval_every=3"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"against 'subject': ROUGE-1 \d+\.\d\d, ROUGE-2 \d+\.\d\d, ROUGE-L \d+\.\d\d", result.stdout
+    )
+    assert "against 'annotations'" in result.stdout and "40 records" in result.stdout
