@@ -114,3 +114,34 @@ def test_heads_must_divide_d_model_and_alias_exists():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(10, 3)
     assert MultiHeadedAttention is MultiHeadAttention
+
+
+@pytest.mark.parametrize("normaliser", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("t_q", [1, 3])
+def test_cached_keys_shared_by_groups_of_query_rows_give_what_repeated_keys_give(normaliser, t_q):
+    """A cross-attention cache with one row per source, queried by G consecutive rows per source (beam
+    search's beams): the same outputs as the keys and values repeated for every row, with the padding
+    mask and with a per-query mask; with weights wanted, the same weights too."""
+    torch.manual_seed(0)
+    N, G, S, d = 3, 4, 6, 16
+    mha = MultiHeadAttention(d, 4, normaliser=normaliser).eval()
+    memory = torch.randn(N, S, d)
+    lengths = torch.tensor([6, 4, 2])
+    key_valid = torch.arange(S)[None, :] < lengths[:, None]  # (N, S)
+    query = torch.randn(N * G, t_q, d)
+    for mask in (
+        key_valid[:, None, :],
+        key_valid[:, None, :] & (torch.rand(N, t_q, S) > 0.3) | (torch.arange(S) == 0),
+    ):
+        shared, repeated = KVCache(), KVCache()
+        shared.append(*mha.memory_keys_values(memory))  # (N, h, S, d_k)
+        repeated.append(*mha.memory_keys_values(memory.repeat_interleave(G, dim=0)))  # (N·G, h, S, d_k)
+        rows_mask = mask.repeat_interleave(G, dim=0)
+        with torch.no_grad():
+            expected, _ = mha(query, memory.repeat_interleave(G, dim=0), mask=rows_mask, cache=repeated)
+            got, _ = mha(query, memory, mask=rows_mask, cache=shared)
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+            with_weights, weights = mha(query, memory, mask=rows_mask, cache=shared, need_weights=True)
+            _, expected_weights = mha(query, memory, mask=rows_mask, cache=repeated, need_weights=True)
+        torch.testing.assert_close(with_weights, expected, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(weights, expected_weights)

@@ -119,7 +119,9 @@ class Seq2SeqDecoding:
     so far (``<s>`` first; with the KV cache only the new ones are run) and ``reorder(index)``.
 
     ``reorder`` keeps each row's memory: search only ever reorders rows among the beams of one source,
-    whose memories are identical; ``keep`` moves the memories too.
+    whose memories are identical; ``keep`` moves the memories too. With the cache, the cross-attention
+    keys and values stay one row per source however many beams it has (``beams`` consecutive rows):
+    attention reads them once per source (``MultiHeadAttention._shared``).
     """
 
     def __init__(self, model: EncoderDecoder, src: Tensor, use_cache: bool) -> None:
@@ -127,6 +129,7 @@ class Seq2SeqDecoding:
         self.src_mask = padding_mask(src, model.config.pad_id)  # (N, 1, S)
         self.memory = model.encode(src, self.src_mask)  # (N, S, d_model)
         self.cache = model.new_cache() if use_cache else None
+        self.beams = 1  # consecutive rows per source
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)``."""
@@ -139,10 +142,17 @@ class Seq2SeqDecoding:
             self.cache.reorder(index, sources_too=False)
 
     def keep(self, index: Tensor) -> None:
-        """Keep rows ``index`` of any sources (search drops the finished ones): memories move too."""
-        self.memory, self.src_mask = self.memory.index_select(0, index), self.src_mask.index_select(0, index)
-        if self.cache is not None:
-            self.cache.reorder(index, sources_too=True)
+        """Keep rows ``index`` of any sources (search drops the finished ones, all beams of a source
+        together): memories move too."""
+        self.src_mask = self.src_mask.index_select(0, index)
+        if self.cache is None:
+            self.memory = self.memory.index_select(0, index)
+            return
+        sources = index[:: self.beams] // self.beams  # the first beam of each kept source: its source
+        self.memory = self.memory.index_select(0, sources)
+        for layer in self.cache.layers:
+            layer.self_attn.reorder(index)
+            layer.src_attn.reorder(sources)
 
     def repeat(self, times: int) -> None:
         """Each source row becomes ``times`` consecutive rows (beam search's beams), before the first step:
@@ -151,12 +161,13 @@ class Seq2SeqDecoding:
         if self.cache is not None and len(self.cache):
             raise ValueError("repeat() comes before the first decoding step")
         rows = torch.arange(self.memory.size(0), device=self.memory.device).repeat_interleave(times)
-        if self.cache is not None:
-            for layer, cache in zip(self.model.decoder.layers, self.cache.layers, strict=True):
-                cache.src_attn.append(*layer.src_attn.memory_keys_values(self.memory))
-                cache.src_attn.reorder(rows)  # (N·times, h, S, d_k)
-        self.memory = self.memory.index_select(0, rows)  # (N·times, S, d_model)
-        self.src_mask = self.src_mask.index_select(0, rows)
+        self.src_mask = self.src_mask.index_select(0, rows)  # (N·times, 1, S)
+        if self.cache is None:
+            self.memory = self.memory.index_select(0, rows)  # (N·times, S, d_model)
+            return
+        self.beams = times
+        for layer, cache in zip(self.model.decoder.layers, self.cache.layers, strict=True):
+            cache.src_attn.append(*layer.src_attn.memory_keys_values(self.memory))  # (N, h, S, d_k)
 
 
 def build_transformer(
