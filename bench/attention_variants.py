@@ -87,10 +87,13 @@ def learning_speed(run_dir: Path, task: str) -> str:
     )
 
 
-def run_variant(task: str, variant: str, minutes: float, data: str | None, runs: Path, plots: Path) -> dict:
+def run_variant(
+    task: str, variant: str, minutes: float, data: str | None, runs: Path, plots: Path, overrides: list[str]
+) -> dict:
     recipe, common, transformer, rnn = TASKS[task]
     settings = [*common, *(rnn if variant.startswith("rnn") else transformer), *VARIANTS[variant],
-                f"train.max_minutes={minutes}", "train.max_epochs=0", "train.max_steps=0"]  # fmt: skip
+                f"train.max_minutes={minutes}", "train.max_epochs=0", "train.max_steps=0",
+                *overrides]  # fmt: skip
     if data:
         settings.append(f"data.dir={data}")
     config = load_run_config(recipe, settings)
@@ -122,6 +125,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
     parser.add_argument("--runs", type=Path, default=Path("runs/attention_variants"))
     parser.add_argument("--plots", type=Path, default=None, help="heat maps' folder (default: RUNS/plots)")
+    parser.add_argument("overrides", nargs="*", help="section.field=value for every variant (experiments)")
     args = parser.parse_args()
     tasks = list(TASKS) if args.task == "all" else [args.task]
     if "multi30k" in tasks and not args.data:
@@ -137,7 +141,7 @@ def main() -> None:
           "|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
     for task in tasks:
         for variant in variants:
-            row = run_variant(task, variant, args.minutes, args.data, args.runs, args.plots)
+            row = run_variant(task, variant, args.minutes, args.data, args.runs, args.plots, args.overrides)
             print(f"| {task} | {variant} | {row['parameters']:,} | {row['steps']:,} | {row['minutes']} | "
                   f"{row['score']:.2f} {row['metric']} | {row['learning']} |", flush=True)  # fmt: skip
             with (args.runs / "results.jsonl").open("a") as results:
