@@ -53,7 +53,7 @@ VARIANTS: dict[str, list[str]] = {
     "rnn-concat": ["model.attention=concat"],
     "rnn-local-m": ["model.attention=general", "model.local=local-m"],
     "rnn-local-p": ["model.attention=general", "model.local=local-p"],
-    "rnn-hard": ["model.attention=general", "model.hard=true", "model.hard_soft_batches=300"],
+    "rnn-hard": ["model.attention=general", "model.hard=true", "model.hard_soft_batches=600"],
     "rnn-none": ["model.attention=none"],
 }
 
