@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU
 
+from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES
 from attnkit.data.readers import read_parallel
-from attnkit.decode.search import LENGTH_PENALTIES
 from attnkit.decode.translate import translate
 from attnkit.train.checkpoint import load_for_inference
 
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--alphas", default="0,0.2,0.4,0.6,0.8,1.0,1.2,1.5", help="comma-separated")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--stop", choices=["no-better", "k-finished"], default="no-better")
+    parser.add_argument("--stop", choices=BEAM_STOPS, default=BEAM_STOPS[0])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer, config = load_for_inference(args.ckpt)

@@ -27,6 +27,8 @@ from attnkit.models.rnn import RNNConfig
 from attnkit.train.schedules import SCHEDULES
 
 PRECISIONS = ("auto", "fp32", "bf16")
+LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
+BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
 
 TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
@@ -109,8 +111,9 @@ class DataConfig:
 
     @property
     def source_limit(self) -> int:
-        """Summarisation: the tokens of a source kept (with its ``</s>``); longer ones are cut."""
-        return self.max_source_len or self.max_len
+        """Summarisation: the tokens of a source kept (with its ``</s>``; at most ``max_len``); longer
+        ones are cut."""
+        return min(self.max_source_len or self.max_len, self.max_len)
 
     def check_files_given(self) -> None:
         """Training on files needs ``train`` and (for translation, classification) ``valid``; checked
@@ -213,12 +216,8 @@ class DecodeConfig:
                   "max_new_tokens": 1, "temperature": 0, "top_k": 0, "seed": 0}  # fmt: skip
         for name, low in lowest.items():
             require_at_least(f"decode.{name}", getattr(self, name), low)
-        if self.length_penalty not in ("length", "gnmt"):
-            raise ConfigError(
-                f"decode.length_penalty must be 'length' or 'gnmt'; got {self.length_penalty!r}"
-            )
-        if self.beam_stop not in ("no-better", "k-finished"):
-            raise ConfigError(f"decode.beam_stop must be 'no-better' or 'k-finished'; got {self.beam_stop!r}")
+        require_one_of("decode.length_penalty", self.length_penalty, LENGTH_PENALTIES)
+        require_one_of("decode.beam_stop", self.beam_stop, BEAM_STOPS)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"decode.top_p must be in (0, 1]; got {self.top_p!r}")
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -107,9 +107,10 @@ class MultiHeadAttention(nn.Module):
             mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
         weights_wanted = need_weights or self.record_weights
         if k.size(0) != q.size(0):  # a cache shared by groups of consecutive query rows (see _shared)
-            k, v = self._shared(q, k, v, mask, expand=weights_wanted)
-            if k is None:
-                return self._merge_heads(v), None
+            if not weights_wanted:
+                return self._merge_heads(self._shared(q, k, v, mask)), None
+            groups = q.size(0) // k.size(0)  # weights per row wanted: the ordinary path, keys repeated
+            k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
         if self.window and memory is None:  # local self-attention: a band of keys around each query
             reach = q.size(-2) + self.window  # with a cache, the keys before the last `reach` are out of it
             if k.size(-2) > reach:
@@ -138,26 +139,21 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = weights.detach()
         return self._merge_heads(out), (weights if need_weights else None)
 
-    def _shared(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, expand: bool
-    ) -> tuple[Tensor | None, Tensor]:
+    def _shared(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Cross-attention whose cached keys and values hold one row per group of ``G`` consecutive query
         rows: the beams of one source in beam search, which share its memory. The G rows' queries attend
         to their shared keys together, as one row of G·T_q queries, so the keys are read once, not G
-        times; the mask must be the same for the G rows (it is: one source's padding). Returns
-        ``(None, output (B, h, T_q, d_k))``; with ``expand`` (weights wanted) instead the keys and values
-        repeated for every row, for the ordinary path."""
+        times; the mask must be the same for the G rows (it is: one source's padding). Returns the
+        output ``(B, h, T_q, d_k)``."""
         B, h, T, d_k = q.shape
         G = B // k.size(0)
-        if expand:
-            return k.repeat_interleave(G, dim=0), v.repeat_interleave(G, dim=0)
         grouped = q.view(-1, G, h, T, d_k).transpose(1, 2).reshape(-1, h, G * T, d_k)  # (N, h, G·T, d_k)
         if mask is not None:
             mask = mask[::G]  # (N, 1, T_q or 1, T_k): each group's own
             mask = mask.repeat(1, 1, G, 1) if mask.size(-2) > 1 else mask  # query g·T + t: row t's
         out, _ = attend(grouped, k, v, mask, score=self.score, normaliser=self.normaliser,
                         dropout_p=self.dropout if self.training else 0.0)  # fmt: skip
-        return None, out.view(-1, h, G, T, d_k).transpose(1, 2).reshape(B, h, T, d_k)
+        return out.view(-1, h, G, T, d_k).transpose(1, 2).reshape(B, h, T, d_k)
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         """Concat(head_1..h) W^O: ``(B, h, T_q, d_k) -> (B, T_q, d_model)``."""

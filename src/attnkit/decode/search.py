@@ -35,6 +35,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -71,10 +72,6 @@ def evaluating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 class Hypothesis:
     tokens: list[int]  # generated ids, without the prefix (<s> or the prompt) and without </s>
     score: float  # length-normalised log-probability
-
-
-LENGTH_PENALTIES = ("length", "gnmt")
-STOPPING_RULES = ("no-better", "k-finished")
 
 
 def length_penalty(length: int, alpha: float, kind: str = "length") -> float:
@@ -210,8 +207,10 @@ def beam(
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
-    if stop not in STOPPING_RULES:
-        raise ValueError(f"unknown stopping rule {stop!r}; choose one of {', '.join(STOPPING_RULES)}")
+    if stop not in BEAM_STOPS:
+        raise ValueError(f"unknown stopping rule {stop!r}; choose one of {', '.join(BEAM_STOPS)}")
+    if penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"unknown length penalty {penalty!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
     K, start, device, patient = beam_size, tokens.size(1), tokens.device, stop == "no-better"
     B = tokens.size(0) // K
     searching = list(range(B))  # the sources still searched, in the order of their rows
@@ -314,7 +313,6 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """The ``n_best`` best hypotheses per source (fewer if fewer finished), best first; ``penalty`` is
     the length penalty's kind, ``stop`` the stopping rule (see the module docstring)."""
-    length_penalty(1, alpha, penalty)  # an unknown kind fails here, before any decoding
     limits = _limits(src, specials.pad, max_len_a, max_len_b, max_output_len)
     decoding = model.decoding(src, use_cache)  # encoded once,
     decoding.repeat(beam_size)  # then B·K rows
