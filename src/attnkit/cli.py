@@ -414,28 +414,21 @@ def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None) ->
 def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None) -> None:
     """ROUGE of the run's summaries of ``data``'s sources, cut as in training, against the target field
     and, where the run names one (``data.references``), against those references (the best counting)."""
-    from attnkit.data.readers import read_jsonl
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import rouge
-    from attnkit.tasks.translation import cut_sources
+    from attnkit.tasks.translation import cut_sources, read_summaries
     from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
-    (source, target), references = config.data.fields, config.data.references
-    records = read_jsonl(data, source, target)
-    ids, cut = cut_sources(
-        tokenizer.encode_batch(records.src), min(config.data.source_limit, config.data.max_len)
-    )
+    records = read_summaries(config.data, data)
+    ids, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
     began = time.perf_counter()
     summaries = translate_texts(model, tokenizer, [tokenizer.decode(i) for i in ids], config.decode,
                                 beam_size=beam, device=device)  # fmt: skip
     seconds = time.perf_counter() - began
-    against = {target: records.references}
-    if references and references != target:
-        against[references] = read_jsonl(data, source, references).references
-    for field, refs in against.items():
+    for field, refs in records.references.items():
         scores = rouge(summaries, refs)
         typer.echo(f"against {field!r}: " + ", ".join(f"{s.name} {s.score:.2f}" for s in scores))
     typer.echo(f"({scores[0].signature}); {len(records)} records in {seconds:.1f} s, {cut} sources cut to "

@@ -56,11 +56,12 @@ def test_json_lines_give_sources_and_one_or_several_references(tmp_path):
         f.write("\n".join(json.dumps(r) for r in records) + "\n\n")
     single = read_jsonl(path, "email", "subject")
     assert single.src == ["Hi, the meeting moves to 3pm.\nThanks", "Please send the file."]
-    assert single.references == [["Meeting"], ["file"]]
-    assert read_jsonl(path, "email", "annotations").references == [
-        ["meeting at 3", "new time"],
-        ["send file"],
-    ]
+    assert single.references == {"subject": [["Meeting"], ["file"]]}
+    both = read_jsonl(path, "email", "subject", "annotations")  # several fields in one reading
+    assert both.src == single.src and both.references == {
+        "subject": [["Meeting"], ["file"]],
+        "annotations": [["meeting at 3", "new time"], ["send file"]],
+    }
 
 
 @pytest.mark.parametrize(

@@ -122,21 +122,22 @@ def read_labelled(path: str | Path) -> LabelledText:
 
 @dataclass
 class Records:
-    """Source texts and their references from a JSON Lines file: one reference per record for training,
-    several for evaluation (AESLC's dev set has three human subject lines per email)."""
+    """Source texts and, per target field, their references from a JSON Lines file: one reference per
+    record for training, several for evaluation (AESLC's dev set has three human subject lines)."""
 
     src: list[str]
-    references: list[list[str]]
+    references: dict[str, list[list[str]]]  # target field -> each record's references
 
     def __len__(self) -> int:
         return len(self.src)
 
 
-def read_jsonl(path: str | Path, source_field: str, target_field: str) -> Records:
+def read_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Records:
     """A JSON Lines file (gzip-compressed if it ends in .gz) of objects; ``source_field`` holds the
-    input text, ``target_field`` its reference (a string) or references (a list of strings). A line
-    that is not a JSON object, or lacks a field, is an error naming the file, the line and the field."""
-    sources, references = [], []
+    input text, each of ``target_fields`` its reference (a string) or references (a list of strings). A
+    line that is not a JSON object, or lacks a field, is an error naming the file, the line and the
+    field."""
+    sources, references = [], {field: [] for field in target_fields}
     for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
@@ -146,20 +147,21 @@ def read_jsonl(path: str | Path, source_field: str, target_field: str) -> Record
             raise DataError(f"{path}:{number}: not JSON ({error.msg})") from None
         if not isinstance(record, dict):
             raise DataError(f"{path}:{number}: a line must be a JSON object, got {type(record).__name__}")
-        for field in (source_field, target_field):
+        for field in (source_field, *target_fields):
             if field not in record:
                 raise DataError(f"{path}:{number}: no field {field!r} (fields: {', '.join(record)})")
-        target = record[target_field]
-        targets = [target] if isinstance(target, str) else target
-        if not isinstance(record[source_field], str) or not (
-            isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)
-        ):
-            raise DataError(
-                f"{path}:{number}: {source_field!r} must be a string and {target_field!r} a string or a "
-                "non-empty list of strings"
-            )
+        for field in target_fields:
+            target = record[field]
+            targets = [target] if isinstance(target, str) else target
+            if not isinstance(record[source_field], str) or not (
+                isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)
+            ):
+                raise DataError(
+                    f"{path}:{number}: {source_field!r} must be a string and {field!r} a string or a "
+                    "non-empty list of strings"
+                )
+            references[field].append([t.strip() for t in targets])
         sources.append(record[source_field].strip())
-        references.append([t.strip() for t in targets])
     if not sources:
         raise DataError(f"{path}: no records")
     return Records(sources, references)

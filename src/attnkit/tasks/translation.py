@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from attnkit.config import SUMMARY_TASK, DataConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
-from attnkit.data.readers import ParallelText, read_jsonl, read_parallel
+from attnkit.data.readers import ParallelText, Records, read_jsonl, read_parallel
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
@@ -56,18 +57,24 @@ def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = Tru
     return read_parallel(config.path(files[0]), config.path(files[1]), drop_empty)
 
 
+def read_summaries(config: DataConfig, path: Path, with_references: bool = True) -> Records:
+    """A JSON Lines file of ``data.fields``, read once: the sources and the target field's references,
+    and ``with_references`` those of ``data.references`` too where it names another field."""
+    source, target = config.fields
+    extra = config.references not in ("", target) and with_references
+    return read_jsonl(path, source, target, *([config.references] if extra else []))
+
+
 def _read_summaries(config: DataConfig, split: str) -> ParallelText:
     """A JSON Lines split: sources and their first reference as the target (for the loss), and for
     validation and test every reference in ``data.references`` (or the target field)."""
     files = getattr(config, split)
     if len(files) != 1:
         raise ConfigError(f"data.{split} is not set: it must list one JSON Lines file")
-    path, (source, target) = config.path(files[0]), config.fields
-    records = read_jsonl(path, source, target)
-    references = records.references
-    if split != "train" and config.references and config.references != target:
-        references = read_jsonl(path, source, config.references).references
-    return ParallelText(records.src, [r[0] for r in records.references], references=references)
+    records = read_summaries(config, config.path(files[0]), with_references=split != "train")
+    targets = records.references[config.fields[1]]
+    references = records.references.get(config.references, targets)
+    return ParallelText(records.src, [r[0] for r in targets], references=references)
 
 
 def cut_sources(sources: list[list[int]], limit: int) -> tuple[list[list[int]], int]:
@@ -87,7 +94,7 @@ def prepare_data(
         tokenizer = Tokenizer.train(config.tokenizer, train.src + train.tgt, config.vocab_size)
     src, tgt = tokenizer.encode_batch(train.src), tokenizer.encode_batch(train.tgt)
     if config.task == SUMMARY_TASK:  # a long email is still worth its first tokens
-        src, cut = cut_sources(src, min(config.source_limit, config.max_len))
+        src, cut = cut_sources(src, config.source_limit)
         if cut:
             echo(f"cut {cut:,} of {len(src):,} training sources to data.max_source_len="
                  f"{config.source_limit} tokens")  # fmt: skip
@@ -122,9 +129,6 @@ class TranslationTask:
         self.lengths = [len(s) + 1 for s in self.data.train_src], [len(t) + 1 for t in self.data.train_tgt]
         valid = self.data.valid
         self.valid_ids = self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
-        if config.data.task == SUMMARY_TASK:
-            limit = min(config.data.source_limit, config.data.max_len)
-            self.valid_ids = cut_sources(self.valid_ids[0], limit)[0], self.valid_ids[1]
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This epoch's batches of pair indices, the same for the same (seed, epoch)."""
@@ -183,6 +187,11 @@ class SummarisationTask(TranslationTask):
         "rougeL": "valid_rougeL",
         "loss": "valid_loss",
     }
+
+    def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
+        super().__init__(config, tokenizer, echo)
+        src, tgt = self.valid_ids
+        self.valid_ids = cut_sources(src, config.data.source_limit)[0], tgt  # as the training sources
 
     def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
         """ROUGE-1/2/L F1 of the greedy summaries of the first ``n`` sources (as cut for training)."""
