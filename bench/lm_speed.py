@@ -5,8 +5,10 @@ with random weights (no download): ours from the preset, HF's converted from our
 so every weight is equal. HF uses its default attention (``sdpa``).
 
 - Training step: forward, cross-entropy, backward, AdamW step, on the same batch of random tokens, with
-  the same dropout (GPT-2's 0.1 on embeddings, residuals and attention weights) on both sides. Prints
-  tokens/s and ``ours/hf_gpt2 train tok/s``.
+  the same dropout (GPT-2's 0.1 on embeddings, residuals and attention weights) on both sides. Each side
+  computes the loss as its training does: attnkit with ``generative_loss`` (the output layer and the
+  cross-entropy fused, a few rows at a time), HF from its logits with ``F.cross_entropy`` (what
+  ``GPT2LMHeadModel(labels=...)`` calls). Prints tokens/s and ``ours/hf_gpt2 train tok/s``.
 - Generation: greedy, with the KV cache, ``--new-tokens`` tokens after prompts of ``--prompt-len``
   tokens, at each of ``--gen-batch``: ours (``attnkit.decode.search.extend``) against HF ``generate``;
   prints new tokens/s and ``ours/hf_generate tok/s``.
@@ -23,6 +25,7 @@ from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import argmax, extend
 from attnkit.models import build_model, from_preset
 from attnkit.models.convert import hf_gpt2_config_kwargs, to_hf_gpt2
+from attnkit.train.losses import generative_loss
 
 
 def main() -> None:
@@ -47,7 +50,8 @@ def main() -> None:
     print(setup(args), f"preset {args.preset} ({size:.1f}M), vocab {args.vocab}, {dropout}")
 
     sequences, length = (int(n) for n in args.batch.split("x"))
-    ids = torch.randint(0, args.vocab, (sequences, length + 1), device=args.device)
+    end = args.vocab - 1  # GPT-2's <|endoftext|>, attnkit's padding: never drawn below, so nothing is padding
+    ids = torch.randint(0, end, (sequences, length + 1), device=args.device)
     steps = {}
     for name, model in (("ours", ours), ("peer", peer)):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -55,8 +59,13 @@ def main() -> None:
         def step(model=model, optimizer=optimizer, name=name):
             model.train()
             optimizer.zero_grad(set_to_none=True)
-            logits = model(ids[:, :-1]) if name == "ours" else model(input_ids=ids[:, :-1]).logits
-            torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+            if name == "ours":
+                loss, _ = generative_loss(model, (ids[:, :-1],), ids[:, 1:], 0.0, end)
+                loss = loss / ids[:, 1:].numel()
+            else:
+                logits = model(input_ids=ids[:, :-1]).logits
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+            loss.backward()
             optimizer.step()
 
         steps[name] = step
@@ -64,7 +73,6 @@ def main() -> None:
                     "hf_gpt2", device=args.device, rounds=args.rounds, tokens=sequences * length)  # fmt: skip
     print(f"ours/hf_gpt2 train tok/s = {1 / ratio:.3f}")
 
-    end = args.vocab - 1  # GPT-2's <|endoftext|>: never produced by chance often enough to end early
     specials = SpecialIds(pad=end, unk=end, bos=end, eos=end)
     for batch in (int(b) for b in args.gen_batch.split(",")):
         prompts = torch.randint(0, end, (batch, args.prompt_len), device=args.device)

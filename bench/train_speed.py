@@ -1,7 +1,8 @@
 """Training-step speed: attnkit's EncoderDecoder against ``torch.nn.Transformer``, same everything else.
 
 One step = zero_grad, forward, label-smoothed loss, backward, Adam(0.9, 0.98, 1e-9) step, on the same
-batch, with the same configuration, embedding, positions and tied output layer (the peer is
+batch, with the same configuration, embedding, positions and tied output layer (attnkit computes the
+loss as its training does, fused with the output layer: ``generative_loss``; the peer is
 ``forward.TorchTransformerPeer``), and the same dropout at the same places on both sides
 (``forward.like_for_like``). Prints target tokens/s of each and ``ours/torch_transformer tok/s`` (above
 1.0 = ours trains faster). ``--compile`` applies ``torch.compile`` to both.
@@ -18,7 +19,7 @@ from timing import compare, make_parser, resolve_dtype, setup
 from attnkit import build_transformer
 from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.train.losses import label_smoothed_loss
+from attnkit.train.losses import generative_loss, label_smoothed_loss
 
 SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the random batches below use ids 4 and up
 
@@ -55,9 +56,15 @@ def main() -> None:
         forward = torch.compile(model) if args.compile else model
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
-        def step(forward=forward, optimizer=optimizer):
+        def step(forward=forward, optimizer=optimizer, name=name):
             optimizer.zero_grad(set_to_none=True)
-            loss, _ = label_smoothed_loss(forward(batch.src, batch.tgt_in), batch.tgt_out, 0.1, SPECIALS.pad)
+            if name == "ours":  # as attnkit trains: the output layer and the loss fused
+                loss, _ = generative_loss(
+                    forward, (batch.src, batch.tgt_in), batch.tgt_out, 0.1, SPECIALS.pad
+                )
+            else:
+                logits = forward(batch.src, batch.tgt_in)
+                loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1, SPECIALS.pad)
             (loss / batch.n_tokens).backward()
             optimizer.step()
 

@@ -91,10 +91,11 @@ def test_an_attentional_rnn_learns_to_copy_and_translates_from_the_command_line(
     run = tmp_path / "run"
     settings = ["model.arch=rnn", "model.preset=rnn-tiny", *f"model.attention={attention}".split(),
                 "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
-                f"data.dir={copy_data}", "data.tokenizer=word", "train.max_steps=150", "train.eval_every=150",
+                f"data.dir={copy_data}", "data.tokenizer=word", "train.max_steps=250", "train.eval_every=250",
                 "train.schedule=constant", "train.warmup=0", "train.lr=1e-2", "train.max_tokens=512",
                 "train.label_smoothing=0", "train.clip_norm=1"]  # fmt: skip
     scores = Trainer(load_run_config(None, settings), run, echo=lambda m: None).fit()
+    # 250 steps: at 150 the exact match of the 20 held-out strings ranged 0.75-1.0 over training seeds
     assert scores["valid_accuracy"] >= 0.8, scores
     source = tmp_path / "source.txt"
     source.write_text("1 2 3\n7 7 5 9\n")

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention.functional import attend
+from attnkit.attention.linear import Linear, linear
 from attnkit.attention.local import attend_local
 from attnkit.attention.masks import local_window_mask
 
@@ -82,8 +82,8 @@ class MultiHeadAttention(nn.Module):
         if window < 0:
             raise ValueError(f"window must be >= 0 (0 = attend to every key), got {window}")
         self.window = window  # self-attention only: each query sees the keys within `window` positions
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
+        self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
         # Set record_weights to keep the last call's weights in last_weights (for plots), as the
         # Annotated Transformer's self.attn; it forces the reference path while on.
         self.record_weights = False
@@ -183,7 +183,7 @@ class MultiHeadAttention(nn.Module):
         else:  # cross-attention: keys and values come from the memory, computed once per sequence
             W, b = self.in_proj.weight, self.in_proj.bias
             d = self.d_model
-            q = F.linear(query, W[:d], None if b is None else b[:d])
+            q = linear(query, W[:d], None if b is None else b[:d])
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value
             else:
@@ -196,7 +196,7 @@ class MultiHeadAttention(nn.Module):
         """Cross-attention's keys and values of ``memory (B, S, d_model)``: ``(B, h, S, d_k)`` each, laid
         out as the attention kernel reads them (a decoder cache keeps them for every step)."""
         W, b, d = self.in_proj.weight, self.in_proj.bias, self.d_model
-        k, v = F.linear(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
+        k, v = linear(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
         return self._split_heads(k).contiguous(), self._split_heads(v).contiguous()
 
     def _split_heads(self, x: Tensor) -> Tensor:

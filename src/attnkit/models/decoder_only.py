@@ -65,19 +65,29 @@ class DecoderModel(nn.Module):
         key_valid: Tensor | None = None,
         positions: Tensor | None = None,
         caches: list[KVCache] | None = None,
+        project: bool = True,
     ) -> Tensor:
         """Next-token logits ``(B, T, V)`` for ``ids (B, T)``.
 
         ``key_valid (B, T_all)`` marks real tokens (False = left padding) among all positions so far;
         ``positions (B, T)`` gives each token's position (default ``start .. start+T-1``); with
         ``caches`` (from :meth:`new_caches`) pass only the new tokens, after those already cached.
+        ``project=False`` returns the final states ``(B, T, d_model)`` instead, for a loss that applies
+        :attr:`output_layer` itself (``attnkit.train.losses.projected_loss``).
         """
         start = len(caches[0]) if caches else 0
         x = self.positions(self.embed(ids), start, positions)
         if key_valid is None:  # no padding: the fused kernels' own causal masking, no mask tensor
-            return self.generator(self.decoder(x, None, caches, causal=True))
-        mask = causal_mask(ids.size(1), start + ids.size(1), device=ids.device) & key_valid.unsqueeze(-2)
-        return self.generator(self.decoder(x, mask, caches))  # mask: (B, T, T_all)
+            hidden = self.decoder(x, None, caches, causal=True)
+        else:
+            mask = causal_mask(ids.size(1), start + ids.size(1), device=ids.device) & key_valid.unsqueeze(-2)
+            hidden = self.decoder(x, mask, caches)  # mask: (B, T, T_all)
+        return self.generator(hidden) if project else hidden
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The pre-softmax linear map (the token embedding, when tied)."""
+        return self.generator.proj
 
     def new_caches(self) -> list[KVCache]:
         """One empty self-attention KV cache per layer."""

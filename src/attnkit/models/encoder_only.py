@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.linear import Linear
 from attnkit.attention.masks import padding_mask
 from attnkit.models.config import EncoderModelConfig
 from attnkit.models.layers import encoder_layer
@@ -48,10 +49,10 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, c: EncoderModelConfig, vocab_size: int) -> None:
         super().__init__()
-        self.transform = nn.Linear(c.d_model, c.d_model)
+        self.transform = Linear(c.d_model, c.d_model)
         self.activation = ACTIVATIONS[c.activation]
         self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.proj = nn.Linear(c.d_model, vocab_size)  # its weight is the token embedding (tied below)
+        self.proj = Linear(c.d_model, vocab_size)  # its weight is the token embedding (tied below)
 
     def forward(self, hidden: Tensor, valid: Tensor) -> Tensor:
         return self.proj(self.norm(self.activation(self.transform(hidden))))
@@ -63,9 +64,9 @@ class ClassificationHead(nn.Module):
     def __init__(self, c: EncoderModelConfig) -> None:
         super().__init__()
         self.pooling = c.pooling
-        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooling == "cls" else None
+        self.pooler = Linear(c.d_model, c.d_model) if c.pooling == "cls" else None
         self.dropout = nn.Dropout(c.dropout)
-        self.classifier = nn.Linear(c.d_model, c.num_labels)
+        self.classifier = Linear(c.d_model, c.num_labels)
 
     def forward(self, hidden: Tensor, valid: Tensor) -> Tensor:
         if self.pooler is not None:  # BERT's pooler reads the [CLS] position
@@ -80,7 +81,7 @@ class SpanHead(nn.Module):
 
     def __init__(self, c: EncoderModelConfig) -> None:
         super().__init__()
-        self.proj = nn.Linear(c.d_model, 2)
+        self.proj = Linear(c.d_model, 2)
 
     def forward(self, hidden: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         start, end = self.proj(hidden).unbind(-1)

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.linear import Linear
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models.config import _Presets
 from attnkit.models.rnn_attention import Alignment, Source, SourceAttention, make_source
@@ -104,7 +105,7 @@ class RNNSeq2Seq(nn.Module):
         self.embed = nn.Embedding(vocab_size, c.d_embed, padding_idx=c.pad_id)  # shared by both sides
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = rnn(c.d_embed, c.d_hidden // 2, c.layers, batch_first=True, bidirectional=True)
-        self.bridge = nn.Linear(c.d_hidden, c.d_hidden)  # s_0 = tanh(W [→h_S; ←h_1]) per layer
+        self.bridge = Linear(c.d_hidden, c.d_hidden)  # s_0 = tanh(W [→h_S; ←h_1]) per layer
         self.luong = c.attention in ("dot", "general", "concat")
         feed = c.d_hidden if c.attention == "bahdanau" or (self.luong and c.input_feeding) else 0
         self.decoder = rnn(c.d_embed + feed, c.d_hidden, c.layers, batch_first=True)
@@ -114,11 +115,11 @@ class RNNSeq2Seq(nn.Module):
         if c.hard:
             self.baseline = MovingAverageBaseline()
         if self.luong:
-            self.combine = nn.Linear(2 * c.d_hidden, c.d_hidden, bias=False)  # W_c [c_t; h_t]
+            self.combine = Linear(2 * c.d_hidden, c.d_hidden, bias=False)  # W_c [c_t; h_t]
             out = c.d_hidden
         else:  # Bahdanau's output layer reads [s_i; c_i; y_{i-1}] (no context without attention)
             out = c.d_hidden + (c.d_hidden if c.attention == "bahdanau" else 0) + c.d_embed
-        self.output = nn.Linear(out, vocab_size)
+        self.output = Linear(out, vocab_size)
         self._choices: tuple[Tensor, Tensor] | None = None  # hard attention's (log p, entropy), training
 
     # --- encoder ---------------------------------------------------------------------------------------
@@ -180,22 +181,29 @@ class RNNSeq2Seq(nn.Module):
         return source, state, source.annotations.new_zeros(src.size(0), 1, self.config.d_hidden)
 
     def _decode(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, list[Alignment | None]]:
-        """Teacher-forced logits ``(B, T, V)`` and each step's alignment."""
+        """Teacher-forced output features ``(B, T, ·)`` (what :attr:`output_layer` projects) and each
+        step's alignment."""
         source, state, feed = self.start(src)
         features, alignments = [], []
         for t in range(tgt_in.size(1)):
             step_features, state, feed, alignment = self._advance(tgt_in[:, t], t, state, feed, source)
             features.append(step_features)
             alignments.append(alignment)
-        return self.output(self.dropout(torch.cat(features, dim=1))), alignments  # one (B·T, ·) x (·, V)
+        return self.dropout(torch.cat(features, dim=1)), alignments  # projected at once: (B·T, ·) x (·, V)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits ``(B, T, V)`` for ``src (B, S)`` and ``tgt_in (B, T)`` (``<s> y``)."""
-        logits, alignments = self._decode(src, tgt_in)
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The pre-softmax linear map of the (deep) output features."""
+        return self.output
+
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        """Teacher-forced logits ``(B, T, V)`` for ``src (B, S)`` and ``tgt_in (B, T)`` (``<s> y``);
+        ``project=False``: the output features, for a loss that applies :attr:`output_layer` itself."""
+        features, alignments = self._decode(src, tgt_in)
         if self.config.hard and self.training:  # kept for policy_loss, which needs the targets
             self._choices = (torch.stack([a.log_prob for a in alignments], 1),  # (B, T)
                              torch.stack([a.entropy for a in alignments], 1))  # fmt: skip
-        return logits
+        return self.output(features) if project else features
 
     @torch.no_grad()
     def alignments(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.linear import Linear
 from attnkit.attention.masks import causal_mask, padding_mask
 from attnkit.errors import ConfigError
 from attnkit.models.config import TransformerConfig
@@ -28,7 +29,7 @@ class Generator(nn.Module):
 
     def __init__(self, d_model: int, vocab_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.proj = nn.Linear(d_model, vocab_size, bias=bias)
+        self.proj = Linear(d_model, vocab_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(x)
@@ -73,13 +74,26 @@ class EncoderDecoder(nn.Module):
             self.generator.proj.weight = self.tgt_embed.lut.weight
 
     def forward(
-        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        project: bool = True,
     ):
-        """``src (B, S)``, ``tgt (B, T)`` (the shifted-right target) -> logits ``(B, T, tgt_vocab)``."""
+        """``src (B, S)``, ``tgt (B, T)`` (the shifted-right target) -> logits ``(B, T, tgt_vocab)``;
+        ``project=False``: the decoder's states ``(B, T, d_model)``, for a loss that applies
+        :attr:`output_layer` itself (``attnkit.train.losses.projected_loss``)."""
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encode(src, src_mask)
-        return self.generator(self.decode(memory, src_mask, tgt, tgt_mask))
+        hidden = self.decode(memory, src_mask, tgt, tgt_mask)
+        return self.generator(hidden) if project else hidden
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The pre-softmax linear map (the target embedding, when tied)."""
+        return self.generator.proj
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         """``src (B, S)`` -> memory ``(B, S, d_model)``; ``src_mask`` as ``padding_mask(src, pad_id)``."""

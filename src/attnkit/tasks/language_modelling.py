@@ -28,7 +28,7 @@ from attnkit.data.readers import read_text
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import DataError
 from attnkit.tasks.validation import validation_loss
-from attnkit.train.losses import label_smoothed_loss
+from attnkit.train.losses import generative_loss
 
 
 @dataclass
@@ -96,10 +96,14 @@ class LanguageModellingTask:
 
     def loss(self, model: torch.nn.Module, batch: Blocks) -> tuple[Tensor, Tensor]:
         """Summed (label-smoothed) loss and NLL over every predicted token."""
-        logits = model(batch.inputs)
-        return label_smoothed_loss(
-            logits, batch.targets, self.config.train.label_smoothing, self.tokenizer.specials.pad
+        smoothed, nll = generative_loss(
+            model,
+            (batch.inputs,),
+            batch.targets,
+            self.config.train.label_smoothing,
+            self.tokenizer.specials.pad,
         )
+        return smoothed, nll.sum()
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss and perplexity per token over the whole validation text."""

@@ -29,7 +29,7 @@ from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 from attnkit.metrics import bleu, exact_match, rouge
 from attnkit.tasks.validation import validation_loss
-from attnkit.train.losses import token_losses
+from attnkit.train.losses import generative_loss
 
 
 @dataclass
@@ -143,11 +143,10 @@ class TranslationTask:
     def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
         """Summed label-smoothed loss and NLL over the batch's target tokens (plus, for a model that
         samples its attention, the REINFORCE term that trains the sampling)."""
-        logits = model(batch.src, batch.tgt_in)
-        smoothed, nll = token_losses(
-            logits, batch.tgt_out, self.config.train.label_smoothing, self.tokenizer.specials.pad
-        )
-        loss = smoothed.sum()
+        loss, nll = generative_loss(
+            model, (batch.src, batch.tgt_in), batch.tgt_out, self.config.train.label_smoothing,
+            self.tokenizer.specials.pad,
+        )  # fmt: skip
         policy_loss = getattr(getattr(model, "module", model), "policy_loss", None)  # (DDP wraps the model)
         if policy_loss is not None:  # rewarded with each token's log-likelihood
             loss = loss + policy_loss(-nll, batch.tgt_out)

@@ -1,0 +1,61 @@
+"""The linear map alone: ``attnkit.attention.linear`` (oneDNN on CPU) against torch's ``F.linear``.
+
+The shapes are the projections of the models the other benchmarks time: GPT-2 small (d_model 768,
+d_ff 3,072, Q/K/V stacked into 2,304 rows, 50,257 output tokens), all-MiniLM-L6-v2 (384, 1,536,
+30,522 tokens) and the Multi30k translation recipe (256, 1,024, 8,000 tokens); the rows are one token
+(batch-1 generation), 32 and 160 (a batch of 32 and beam 5) and 1,024 (a training batch). Same float32
+inputs, same threads, forward only. Prints, per shape, both times and ``ours/F.linear time`` (below 1:
+ours faster), then the largest difference of the outputs to float64.
+
+Run: ``python bench/linear.py [--rows 1,32,160,1024]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timing import compare, make_parser, setup
+
+from attnkit.attention.linear import linear, onednn_applies
+
+# (d_out, d_in) of the projections named in the docstring
+SHAPES = {
+    "gpt2 qkv": (2304, 768),
+    "gpt2 ffn in": (3072, 768),
+    "gpt2 ffn out": (768, 3072),
+    "gpt2 vocab": (50257, 768),
+    "minilm ffn in": (1536, 384),
+    "minilm vocab": (30522, 384),
+    "multi30k attn": (256, 256),
+    "multi30k ffn in": (1024, 256),
+    "multi30k vocab": (8000, 256),
+}
+
+
+def main() -> None:
+    parser = make_parser(__doc__)
+    parser.add_argument("--rows", default="1,32,160,1024", help="rows (tokens) multiplied per call")
+    parser.set_defaults(rounds=5)
+    args = parser.parse_args()
+    print(setup(args), "float32, forward with bias")
+    worst = 0.0
+    for rows in (int(r) for r in args.rows.split(",")):
+        for name, (d_out, d_in) in SHAPES.items():
+            torch.manual_seed(0)
+            x, weight, bias = (
+                torch.randn(rows, d_in),
+                torch.randn(d_out, d_in) * d_in**-0.5,
+                torch.randn(d_out),
+            )
+            path = "oneDNN" if onednn_applies(x, weight) else "F.linear (too small to pay)"
+            compare(f"{name} {d_out}x{d_in}, {rows} rows, ours via {path}",
+                    lambda x=x, w=weight, b=bias: linear(x, w, b),
+                    lambda x=x, w=weight, b=bias: F.linear(x, w, b), "F.linear",
+                    device="cpu", rounds=args.rounds, min_seconds=0.05)  # fmt: skip
+            exact = F.linear(x.double(), weight.double(), bias.double())
+            worst = max(worst, (linear(x, weight, bias).double() - exact).abs().max().item())
+    print(f"largest |ours - float64| = {worst:.2e}")
+
+
+if __name__ == "__main__":
+    main()
