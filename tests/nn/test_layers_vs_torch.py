@@ -103,3 +103,36 @@ def test_feed_forward_is_max_0_xW1_b1_W2_b2_and_refuses_unknown_activations():
     torch.testing.assert_close(ffn(x), expected)
     with pytest.raises(ValueError, match="activation"):
         PositionwiseFeedForward(D, FF, activation="swish")
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_stack_skips_padding_in_the_ffn_and_equals_torch_on_real_tokens(norm_first):
+    """``valid`` runs the FFN on real tokens only; torch's encoder (which may skip padding too, with
+    nested tensors) gives the same states for the real tokens, forward and backward."""
+    torch.manual_seed(3)
+    layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+    peer = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D) if norm_first else None).eval()
+    _randomise(peer)
+    ours = Encoder([_encoder_layer(norm_first) for _ in range(2)], D, norm_first=norm_first).eval()
+    with torch.no_grad():
+        for mine, theirs in zip(ours.layers, peer.layers, strict=True):
+            _copy_attention(mine.self_attn, theirs.self_attn)
+            _copy_ffn_and_norms(mine, theirs, 2)
+        if norm_first:
+            ours.norm.load_state_dict(peer.norm.state_dict())
+    rows_seen = []
+    for mine in ours.layers:
+        mine.feed_forward.register_forward_hook(lambda m, args, out: rows_seen.append(args[0].shape[:-1]))
+    x = torch.randn(3, 7, D, requires_grad=True)
+    valid = torch.ones(3, 7, dtype=torch.bool)
+    valid[1, 4:], valid[2, 2:] = False, False
+    out = ours(x, valid.unsqueeze(-2), valid=valid)
+    assert rows_seen == [torch.Size([int(valid.sum())])] * 2  # 14 real rows of 21, in each layer
+    with torch.no_grad():
+        ref = peer(x, src_key_padding_mask=~valid)
+    torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=1e-5)
+    out[valid].sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    ours(x, valid.unsqueeze(-2))[valid].sum().backward()  # every row through the FFN: the same gradient
+    torch.testing.assert_close(grad, x.grad, atol=1e-5, rtol=1e-5)

@@ -18,7 +18,6 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.attention.linear import Linear
-from attnkit.attention.masks import padding_mask
 from attnkit.models.config import EncoderModelConfig
 from attnkit.models.layers import encoder_layer
 from attnkit.nn.embedding import Embeddings, positional_encoding
@@ -118,8 +117,8 @@ class EncoderModel(nn.Module):
 
     def encode(self, ids: Tensor, token_types: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
         """Hidden states ``(B, T, d_model)``; ``valid (B, T)`` marks real tokens (default: not padding)."""
-        mask = padding_mask(ids, self.config.pad_id) if valid is None else valid.unsqueeze(-2)  # (B, 1, T)
-        return self.encoder(self.embed(ids, token_types), mask)
+        valid = ids != self.config.pad_id if valid is None else valid
+        return self.encoder(self.embed(ids, token_types), valid.unsqueeze(-2), valid=valid)  # mask (B, 1, T)
 
     def forward(
         self,

@@ -96,8 +96,10 @@ class EncoderDecoder(nn.Module):
         return self.generator.proj
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
-        """``src (B, S)`` -> memory ``(B, S, d_model)``; ``src_mask`` as ``padding_mask(src, pad_id)``."""
-        return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
+        """``src (B, S)`` -> memory ``(B, S, d_model)``; ``src_mask`` as ``padding_mask(src, pad_id)``.
+        The feed-forward networks skip the padding (``Encoder``'s ``valid``)."""
+        valid = src != self.config.pad_id  # (B, S)
+        return self.encoder(self.src_pos(self.src_embed(src)), src_mask, valid=valid)
 
     def decode(
         self,

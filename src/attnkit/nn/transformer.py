@@ -39,11 +39,21 @@ class EncoderLayer(nn.Module):
         self.sublayer = nn.ModuleList(SublayerConnection(d_model, dropout, norm_first, eps) for _ in range(2))
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, causal: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        cache: KVCache | None = None,
+        causal: bool = False,
+        real: Tensor | None = None,
     ) -> Tensor:
-        """``causal``: each position attends only to itself and earlier ones (a GPT layer)."""
+        """``causal``: each position attends only to itself and earlier ones (a GPT layer). ``real``: the
+        indices of the real (not padding) rows of ``x`` flattened to ``(B·T, d_model)``; the feed-forward
+        sub-layer, which treats each position alone, then runs on those rows only."""
         x = self.sublayer[0](x, lambda y: self.self_attn(y, mask=mask, cache=cache, causal=causal)[0])
-        return self.sublayer[1](x, self.feed_forward)
+        if real is None:
+            return self.sublayer[1](x, self.feed_forward)
+        rows = x.flatten(0, 1)  # (B·T, d_model); padding's rows keep the attention sub-layer's output
+        return rows.index_copy(0, real, self.sublayer[1](rows[real], self.feed_forward)).view_as(x)
 
 
 @dataclass
@@ -95,12 +105,23 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, caches: list[KVCache] | None = None, causal: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        caches: list[KVCache] | None = None,
+        causal: bool = False,
+        valid: Tensor | None = None,
     ) -> Tensor:
         """``caches``: one self-attention KV cache per layer, for step-by-step causal use (GPT);
-        ``causal``: every layer attends causally (see :func:`attnkit.attention.attend`)."""
+        ``causal``: every layer attends causally (see :func:`attnkit.attention.attend`). ``valid (B, T)``
+        marks the real tokens: with padding, the feed-forward networks skip the padded positions (a
+        batch of sentences of 10 to 18 tokens is a fifth padding, and the FFN two thirds of the work),
+        whose outputs are then not those of a full pass; real positions' outputs are the same."""
+        real = None if valid is None else valid.flatten().nonzero().squeeze(1)  # (N_real,)
+        if real is not None and len(real) == valid.numel():
+            real = None  # no padding
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, None if caches is None else caches[i], causal)
+            x = layer(x, mask, None if caches is None else caches[i], causal, real)
         return self.norm(x)
 
 
