@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.attention.linear import MIN_WEIGHTS, Linear, linear, onednn_applies
+from attnkit.attention.linear import ENOUGH_WEIGHTS, Linear, linear, onednn_applies
 
 onednn = pytest.mark.skipif(
     not (torch.backends.mkldnn.is_available() and onednn_applies(torch.ones(1, 512), torch.ones(1024, 512))),
@@ -67,8 +67,9 @@ def test_onednn_linear_gives_gradients_only_to_what_is_trained(trained):
 @pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch says so whenever the flags are set
 def test_small_float64_autocast_and_switched_off_multiplies_use_f_linear():
     big_x, big_w = torch.ones(4, 512), torch.ones(1024, 512)
-    assert big_w.numel() >= MIN_WEIGHTS
+    assert big_w.numel() >= ENOUGH_WEIGHTS
     assert not onednn_applies(torch.ones(2, 16), torch.ones(8, 16))  # too small to pay
+    assert not onednn_applies(torch.ones(4096, 256), torch.ones(256, 256))  # many rows, small weight
     assert not onednn_applies(big_x.double(), big_w.double())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not onednn_applies(big_x, big_w)

@@ -11,8 +11,9 @@ output projection over 50,257 tokens up to 3× faster. Same float32 arithmetic, 
 and ``F.linear`` everywhere else: GPUs, float64, bfloat16 (torch's own path is oneDNN already), under
 autocast, and whenever ``torch.backends.mkldnn`` is unavailable or switched off
 (``with torch.backends.mkldnn.flags(enabled=False):``), and for multiplies too small to pay: a oneDNN
-call costs about 15 µs more, so it is taken from 2^22 multiply-adds, or from 2^19 weights (2 MiB, read
-from memory at every call: the few-row case). :class:`Linear` is ``nn.Linear`` with that
+call costs about 15 µs more, and it was never faster for weights under 2^17 numbers (256 × 256 and
+smaller); from there it is taken from 2^22 multiply-adds, or from 2^19 weights (2 MiB, read from memory
+at every call: the few-row case). :class:`Linear` is ``nn.Linear`` with that
 forward: the same parameters and state-dict keys, so checkpoints and conversions do not change.
 """
 
@@ -27,7 +28,8 @@ from torch.autograd.function import once_differentiable
 _onednn_linear = (
     getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 )
-MIN_MULTIPLY_ADDS, MIN_WEIGHTS = 2**22, 2**19  # below both, F.linear is as fast or faster (bench/linear.py)
+# below these F.linear is as fast or faster (bench/linear.py): see the module docstring
+MIN_WEIGHTS, MIN_MULTIPLY_ADDS, ENOUGH_WEIGHTS = 2**17, 2**22, 2**19
 
 
 def onednn_applies(x: Tensor, weight: Tensor) -> bool:
@@ -37,7 +39,8 @@ def onednn_applies(x: Tensor, weight: Tensor) -> bool:
         _onednn_linear is not None
         and x.dtype == torch.float32
         and x.is_cpu
-        and (weight.numel() >= MIN_WEIGHTS or x.numel() * weight.size(0) >= MIN_MULTIPLY_ADDS)
+        and weight.numel() >= MIN_WEIGHTS
+        and (weight.numel() >= ENOUGH_WEIGHTS or x.numel() * weight.size(0) >= MIN_MULTIPLY_ADDS)
         and weight.dtype == torch.float32
         and weight.dim() == 2
         and torch.backends.mkldnn.enabled
