@@ -73,17 +73,24 @@ def test_decoder_layer_equals_torch(norm_first):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_pre_ln_encoder_stack_with_final_norm_equals_torch():
-    torch.manual_seed(2)
-    layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=True)
-    peer = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D), enable_nested_tensor=False).eval()
-    _randomise(peer)
-    ours = Encoder([_encoder_layer(True) for _ in range(2)], D, norm_first=True).eval()
+def _encoder_stacks(norm_first, seed, **peer_options):
+    """Two-layer stacks, ours and ``torch.nn.TransformerEncoder``, with the same random weights."""
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+    peer = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D) if norm_first else None, **peer_options)
+    _randomise(peer.eval())
+    ours = Encoder([_encoder_layer(norm_first) for _ in range(2)], D, norm_first=norm_first).eval()
     with torch.no_grad():
         for mine, theirs in zip(ours.layers, peer.layers, strict=True):
             _copy_attention(mine.self_attn, theirs.self_attn)
             _copy_ffn_and_norms(mine, theirs, 2)
-        ours.norm.load_state_dict(peer.norm.state_dict())
+        if norm_first:
+            ours.norm.load_state_dict(peer.norm.state_dict())
+    return ours, peer
+
+
+def test_pre_ln_encoder_stack_with_final_norm_equals_torch():
+    ours, peer = _encoder_stacks(True, 2, enable_nested_tensor=False)
     x = torch.randn(2, 6, D)
     torch.testing.assert_close(ours(x, None), peer(x), atol=1e-5, rtol=1e-5)
 
@@ -109,17 +116,7 @@ def test_feed_forward_is_max_0_xW1_b1_W2_b2_and_refuses_unknown_activations():
 def test_encoder_stack_skips_padding_in_the_ffn_and_equals_torch_on_real_tokens(norm_first):
     """``valid`` runs the FFN on real tokens only; torch's encoder (which may skip padding too, with
     nested tensors) gives the same states for the real tokens, forward and backward."""
-    torch.manual_seed(3)
-    layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
-    peer = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D) if norm_first else None).eval()
-    _randomise(peer)
-    ours = Encoder([_encoder_layer(norm_first) for _ in range(2)], D, norm_first=norm_first).eval()
-    with torch.no_grad():
-        for mine, theirs in zip(ours.layers, peer.layers, strict=True):
-            _copy_attention(mine.self_attn, theirs.self_attn)
-            _copy_ffn_and_norms(mine, theirs, 2)
-        if norm_first:
-            ours.norm.load_state_dict(peer.norm.state_dict())
+    ours, peer = _encoder_stacks(norm_first, 3)
     rows_seen = []
     for mine in ours.layers:
         mine.feed_forward.register_forward_hook(lambda m, args, out: rows_seen.append(args[0].shape[:-1]))
