@@ -91,3 +91,20 @@ def test_linear_module_is_nn_linear_with_the_same_state_dict():
         assert torch.equal(ours.state_dict()[name], tensor)  # the same initialisation
     x = torch.randn(3, 512)
     torch.testing.assert_close(ours(x), peer(x), atol=1e-5, rtol=1e-5)
+
+
+@onednn
+def test_under_torch_compile_the_graph_holds_f_linear_not_the_onednn_call():
+    """torch.compile's CPU backend cannot lower the oneDNN call as attnkit makes it; it gets F.linear."""
+    seen = []
+
+    def record(graph, example_inputs):
+        seen.extend(str(node.target) for node in graph.graph.nodes)
+        return graph.forward
+
+    layer = Linear(512, 1024)
+    compiled = torch.compile(layer, backend=record, fullgraph=True)
+    x = torch.randn(4, 512)
+    torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias))
+    assert "<built-in function linear>" in seen, seen  # not attnkit's autograd.Function around oneDNN
+    assert not any("autograd_function" in target or "mkldnn" in target for target in seen), seen

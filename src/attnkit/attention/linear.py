@@ -9,7 +9,8 @@ output projection over 50,257 tokens up to 3× faster. Same float32 arithmetic, 
 
 :func:`linear` takes oneDNN for float32 tensors on a CPU (with gradients, through :class:`_OneDNNLinear`),
 and ``F.linear`` everywhere else: GPUs, float64, bfloat16 (torch's own path is oneDNN already), under
-autocast, and whenever ``torch.backends.mkldnn`` is unavailable or switched off
+autocast, inside ``torch.compile`` (which lowers ``F.linear`` itself, to oneDNN when it freezes weights),
+and whenever ``torch.backends.mkldnn`` is unavailable or switched off
 (``with torch.backends.mkldnn.flags(enabled=False):``), and for multiplies too small to pay: a oneDNN
 call costs about 15 µs more, and it was never faster for weights under 2^17 numbers (256 × 256 and
 smaller); from there it is taken from 2^22 multiply-adds, or from 2^19 weights (2 MiB, read from memory
@@ -45,6 +46,7 @@ def onednn_applies(x: Tensor, weight: Tensor) -> bool:
         and weight.dim() == 2
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()  # torch.compile lowers F.linear its own way (oneDNN too)
     )
 
 
