@@ -24,6 +24,7 @@ from torch import Tensor
 from attnkit.config import RunConfig
 from attnkit.data.cluttered_digits import N_CLASSES, Canvases, cluttered_digits
 from attnkit.tasks.validation import validation_loss
+from attnkit.train.distributed import unwrap
 
 
 @dataclass
@@ -102,7 +103,7 @@ class ImageClassificationTask:
         logits = model(batch.images).float()
         loss = F.cross_entropy(logits, batch.labels, reduction="sum",
                                label_smoothing=self.config.train.label_smoothing)  # fmt: skip
-        policy_loss = getattr(getattr(model, "module", model), "policy_loss", None)  # (DDP wraps the model)
+        policy_loss = getattr(unwrap(model), "policy_loss", None)
         if policy_loss is not None:
             loss = loss + policy_loss(logits.detach(), batch.labels)
         return loss, F.cross_entropy(logits.detach(), batch.labels, reduction="sum")

@@ -29,6 +29,7 @@ from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 from attnkit.metrics import bleu, exact_match, rouge
 from attnkit.tasks.validation import validation_loss
+from attnkit.train.distributed import unwrap
 from attnkit.train.losses import generative_loss
 
 
@@ -147,7 +148,7 @@ class TranslationTask:
             model, (batch.src, batch.tgt_in), batch.tgt_out, self.config.train.label_smoothing,
             self.tokenizer.specials.pad,
         )  # fmt: skip
-        policy_loss = getattr(getattr(model, "module", model), "policy_loss", None)  # (DDP wraps the model)
+        policy_loss = getattr(unwrap(model), "policy_loss", None)
         if policy_loss is not None:  # rewarded with each token's log-likelihood
             loss = loss + policy_loss(-nll, batch.tgt_out)
         return loss, nll.sum()

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from attnkit.attention.linear import linear
+from attnkit.train.distributed import unwrap
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
@@ -38,11 +39,17 @@ def token_losses(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) ->
     keep = target != pad_id  # (B, T)
     safe_target = target.masked_fill(~keep, 0).unsqueeze(-1)  # pad positions are zeroed below anyway
     log_q_ref = log_q.gather(-1, safe_target).squeeze(-1)  # (B, T)
-    log_q_others = log_q.sum(-1) - log_q_ref - log_q[..., pad_id]  # Σ over j ∉ {reference, <pad>}
-    smoothed = -(1.0 - epsilon) * log_q_ref - epsilon / (V - 2) * log_q_others
+    smoothed = _smoothed(log_q_ref, log_q.sum(-1), log_q[..., pad_id], V, epsilon)
     nll = -log_q_ref.detach()
     zero = log_q.new_zeros(())
     return torch.where(keep, smoothed, zero), torch.where(keep, nll, zero)
+
+
+def _smoothed(log_q_ref: Tensor, log_q_sum: Tensor, log_q_pad: Tensor, V: int, epsilon: float) -> Tensor:
+    """``-Σ_j p_j log q_j`` from the reference's, all tokens' summed and ``<pad>``'s log-probabilities:
+    ``p`` puts ``1 - ε`` on the reference and ``ε / (V - 2)`` on every other token but ``<pad>``."""
+    log_q_others = log_q_sum - log_q_ref - log_q_pad  # Σ over j ∉ {reference, <pad>}
+    return -(1.0 - epsilon) * log_q_ref - epsilon / (V - 2) * log_q_others
 
 
 def generative_loss(
@@ -52,7 +59,7 @@ def generative_loss(
     ``model(*inputs, project=False)`` gives the states its ``output_layer`` would project, and
     :func:`projected_loss` projects them chunk by chunk. (``model`` may be wrapped in DDP.)"""
     hidden = model(*inputs, project=False)
-    return projected_loss(hidden, getattr(model, "module", model).output_layer, target, epsilon, pad_id)
+    return projected_loss(hidden, unwrap(model).output_layer, target, epsilon, pad_id)
 
 
 def projected_loss(
@@ -84,14 +91,13 @@ def _smoothed_rows(z: Tensor, ref: Tensor, keep: Tensor, epsilon: float, pad_id:
     (zero where ``keep`` is False), and with ``gradient`` the loss's gradient ``softmax(z) - p``
     ``(n, V)``, written over ``z``."""
     V = z.size(-1)
-    on_other = epsilon / (V - 2)  # p_j for j ∉ {reference, <pad>}; the reference gets 1 - ε
     lse = z.logsumexp(-1)  # (n,)
     log_q_ref = z.gather(-1, ref[:, None]).squeeze(-1) - lse
-    log_q_others = z.sum(-1) - V * lse - log_q_ref - (z[:, pad_id] - lse)
-    smoothed = -(1.0 - epsilon) * log_q_ref - on_other * log_q_others
+    smoothed = _smoothed(log_q_ref, z.sum(-1) - V * lse, z[:, pad_id] - lse, V, epsilon)
     smoothed, log_q_ref = torch.where(keep, smoothed, 0.0), torch.where(keep, log_q_ref, 0.0)
     if not gradient:
         return smoothed, log_q_ref, None
+    on_other = epsilon / (V - 2)  # p_j for j ∉ {reference, <pad>}; the reference gets 1 - ε
     g = z.sub_(lse[:, None]).exp_().sub_(on_other)  # softmax - p, first as if p were ε/(V-2) everywhere
     g[:, pad_id] += on_other  # p_<pad> = 0
     g.scatter_add_(-1, ref[:, None], g.new_full((len(ref), 1), on_other + epsilon - 1))  # p_ref = 1 - ε
