@@ -50,16 +50,23 @@ def onednn_applies(x: Tensor, weight: Tensor) -> bool:
     )
 
 
-def _multiply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x (..., d_in) @ weight (d_out, d_in)ᵀ + bias -> (..., d_out)`` by oneDNN.
+def padded_rows(n: int) -> int:
+    """The number of rows oneDNN multiplies for ``n``: the next of 32 sizes per power of two.
 
     oneDNN compiles a kernel for each new number of rows (about 8 ms, then cached), and a training run
     whose batches hold different numbers of tokens would compile one nearly every step; so the rows are
-    padded with zeros to one of 32 sizes per power of two (at most 3% more work, 1.5% on average)."""
+    padded with zeros to one of these sizes (at most 3% more work, 1.5% on average). Callers that can
+    make matrices of this many rows in the first place (packing.py) spare the copy."""
+    quantum = 1 << max(0, n.bit_length() - 6)
+    return -(-n // quantum) * quantum
+
+
+def _multiply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x (..., d_in) @ weight (d_out, d_in)ᵀ + bias -> (..., d_out)`` by oneDNN, rows padded to
+    :func:`padded_rows`."""
     rows = x.reshape(-1, x.size(-1))  # (N, d_in)
     n = rows.size(0)
-    quantum = 1 << max(0, n.bit_length() - 6)
-    padded = -(-n // quantum) * quantum
+    padded = padded_rows(n)
     if padded != n:
         rows = torch.cat([rows, rows.new_zeros(padded - n, rows.size(1))])
     out = _onednn_linear(rows.contiguous(), weight, bias, "none", [], "")[:n]  # (N, d_out)

@@ -23,6 +23,7 @@ from attnkit.attention.functional import attend
 from attnkit.attention.linear import Linear, linear
 from attnkit.attention.local import attend_local
 from attnkit.attention.masks import local_window_mask
+from attnkit.attention.packing import Packing
 
 
 @dataclass
@@ -98,17 +99,20 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         causal: bool = False,
+        packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend; returns ``(output (B, T_q, d_model), per-head weights (B, h, T_q, T_k) or None)``.
 
-        ``causal``: also hide later positions, without a mask tensor (see :func:`attend`)."""
-        q, k, v = self._project(query, memory, cache)
+        ``causal``: also hide later positions, without a mask tensor (see :func:`attend`). ``packing``
+        (self-attention): ``query`` and the output are the real tokens' rows of a padded batch,
+        ``(rows, d_model)`` (see packing.py); the projections run on those rows only."""
+        q, k, v = self._project(query, memory, cache, packing)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
         weights_wanted = need_weights or self.record_weights
         if k.size(0) != q.size(0):  # a cache shared by groups of consecutive query rows (see _shared)
             if not weights_wanted:
-                return self._merge_heads(self._shared(q, k, v, mask)), None
+                return self._merge_heads(self._shared(q, k, v, mask), packing), None
             groups = q.size(0) // k.size(0)  # weights per row wanted: the ordinary path, keys repeated
             k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
         if self.window and memory is None:  # local self-attention: a band of keys around each query
@@ -121,7 +125,7 @@ class MultiHeadAttention(nn.Module):
                 )
             out = self._local(q, k, v, mask, causal) if not weights_wanted else None
             if out is not None:
-                return self._merge_heads(out), None
+                return self._merge_heads(out, packing), None
             band = local_window_mask(q.size(-2), k.size(-2), window=self.window, device=q.device)
             mask = band if mask is None else mask & band
         out, weights = attend(
@@ -137,7 +141,7 @@ class MultiHeadAttention(nn.Module):
         )
         if self.record_weights:
             self.last_weights = weights.detach()
-        return self._merge_heads(out), (weights if need_weights else None)
+        return self._merge_heads(out, packing), (weights if need_weights else None)
 
     def _shared(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Cross-attention whose cached keys and values hold one row per group of ``G`` consecutive query
@@ -155,10 +159,12 @@ class MultiHeadAttention(nn.Module):
                         dropout_p=self.dropout if self.training else 0.0)  # fmt: skip
         return out.view(-1, h, G, T, d_k).transpose(1, 2).reshape(B, h, T, d_k)
 
-    def _merge_heads(self, out: Tensor) -> Tensor:
-        """Concat(head_1..h) W^O: ``(B, h, T_q, d_k) -> (B, T_q, d_model)``."""
+    def _merge_heads(self, out: Tensor, packing: Packing | None = None) -> Tensor:
+        """Concat(head_1..h) W^O: ``(B, h, T_q, d_k) -> (B, T_q, d_model)``, or ``(rows, d_model)``
+        with a packing."""
         B, _, T_q, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(B, T_q, self.d_model))
+        out = out.transpose(1, 2).reshape(B, T_q, self.d_model)
+        return self.out_proj(out if packing is None else packing.pack(out))
 
     def _local(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor | None:
         """Windowed self-attention in blocks (attention/local.py) when it computes what the banded mask
@@ -173,10 +179,13 @@ class MultiHeadAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         return attend_local(q, k, v, self.window, key_valid, causal=causal, dropout_p=dropout)
 
-    def _project(self, query: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, ...]:
+    def _project(
+        self, query: Tensor, memory: Tensor | None, cache: KVCache | None, packing: Packing | None = None
+    ) -> tuple[Tensor, ...]:
         """Queries, keys and values split into heads, ``(B, h, T, d_k)`` each, using the cache if given."""
         if memory is None:  # self-attention: one matmul for Q, K and V
-            q, k, v = self.in_proj(query).chunk(3, dim=-1)
+            qkv = self.in_proj(query)  # (B, T, 3·d_model), or (rows, 3·d_model) packed
+            q, k, v = (qkv if packing is None else packing.unpack(qkv)).chunk(3, dim=-1)
             k, v = self._split_heads(k), self._split_heads(v)
             if cache is not None:
                 k, v = cache.append(k, v)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from attnkit.attention.multihead import KVCache, MultiHeadAttention
+from attnkit.attention.packing import Packing
 from attnkit.nn.feedforward import PositionwiseFeedForward
 from attnkit.nn.residual import SublayerConnection
 
@@ -44,16 +45,15 @@ class EncoderLayer(nn.Module):
         mask: Tensor | None,
         cache: KVCache | None = None,
         causal: bool = False,
-        real: Tensor | None = None,
+        packing: Packing | None = None,
     ) -> Tensor:
-        """``causal``: each position attends only to itself and earlier ones (a GPT layer). ``real``: the
-        indices of the real (not padding) rows of ``x`` flattened to ``(B·T, d_model)``; the feed-forward
-        sub-layer, which treats each position alone, then runs on those rows only."""
-        x = self.sublayer[0](x, lambda y: self.self_attn(y, mask=mask, cache=cache, causal=causal)[0])
-        if real is None:
-            return self.sublayer[1](x, self.feed_forward)
-        rows = x.flatten(0, 1)  # (B·T, d_model); padding's rows keep the attention sub-layer's output
-        return rows.index_copy(0, real, self.sublayer[1](rows[real], self.feed_forward)).view_as(x)
+        """``causal``: each position attends only to itself and earlier ones (a GPT layer). ``packing``:
+        ``x`` and the output are the real tokens' rows ``(rows, d_model)`` of a padded batch (see
+        attention/packing.py); everything but the attention between positions runs on them alone."""
+        x = self.sublayer[0](
+            x, lambda y: self.self_attn(y, mask=mask, cache=cache, causal=causal, packing=packing)[0]
+        )
+        return self.sublayer[1](x, self.feed_forward)
 
 
 @dataclass
@@ -114,15 +114,16 @@ class Encoder(nn.Module):
     ) -> Tensor:
         """``caches``: one self-attention KV cache per layer, for step-by-step causal use (GPT);
         ``causal``: every layer attends causally (see :func:`attnkit.attention.attend`). ``valid (B, T)``
-        marks the real tokens: with padding, the feed-forward networks skip the padded positions (a
-        batch of sentences of 10 to 18 tokens is a fifth padding, and the FFN two thirds of the work),
-        whose outputs are then not those of a full pass; real positions' outputs are the same."""
-        real = None if valid is None else valid.flatten().nonzero().squeeze(1)  # (N_real,)
-        if real is not None and len(real) == valid.numel():
-            real = None  # no padding
+        marks the real tokens: with padding, the layers work on the real tokens' rows only (a batch of
+        sentences of 10 to 18 tokens is a fifth padding) and padded positions' outputs are zeros; real
+        positions' outputs are those of a full pass. ``mask`` must then hide the padded keys."""
+        packing = None if valid is None or bool(valid.all()) or caches is not None else Packing(valid)
+        if packing is not None:
+            x = packing.pack(x)  # (B, T, d_model) -> (rows, d_model)
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, None if caches is None else caches[i], causal, real)
-        return self.norm(x)
+            x = layer(x, mask, None if caches is None else caches[i], causal, packing)
+        x = self.norm(x)
+        return x if packing is None else packing.unpack(x)
 
 
 class DecoderCache:
