@@ -4,7 +4,8 @@ Both sides are built at GPT-2 small's shape (``--preset gpt2``: 12 layers, 768 w
 with random weights (no download): ours from the preset, HF's converted from ours with ``to_hf_gpt2``,
 so every weight is equal. HF uses its default attention (``sdpa``).
 
-- Training step: forward, cross-entropy, backward, AdamW step, on the same batch of random tokens, with
+- Training step: forward, cross-entropy, backward, AdamW step (torch's fused kernel on both sides: what
+  attnkit's training loop and HF's ``Trainer`` use by default), on the same batch of random tokens, with
   the same dropout (GPT-2's 0.1 on embeddings, residuals and attention weights) on both sides. Each side
   computes the loss as its training does: attnkit with ``generative_loss`` (the output layer and the
   cross-entropy fused, a few rows at a time), HF from its logits with ``F.cross_entropy`` (what
@@ -47,14 +48,14 @@ def main() -> None:
     ours, peer = ours.to(args.device, dtype), peer.to(args.device, dtype)
     c, size = ours.config, sum(p.numel() for p in ours.parameters()) / 1e6
     dropout = f"dropout {c.dropout} (embeddings, residuals), {c.attention_dropout} (attention)"
-    print(setup(args), f"preset {args.preset} ({size:.1f}M), vocab {args.vocab}, {dropout}")
+    print(setup(args), f"preset {args.preset} ({size:.1f}M), vocab {args.vocab}, {dropout}, fused AdamW")
 
     sequences, length = (int(n) for n in args.batch.split("x"))
     end = args.vocab - 1  # GPT-2's <|endoftext|>, attnkit's padding: never drawn below, so nothing is padding
     ids = torch.randint(0, end, (sequences, length + 1), device=args.device)
     steps = {}
     for name, model in (("ours", ours), ("peer", peer)):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # both trainers' default
 
         def step(model=model, optimizer=optimizer, name=name):
             model.train()

@@ -6,7 +6,10 @@ normaliser as choices). Two paths compute it:
 - the **reference path**, which reads like the maths: scores, mask, normalise, dropout, weighted sum;
 - the **fast path**, ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU), taken whenever it
   computes the same thing: dot or scaled-dot scores, softmax, and no request for the weights (fused
-  kernels never materialise them). Tests prove the two paths equal.
+  kernels never materialise them). Tests prove the two paths equal. With dropout on a CPU, the fused
+  kernels do not apply and ``F.scaled_dot_product_attention`` computes the reference path's steps
+  itself; attnkit then takes the reference path, whose dropout draws its random numbers more cheaply
+  (dropout.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit.attention.dropout import dropout
 from attnkit.attention.masks import causal_mask, combine_masks
 from attnkit.attention.normalisers import get_normaliser
 from attnkit.attention.scores import ScoreFn, resolve_score
@@ -59,7 +63,11 @@ def attend(
             "attnkit.attention.masks (e.g. from_hf_attention_mask) instead of passing 0/1 or additive masks"
         )
     fast = (
-        not need_weights and normaliser == "softmax" and isinstance(score, str) and score in _FAST_SCORE_SCALE
+        not need_weights
+        and normaliser == "softmax"
+        and isinstance(score, str)
+        and score in _FAST_SCORE_SCALE
+        and not (dropout_p > 0.0 and q.is_cpu)  # see below
     )
     if fast and causal and mask is None and q.size(-2) == k.size(-2):  # SDPA's is_causal: square only
         out = F.scaled_dot_product_attention(
@@ -93,6 +101,6 @@ def attend_reference(
     scores = resolve_score(score)(q, k)  # (..., T_q, T_k)
     weights = get_normaliser(normaliser)(scores, mask)  # masked keys get exactly 0
     if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
+        weights = dropout(weights, dropout_p)
     out = weights @ v  # (..., T_q, d_v)
     return out, (weights if need_weights else None)

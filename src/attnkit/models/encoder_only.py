@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.dropout import Dropout
 from attnkit.attention.linear import Linear
 from attnkit.models.config import EncoderModelConfig
 from attnkit.models.layers import encoder_layer
@@ -34,7 +35,7 @@ class EncoderEmbeddings(nn.Module):
         self.positions = positional_encoding(c.positions, c.d_model, 0.0, c.max_len, c.sinusoid_layout)
         self.token_types = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:
         x = self.positions(self.words(ids))
@@ -64,7 +65,7 @@ class ClassificationHead(nn.Module):
         super().__init__()
         self.pooling = c.pooling
         self.pooler = Linear(c.d_model, c.d_model) if c.pooling == "cls" else None
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.classifier = Linear(c.d_model, c.num_labels)
 
     def forward(self, hidden: Tensor, valid: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.dropout import Dropout
 from attnkit.attention.linear import Linear
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models.config import _Presets
@@ -103,7 +104,7 @@ class RNNSeq2Seq(nn.Module):
         self.vocab_size = vocab_size
         rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[c.cell]
         self.embed = nn.Embedding(vocab_size, c.d_embed, padding_idx=c.pad_id)  # shared by both sides
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.encoder = rnn(c.d_embed, c.d_hidden // 2, c.layers, batch_first=True, bidirectional=True)
         self.bridge = Linear(c.d_hidden, c.d_hidden)  # s_0 = tanh(W [→h_S; ←h_1]) per layer
         self.luong = c.attention in ("dot", "general", "concat")

@@ -12,6 +12,7 @@ import functools
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.attention.dropout import Dropout
 from attnkit.attention.linear import Linear
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
@@ -31,7 +32,7 @@ class PositionwiseFeedForward(nn.Module):
         self.w_1 = Linear(d_model, d_ff)
         self.w_2 = Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w_2(self.dropout(self.activation(self.w_1(x))))

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from attnkit.attention.dropout import Dropout
+
 
 class SublayerConnection(nn.Module):
     """Residual connection, dropout and layer normalisation around one sub-layer."""
@@ -21,7 +23,7 @@ class SublayerConnection(nn.Module):
     ) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
