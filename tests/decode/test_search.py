@@ -9,7 +9,7 @@ import torch
 from attnkit import build_transformer
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import beam_search, greedy, length_penalty
-from attnkit.decode.search import beam
+from attnkit.decode.search import beam, best_continuations, top_k
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the tiny model's sources below use ids 4..15
 PAD_ID, BOS_ID, EOS_ID = IDS.pad, IDS.bos, IDS.eos
@@ -187,3 +187,58 @@ def test_a_finished_source_leaves_the_batch_and_the_others_results_do_not_change
         alone = src[row][src[row] != PAD_ID][None]
         assert greedy(model, alone, IDS, **bounds)[0] == greedy_out[row]
         assert beam_search(model, alone, IDS, beam_size=3, **bounds)[0][0].tokens == beams[row][0].tokens
+
+
+class RandomLogits:
+    """Fixed random logits for each row, whatever the tokens (for testing one step of the search)."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def next_logits(self, tokens):
+        return self.logits.clone()
+
+
+@pytest.mark.parametrize("K", [1, 3, 5])
+def test_best_continuations_are_the_top_of_all_k_times_v_candidates(K):
+    """Each beam's best 2K tokens and the log-normaliser give what the top 2K of every source's K·V
+    candidates (score + log_softmax, the textbook step) give: the same scores, beams and tokens, with
+    <pad>/<s> never chosen, rows at their bound only ending, and dead beams (score -inf) never chosen."""
+    torch.manual_seed(K)
+    n, V = 4, 50
+    logits = torch.randn(n * K, V) * 3
+    scores = torch.randn(n, K) - 5
+    scores[0, 1:] = float("-inf")  # a source whose other beams are dead (the first step)
+    at_limit = torch.zeros(n * K, dtype=torch.bool)
+    at_limit[K : 2 * K] = True  # the second source is at its length bound: </s> only
+    got_scores, got_beams, got_tokens = best_continuations(RandomLogits(logits), torch.zeros(n * K, 1),
+                                                           at_limit, IDS, scores, 2 * K)  # fmt: skip
+    log_probs = logits.log_softmax(-1)
+    log_probs[:, [IDS.pad, IDS.bos]] = float("-inf")
+    log_probs[at_limit] = torch.where(torch.arange(V) == IDS.eos, log_probs[at_limit], float("-inf"))
+    every = (scores.view(-1, 1) + log_probs).view(n, K * V)
+    want_scores, want_index = every.topk(2 * K, dim=-1)
+    alive = want_scores > float("-inf")
+    torch.testing.assert_close(got_scores, want_scores)
+    assert torch.equal((got_beams * V + got_tokens)[alive], want_index[alive])
+    assert not torch.isin(got_tokens[alive], torch.tensor([IDS.pad, IDS.bos])).any()
+    assert (got_tokens[1][alive[1]] == IDS.eos).all() and alive[1].sum() == K  # one </s> per live beam
+    assert (got_beams[0][alive[0]] == 0).all()  # only beam 0 of the first source is alive
+
+
+@pytest.mark.parametrize("V", [8000, 8001, 9999, 300])
+@pytest.mark.parametrize("k", [1, 10, 20])
+def test_blockwise_top_k_equals_torch_topk(V, k):
+    """Values and positions as torch.topk's, including a partial last block, the largest entries all in
+    one block or in the last partial block, and rows that are mostly -inf (rows at their bound)."""
+    torch.manual_seed(V + k)
+    x = torch.randn(12, V)
+    x[1, 64:128] += 10  # one block holds the whole top
+    x[2, -(V % 64 or 64) :] += 10  # the last (partial) block holds it
+    x[3] = float("-inf")
+    x[3, V // 2] = 0.0  # one finite entry
+    values, index = top_k(x, k)
+    want_values, want_index = x.topk(k, dim=-1)
+    torch.testing.assert_close(values, want_values)
+    finite = want_values > float("-inf")
+    assert torch.equal(index[finite], want_index[finite])  # no ties among finite random entries
