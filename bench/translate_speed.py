@@ -5,11 +5,13 @@ attnkit's own search, HF transformers' ``MarianMTModel.generate`` on the same we
 first ``--n`` lines of ``--src`` in batches of ``--batch`` sentences, greedy and with beam search, on
 ``--threads`` threads. Each row: target tokens per second (attnkit's tokenizer counts the outputs), the
 outputs' sacreBLEU against ``--ref`` (to show they translate alike) and the ratio of attnkit's speed to
-the engine's. Settings on every side: no sampling, the start token ``<s>``, ``<pad>`` and ``<s>`` never
-produced; beam search ranks finished hypotheses by log P / length^α on every side, with ``--alpha``
-(default: the run's ``decode.alpha``), each with its own stopping rule (attnkit's and CTranslate2's:
-a sentence is done with K finished hypotheses; HF's default: when no running beam can beat them). Each
-engine runs in its own process, median of ``--rounds`` timed runs after a warm-up.
+the engine's. ``attnkit-int8`` is attnkit with ``--int8`` (int8 weights and activations in every
+linear map, as CTranslate2's int8). Settings on every side: no sampling, the start token ``<s>``,
+``<pad>`` and ``<s>`` never produced; beam search ranks finished hypotheses by log P / length^α on
+every side, with ``--alpha`` (default: the run's ``decode.alpha``), each with its own stopping rule
+(attnkit's and CTranslate2's: a sentence is done with K finished hypotheses; HF's default: when no
+running beam can beat them). Each engine runs in its own process, median of ``--rounds`` timed runs
+after a warm-up.
 
 Run: ``python bench/translate_speed.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz
 --ref data/multi30k/test_2016_flickr.en.gz --n 500`` (the HF rows need ``transformers``, the CTranslate2
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.attention.linear import quantize_int8
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Engine
@@ -79,7 +82,9 @@ def time_engine(
     model, tokenizer, config = load_for_inference(ckpt)
     decode = config.decode
     decode.batch_size, decode.length_penalty, decode.alpha = batch, "length", alpha
-    if engine == "attnkit":
+    if engine.startswith("attnkit"):
+        if engine == "attnkit-int8":
+            quantize_int8(model)
         run = lambda texts, beam: translate(model, tokenizer, texts, decode, beam_size=beam)  # noqa: E731
     elif engine == "hf-generate":
         run = hf_translator(Path(folder), tokenizer, batch, alpha)
@@ -118,7 +123,7 @@ def main() -> None:
     decode.length_penalty = "length"
     decode.alpha = decode.alpha if args.alpha is None else args.alpha
     scratch = Path(tempfile.mkdtemp(prefix="translate_speed."))
-    folders = {"attnkit": ""}
+    folders = {"attnkit": "", "attnkit-int8": ""}
     if importlib.util.find_spec("transformers"):
         folders["hf-generate"] = str(export_hf(model, tokenizer, scratch / "hf"))
     else:

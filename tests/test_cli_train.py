@@ -91,3 +91,18 @@ def test_yaml_floats_without_a_dot_are_numbers(tmp_path):
     (tmp_path / "r.yaml").write_text("train:\n  lr: 5e-4\n  label_smoothing: 1e-1\n")
     config = load_run_config(tmp_path / "r.yaml")
     assert config.train.lr == 5e-4 and config.train.label_smoothing == 0.1
+
+
+def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, copy_data, tmp_path):
+    outputs = {}
+    for flags in ([], ["--int8"]):
+        out = tmp_path / f"out{len(flags)}.txt"
+        result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(copy_data / "valid.src"),
+                                     "-o", str(out), "--beam", "1", *flags])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        outputs[len(flags)] = out.read_text().splitlines()
+    same = sum(a == b for a, b in zip(outputs[0], outputs[1], strict=True))
+    print(f"int8 and float32 agree on {same} of 20 lines")
+    assert len(outputs[1]) == 20 and same >= 14
+    result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--engine", "ctranslate2", "--int8"])
+    assert result.exit_code == 2 and "--quantization int8" in result.output

