@@ -136,7 +136,7 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = re.findall(r"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| [\d.]+ \|", result.stdout)
-    engines = ["attnkit", "hf-generate", "ctranslate2", "ctranslate2-int8"]
+    engines = ["attnkit", "attnkit-int8", "hf-generate", "ctranslate2", "ctranslate2-int8"]
     assert [(name, beam) for name, beam, _ in rows] == [(e, b) for b in "12" for e in engines], result.stdout
     scores = {(name, beam): score for name, beam, score in rows}
     assert scores[("attnkit", "1")] == scores[("ctranslate2", "1")] == scores[("hf-generate", "1")]
