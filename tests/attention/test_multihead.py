@@ -100,6 +100,27 @@ def test_cache_reorder_selects_batch_rows():
     assert cache.value[:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
 
 
+def test_reorders_before_an_append_gather_the_kept_rows_into_the_longer_cache():
+    """Two reorders (beam re-ranking, then dropping a finished row) and an append give what reordering
+    eagerly and concatenating gives: the kept rows' history followed by the new step."""
+    torch.manual_seed(5)
+    key, value = torch.randn(4, 2, 3, 5), torch.randn(4, 2, 3, 5)
+    cache = KVCache()
+    cache.append(key, value)
+    first, second = torch.tensor([3, 3, 1, 0]), torch.tensor([0, 2, 3])
+    cache.reorder(first)
+    cache.reorder(second)
+    assert len(cache) == 3
+    new_key, new_value = torch.randn(3, 2, 1, 5), torch.randn(3, 2, 1, 5)
+    got_key, got_value = cache.append(new_key, new_value)
+    rows = first[second]
+    assert torch.equal(got_key, torch.cat([key[rows], new_key], dim=-2))
+    assert torch.equal(got_value, torch.cat([value[rows], new_value], dim=-2))
+    assert torch.equal(cache.key, got_key) and len(cache) == 4
+    cache.append(new_key, new_value)  # no reorder in between: a plain extension
+    assert torch.equal(cache.key, torch.cat([key[rows], new_key, new_key], dim=-2))
+
+
 def test_other_normalisers_reach_every_head():
     mha = MultiHeadAttention(D, H, normaliser="sigmoid")
     x = torch.randn(1, 4, D)
@@ -145,3 +166,13 @@ def test_cached_keys_shared_by_groups_of_query_rows_give_what_repeated_keys_give
             _, expected_weights = mha(query, memory, mask=rows_mask, cache=repeated, need_weights=True)
         torch.testing.assert_close(with_weights, expected, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(weights, expected_weights)
+
+
+def test_a_reordered_cache_with_gradients_still_back_propagates():
+    key = torch.randn(3, 2, 2, 4, requires_grad=True)
+    cache = KVCache()
+    cache.append(key, key * 2)
+    cache.reorder(torch.tensor([2, 0, 0]))
+    got, _ = cache.append(torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))
+    got.sum().backward()
+    assert key.grad[:, 0, 0, 0].tolist() == [2.0, 0.0, 1.0]  # row 0 kept twice, row 1 dropped

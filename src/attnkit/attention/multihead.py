@@ -14,8 +14,6 @@ Longformer and Mistral when combined with a causal mask). Cross-attention always
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
@@ -26,33 +24,66 @@ from attnkit.attention.masks import local_window_mask
 from attnkit.attention.packing import Packing
 
 
-@dataclass
 class KVCache:
     """Keys and values one attention layer has already computed, ``(B, h, T_cached, d_k)`` each.
 
     Self-attention appends the new step's keys and values; cross-attention fills it once from the
-    encoder memory and reuses it at every later step.
+    encoder memory and reuses it at every later step. ``reorder`` (beam search's re-ranking, or
+    dropping finished rows) is applied when the cache is next read or appended to: an append after a
+    reorder then gathers the kept rows straight into the extended tensor, one copy of the cache per
+    step instead of two (``index_select``, then ``torch.cat``).
     """
 
-    key: Tensor | None = None
-    value: Tensor | None = None
+    def __init__(self, key: Tensor | None = None, value: Tensor | None = None) -> None:
+        self._key, self._value = key, value
+        self._order: Tensor | None = None  # rows to keep, not yet applied
+
+    @property
+    def key(self) -> Tensor | None:
+        self._apply_order()
+        return self._key
+
+    @property
+    def value(self) -> Tensor | None:
+        self._apply_order()
+        return self._value
 
     def __len__(self) -> int:
-        return 0 if self.key is None else self.key.size(-2)
+        return 0 if self._key is None else self._key.size(-2)
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Add new positions and return all keys and values so far."""
-        if self.key is not None:
-            key = torch.cat([self.key, key], dim=-2)
-            value = torch.cat([self.value, value], dim=-2)
-        self.key, self.value = key, value
+        if self._key is not None:
+            order, self._order = self._order, None
+            key, value = _extended(self._key, key, order), _extended(self._value, value, order)
+        self._key, self._value = key, value
         return key, value
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (in that order), as beam search does when hypotheses are re-ranked."""
-        if self.key is not None:
-            self.key = self.key.index_select(0, index)
-            self.value = self.value.index_select(0, index)
+        if self._key is not None:
+            self._order = index if self._order is None else self._order.index_select(0, index)
+
+    def _apply_order(self) -> None:
+        if self._order is not None:
+            self._key = self._key.index_select(0, self._order)
+            self._value = self._value.index_select(0, self._order)
+            self._order = None
+
+
+def _extended(cached: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
+    """``torch.cat([cached[order], new], dim=-2)`` in one pass: ``(B, h, T + T_new, d_k)`` (in two
+    where autograd tracks them: ``index_select(out=...)`` has no gradient)."""
+    if torch.is_grad_enabled() and (cached.requires_grad or new.requires_grad):
+        return torch.cat([cached if order is None else cached.index_select(0, order), new], dim=-2)
+    T = cached.size(-2)
+    out = new.new_empty(new.size(0), new.size(1), T + new.size(-2), new.size(-1))
+    if order is None:
+        out[:, :, :T].copy_(cached)
+    else:
+        torch.index_select(cached, 0, order, out=out[:, :, :T])  # the kept rows, gathered in place
+    out[:, :, T:].copy_(new)
+    return out
 
 
 class MultiHeadAttention(nn.Module):
