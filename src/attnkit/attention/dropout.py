@@ -15,6 +15,8 @@ and fast; ``torch.compile``, which generates its own; p = 1) it is ``F.dropout``
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,14 +24,17 @@ from torch import Tensor, nn
 _LANES = 65536  # values of a 16-bit lane
 
 
+def _dropped_lanes(p: float) -> int:
+    """How many of a lane's 2^16 values drop an entry: p rounded to a multiple of 2^-16, times 2^16."""
+    return round(p * _LANES)
+
+
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> Tensor:
     """A boolean tensor of ``shape``: True with probability ``1 - round(p·2^16)/2^16`` per entry."""
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty(-(-n // 4), dtype=torch.int64, device=device).random_(-(2**63), None)  # 64 bits each
     lanes = words.view(torch.int16)[:n].view(shape)  # four uniform 16-bit integers per word, in [-2^15, 2^15)
-    return lanes >= round(p * _LANES) - _LANES // 2
+    return lanes >= _dropped_lanes(p) - _LANES // 2
 
 
 def _fast_applies(x: Tensor, p: float) -> bool:
@@ -42,8 +47,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if not _fast_applies(x, p):
         return F.dropout(x, p, training=True)
-    dropped = round(p * _LANES)
-    scale = _LANES / (_LANES - dropped)  # 1 / the keep probability
+    scale = _LANES / (_LANES - _dropped_lanes(p))  # 1 / the keep probability
     return torch.where(keep_mask(x.shape, p, x.device), x, 0.0).mul_(scale)
 
 

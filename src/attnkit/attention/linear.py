@@ -93,12 +93,16 @@ class _OneDNNLinear(torch.autograd.Function):
         return dx, dw, db
 
 
+def _needs_gradient(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether autograd records ``x Wᵀ + b`` here: gradients on, and one of them requires one."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, by oneDNN where :func:`onednn_applies`."""
     if not onednn_applies(x, weight):
         return F.linear(x, weight, bias)
-    tracked = (x, weight) if bias is None else (x, weight, bias)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
+    if _needs_gradient(x, weight, bias):
         return _OneDNNLinear.apply(x, weight, bias)
     return _multiply(x, weight, bias)
 
@@ -112,12 +116,10 @@ class Linear(nn.Linear):
     int8_scale: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32 and not self._tracked(x):
+        int8 = self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32
+        if int8 and not _needs_gradient(x, self.weight, self.bias):
             return self._int8_forward(x)
         return linear(x, self.weight, self.bias)
-
-    def _tracked(self, x: Tensor) -> bool:
-        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
 
     def quantize_int8(self) -> None:
         """Multiply by int8 weights from now on, in CPU inference, by dynamic quantisation (as

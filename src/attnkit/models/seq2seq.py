@@ -97,7 +97,7 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         """``src (B, S)`` -> memory ``(B, S, d_model)``; ``src_mask`` as ``padding_mask(src, pad_id)``.
-        The feed-forward networks skip the padding (``Encoder``'s ``valid``)."""
+        Its position-wise layers skip the padding (``Encoder``'s ``valid``)."""
         valid = src != self.config.pad_id  # (B, S)
         return self.encoder(self.src_pos(self.src_embed(src)), src_mask, valid=valid)
 
