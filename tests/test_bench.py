@@ -164,3 +164,5 @@ def test_the_aeslc_quality_benchmark_trains_and_scores_rouge_on_tiny_records(tmp
         r"against 'subject': ROUGE-1 \d+\.\d\d, ROUGE-2 \d+\.\d\d, ROUGE-L \d+\.\d\d", result.stdout
     )
     assert "against 'annotations'" in result.stdout and "40 records" in result.stdout
+    # "the budget report" against "budget report": unigrams P = 2/3, R = 1; bigrams P = 1/2, R = 1
+    assert "LEAD-3 (the first 3 words) against 'subject': ROUGE-1 80.00, ROUGE-2 66.67" in result.stdout

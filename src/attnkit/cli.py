@@ -278,9 +278,11 @@ def translate(
 
         quantize_int8(model)
     texts = _read_input(input)
+    source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
     hypotheses = translate_texts(
-        model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note
-    )
+        model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note,
+        source_limit=source_limit,
+    )  # fmt: skip
     _write_output(output, "".join(h + "\n" for h in hypotheses))
 
 
@@ -434,10 +436,10 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None) -> None:
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
     records = read_summaries(config.data, data)
-    ids, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
+    _, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
     began = time.perf_counter()
-    summaries = translate_texts(model, tokenizer, [tokenizer.decode(i) for i in ids], config.decode,
-                                beam_size=beam, device=device)  # fmt: skip
+    summaries = translate_texts(model, tokenizer, records.src, config.decode, beam_size=beam, device=device,
+                                source_limit=config.data.source_limit)  # fmt: skip
     seconds = time.perf_counter() - began
     for field, refs in records.references.items():
         scores = rouge(summaries, refs)

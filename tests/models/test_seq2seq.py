@@ -109,3 +109,27 @@ def test_reordered_cache_continues_as_if_the_reordered_batch_had_been_decoded():
 def test_pre_ln_stacks_end_in_a_layer_norm_and_post_ln_stacks_do_not():
     assert isinstance(_model(norm_first=True).encoder.norm, torch.nn.LayerNorm)
     assert isinstance(_model(norm_first=False).decoder.norm, torch.nn.Identity)
+
+
+def test_bert_style_embeddings_layer_normalise_the_unscaled_sum_and_are_not_exported():
+    from attnkit.errors import ConversionError
+    from attnkit.models.convert import to_hf_marian
+
+    model = _model(scale_embeddings=False, embedding_norm=True, positions="learned")
+    src, tgt = _batch()
+    seen = {}
+    model.encoder.register_forward_pre_hook(lambda _, args: seen.__setitem__("src", args[0]))
+    model.decoder.register_forward_pre_hook(lambda _, args: seen.__setitem__("tgt", args[0]))
+    with torch.no_grad():
+        model(src, tgt)
+    sides = [(src, model.src_embed.lut, model.src_pos, model.src_norm, "src"),
+             (tgt, model.tgt_embed.lut, model.tgt_pos, model.tgt_norm, "tgt")]  # fmt: skip
+    for ids, lut, pos, norm, key in sides:
+        # BERT: LayerNorm(token + position), no ×√d_model
+        expected = torch.nn.functional.layer_norm(
+            lut.weight[ids] + pos.weight[: ids.size(1)], (32,), norm.norm.weight, norm.norm.bias, 1e-5
+        )
+        torch.testing.assert_close(seen[key], expected)
+    with pytest.raises(ConversionError, match=r"Marian scales embeddings by √d_model .* embedding_norm=True"):
+        to_hf_marian(build_transformer(TransformerConfig.from_preset("tiny", sinusoid_layout="concatenated",
+                                                                     embedding_norm=True), V))  # fmt: skip

@@ -22,22 +22,32 @@ def translate(
     beam_size: int | None = None,
     device: torch.device | str = "cpu",
     warn: Callable[[str], None] | None = None,
+    source_limit: int | None = None,
 ) -> list[str]:
     """Translate ``texts``; ``beam_size`` 1 is greedy search, default ``decode.beam_size``.
 
     An empty (or all-space) input line gives an empty output line without running the model. The model
     handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is
     longer, so that one pathological line cannot stall its batch; ``warn`` is told once how many were cut.
+    ``source_limit`` cuts sources shorter still, to the length the model was trained on (a summariser's
+    ``data.max_source_len``: it has only ever read an email's beginning).
     """
     beam = decode.beam_size if beam_size is None else beam_size
     specials, longest = tokenizer.specials, model.config.max_len
+    limit = longest if source_limit is None else min(source_limit, longest)  # tokens with </s>
     encoded = tokenizer.encode_batch(texts)
-    too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > longest]
+    too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > limit]
     if too_long and warn is not None:
-        warn(f"{len(too_long)} input line(s) have more tokens than the model's {longest} positions "
-             f"(line {too_long[0] + 1}: {len(encoded[too_long[0]])} tokens); they are cut to "
-             f"{longest - 1} tokens, and outputs stop at {longest} tokens")  # fmt: skip
-    encoded = [[*ids[: longest - 1], specials.eos] for ids in encoded]
+        first = f"(line {too_long[0] + 1}: {len(encoded[too_long[0]])} tokens)"
+        if limit < longest:
+            warn(f"{len(too_long)} input line(s) are longer than the {limit} source tokens the model was "
+                 f"trained on (data.max_source_len) {first}; they are cut to {limit - 1} tokens, as in "
+                 "training")  # fmt: skip
+        else:
+            warn(f"{len(too_long)} input line(s) have more tokens than the model's {longest} positions "
+                 f"{first}; they are cut to {longest - 1} tokens, and outputs stop at {longest} "
+                 "tokens")  # fmt: skip
+    encoded = [[*ids[: limit - 1], specials.eos] for ids in encoded]
     outputs = [""] * len(texts)
     bounds = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "max_output_len": longest}
     todo = [i for i, text in enumerate(texts) if text.strip()]

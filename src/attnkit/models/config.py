@@ -96,6 +96,11 @@ class TransformerConfig(_Presets):
     pad_id: int = 0  # set from the tokenizer's <pad> when a model is trained or loaded
     attention_normaliser: str = "softmax"  # scores -> weights: "softmax" (paper), "relu", "gelu", "sigmoid"
     attention_window: int = 0  # > 0: self-attention sees only keys within this many positions (local)
+    copy: bool = False  # pointer-generator output (See et al., 2017): also copy source tokens; one vocabulary
+    # BERT's embedding, for an encoder warm-started from one (train.init_from): no ×√d_model, and
+    # LayerNorm(token + position) before the dropout, on both sides
+    scale_embeddings: bool = True
+    embedding_norm: bool = False
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (65M parameters).
@@ -110,6 +115,11 @@ class TransformerConfig(_Presets):
 
     def __post_init__(self) -> None:
         check_transformer_fields(self, ("encoder_layers", "decoder_layers"))
+        if self.copy and not self.share_embeddings:
+            raise ConfigError(
+                "model.copy points at source tokens as output tokens: it needs one vocabulary for both "
+                "(model.share_embeddings=true)"
+            )
 
 
 @dataclass

@@ -4,6 +4,7 @@ Read top to bottom: the source is embedded (×√d_model, + positions, dropout) 
 a memory; the target, shifted right, is embedded the same way and decoded by N layers attending to
 itself (causally) and to the memory; the Generator projects the result to vocabulary logits. With a
 shared vocabulary the source embedding, target embedding and output projection are one matrix (§3.4).
+With ``model.copy`` a pointer-generator (nn/pointer.py) mixes those with copies of source tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from attnkit.attention.masks import causal_mask, padding_mask
 from attnkit.errors import ConfigError
 from attnkit.models.config import TransformerConfig
 from attnkit.models.layers import attention, encoder_layer, feed_forward, residual
-from attnkit.nn.embedding import Embeddings, positional_encoding
+from attnkit.nn.embedding import EmbeddingNorm, Embeddings, positional_encoding
+from attnkit.nn.pointer import PointerGenerator
 from attnkit.nn.transformer import Decoder, DecoderCache, DecoderLayer, Encoder
 
 
@@ -55,11 +57,19 @@ class EncoderDecoder(nn.Module):
              for _ in range(c.decoder_layers)],
             c.d_model, c.norm_first, c.layer_norm_eps,
         )  # fmt: skip
-        self.src_embed = Embeddings(src_vocab, c.d_model, padding_idx=c.pad_id)
-        self.tgt_embed = self.src_embed if c.share_embeddings else Embeddings(tgt_vocab, c.d_model, c.pad_id)
-        self.src_pos = positional_encoding(c.positions, c.d_model, c.dropout, c.max_len, c.sinusoid_layout)
-        self.tgt_pos = positional_encoding(c.positions, c.d_model, c.dropout, c.max_len, c.sinusoid_layout)
+        scale = c.scale_embeddings
+        self.src_embed = Embeddings(src_vocab, c.d_model, c.pad_id, scale)
+        self.tgt_embed = (
+            self.src_embed if c.share_embeddings else Embeddings(tgt_vocab, c.d_model, c.pad_id, scale)
+        )
+        # dropout after the positions, or (BERT's embedding) after a LayerNorm of their sum
+        pos_dropout = 0.0 if c.embedding_norm else c.dropout
+        self.src_pos = positional_encoding(c.positions, c.d_model, pos_dropout, c.max_len, c.sinusoid_layout)
+        self.tgt_pos = positional_encoding(c.positions, c.d_model, pos_dropout, c.max_len, c.sinusoid_layout)
+        self.src_norm = EmbeddingNorm(c.d_model, c.dropout, c.layer_norm_eps) if c.embedding_norm else None
+        self.tgt_norm = EmbeddingNorm(c.d_model, c.dropout, c.layer_norm_eps) if c.embedding_norm else None
         self.generator = Generator(c.d_model, tgt_vocab, bias=c.output_bias)
+        self.pointer = PointerGenerator(c.d_model) if c.copy else None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -81,14 +91,25 @@ class EncoderDecoder(nn.Module):
         tgt_mask: Tensor | None = None,
         project: bool = True,
     ):
-        """``src (B, S)``, ``tgt (B, T)`` (the shifted-right target) -> logits ``(B, T, tgt_vocab)``;
-        ``project=False``: the decoder's states ``(B, T, d_model)``, for a loss that applies
-        :attr:`output_layer` itself (``attnkit.train.losses.projected_loss``)."""
+        """``src (B, S)``, ``tgt (B, T)`` (the shifted-right target) -> logits ``(B, T, tgt_vocab)``
+        (with ``model.copy``: log-probabilities); ``project=False``: the decoder's states
+        ``(B, T, d_model)``, for a loss that applies :attr:`output_layer` itself
+        (``attnkit.train.losses.projected_loss``)."""
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encode(src, src_mask)
         hidden = self.decode(memory, src_mask, tgt, tgt_mask)
-        return self.generator(hidden) if project else hidden
+        if not project:
+            return hidden
+        if self.pointer is None:
+            return self.generator(hidden)
+        return self.pointer(self.generator(hidden), hidden, self.pointer.keys(memory), memory, src, src_mask)
+
+    @property
+    def copies(self) -> bool:
+        """Whether the output mixes in copies of source tokens (``model.copy``): it is then no single
+        projection of the decoder's states, and the loss takes :meth:`forward`'s log-probabilities."""
+        return self.pointer is not None
 
     @property
     def output_layer(self) -> nn.Linear:
@@ -99,7 +120,8 @@ class EncoderDecoder(nn.Module):
         """``src (B, S)`` -> memory ``(B, S, d_model)``; ``src_mask`` as ``padding_mask(src, pad_id)``.
         Its position-wise layers skip the padding (``Encoder``'s ``valid``)."""
         valid = src != self.config.pad_id  # (B, S)
-        return self.encoder(self.src_pos(self.src_embed(src)), src_mask, valid=valid)
+        x = self.src_pos(self.src_embed(src))
+        return self.encoder(x if self.src_norm is None else self.src_norm(x), src_mask, valid=valid)
 
     def decode(
         self,
@@ -119,7 +141,9 @@ class EncoderDecoder(nn.Module):
         if tgt_mask is None and tgt.size(1) > 1:  # one new token may see every position: no mask at all
             tgt_mask = causal_mask(tgt.size(1), start + tgt.size(1), device=tgt.device)
         x = self.tgt_pos(self.tgt_embed(tgt), start)
-        return self.decoder(x, memory, src_mask, tgt_mask, cache)
+        return self.decoder(
+            x if self.tgt_norm is None else self.tgt_norm(x), memory, src_mask, tgt_mask, cache
+        )
 
     def new_cache(self) -> DecoderCache:
         """An empty key/value cache for incremental decoding with :meth:`decode`."""
@@ -146,12 +170,31 @@ class Seq2SeqDecoding:
         self.memory = model.encode(src, self.src_mask)  # (N, S, d_model)
         self.cache = model.new_cache() if use_cache else None
         self.beams = 1  # consecutive rows per source
+        self.src = src  # (N, S): the pointer-generator copies these ids
+        self.pointer_keys = None if model.pointer is None else model.pointer.keys(self.memory)
 
     def next_logits(self, tokens: Tensor) -> Tensor:
-        """``tokens (N, t)`` -> logits of the next token ``(N, V)``."""
+        """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
+        ``model.copy``)."""
         new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
-        hidden = self.model.decode(self.memory, self.src_mask, new, cache=self.cache)[:, -1]
-        return self.model.generator(hidden)
+        hidden = self.model.decode(self.memory, self.src_mask, new, cache=self.cache)[:, -1]  # (R, d_model)
+        logits = self.model.generator(hidden)  # (R, V)
+        if self.model.pointer is None:
+            return logits
+        M = self.memory.size(0)  # the rows of one source are consecutive: (R, ·) -> (M, R / M, ·)
+        src_mask = padding_mask(self.src, self.model.config.pad_id)  # (M, 1, S)
+        log_probs = self.model.pointer(
+            logits.view(M, -1, logits.size(-1)), hidden.view(M, -1, hidden.size(-1)),
+            self.pointer_keys, self.memory, self.src, src_mask,
+        )  # fmt: skip
+        return log_probs.view_as(logits)
+
+    def _select_sources(self, rows: Tensor) -> None:
+        """Keep (or repeat) the memories of sources ``rows``, with what the pointer reads of them."""
+        self.memory = self.memory.index_select(0, rows)
+        self.src = self.src.index_select(0, rows)
+        if self.pointer_keys is not None:
+            self.pointer_keys = self.pointer_keys.index_select(0, rows)
 
     def reorder(self, index: Tensor) -> None:
         if self.cache is not None:  # beams of one source share its memory: only the target side moves
@@ -162,10 +205,10 @@ class Seq2SeqDecoding:
         together): memories move too."""
         self.src_mask = self.src_mask.index_select(0, index)
         if self.cache is None:
-            self.memory = self.memory.index_select(0, index)
+            self._select_sources(index)
             return
         sources = index[:: self.beams] // self.beams  # the first beam of each kept source: its source
-        self.memory = self.memory.index_select(0, sources)
+        self._select_sources(sources)
         for layer in self.cache.layers:
             layer.self_attn.reorder(index)
             layer.src_attn.reorder(sources)
@@ -179,7 +222,7 @@ class Seq2SeqDecoding:
         rows = torch.arange(self.memory.size(0), device=self.memory.device).repeat_interleave(times)
         self.src_mask = self.src_mask.index_select(0, rows)  # (N·times, 1, S)
         if self.cache is None:
-            self.memory = self.memory.index_select(0, rows)  # (N·times, S, d_model)
+            self._select_sources(rows)  # memory (N·times, S, d_model)
             return
         self.beams = times
         for layer, cache in zip(self.model.decoder.layers, self.cache.layers, strict=True):

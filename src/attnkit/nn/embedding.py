@@ -101,6 +101,19 @@ class LearnedPositionalEmbedding(nn.Module):
         return self.dropout(x + (self.weight[start:end] if positions is None else self.weight[positions]))
 
 
+class EmbeddingNorm(nn.Module):
+    """LayerNorm, then dropout, of the token + position sum: BERT's embedding (Devlin et al., 2019), for
+    an encoder-decoder warm-started from a BERT-style encoder."""
+
+    def __init__(self, d_model: int, dropout: float, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.norm(x))
+
+
 def positional_encoding(
     kind: str, d_model: int, dropout: float, max_len: int, layout: str = "interleaved"
 ) -> PositionalEncoding | LearnedPositionalEmbedding:

@@ -57,7 +57,12 @@ def generative_loss(
 ) -> tuple[Tensor, Tensor]:
     """A generative model's summed label-smoothed loss and per-token NLL ``(B, T)`` for ``target``:
     ``model(*inputs, project=False)`` gives the states its ``output_layer`` would project, and
-    :func:`projected_loss` projects them chunk by chunk. (``model`` may be wrapped in DDP.)"""
+    :func:`projected_loss` projects them chunk by chunk. A model whose output is no single projection
+    (``copies``: a pointer-generator's mixture) gives its log-probabilities instead. (``model`` may be
+    wrapped in DDP.)"""
+    if getattr(unwrap(model), "copies", False):
+        smoothed, nll = token_losses(model(*inputs), target, epsilon, pad_id)
+        return smoothed.sum(), nll
     hidden = model(*inputs, project=False)
     return projected_loss(hidden, unwrap(model).output_layer, target, epsilon, pad_id)
 

@@ -7,6 +7,11 @@ and dropout settings: a masked-LM checkpoint becomes a classifier by dropping th
 starting a new classification head (BERT §4: "the same pre-trained model parameters are used to
 initialise models for different down-stream tasks"). Every weight of the body must come from the
 source; only the head may be new.
+
+An encoder-decoder may also start from a BERT-style encoder (``model.arch: encoder`` in the source):
+its encoder and source embedding are the pretrained ones, and the decoder, new, gets the same widths
+and the shared vocabulary (Rothe et al., 2020, "BERT2Rnd"). The run sets the decoder's depth, dropout,
+``copy`` and the like.
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ from attnkit.models import load_weights
 
 # What a fine-tuning run sets itself; every other model field comes from the pretrained model.
 RUN_FIELDS = ("head", "pooling", "num_labels", "dropout", "attention_dropout", "activation_dropout")
+# An encoder-only model's names -> an encoder-decoder's; what the latter has beyond them starts new.
+ENCODER_NAMES = {"embed.words.": "src_embed.", "embed.positions.": "src_pos.",
+                 "embed.norm.": "src_norm.norm.", "encoder.": "encoder."}  # fmt: skip
+NEW_UNDER_ENCODER = ("decoder.", "tgt_pos.", "tgt_norm.", "generator.", "pointer.")
+# What an encoder-decoder takes from a pretrained encoder it starts from.
+ENCODER_SHAPE = ("d_model", "d_ff", "h", "activation", "layer_norm_eps", "positions", "max_len", "norm_first",
+                 "attention_normaliser", "attention_window")  # fmt: skip
 
 
 @dataclass
@@ -42,6 +54,8 @@ class Pretrained:
         """The run's model config: the pretrained shape with the run's head and dropouts. A shape field
         the run sets to something other than its default and the pretrained value is an error, so
         that ``model.layers: 2`` is never silently ignored."""
+        if self._warm_starts_encoder(run_model):
+            return self._encoder_decoder_shape(run_model)
         if self.config.arch != run_model.arch:
             raise ConfigError(
                 f"train.init_from={self.source!r} holds a model.arch={self.config.arch!r} model; this "
@@ -60,17 +74,60 @@ class Pretrained:
         return dataclasses.replace(self.config, **{name: getattr(run_model, name) for name in RUN_FIELDS
                                                     if hasattr(run_model, name)})  # fmt: skip
 
+    def _warm_starts_encoder(self, run_model: object) -> bool:
+        return self.config.arch == "encoder" and run_model.arch == "encoder-decoder"
+
+    def _encoder_decoder_shape(self, run_model: object) -> object:
+        """The encoder's shape and BERT's embedding (unscaled, layer-normalised), the run's decoder."""
+        taken = {name: getattr(self.config, name) for name in ENCODER_SHAPE}
+        taken.update(encoder_layers=self.config.layers, scale_embeddings=False, embedding_norm=True,
+                     share_embeddings=True)  # fmt: skip
+        defaults = type(run_model)()
+        for name, theirs in taken.items():
+            mine = getattr(run_model, name)
+            if mine not in (theirs, getattr(defaults, name)):
+                raise ConfigError(
+                    f"model.{name}={mine!r}, but the encoder in train.init_from={self.source!r} needs "
+                    f"{theirs!r} (leave model.{name} out)"
+                )
+        return dataclasses.replace(run_model, **taken)
+
     def load_into(self, model: torch.nn.Module, echo: Callable[[str], None]) -> None:
-        """Copy the weights into ``model``; the head may be new (and the source's head left out)."""
-        missing, unexpected = load_weights(model, self.weights)
-        body_missing = [name for name in missing if not name.startswith("head.")]
+        """Copy the weights into ``model``; the head (or, under a pretrained encoder, the decoder) may be
+        new, and the source's head is left out."""
+        weights, new_parts, what = self.weights, ("head.",), "head"
+        if self._warm_starts_encoder(model.config):
+            weights, new_parts, what = self._as_encoder_decoder(), NEW_UNDER_ENCODER, "decoder"
+        missing, unexpected = load_weights(model, weights)
+        body_missing = [name for name in missing if not name.startswith(new_parts)]
         if body_missing:
             raise ConfigError(
                 f"train.init_from={self.source!r} lacks weights this model needs: {body_missing[:3]}"
             )
-        new = f"; new: {len(missing)} head tensors" if missing else ""
+        new = f"; new: {len(missing)} {what} tensors" if missing else ""
         left = f"; left out: {len(unexpected)} tensors of its head" if unexpected else ""
-        echo(f"initialised from {self.source}: {len(self.weights) - len(unexpected)} tensors{new}{left}")
+        echo(f"initialised from {self.source}: {len(weights) - len(unexpected)} tensors{new}{left}")
+
+    def _as_encoder_decoder(self) -> dict[str, Tensor]:
+        """An encoder-only model's weights under the encoder-decoder's names. The segment embedding
+        of sentence A (the only one a source has) is added to the learned positions, which is the same
+        sum; the head is left under its own name (and out)."""
+        renamed = {}
+        for name, tensor in self.weights.items():
+            for theirs, ours in ENCODER_NAMES.items():
+                if name.startswith(theirs):
+                    name = ours + name[len(theirs) :]
+                    break
+            renamed[name] = tensor
+        segments = renamed.pop("embed.token_types.weight", None)
+        if segments is not None:
+            if "src_pos.weight" not in renamed:
+                raise ConfigError(
+                    f"train.init_from={self.source!r}: its segment embedding can only be folded into "
+                    "learned positions"
+                )
+            renamed["src_pos.weight"] = renamed["src_pos.weight"] + segments[0]
+        return renamed
 
 
 def read_pretrained(path: str | Path) -> Pretrained:

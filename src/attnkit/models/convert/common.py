@@ -42,3 +42,22 @@ def require_full_softmax_attention(config: Any, family: str) -> None:
             f"{family} attends with a softmax over all keys; this model has attention_normaliser="
             f"{config.attention_normaliser!r}, attention_window={config.attention_window}"
         )
+
+
+def require_plain_output(config: Any, family: str) -> None:
+    """The peers' decoders end in one projection to the vocabulary: a pointer-generator (``model.copy``)
+    also copies source tokens, which they cannot, so it is refused."""
+    if getattr(config, "copy", False):
+        raise ConversionError(
+            f"{family} has no copy mechanism; this model mixes in copies of source tokens (model.copy=true)"
+        )
+
+
+def require_paper_embeddings(config: Any, family: str) -> None:
+    """The peers' encoder-decoders embed as the paper does (×√d_model, no LayerNorm): a model with BERT's
+    embedding (warm-started from a BERT-style encoder) would convert to one that computes something else."""
+    if not getattr(config, "scale_embeddings", True) or getattr(config, "embedding_norm", False):
+        raise ConversionError(
+            f"{family} scales embeddings by √d_model and has no embedding LayerNorm; this model has "
+            f"scale_embeddings={config.scale_embeddings}, embedding_norm={config.embedding_norm}"
+        )

@@ -18,7 +18,11 @@ import numpy as np
 
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
-from attnkit.models.convert.common import require_full_softmax_attention
+from attnkit.models.convert.common import (
+    require_full_softmax_attention,
+    require_paper_embeddings,
+    require_plain_output,
+)
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.embedding import sinusoid_table
 
@@ -29,6 +33,8 @@ def ctranslate2_spec(model: EncoderDecoder, tokenizer: Tokenizer) -> Any:
 
     c = model.config
     require_full_softmax_attention(c, "CTranslate2")
+    require_plain_output(c, "CTranslate2")
+    require_paper_embeddings(c, "CTranslate2")
     activations = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
     if c.activation not in activations:
         raise ConversionError(f"CTranslate2: activation {c.activation!r} is not relu or gelu")

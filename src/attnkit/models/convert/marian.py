@@ -20,7 +20,13 @@ from torch import Tensor
 
 from attnkit.errors import ConversionError
 from attnkit.models.config import TransformerConfig
-from attnkit.models.convert.common import hf_field, load_mapped, require_full_softmax_attention
+from attnkit.models.convert.common import (
+    hf_field,
+    load_mapped,
+    require_full_softmax_attention,
+    require_paper_embeddings,
+    require_plain_output,
+)
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.embedding import sinusoid_table
 
@@ -68,6 +74,8 @@ def hf_marian_config_kwargs(model: EncoderDecoder) -> dict[str, Any]:
     """Keyword arguments for ``MarianConfig`` describing ``model``."""
     c = model.config
     require_full_softmax_attention(c, "Marian")
+    require_plain_output(c, "Marian")
+    require_paper_embeddings(c, "Marian")
     if c.norm_first or c.positions != "sinusoidal" or c.sinusoid_layout != "concatenated":
         raise ConversionError("Marian needs post-LN (norm_first=False) and concatenated sinusoidal positions")
     if not c.tie_output:
