@@ -35,6 +35,8 @@ BAD_VALUES = [
     ("train.lr=.nan", r"train\.lr must be >= 0; got nan"),
     ("train.max_steps=-5", r"train\.max_steps must be >= 0; got -5"),
     ("train.label_smoothing=1.0", r"train\.label_smoothing must be in \[0, 1\); got 1\.0"),
+    ("train.layer_decay=1.5", r"train\.layer_decay must be in \(0, 1\]; got 1\.5"),
+    ("train.layer_decay=0", r"train\.layer_decay must be > 0; got 0"),
     ("train.betas=[0.9]", r"train\.betas must be two numbers \[β1, β2\]; got \[0\.9\]"),
     ("train.betas=[0.9, 1.5]", r"train\.betas must be in \[0, 1\); got 1\.5"),
     ("train.eps=0", r"train\.eps must be > 0; got 0\.0"),

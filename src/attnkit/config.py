@@ -142,6 +142,9 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # the paper's Adam β1, β2
     eps: float = 1e-9
     weight_decay: float = 0.0  # AdamW's decoupled decay of weight matrices and embeddings (0 = Adam)
+    # < 1: layer-wise learning-rate decay for fine-tuning an encoder (ELECTRA, Clark et al. 2020): each
+    # encoder layer learns this factor slower than the one above it, the embeddings slowest
+    layer_decay: float = 1.0
     label_smoothing: float = 0.1  # the paper's ε_ls
     init_from: str = ""  # start from these weights: an attnkit checkpoint or run, or an HF model folder
     clip_norm: float = 0.0  # 0 = no clipping
@@ -173,6 +176,9 @@ class TrainConfig:
             require_fraction("train.betas", beta)
         require_at_least("train.eps", self.eps, 0, strictly=True)
         require_fraction("train.label_smoothing", self.label_smoothing)
+        require_at_least("train.layer_decay", self.layer_decay, 0, strictly=True)
+        if self.layer_decay > 1:
+            raise ConfigError(f"train.layer_decay must be in (0, 1]; got {self.layer_decay!r}")
         require_one_of("train.eval_metric", self.eval_metric, EVAL_METRICS)
         if self.precision == "fp16":
             raise ConfigError(

@@ -6,6 +6,7 @@ formula of Loshchilov & Hutter (2019) written out; the fused kernel must follow 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from attnkit.config import TrainConfig
@@ -37,3 +38,23 @@ def test_cpu_training_uses_the_fused_adamw_and_it_follows_the_per_tensor_formula
             optimizer.step()
     for got, want in zip(ours_model.parameters(), peer_model.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_layer_decay_gives_each_encoder_layer_its_own_learning_rate():
+    from attnkit.models import build_model
+    from attnkit.models.config import EncoderModelConfig
+    from attnkit.train.schedules import make_scheduler
+
+    model = build_model(EncoderModelConfig.from_preset("tiny-encoder", head="classify"), 30)
+    L = len(model.encoder.layers)
+    optimizer = make_optimizer(model, TrainConfig(layer_decay=0.5, weight_decay=0.01), torch.device("cpu"))
+    make_scheduler(optimizer, lambda step: 2e-4).step()
+    rate = {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        # ELECTRA's layer-wise decay: lr · decay^(L + 1 - depth), the embeddings at depth 0, layer i at i + 1
+        depth = 0 if name.startswith("embed.") else L + 1
+        if name.startswith("encoder.layers."):
+            depth = int(name.split(".")[2]) + 1
+        assert rate[id(p)][0] == pytest.approx(2e-4 * 0.5 ** (L + 1 - depth)), name
+        assert rate[id(p)][1] == (0.01 if p.dim() >= 2 else 0.0), name
+    assert {g["lr"] for g in make_optimizer(model, TrainConfig(), torch.device("cpu")).param_groups} == {1.0}
