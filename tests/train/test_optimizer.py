@@ -48,7 +48,7 @@ def test_layer_decay_gives_each_encoder_layer_its_own_learning_rate():
     model = build_model(EncoderModelConfig.from_preset("tiny-encoder", head="classify"), 30)
     L = len(model.encoder.layers)
     optimizer = make_optimizer(model, TrainConfig(layer_decay=0.5, weight_decay=0.01), torch.device("cpu"))
-    make_scheduler(optimizer, lambda step: 2e-4).step()
+    make_scheduler(optimizer, lambda step: 2e-4)  # sets every group to its base rate times 2e-4
     rate = {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         # ELECTRA's layer-wise decay: lr · decay^(L + 1 - depth), the embeddings at depth 0, layer i at i + 1

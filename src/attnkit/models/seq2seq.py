@@ -4,7 +4,9 @@ Read top to bottom: the source is embedded (×√d_model, + positions, dropout) 
 a memory; the target, shifted right, is embedded the same way and decoded by N layers attending to
 itself (causally) and to the memory; the Generator projects the result to vocabulary logits. With a
 shared vocabulary the source embedding, target embedding and output projection are one matrix (§3.4).
-With ``model.copy`` a pointer-generator (nn/pointer.py) mixes those with copies of source tokens.
+With ``model.copy`` a pointer-generator (nn/pointer.py) mixes those with copies of source tokens. With
+``model.embedding_norm`` and without ``model.scale_embeddings`` both sides embed as BERT does
+(LayerNorm of the unscaled token + position sum), for an encoder warm-started from a BERT-style one.
 """
 
 from __future__ import annotations
