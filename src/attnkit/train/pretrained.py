@@ -61,16 +61,10 @@ class Pretrained:
                 f"train.init_from={self.source!r} holds a model.arch={self.config.arch!r} model; this "
                 f"run's model.arch is {run_model.arch!r}"
             )
-        defaults = type(run_model)()
-        for f in dataclasses.fields(run_model):
-            mine, theirs = getattr(run_model, f.name), getattr(self.config, f.name)
-            if f.name in RUN_FIELDS or f.name == "pad_id":  # pad_id comes from the tokenizer
-                continue
-            if mine not in (theirs, getattr(defaults, f.name)):
-                raise ConfigError(
-                    f"model.{f.name}={mine!r}, but train.init_from={self.source!r} has {theirs!r}: a "
-                    f"fine-tuned model keeps the pretrained shape (leave model.{f.name} out)"
-                )
+        kept = [f.name for f in dataclasses.fields(run_model) if f.name not in (*RUN_FIELDS, "pad_id")]
+        shape = {name: getattr(self.config, name) for name in kept}  # pad_id comes from the tokenizer
+        self._refuse_overrides(run_model, shape, f"train.init_from={self.source!r} has",
+                               ": a fine-tuned model keeps the pretrained shape")  # fmt: skip
         return dataclasses.replace(self.config, **{name: getattr(run_model, name) for name in RUN_FIELDS
                                                     if hasattr(run_model, name)})  # fmt: skip
 
@@ -82,15 +76,22 @@ class Pretrained:
         taken = {name: getattr(self.config, name) for name in ENCODER_SHAPE}
         taken.update(encoder_layers=self.config.layers, scale_embeddings=False, embedding_norm=True,
                      share_embeddings=True)  # fmt: skip
+        self._refuse_overrides(run_model, taken, f"the encoder in train.init_from={self.source!r} needs")
+        return dataclasses.replace(run_model, **taken)
+
+    @staticmethod
+    def _refuse_overrides(
+        run_model: object, pretrained: dict[str, object], holder: str, why: str = ""
+    ) -> None:
+        """A field the run sets to something other than its default and the ``pretrained`` value is an
+        error (so that ``model.layers: 2`` is never silently ignored); ``holder`` and ``why`` word it."""
         defaults = type(run_model)()
-        for name, theirs in taken.items():
+        for name, theirs in pretrained.items():
             mine = getattr(run_model, name)
             if mine not in (theirs, getattr(defaults, name)):
                 raise ConfigError(
-                    f"model.{name}={mine!r}, but the encoder in train.init_from={self.source!r} needs "
-                    f"{theirs!r} (leave model.{name} out)"
+                    f"model.{name}={mine!r}, but {holder} {theirs!r}{why} (leave model.{name} out)"
                 )
-        return dataclasses.replace(run_model, **taken)
 
     def load_into(self, model: torch.nn.Module, echo: Callable[[str], None]) -> None:
         """Copy the weights into ``model``; the head (or, under a pretrained encoder, the decoder) may be
