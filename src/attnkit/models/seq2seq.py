@@ -174,6 +174,7 @@ class Seq2SeqDecoding:
         self.beams = 1  # consecutive rows per source
         self.src = src  # (N, S): the pointer-generator copies these ids
         self.pointer_keys = None if model.pointer is None else model.pointer.keys(self.memory)
+        self.src_valid = self.src_mask  # (N, 1, S): one row per source, as memory, src and pointer_keys
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
@@ -184,17 +185,16 @@ class Seq2SeqDecoding:
         if self.model.pointer is None:
             return logits
         M = self.memory.size(0)  # the rows of one source are consecutive: (R, ·) -> (M, R / M, ·)
-        src_mask = padding_mask(self.src, self.model.config.pad_id)  # (M, 1, S)
         log_probs = self.model.pointer(
             logits.view(M, -1, logits.size(-1)), hidden.view(M, -1, hidden.size(-1)),
-            self.pointer_keys, self.memory, self.src, src_mask,
+            self.pointer_keys, self.memory, self.src, self.src_valid,
         )  # fmt: skip
         return log_probs.view_as(logits)
 
     def _select_sources(self, rows: Tensor) -> None:
         """Keep (or repeat) the memories of sources ``rows``, with what the pointer reads of them."""
         self.memory = self.memory.index_select(0, rows)
-        self.src = self.src.index_select(0, rows)
+        self.src, self.src_valid = self.src.index_select(0, rows), self.src_valid.index_select(0, rows)
         if self.pointer_keys is not None:
             self.pointer_keys = self.pointer_keys.index_select(0, rows)
 
