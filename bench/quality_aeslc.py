@@ -75,22 +75,19 @@ def minilm_folder() -> str:
 
 def print_lead_baselines(path: Path, source: str, target: str, references: str, words=(3, 5, 8)) -> None:
     """ROUGE of the email's first k words as its subject, against the target and the references, and of
-    the target against the references."""
+    the target against the references (worded as ``attnkit evaluate`` words its scores)."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
+    against = {target: [[r[target]] for r in records], references: [r[references] for r in records]}
+
+    def scored(outputs: list[str], field: str) -> str:
+        return ", ".join(f"{s.name} {s.score:.2f}" for s in rouge(outputs, against[field]))
+
     for k in words:
         lead = [" ".join(r[source].split()[:k]) for r in records]
-        for name, refs in (
-            (target, [[r[target]] for r in records]),
-            (references, [r[references] for r in records]),
-        ):
-            scores = ", ".join(f"{s.name} {s.score:.2f}" for s in rouge(lead, refs))
-            print(f"LEAD-{k} (the first {k} words) against {name!r}: {scores}")
-    scores = ", ".join(
-        f"{s.name} {s.score:.2f}"
-        for s in rouge([r[target] for r in records], [r[references] for r in records])
-    )
-    print(f"the {target!r} itself against {references!r}: {scores}")
+        for field in against:
+            print(f"LEAD-{k} (the first {k} words) against {field!r}: {scored(lead, field)}")
+    print(f"the {target!r} itself against {references!r}: {scored([r[target] for r in records], references)}")
 
 
 if __name__ == "__main__":
