@@ -93,3 +93,36 @@ def test_fewer_batches_than_processes_is_an_error_not_an_endless_loop(tmp_path):
         "makes 1 batch(es) of at most train.max_tokens=4096 tokens, fewer than the 2 processes"
         in result.stderr
     )
+
+
+PROBE = """
+import json, os, sys
+from attnkit.config import load_run_config
+from attnkit.train.loop import Trainer
+
+def threads():
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+
+trainer = Trainer(load_run_config(None, sys.argv[2:]), sys.argv[1] + os.environ["RANK"], echo=lambda *a: None)
+during = threads()
+trainer.fit()
+print(json.dumps({"during": during, "after": threads()}))
+"""
+
+
+@needs_distributed
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+def test_a_finished_run_ends_its_process_group_and_gloo_threads_before_exit(tmp_path):
+    """A group left alive is torn down at interpreter exit, where gloo's threads sometimes abort the
+    process after a finished run (SIGABRT, 'terminate called without an active exception')."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    result = subprocess.run([*launcher, str(probe), str(tmp_path / "run"), *COMMON], capture_output=True,
+                            text=True, timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 2
+    for report in reports:
+        assert any("gloo" in name for name in report["during"])  # the probe sees gloo's threads at all
+        assert not [name for name in report["after"] if "gloo" in name]

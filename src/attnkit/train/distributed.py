@@ -66,6 +66,11 @@ def init_world(device_kind: str) -> World:
         return World()
     backend = "nccl" if device_kind == "cuda" else "gloo"
     if not dist.is_initialized():
+        # Importing torch._dynamo (DistributedDataParallel does) keeps references to a process group
+        # that exists by then, so close_world could not end it: it would be torn down at interpreter
+        # exit, where gloo's threads can abort the process (SIGABRT after a finished run). Import first.
+        import torch._dynamo
+
         dist.init_process_group(backend)
     world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
     if device_kind == "cuda":
@@ -84,5 +89,7 @@ def shard(group: list[list[int]], world: World) -> list[list[int]]:
 
 
 def close_world(world: World) -> None:
+    """End the process group now, with its threads, while the interpreter is whole (nothing else may
+    hold it then: drop the DistributedDataParallel wrapper first)."""
     if world.size > 1 and dist.is_initialized():
         dist.destroy_process_group()

@@ -230,6 +230,7 @@ class Trainer:
             return self.scores
         finally:
             bar.close()
+            self.ddp = self.model  # DDP's reducer holds the process group: let go, so close_world ends it
             close_world(self.world)
 
     def _train_epoch(self, bar: tqdm, show_bar: bool) -> bool:
