@@ -3,11 +3,13 @@
 The shapes are the projections of the models the other benchmarks time: GPT-2 small (d_model 768,
 d_ff 3,072, Q/K/V stacked into 2,304 rows, 50,257 output tokens), all-MiniLM-L6-v2 (384, 1,536,
 30,522 tokens) and the Multi30k translation recipe (256, 1,024, 8,000 tokens); the rows are one token
-(batch-1 generation), 32 and 160 (a batch of 32 and beam 5) and 1,024 (a training batch). Same float32
-inputs, same threads, forward only. Prints, per shape, both times and ``ours/F.linear time`` (below 1:
-ours faster), then the largest difference of the outputs to float64.
+(batch-1 generation), 5 (one sentence, beam 5), 32 and 160 (a batch of 32 and beam 5) and 1,024 (a
+training batch). Same float32 inputs, same threads, forward only. Prints, per shape, both times and
+``ours/F.linear time`` (below 1: ours faster), for ``linear`` (training and inference) and for a
+``Linear`` whose weight :func:`pack_for_inference` keeps in oneDNN's layout (what ``attnkit
+translate`` and ``generate`` load), then the largest difference of the outputs to float64.
 
-Run: ``python bench/linear.py [--rows 1,32,160,1024]``.
+Run: ``python bench/linear.py [--rows 1,5,32,160,1024]``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from timing import compare, make_parser, setup
 
-from attnkit.attention.linear import linear, onednn_applies
+from attnkit.attention.linear import Linear, linear, onednn_applies
 
 # (d_out, d_in) of the projections named in the docstring
 SHAPES = {
@@ -34,7 +36,7 @@ SHAPES = {
 
 def main() -> None:
     parser = make_parser(__doc__)
-    parser.add_argument("--rows", default="1,32,160,1024", help="rows (tokens) multiplied per call")
+    parser.add_argument("--rows", default="1,5,32,160,1024", help="rows (tokens) multiplied per call")
     parser.set_defaults(rounds=5)
     args = parser.parse_args()
     print(setup(args), "float32, forward with bias")
@@ -54,6 +56,16 @@ def main() -> None:
                     device="cpu", rounds=args.rounds, min_seconds=0.05)  # fmt: skip
             exact = F.linear(x.double(), weight.double(), bias.double())
             worst = max(worst, (linear(x, weight, bias).double() - exact).abs().max().item())
+            layer = Linear(d_in, d_out)
+            with torch.no_grad():
+                layer.weight.copy_(weight), layer.bias.copy_(bias)
+            if layer.pack_for_inference() and rows > 1 and onednn_applies(x, weight):  # never for one row
+                compare(f"{name} {d_out}x{d_in}, {rows} rows, ours via oneDNN with the packed weight",
+                        torch.no_grad()(lambda x=x, layer=layer: layer(x)),
+                        lambda x=x, w=weight, b=bias: F.linear(x, w, b), "F.linear",
+                        device="cpu", rounds=args.rounds, min_seconds=0.05)  # fmt: skip
+                with torch.no_grad():
+                    worst = max(worst, (layer(x).double() - exact).abs().max().item())
     print(f"largest |ours - float64| = {worst:.2e}")
 
 

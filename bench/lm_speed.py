@@ -11,8 +11,9 @@ so every weight is equal. HF uses its default attention (``sdpa``).
   cross-entropy fused, a few rows at a time), HF from its logits with ``F.cross_entropy`` (what
   ``GPT2LMHeadModel(labels=...)`` calls). Prints tokens/s and ``ours/hf_gpt2 train tok/s``.
 - Generation: greedy, with the KV cache, ``--new-tokens`` tokens after prompts of ``--prompt-len``
-  tokens, at each of ``--gen-batch``: ours (``attnkit.decode.search.extend``) against HF ``generate``;
-  prints new tokens/s and ``ours/hf_generate tok/s``.
+  tokens, at each of ``--gen-batch``: ours (``attnkit.decode.search.extend``, its weights packed for
+  inference as ``attnkit generate`` loads them; ``--no-pack``: not) against HF ``generate``; prints new
+  tokens/s and ``ours/hf_generate tok/s``.
 
 Run: ``python bench/lm_speed.py`` (``--device cuda`` on a GPU, bf16 there).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 from timing import compare, make_parser, resolve_dtype, setup
 
+from attnkit.attention.linear import pack_for_inference
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import argmax, extend
 from attnkit.models import build_model, from_preset
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--gen-batch", default="1,32", help="generation batch sizes, comma-separated")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--no-pack", action="store_true", help="generate without pack_for_inference")
     args = parser.parse_args()
     from transformers import GPT2Config, GPT2LMHeadModel  # the peer; attnkit itself never imports it
 
@@ -75,6 +78,8 @@ def main() -> None:
     print(f"ours/hf_gpt2 train tok/s = {1 / ratio:.3f}")
 
     specials = SpecialIds(pad=end, unk=end, bos=end, eos=end)
+    if not args.no_pack:
+        print(f"generation: {pack_for_inference(ours)} linear layers of ours with packed weights")
     for batch in (int(b) for b in args.gen_batch.split(",")):
         prompts = torch.randint(0, end, (batch, args.prompt_len), device=args.device)
         valid = torch.ones_like(prompts, dtype=torch.bool)

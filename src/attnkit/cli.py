@@ -653,7 +653,7 @@ def export(
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers' Marian) or 'ctranslate2'")
     if quantization is not None and to != "ctranslate2":
         raise AttnkitError("--quantization is for --to ctranslate2")
-    model, tokenizer, config = load_for_inference(ckpt, "cpu", arch="encoder-decoder")
+    model, tokenizer, config = load_for_inference(ckpt, "cpu", arch="encoder-decoder", pack=False)
     if to == "ctranslate2":
         written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
         typer.echo(f"{written}: translate with attnkit translate --engine ctranslate2 --ckpt {written}")

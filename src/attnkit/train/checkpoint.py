@@ -30,6 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
+from attnkit.attention.linear import pack_for_inference
 from attnkit.config import IMAGE_ARCHS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
@@ -380,9 +381,12 @@ def load_for_inference(
     device: torch.device | str = "cpu",
     prefer: str = "best",
     arch: str | tuple[str, ...] | None = None,
+    pack: bool = True,
 ):
     """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode;
-    with ``arch``, a checkpoint of another architecture is an error that says which command fits it."""
+    with ``arch``, a checkpoint of another architecture is an error that says which command fits it.
+    ``pack``: on a CPU, also keep the linear layers' weights in oneDNN's layout for faster inference
+    (``attention/linear.py``; one more copy of those weights in memory)."""
     checkpoint = resolve_checkpoint(path, prefer)
     config = read_run_config(checkpoint)
     if arch is not None and config.model.arch not in ((arch,) if isinstance(arch, str) else arch):
@@ -398,7 +402,10 @@ def load_for_inference(
         )
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
-    return model.to(device).eval(), tokenizer, config
+    model = model.to(device).eval()
+    if pack:
+        pack_for_inference(model)
+    return model, tokenizer, config
 
 
 def average_checkpoints(checkpoints: list[Path], out: Path) -> Path:

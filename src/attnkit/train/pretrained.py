@@ -148,6 +148,6 @@ def read_pretrained(path: str | Path) -> Pretrained:
     if is_hf:
         model, tokenizer = from_hf(folder)
     else:
-        model, tokenizer, _ = load_for_inference(folder, prefer="best")
+        model, tokenizer, _ = load_for_inference(folder, prefer="best", pack=False)
     weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     return Pretrained(str(path), model.config, weights, tokenizer)

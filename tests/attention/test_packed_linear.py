@@ -1,0 +1,104 @@
+"""Weights packed in oneDNN's layout for CPU inference: the same products as ``x Wᵀ + b`` (checked in
+float64), used only while the weight is the one that was packed, without gradients, for more than one
+row; and a model loaded for inference translates exactly as the unpacked model does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit.attention.linear as linear_module
+from attnkit.attention.linear import Linear, pack_for_inference
+
+pytestmark = pytest.mark.skipif(linear_module._onednn_linear is None, reason="this torch has no oneDNN")
+
+
+def _exact(x: torch.Tensor, layer: Linear) -> torch.Tensor:
+    return x.double() @ layer.weight.double().T + layer.bias.double()
+
+
+@pytest.fixture
+def weights_seen(monkeypatch) -> list[bool]:
+    """Whether each oneDNN call got a packed (oneDNN-layout) weight."""
+    seen: list[bool] = []
+    real = linear_module._onednn_linear
+
+    def spy(x, weight, *args):
+        seen.append(weight.is_mkldnn)
+        return real(x, weight, *args)
+
+    monkeypatch.setattr(linear_module, "_onednn_linear", spy)
+    return seen
+
+
+def _layer(seed: int = 0) -> Linear:
+    torch.manual_seed(seed)
+    return Linear(256, 2048)  # 2^19 weights: oneDNN multiplies it for any number of rows
+
+
+@pytest.mark.parametrize("shape", [(2, 256), (5, 256), (3, 11, 256), (160, 256)])
+def test_packed_weights_give_the_product_and_are_used(shape, weights_seen):
+    layer = _layer()
+    assert layer.pack_for_inference()
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        got = layer(x)
+    assert got.shape == (*shape[:-1], 2048)
+    torch.testing.assert_close(got.double(), _exact(x, layer), rtol=1e-5, atol=1e-4)
+    assert weights_seen == [True]
+
+
+def test_one_row_and_gradients_take_the_plain_weight(weights_seen):
+    layer = _layer()
+    layer.pack_for_inference()
+    with torch.no_grad():
+        layer(torch.randn(1, 256))  # a single row: the plain weight is as fast or faster
+    x = torch.randn(4, 256)
+    layer(x).sum().backward()  # with gradients: the autograd path, on the parameter itself
+    assert weights_seen == [False, False]
+    torch.testing.assert_close(layer.weight.grad, torch.ones(2048, 1) * x.sum(0))
+
+
+def test_a_changed_weight_retires_the_packed_copy(weights_seen):
+    layer = _layer()
+    layer.pack_for_inference()
+    x = torch.randn(8, 256)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer(x).pow(2).sum().backward()
+    optimizer.step()  # an in-place update of the weight
+    with torch.no_grad():
+        got = layer(x)
+        torch.testing.assert_close(got.double(), _exact(x, layer), rtol=1e-5, atol=1e-4)
+        layer.load_state_dict(_layer(seed=1).state_dict())  # another in-place copy
+        torch.testing.assert_close(layer(x).double(), _exact(x, layer), rtol=1e-5, atol=1e-4)
+    assert True not in weights_seen[1:]  # after the update: never the stale packed weight
+
+
+def test_small_layers_and_the_state_dict_are_left_alone():
+    model = torch.nn.Sequential(Linear(256, 2048), Linear(32, 32))
+    keys = set(model.state_dict())
+    assert pack_for_inference(model) == 1  # 32 × 32 stays with F.linear
+    assert model[1].packed_weight is None
+    assert set(model.state_dict()) == keys
+
+
+def test_a_model_loaded_for_inference_translates_as_the_unpacked_model(tmp_path, weights_seen):
+    from attnkit.config import load_run_config
+    from attnkit.decode.translate import translate
+    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.loop import Trainer
+
+    settings = ["data.task=dates", "data.tokenizer=char", "data.n_train=64", "data.n_valid=8",
+                "model.d_model=256", "model.h=4", "model.d_ff=1024", "model.encoder_layers=1",
+                "model.decoder_layers=1", "train.max_steps=2", "train.eval_every=2"]  # fmt: skip
+    Trainer(load_run_config(None, settings), tmp_path / "run", echo=lambda m: None).fit()
+    packed, tokenizer, config = load_for_inference(tmp_path / "run")
+    plain, _, _ = load_for_inference(tmp_path / "run", pack=False)
+    assert any(isinstance(m, Linear) and m.packed_weight is not None for m in packed.modules())
+    assert all(getattr(m, "packed_weight", None) is None for m in plain.modules())
+    dates = ["3 March 1999", "December 12, 2004", "1 jan 1970", "the 5th of May 2020"]
+    weights_seen.clear()
+    want = translate(plain, tokenizer, dates, config.decode, beam_size=5)
+    assert True not in weights_seen
+    assert translate(packed, tokenizer, dates, config.decode, beam_size=5) == want
+    assert True in weights_seen
