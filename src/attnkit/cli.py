@@ -674,20 +674,23 @@ app.add_typer(data_app, name="data")
 @data_app.command("get")
 @one_line_errors
 def data_get(
-    name: Annotated[str, typer.Argument(help="multi30k, sst2 or tinyshakespeare.")],
+    name: Annotated[str, typer.Argument(help="multi30k, iwslt14, sst2 or tinyshakespeare.")],
     folder: Annotated[Path, typer.Argument(help="Where to put the files (made if needed).")],
     mirror: Annotated[
         str | None, typer.Option(help="Fetch MIRROR/NAME/FILE instead of from the publishers.")
     ] = None,
 ) -> None:
-    """Download a data set with its SHA-256 checked; a broken download resumes when run again, and
+    """Download a data set with its checksum checked; a broken download resumes when run again, and
     files already there (and right) are not fetched again."""
-    from attnkit.data.download import get_dataset
+    from attnkit.data.download import ALGORITHM_NAMES, DATASETS, get_dataset
 
+    checked = {file.name: ALGORITHM_NAMES[file.algorithm] for file in DATASETS.get(name, [])}
     for path in get_dataset(name, folder, mirror, progress=sys.stderr.isatty()):
-        typer.echo(f"{path}: {path.stat().st_size:,} bytes, SHA-256 checked")
+        how = f"{checked[path.name]} checked" if path.name in checked else "made from it"
+        typer.echo(f"{path}: {path.stat().st_size:,} bytes, {how}")
     recipe = {
         "multi30k": "multi30k_de_en",
+        "iwslt14": "iwslt14_de_en",
         "sst2": "sst2_from_scratch",
         "tinyshakespeare": "shakespeare_char",
     }

@@ -131,10 +131,110 @@ def test_the_other_checksums_match_the_real_files(name):
     if not folder.is_dir():
         pytest.skip(f"no {name} copy at {folder}")
     for file in DATASETS[name]:
-        assert hashlib.sha256((folder / file.name).read_bytes()).hexdigest() == file.sha256, file.name
+        assert hashlib.sha256((folder / file.name).read_bytes()).hexdigest() == file.digest, file.name
 
 
 def test_an_unknown_data_set_is_a_one_line_error(tmp_path):
     result = CliRunner().invoke(app, ["data", "get", "imagenet", str(tmp_path)])
     assert result.exit_code == 2
-    assert "unknown data set 'imagenet'; choose one of multi30k, sst2, tinyshakespeare" in result.output
+    assert (
+        "unknown data set 'imagenet'; choose one of multi30k, sst2, tinyshakespeare, iwslt14" in result.output
+    )
+
+
+def _iwslt14_archive(path: Path) -> dict[str, list[str]]:
+    """A small archive laid out as fairseq's IWSLT14 de-en.tgz (a de-en/ folder with the training
+    transcripts and the evaluation sets' XML); returns what fairseq's prepare-iwslt14.sh, without its
+    tokeniser and lower-casing, makes of it."""
+    import io
+    import tarfile
+
+    de, en, kept = [], [], []
+    for i in range(1, 51):  # tag lines, kept sentences, and pairs the cleaning step drops
+        if i % 10 == 1:
+            de += [
+                f"<url>http://www.ted.com/talks/{i}</url>",
+                "<keywords>talks</keywords>",
+                f"<talkid>{i}</talkid>",
+            ]
+            en += [
+                f"<url>http://www.ted.com/talks/{i}</url>",
+                "<keywords>talks</keywords>",
+                f"<talkid>{i}</talkid>",
+            ]
+            de.append(f"<title>Titel {i}</title>"), en.append(f"<title>Title {i}</title>")
+            kept.append((f"Titel {i}", f"Title {i}"))
+        if i % 7 == 0:  # one side more than 1.5 times as long as the other
+            de.append("eins zwei drei vier"), en.append("one two")
+        de.append(f"Das ist Satz Nummer {i} ."), en.append(f"This is sentence {i} .")
+        kept.append((f"Das ist Satz Nummer {i} .", f"This is sentence {i} ."))
+    files = {"de-en/train.tags.de-en.de": de, "de-en/train.tags.de-en.en": en}
+    test = {"de": [], "en": []}
+    sets = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
+            "IWSLT14.TED.tst2012"]  # fmt: skip
+    for n, name in enumerate(sets):
+        for lang, words in (("de", "Prüfung"), ("en", "It\u2019s test")):
+            lines = ['<?xml version="1.0" encoding="UTF-8"?>', "<mteval>", '<doc docid="1">']
+            for seg in range(1, 3):
+                lines.append(f'<seg id="{seg}"> {words} {n}.{seg} </seg>')
+                test[lang].append(f"{words.replace(chr(0x2019), chr(39))} {n}.{seg}")
+            files[f"de-en/{name}.de-en.{lang}.xml"] = [*lines, "</doc>", "</mteval>"]
+    with tarfile.open(path, "w:gz") as tar:
+        for name, lines in files.items():
+            body = "".join(line + "\n" for line in lines).encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    valid = [pair for i, pair in enumerate(kept, 1) if i % 23 == 0]
+    train = [pair for i, pair in enumerate(kept, 1) if i % 23 != 0]
+    return {
+        "train.de": [d for d, _ in train], "train.en": [e for _, e in train],
+        "valid.de": [d for d, _ in valid], "valid.en": [e for _, e in valid],
+        "test.de": test["de"], "test.en": test["en"],
+    }  # fmt: skip
+
+
+def test_data_get_iwslt14_checks_the_archive_and_splits_it_as_fairseq_does(server, tmp_path, monkeypatch):
+    archive = tmp_path / "de-en.tgz"
+    want = _iwslt14_archive(archive)
+    body = archive.read_bytes()
+    server.files["/iwslt14/de-en.tgz"] = body
+    monkeypatch.setitem(
+        DATASETS, "iwslt14", [DataFile("de-en.tgz", "unused", hashlib.md5(body).hexdigest(), "md5")]
+    )
+    folder = tmp_path / "iwslt14"
+    result = CliRunner().invoke(app, ["data", "get", "iwslt14", str(folder), "--mirror", server.url])
+    assert result.exit_code == 0, result.output
+    assert "de-en.tgz: " in result.stdout and "MD5 checked" in result.stdout
+    for name, lines in want.items():
+        assert (folder / name).read_text(encoding="utf-8").splitlines() == lines, name
+    assert len(want["valid.de"]) == 2 and len(want["test.de"]) == 10  # the fixture exercises the split
+    assert "ready: attnkit train configs/iwslt14_de_en.yaml --data" in result.stdout
+
+
+def test_an_iwslt14_archive_with_a_wrong_md5_or_a_missing_set_is_a_one_line_error(
+    server, tmp_path, monkeypatch
+):
+    import tarfile
+
+    archive = tmp_path / "de-en.tgz"
+    _iwslt14_archive(archive)
+    server.files["/iwslt14/de-en.tgz"] = archive.read_bytes()
+    monkeypatch.setitem(DATASETS, "iwslt14", [DataFile("de-en.tgz", "unused", "0" * 32, "md5")])
+    result = CliRunner().invoke(app, ["data", "get", "iwslt14", str(tmp_path / "a"), "--mirror", server.url])
+    assert result.exit_code != 0
+    assert "de-en.tgz: MD5 " in result.output and "is not the expected " + "0" * 32 in result.output
+
+    with tarfile.open(archive) as full, tarfile.open(tmp_path / "short.tgz", "w:gz") as short:
+        for member in full.getmembers():
+            if "tst2012" not in member.name:
+                short.addfile(member, full.extractfile(member))
+    body = (tmp_path / "short.tgz").read_bytes()
+    server.files["/iwslt14/de-en.tgz"] = body
+    monkeypatch.setitem(
+        DATASETS, "iwslt14", [DataFile("de-en.tgz", "unused", hashlib.md5(body).hexdigest(), "md5")]
+    )
+    result = CliRunner().invoke(app, ["data", "get", "iwslt14", str(tmp_path / "b"), "--mirror", server.url])
+    assert result.exit_code != 0
+    assert "the archive has no IWSLT14.TED.tst2012.de-en.de.xml" in result.output
+    assert not (tmp_path / "b" / "train.de").exists()

@@ -1,23 +1,32 @@
 """Fetching the standard data sets: ``attnkit data get multi30k DIR``.
 
 Each data set is a list of files, each with the address it is published at (a fixed commit, so the bytes
-never change) and its SHA-256. A file is downloaded into ``NAME.part`` beside its final place, with a
-progress bar; a broken download is resumed where it stopped (an HTTP ``Range`` request) the next time
-the same command runs; the finished file is checked against its SHA-256 and only then renamed into
-place, so a file with its final name is always complete and right. A file already there with the right
-checksum is not fetched again. Errors are one line naming the file: the server's refusal, a connection
-that broke off (run the command again to resume), a checksum that does not match (the partial file is
-deleted, as resuming it would keep the damage).
+never change) and its SHA-256 (an MD5 for IWSLT14's archive: the only checksum of it on public record).
+A file is downloaded into ``NAME.part`` beside its final place, with a progress bar; a broken download is
+resumed where it stopped (an HTTP ``Range`` request) the next time the same command runs; the finished
+file is checked against its checksum and only then renamed into place, so a file with its final name is
+always complete and right. A file already there with the right checksum is not fetched again. Errors are
+one line naming the file: the server's refusal, a connection that broke off (run the command again to
+resume), a checksum that does not match (the partial file is deleted, as resuming it would keep the
+damage).
 
 ``mirror`` replaces the publishers' addresses with ``MIRROR/<data set>/<file name>``: for a local copy,
 an internal server, or the tests (which serve files from 127.0.0.1).
+
+IWSLT14 de-en comes as one archive (fairseq's copy of the 2014 release), which :func:`prepare_iwslt14`
+then lays out as fairseq's ``prepare-iwslt14.sh`` does, without its tokenising and lower-casing (attnkit's
+BPE reads raw text): ``train``/``valid`` from the TED training transcripts (every 23rd pair to
+``valid``), ``test`` from the dev2010, TEDX dev2012 and tst2010-2012 sets.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+import tarfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
@@ -33,12 +42,17 @@ CHUNK = 1 << 16
 class DataFile:
     name: str  # where it goes, relative to the data set's folder
     url: str
-    sha256: str
+    digest: str  # hexadecimal
+    algorithm: str = "sha256"  # a hashlib name
+
+
+ALGORITHM_NAMES = {"sha256": "SHA-256", "md5": "MD5"}
 
 
 MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw"
 SST2 = "https://raw.githubusercontent.com/eyalbd2/Reproducing-AutoPrompt/6288fb5bec9c572f2492875ae0111df5b6daed11/glue_data/SST-2"
 CHAR_RNN = "https://raw.githubusercontent.com/karpathy/char-rnn/6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data"
+IWSLT14 = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14"  # fairseq's prepare-iwslt14.sh fetches it
 
 # The layout each recipe expects (docs/data.md); checksums of the published bytes.
 DATASETS: dict[str, list[DataFile]] = {
@@ -70,11 +84,12 @@ DATASETS: dict[str, list[DataFile]] = {
             "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
         ),
     ],
+    "iwslt14": [DataFile("de-en.tgz", f"{IWSLT14}/de-en.tgz", "10936dfdf616504ddbd844e91b94ef4a", "md5")],
 }
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+def digest_of(path: Path, algorithm: str = "sha256") -> str:
+    digest = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             digest.update(chunk)
@@ -89,14 +104,16 @@ def get_dataset(name: str, folder: Path, mirror: str | None = None, progress: bo
     paths = []
     for file in DATASETS[name]:
         url = f"{mirror.rstrip('/')}/{name}/{file.name}" if mirror else file.url
-        paths.append(fetch(DataFile(file.name, url, file.sha256), folder, progress))
+        paths.append(fetch(DataFile(file.name, url, file.digest, file.algorithm), folder, progress))
+    if name == "iwslt14":
+        paths += prepare_iwslt14(paths[0], folder)
     return paths
 
 
 def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
     """``folder / file.name``, downloaded (or resumed) and checked unless it is there already."""
     final, partial = folder / file.name, folder / (file.name + ".part")
-    if final.exists() and sha256_of(final) == file.sha256:
+    if final.exists() and digest_of(final, file.algorithm) == file.digest:
         return final
     have = partial.stat().st_size if partial.exists() else 0
     total = None  # bytes the file should have, when the server says
@@ -130,12 +147,84 @@ def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
             f"{file.name}: the download broke off after {got:,} of {total:,} bytes; run the same command "
             "again to resume it"
         )
-    digest = sha256_of(partial)
-    if digest != file.sha256:
+    digest = digest_of(partial, file.algorithm)
+    if digest != file.digest:
         partial.unlink()
         raise DataError(
-            f"{file.name}: SHA-256 {digest} is not the expected {file.sha256} (from {file.url}); the partial "
-            "file was deleted"
+            f"{file.name}: {ALGORITHM_NAMES[file.algorithm]} {digest} is not the expected {file.digest} "
+            f"(from {file.url}); the partial file was deleted"
         )
     partial.replace(final)
     return final
+
+
+# fairseq's prepare-iwslt14.sh: the test set, and the training transcripts' lines that are not sentences
+IWSLT14_TEST = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
+                "IWSLT14.TED.tst2012"]  # fmt: skip
+IWSLT14_NOT_TEXT = ("<url>", "<talkid>", "<keywords>")
+SEGMENT = re.compile(r"<seg id=\"?\d+\"?>\s*(.*?)\s*</seg>")
+
+
+def prepare_iwslt14(archive: Path, folder: Path) -> list[Path]:
+    """``train``, ``valid`` and ``test`` ``.de``/``.en`` in ``folder`` from fairseq's IWSLT14 archive,
+    as its ``prepare-iwslt14.sh`` makes them but untokenised and with their case: the training
+    transcripts without their ``<url>``/``<talkid>``/``<keywords>`` lines and with the ``<title>`` and
+    ``<description>`` tags removed (their text stays), pairs dropped as its cleaning step drops them
+    (a side empty or over 175 words, or one side over 1.5 times as many words as the other; fairseq
+    counts Moses tokens, attnkit words), every 23rd pair to ``valid``; ``test`` the ``<seg>`` lines of
+    the five evaluation sets, ’ read as '. Each file is written whole or not at all."""
+    try:
+        with tarfile.open(archive) as tar:
+            members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+
+            def read(name: str) -> list[str]:
+                if name not in members:
+                    raise DataError(f"{archive}: the archive has no {name} (is it IWSLT14's de-en.tgz?)")
+                return tar.extractfile(members[name]).read().decode("utf-8").splitlines()
+
+            train = {lang: read(f"train.tags.de-en.{lang}") for lang in ("de", "en")}
+            test = {lang: _segments(line for t in IWSLT14_TEST for line in read(f"{t}.de-en.{lang}.xml"))
+                    for lang in ("de", "en")}  # fmt: skip
+    except (tarfile.TarError, OSError, EOFError, UnicodeDecodeError) as error:
+        raise DataError(f"{archive}: not a readable IWSLT14 .tgz archive ({error})") from None
+    for name, sides in (("train.tags.de-en", train), ("the test sets' <seg> lines", test)):
+        if len(sides["de"]) != len(sides["en"]):
+            counts = f"{len(sides['de'])} German and {len(sides['en'])} English lines"
+            raise DataError(f"{archive}: {name} has {counts}")
+    lines = zip(train["de"], train["en"], strict=True)
+    pairs = [(_text(de), _text(en)) for de, en in lines if not _not_text(de) and not _not_text(en)]
+    pairs = [(de, en) for de, en in pairs if _clean_pair(de, en)]
+    splits = {
+        "train": [pair for i, pair in enumerate(pairs, 1) if i % 23 != 0],
+        "valid": [pair for i, pair in enumerate(pairs, 1) if i % 23 == 0],
+        "test": list(zip(test["de"], test["en"], strict=True)),
+    }
+    written = []
+    for split, rows in splits.items():
+        for side, lang in enumerate(("de", "en")):
+            path = folder / f"{split}.{lang}"
+            partial = path.with_name(path.name + ".part")
+            partial.write_text("".join(row[side] + "\n" for row in rows), encoding="utf-8")
+            partial.replace(path)
+            written.append(path)
+    return written
+
+
+def _not_text(line: str) -> bool:
+    return line.lstrip().startswith(IWSLT14_NOT_TEXT)
+
+
+def _text(line: str) -> str:
+    for tag in ("<title>", "</title>", "<description>", "</description>"):
+        line = line.replace(tag, "")
+    return line.strip()
+
+
+def _clean_pair(de: str, en: str) -> bool:
+    """fairseq's ``clean-corpus-n.perl -ratio 1.5 ... 1 175`` on words."""
+    a, b = len(de.split()), len(en.split())
+    return 1 <= a <= 175 and 1 <= b <= 175 and a <= 1.5 * b and b <= 1.5 * a
+
+
+def _segments(lines: Iterable[str]) -> list[str]:
+    return [match.group(1).replace("\u2019", "'") for line in lines if (match := SEGMENT.search(line))]
