@@ -270,10 +270,11 @@ def translate(
         _write_output(output, "".join(h + "\n" for h in hypotheses))
         return
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
+    if int8 and device.type != "cpu":
+        raise AttnkitError(f"--int8 is for CPUs; this run would translate on {device.type}")
+    arch = ("encoder-decoder", "rnn")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=arch, pack=not int8)  # int8 is its own
     if int8:
-        if device.type != "cpu":
-            raise AttnkitError(f"--int8 is for CPUs; this run would translate on {device.type}")
         from attnkit.attention.linear import quantize_int8
 
         quantize_int8(model)
