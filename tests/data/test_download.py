@@ -210,6 +210,19 @@ def test_data_get_iwslt14_checks_the_archive_and_splits_it_as_fairseq_does(serve
         assert (folder / name).read_text(encoding="utf-8").splitlines() == lines, name
     assert len(want["valid.de"]) == 2 and len(want["test.de"]) == 10  # the fixture exercises the split
     assert "ready: attnkit train configs/iwslt14_de_en.yaml --data" in result.stdout
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "iwslt14_de_en.yaml")
+    arguments = [
+        "train",
+        recipe,
+        "--data",
+        str(folder),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "train.max_steps=1",
+    ]
+    trained = CliRunner().invoke(app, [*arguments, "train.eval_every=1"])  # the recipe reads the files made
+    assert trained.exit_code == 0, trained.output
+    assert f"training pairs: {len(want['train.de'])}; validation: 2;" in trained.output
 
 
 def test_an_iwslt14_archive_with_a_wrong_md5_or_a_missing_set_is_a_one_line_error(
