@@ -168,7 +168,7 @@ SEGMENT = re.compile(r"<seg id=\"?\d+\"?>\s*(.*?)\s*</seg>")
 def prepare_iwslt14(archive: Path, folder: Path) -> list[Path]:
     """``train``, ``valid`` and ``test`` ``.de``/``.en`` in ``folder`` from fairseq's IWSLT14 archive,
     as its ``prepare-iwslt14.sh`` makes them but untokenised and with their case: the training
-    transcripts without their ``<url>``/``<talkid>``/``<keywords>`` lines and with the ``<title>`` and
+    transcripts without the lines holding ``<url>``, ``<talkid>`` or ``<keywords>``, the ``<title>`` and
     ``<description>`` tags removed (their text stays), pairs dropped as its cleaning step drops them
     (a side empty or over 175 words, or one side over 1.5 times as many words as the other; fairseq
     counts Moses tokens, attnkit words), every 23rd pair to ``valid``; ``test`` the ``<seg>`` lines of
@@ -211,7 +211,7 @@ def prepare_iwslt14(archive: Path, folder: Path) -> list[Path]:
 
 
 def _not_text(line: str) -> bool:
-    return line.lstrip().startswith(IWSLT14_NOT_TEXT)
+    return any(tag in line for tag in IWSLT14_NOT_TEXT)  # grep -v, as the script filters them
 
 
 def _text(line: str) -> str:
