@@ -50,22 +50,18 @@ def main() -> None:
                 torch.randn(d_out),
             )
             path = "oneDNN" if onednn_applies(x, weight) else "F.linear (too small to pay)"
-            compare(f"{name} {d_out}x{d_in}, {rows} rows, ours via {path}",
-                    lambda x=x, w=weight, b=bias: linear(x, w, b),
-                    lambda x=x, w=weight, b=bias: F.linear(x, w, b), "F.linear",
-                    device="cpu", rounds=args.rounds, min_seconds=0.05)  # fmt: skip
-            exact = F.linear(x.double(), weight.double(), bias.double())
-            worst = max(worst, (linear(x, weight, bias).double() - exact).abs().max().item())
+            ours = {path: lambda x=x, w=weight, b=bias: linear(x, w, b)}
             layer = Linear(d_in, d_out)
             with torch.no_grad():
                 layer.weight.copy_(weight), layer.bias.copy_(bias)
             if layer.pack_for_inference() and rows > 1 and onednn_applies(x, weight):  # never for one row
-                compare(f"{name} {d_out}x{d_in}, {rows} rows, ours via oneDNN with the packed weight",
-                        torch.no_grad()(lambda x=x, layer=layer: layer(x)),
+                ours["oneDNN with the packed weight"] = torch.no_grad()(lambda x=x, layer=layer: layer(x))
+            exact = F.linear(x.double(), weight.double(), bias.double())
+            for label, fn in ours.items():
+                compare(f"{name} {d_out}x{d_in}, {rows} rows, ours via {label}", fn,
                         lambda x=x, w=weight, b=bias: F.linear(x, w, b), "F.linear",
                         device="cpu", rounds=args.rounds, min_seconds=0.05)  # fmt: skip
-                with torch.no_grad():
-                    worst = max(worst, (layer(x).double() - exact).abs().max().item())
+                worst = max(worst, (fn().double() - exact).abs().max().item())
     print(f"largest |ours - float64| = {worst:.2e}")
 
 
