@@ -9,9 +9,11 @@ the engine's. ``attnkit-int8`` is attnkit with ``--int8`` (int8 weights and acti
 linear map, as CTranslate2's int8). Settings on every side: no sampling, the start token ``<s>``,
 ``<pad>`` and ``<s>`` never produced; beam search ranks finished hypotheses by log P / length^α on
 every side, with ``--alpha`` (default: the run's ``decode.alpha``), each with its own stopping rule
-(attnkit's and CTranslate2's: a sentence is done with K finished hypotheses; HF's default: when no
-running beam can beat them). Each engine runs in its own process, median of ``--rounds`` timed runs
-after a warm-up.
+(attnkit's default and HF's: a sentence is done when no running beam can beat its K finished
+hypotheses; CTranslate2's: as soon as it has K). Each engine runs in its own process, ``--rounds``
+timed runs after an untimed one, the engines taking turns (round k of every engine within the same
+minute); the table gives the median time and the median, lowest and highest of the rounds' speed
+ratios.
 
 Run: ``python bench/translate_speed.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz
 --ref data/multi30k/test_2016_flickr.en.gz --n 500`` (the HF rows need ``transformers``, the CTranslate2
@@ -65,19 +67,12 @@ def hf_translator(folder: Path, tokenizer, batch: int, alpha: float) -> Callable
     return run
 
 
-def time_engine(
-    engine: str,
-    folder: str,
-    ckpt: str,
-    sources: list[str],
-    beams: list[int],
-    batch: int,
-    threads: int,
-    rounds: int,
-    alpha: float,
-) -> dict[int, tuple[float, list[str]]]:
-    """In a fresh process: load ``engine`` (from ``folder``; attnkit from ``ckpt``), warm it up, then
-    translate ``sources`` ``rounds`` times per beam size; the median seconds and the outputs per beam."""
+def serve_engine(
+    conn, engine: str, folder: str, ckpt: str, sources: list[str], batch: int, threads: int, alpha: float
+) -> None:
+    """In a process of its own: load ``engine`` (from ``folder``; attnkit from ``ckpt``), then, for each
+    beam size ``conn`` sends, translate ``sources`` once (after an untimed run the first time) and send
+    back the seconds and the outputs; None ends it."""
     torch.set_num_threads(threads)
     model, tokenizer, config = load_for_inference(ckpt)
     decode = config.decode
@@ -90,16 +85,46 @@ def time_engine(
         run = hf_translator(Path(folder), tokenizer, batch, alpha)
     else:
         run = CTranslate2Engine(Path(folder)).translate  # loaded once, outside the timed runs
-    results = {}
+    warmed = set()
+    while (beam := conn.recv()) is not None:
+        if beam not in warmed:  # the first run pays for allocations, lazy loading and kernel choices
+            run(sources, beam)
+            warmed.add(beam)
+        began = time.perf_counter()
+        outputs = run(sources, beam)
+        conn.send((time.perf_counter() - began, outputs))
+
+
+def interleaved_times(folders: dict[str, str], args, sources: list[str], beams: list[int], alpha: float):
+    """``{engine: {beam: ([seconds per round], outputs)}}``, each engine in its own process (a library's
+    thread pool, CTranslate2's OpenMP runtime, slows the engines that run after it in the same process
+    by half). The rounds are interleaved, every engine's k-th run within the same minute, so that the
+    machine's drift (other tenants of its cores, clock changes) weighs on all engines alike; a pause
+    after each run lets an engine's worker threads stop spinning before the next engine starts."""
+    spawn = multiprocessing.get_context("spawn")
+    workers = {}
+    for name, folder in folders.items():
+        ours, theirs = spawn.Pipe()
+        work = (theirs, name, folder, args.ckpt, sources, args.batch, args.threads, alpha)
+        process = spawn.Process(target=serve_engine, args=work)
+        process.start()
+        workers[name] = (process, ours)
+    timed = {name: {beam: ([], []) for beam in beams} for name in folders}
     for beam in beams:
-        run(sources[:batch], beam)  # warm-up: first-call allocations and lazy loading
-        times = []
-        for _ in range(rounds):
-            began = time.perf_counter()
-            outputs = run(sources, beam)
-            times.append(time.perf_counter() - began)
-        results[beam] = (statistics.median(times), outputs)
-    return results
+        for _ in range(args.rounds):
+            for name, (_, conn) in workers.items():
+                conn.send(beam)
+                seconds, outputs = conn.recv()
+                timed[name][beam][0].append(seconds)
+                timed[name][beam][1][:] = outputs
+                time.sleep(PAUSE_S)
+    for process, conn in workers.values():
+        conn.send(None)
+        process.join()
+    return timed
+
+
+PAUSE_S = 0.5  # after each run: CTranslate2's OpenMP threads spin for 200 ms after their last task
 
 
 def main() -> None:
@@ -135,30 +160,32 @@ def main() -> None:
     else:
         print("note: ctranslate2 is not installed; no CTranslate2 rows")
     beams = [int(b) for b in args.beams.split(",")]
-    # One process per engine: a library's thread pool (CTranslate2's OpenMP runtime) slows the engines
-    # that run after it in the same process by half, which would not be like for like.
-    spawn = multiprocessing.get_context("spawn")
-    timed = {}
-    for name, folder in folders.items():
-        pool = spawn.Pool(1)
-        work = (name, folder, args.ckpt, sources, beams, args.batch, args.threads, args.rounds, decode.alpha)
-        timed[name] = pool.apply(time_engine, work)
-        pool.close()
-        pool.join()
+    timed = interleaved_times(folders, args, sources, beams, decode.alpha)
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
-          f"{args.batch}, median of {args.rounds} runs, each engine in its own process; beam search's "
-          f"score: log P / length^{decode.alpha} on every side")  # fmt: skip
-    print("| engine | beam | seconds | target tokens/s | sacreBLEU | attnkit / engine speed |")
+          f"{args.batch}, {args.rounds} rounds, each engine in its own process, their runs interleaved; "
+          f"beam search's score: log P / length^{decode.alpha} on every side")  # fmt: skip
+    print(
+        "| engine | beam | seconds (median) | target tokens/s | sacreBLEU | attnkit / engine speed "
+        "(median of the rounds; lowest–highest) |"
+    )
     print("|---|---|---|---|---|---|")
+
+    def target_tokens(outputs: list[str]) -> int:
+        return sum(len(ids) + 1 for ids in tokenizer.encode_batch(outputs))  # + </s>
+
     for beam in beams:
-        speeds = {}
+        our_times, our_outputs = timed["attnkit"][beam]
+        ours = [target_tokens(our_outputs) / seconds for seconds in our_times]  # tokens/s per round
         for name in folders:
-            seconds, outputs = timed[name][beam]
-            tokens = sum(len(ids) + 1 for ids in tokenizer.encode_batch(outputs))  # + </s>
-            speeds[name] = tokens / seconds
-            ratio = speeds["attnkit"] / speeds[name]
+            times, outputs = timed[name][beam]
+            tokens = target_tokens(outputs)
+            ratios = [mine / (tokens / seconds) for mine, seconds in zip(ours, times, strict=True)]
+            seconds = statistics.median(times)
             score = bleu(outputs, references).score
-            print(f"| {name} | {beam} | {seconds:.2f} | {speeds[name]:,.0f} | {score:.2f} | {ratio:.2f} |")
+            print(
+                f"| {name} | {beam} | {seconds:.2f} | {tokens / seconds:,.0f} | {score:.2f} | "
+                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |"
+            )
 
 
 if __name__ == "__main__":

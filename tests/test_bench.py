@@ -131,14 +131,19 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
     result = subprocess.run(
         [sys.executable, str(BENCH / "translate_speed.py"), "--ckpt", str(tmp_path / "run"),
          "--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--n", "8",
-         "--beams", "1,2", "--batch", "4", "--threads", "1"],
+         "--beams", "1,2", "--batch", "4", "--threads", "1", "--rounds", "2"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    rows = re.findall(r"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| [\d.]+ \|", result.stdout)
+    ratio = r"([\d.]+) \(([\d.]+)–([\d.]+)\)"  # median (lowest–highest) of the rounds' speed ratios
+    rows = re.findall(rf"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| {ratio} \|", result.stdout)
     engines = ["attnkit", "attnkit-int8", "hf-generate", "ctranslate2", "ctranslate2-int8"]
-    assert [(name, beam) for name, beam, _ in rows] == [(e, b) for b in "12" for e in engines], result.stdout
-    scores = {(name, beam): score for name, beam, score in rows}
+    assert [(row[0], row[1]) for row in rows] == [(e, b) for b in "12" for e in engines], result.stdout
+    for name, _, _, median, lowest, highest in rows:
+        assert float(lowest) <= float(median) <= float(highest)
+        if name == "attnkit":
+            assert median == lowest == highest == "1.00"
+    scores = {(name, beam): score for name, beam, score, *_ in rows}
     assert scores[("attnkit", "1")] == scores[("ctranslate2", "1")] == scores[("hf-generate", "1")]
 
 
