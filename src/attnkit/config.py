@@ -145,6 +145,9 @@ class TrainConfig:
     # < 1: layer-wise learning-rate decay for fine-tuning an encoder (ELECTRA, Clark et al. 2020): each
     # encoder layer learns this factor slower than the one above it, the embeddings slowest
     layer_decay: float = 1.0
+    # parameters that keep their (pretrained) values: name prefixes, e.g. [embed.words] for BERT's word
+    # embeddings (see `attnkit summary`); a frozen parameter gets no gradient and no optimizer state
+    freeze: list[str] = field(default_factory=list)
     label_smoothing: float = 0.1  # the paper's ε_ls
     init_from: str = ""  # start from these weights: an attnkit checkpoint or run, or an HF model folder
     clip_norm: float = 0.0  # 0 = no clipping
@@ -180,6 +183,8 @@ class TrainConfig:
         if self.layer_decay > 1:
             raise ConfigError(f"train.layer_decay must be in (0, 1]; got {self.layer_decay!r}")
         require_one_of("train.eval_metric", self.eval_metric, EVAL_METRICS)
+        if not all(isinstance(prefix, str) and prefix for prefix in self.freeze):
+            raise ConfigError(f"train.freeze must list parameter name prefixes; got {self.freeze!r}")
         if self.precision == "fp16":
             raise ConfigError(
                 "train.precision 'fp16' needs loss scaling, which attnkit does not do; use 'bf16'"

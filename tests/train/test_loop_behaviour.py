@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnkit.config import load_run_config
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, ConfigError
 from attnkit.tasks import translation
 from attnkit.tasks.translation import prepare_data
 from attnkit.train.loop import Trainer
@@ -74,3 +74,36 @@ def test_valid_bleu_sentences_decodes_only_a_prefix_but_scores_loss_on_all(tmp_p
     full_scores, limited_scores = full.validate(), limited.validate()
     assert decoded == [full.task.data.valid.src, full.task.data.valid.src[:3]]
     assert limited_scores["valid_loss"] == pytest.approx(full_scores["valid_loss"])  # same weights, all pairs
+
+
+def test_frozen_parameters_keep_their_values_and_get_no_optimizer_state(tmp_path):
+    frozen = ("src_embed.", "encoder.layers.0.")  # the tiny preset ties the output layer to src_embed
+    trainer, messages = _trainer(tmp_path, "train.lr=0.003", "train.max_steps=3", "train.eval_every=3",
+                                 "train.freeze=[src_embed, encoder.layers.0]")  # fmt: skip
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.fit()
+    after = dict(trainer.model.named_parameters())
+    kept = [name for name in before if name.startswith(frozen)]
+    trained = [name for name in before if not name.startswith(frozen)]
+    assert kept and all(torch.equal(before[name], after[name]) for name in kept)
+    assert all(not after[name].requires_grad and after[name] not in trainer.optimizer.state for name in kept)
+    assert sum(not torch.equal(before[name], after[name]) for name in trained) == len(trained)
+    count = sum(after[name].numel() for name in kept)
+    assert f"frozen: {count:,} parameters (src_embed, encoder.layers.0)" in messages
+
+
+def test_a_freeze_prefix_must_name_whole_parts_of_parameter_names(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.freeze: no parameter is named 'encoder.layer' or starts "
+                                          r"with 'encoder.layer\.'; .* start with .*encoder"):  # fmt: skip
+        # "encoder.layer" begins "encoder.layers.0" as a string, but names no part of it
+        _trainer(tmp_path, "train.max_steps=1", "train.freeze=[encoder.layer]")
+    with pytest.raises(ConfigError, match=r"train\.freeze must list parameter name prefixes"):
+        _trainer(tmp_path, "train.max_steps=1", "train.freeze=['']")
+
+
+def test_a_resumed_run_keeps_what_it_froze(tmp_path):
+    trainer, _ = _trainer(tmp_path, "train.max_steps=2", "train.eval_every=2", "train.freeze=[src_embed]")
+    trainer.fit()
+    config = load_run_config(None, [*TINY, "train.max_steps=4", "train.freeze=[]"])
+    with pytest.raises(ConfigError, match=r"train.freeze=\[\] \(the run has \['src_embed'\]\)"):
+        Trainer(config, tmp_path / "run", resume=True, echo=lambda m: None)

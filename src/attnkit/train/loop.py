@@ -80,6 +80,8 @@ def _check_resumable(saved: RunConfig, config: RunConfig) -> None:
         for name in ("tokenizer", "vocab_size", "canvas")
         if getattr(config.data, name) != getattr(saved.data, name)
     ]
+    if config.train.freeze != saved.train.freeze:  # the optimizer's state covers the trained ones only
+        changed.append(f"train.freeze={config.train.freeze!r} (the run has {saved.train.freeze!r})")
     if changed:
         raise ConfigError(
             f"a resumed run keeps its model and vocabulary, but {', '.join(changed)}; start a new run instead"
@@ -101,6 +103,28 @@ def layer_lr_scale(name: str, model: torch.nn.Module, decay: float) -> float:
         return decay**top
     layer = re.match(r"encoder\.layers\.(\d+)\.", name)
     return decay ** (top - int(layer[1]) - 1) if layer else 1.0
+
+
+def freeze(model: torch.nn.Module, prefixes: list[str]) -> int:
+    """Stop training the parameters whose names start with one of ``prefixes`` (``train.freeze``);
+    returns how many numbers that freezes. A prefix that names no parameter is an error that lists the
+    model's top-level names, so that a typo does not train what was meant to stay."""
+    frozen = 0
+    for prefix in prefixes:
+        chosen = [
+            p for name, p in model.named_parameters() if name == prefix or name.startswith(f"{prefix}.")
+        ]
+        if not chosen:
+            names = [name for name, _ in model.named_parameters()]
+            tops = sorted({name.split(".")[0] for name in names})
+            raise ConfigError(
+                f"train.freeze: no parameter is named {prefix!r} or starts with '{prefix}.'; the model's "
+                f"parameter names start with {', '.join(tops)} (the first is {names[0]!r})"
+            )
+        for p in chosen:
+            frozen += p.numel() if p.requires_grad else 0
+            p.requires_grad_(False)
+    return frozen
 
 
 def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -163,6 +187,8 @@ class Trainer:
         self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
         if pretrained:
             pretrained.load_into(self.model, self._say)
+        if t.freeze:
+            self._say(f"frozen: {freeze(self.model, t.freeze):,} parameters ({', '.join(t.freeze)})")
         self.model.to(self.device)
         torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
         self.optimizer = make_optimizer(self.model, t, self.device)
