@@ -96,11 +96,12 @@ def serve_engine(
 
 
 def interleaved_times(folders: dict[str, str], args, sources: list[str], beams: list[int], alpha: float):
-    """``{engine: {beam: ([seconds per round], outputs)}}``, each engine in its own process (a library's
-    thread pool, CTranslate2's OpenMP runtime, slows the engines that run after it in the same process
-    by half). The rounds are interleaved, every engine's k-th run within the same minute, so that the
-    machine's drift (other tenants of its cores, clock changes) weighs on all engines alike; a pause
-    after each run lets an engine's worker threads stop spinning before the next engine starts."""
+    """``{engine: {beam: [seconds per round]}}`` and ``{engine: {beam: outputs}}``, each engine in its
+    own process (a library's thread pool, CTranslate2's OpenMP runtime, slows the engines that run after
+    it in the same process by half). The rounds are interleaved, every engine's k-th run within the same
+    minute, so that the machine's drift (other tenants of its cores, clock changes) weighs on all
+    engines alike; a pause after each run lets an engine's worker threads stop spinning before the next
+    engine starts."""
     spawn = multiprocessing.get_context("spawn")
     workers = {}
     for name, folder in folders.items():
@@ -109,19 +110,19 @@ def interleaved_times(folders: dict[str, str], args, sources: list[str], beams: 
         process = spawn.Process(target=serve_engine, args=work)
         process.start()
         workers[name] = (process, ours)
-    timed = {name: {beam: ([], []) for beam in beams} for name in folders}
+    times = {name: {beam: [] for beam in beams} for name in folders}
+    outputs = {name: {} for name in folders}  # the same every round: the searches are deterministic
     for beam in beams:
         for _ in range(args.rounds):
             for name, (_, conn) in workers.items():
                 conn.send(beam)
-                seconds, outputs = conn.recv()
-                timed[name][beam][0].append(seconds)
-                timed[name][beam][1][:] = outputs
+                seconds, outputs[name][beam] = conn.recv()
+                times[name][beam].append(seconds)
                 time.sleep(PAUSE_S)
     for process, conn in workers.values():
         conn.send(None)
         process.join()
-    return timed
+    return times, outputs
 
 
 PAUSE_S = 0.5  # after each run: CTranslate2's OpenMP threads spin for 200 ms after their last task
@@ -160,7 +161,7 @@ def main() -> None:
     else:
         print("note: ctranslate2 is not installed; no CTranslate2 rows")
     beams = [int(b) for b in args.beams.split(",")]
-    timed = interleaved_times(folders, args, sources, beams, decode.alpha)
+    times, outputs = interleaved_times(folders, args, sources, beams, decode.alpha)
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
           f"{args.batch}, {args.rounds} rounds, each engine in its own process, their runs interleaved; "
           f"beam search's score: log P / length^{decode.alpha} on every side")  # fmt: skip
@@ -174,14 +175,13 @@ def main() -> None:
         return sum(len(ids) + 1 for ids in tokenizer.encode_batch(outputs))  # + </s>
 
     for beam in beams:
-        our_times, our_outputs = timed["attnkit"][beam]
-        ours = [target_tokens(our_outputs) / seconds for seconds in our_times]  # tokens/s per round
+        ours = [target_tokens(outputs["attnkit"][beam]) / seconds for seconds in times["attnkit"][beam]]
         for name in folders:
-            times, outputs = timed[name][beam]
-            tokens = target_tokens(outputs)
-            ratios = [mine / (tokens / seconds) for mine, seconds in zip(ours, times, strict=True)]
-            seconds = statistics.median(times)
-            score = bleu(outputs, references).score
+            tokens = target_tokens(outputs[name][beam])
+            theirs = [tokens / seconds for seconds in times[name][beam]]
+            ratios = [mine / other for mine, other in zip(ours, theirs, strict=True)]  # round by round
+            seconds = statistics.median(times[name][beam])
+            score = bleu(outputs[name][beam], references).score
             print(
                 f"| {name} | {beam} | {seconds:.2f} | {tokens / seconds:,.0f} | {score:.2f} | "
                 f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |"

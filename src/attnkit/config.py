@@ -146,7 +146,7 @@ class TrainConfig:
     # encoder layer learns this factor slower than the one above it, the embeddings slowest
     layer_decay: float = 1.0
     # parameters that keep their (pretrained) values: name prefixes, e.g. [embed.words] for BERT's word
-    # embeddings (see `attnkit summary`); a frozen parameter gets no gradient and no optimizer state
+    # embeddings (state-dict names); a frozen parameter gets no gradient and no optimizer state
     freeze: list[str] = field(default_factory=list)
     label_smoothing: float = 0.1  # the paper's ε_ls
     init_from: str = ""  # start from these weights: an attnkit checkpoint or run, or an HF model folder
