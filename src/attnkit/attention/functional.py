@@ -6,9 +6,7 @@ normaliser as choices). Two paths compute it:
 - the **reference path**, which reads like the maths: scores, mask, normalise, dropout, weighted sum;
 - the **fast path**, ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU), taken whenever it
   computes the same thing: dot or scaled-dot scores, softmax, and no request for the weights (fused
-  kernels never materialise them); in a CPU decoding step (at most ``FEW_QUERIES`` queries, no gradient)
-  the same softmax is multiplied out in two matrix products, which is faster there than the kernel's
-  blocked loop. Tests prove the paths equal. With dropout on a CPU, the fused
+  kernels never materialise them). Tests prove the two paths equal. With dropout on a CPU, the fused
   kernels do not apply and ``F.scaled_dot_product_attention`` computes the reference path's steps
   itself; attnkit then takes the reference path, whose dropout draws its random numbers more cheaply
   (dropout.py).
@@ -78,8 +76,6 @@ def attend(
         return out, None
     if causal:
         mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
-    if fast and dropout_p == 0.0 and few_queries_on_cpu(q, k, v):
-        return _attend_few_queries(q, k, v, mask, _FAST_SCORE_SCALE[score]), None
     if fast:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=_FAST_SCORE_SCALE[score]
@@ -88,33 +84,6 @@ def attend(
     return attend_reference(
         q, k, v, mask, score=score, normaliser=normaliser, dropout_p=dropout_p, need_weights=need_weights
     )
-
-
-FEW_QUERIES = 8  # decoding steps: one query per row, or one per beam where beams share their keys
-
-
-def few_queries_on_cpu(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether :func:`attend`'s fast path multiplies out the softmax itself (see
-    :func:`_attend_few_queries`): at most :data:`FEW_QUERIES` queries per row, on a CPU, no gradient."""
-    return (
-        q.size(-2) <= FEW_QUERIES
-        and q.is_cpu
-        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-    )
-
-
-def _attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
-    """``softmax(q kᵀ · scale) v`` as two matrix products, for a decoding step on a CPU: PyTorch's fused
-    CPU kernel works through blocks of queries, and with 1-8 of them its set-up costs more than the
-    products. Measured on 2 cores for the Multi30k model's beam search (4 heads of 64): one query per
-    row over 10 and 25 cached keys, 160 rows, 1.3x and 1.5x slower; five beams' queries over 15 and 30
-    masked source positions, 32 rows, 2.0x and 2.4x. A query with no attendable key gets zeros, as on
-    the other paths."""
-    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(q.size(-1) ** -0.5 if scale is None else scale)
-    if mask is None:
-        return torch.matmul(scores.softmax(-1), v)
-    weights = scores.masked_fill_(~mask, float("-inf")).softmax(-1).nan_to_num_(0.0)  # no key: 0/0 -> 0
-    return torch.matmul(weights, v)
 
 
 def attend_reference(
