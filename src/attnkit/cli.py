@@ -104,7 +104,7 @@ def _read_input(path: Path | None) -> list[str]:
 
 def _write_output(output: Path | None, text: str) -> None:
     """``text`` to stdout, or to the file ``output`` written atomically (all of it or nothing)."""
-    from attnkit.train.checkpoint import write_text_atomic
+    from attnkit.atomic import write_text_atomic
 
     if output is None:
         sys.stdout.write(text)
@@ -586,7 +586,8 @@ def explore(
     """Write one self-contained HTML page with every layer and head of the model's attention on TEXT:
     a layers × heads grid, each head's matrix with its tokens, a token view and, for translation, the
     alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page."""
-    from attnkit.train.checkpoint import load_for_inference, write_text_atomic
+    from attnkit.atomic import write_text_atomic
+    from attnkit.train.checkpoint import load_for_inference
     from attnkit.viz import explorer as page
 
     model, tokenizer, _ = load_for_inference(ckpt, "cpu")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from attnkit.atomic import write_text_atomic
 from attnkit.errors import DataError
 
 CHUNK = 1 << 16
@@ -203,9 +204,7 @@ def prepare_iwslt14(archive: Path, folder: Path) -> list[Path]:
     for split, rows in splits.items():
         for side, lang in enumerate(("de", "en")):
             path = folder / f"{split}.{lang}"
-            partial = path.with_name(path.name + ".part")
-            partial.write_text("".join(row[side] + "\n" for row in rows), encoding="utf-8")
-            partial.replace(path)
+            write_text_atomic(path, "".join(row[side] + "\n" for row in rows))
             written.append(path)
     return written
 

@@ -30,6 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
+from attnkit.atomic import fsync_dir, make_shareable, write_text_atomic
 from attnkit.attention.linear import pack_for_inference
 from attnkit.config import IMAGE_ARCHS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
@@ -46,26 +47,6 @@ RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* fo
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _make_shareable(path: Path) -> None:
-    """Give a file or folder made by ``tempfile`` (private, 0600/0700) the usual permissions for the
-    user's umask, so that a checkpoint can be shared like any other file."""
-    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
 def _aside(final: Path) -> Path:
@@ -89,13 +70,13 @@ def _publish(temporary: Path, final: Path) -> None:
     are durable, and only then delete the old copy."""
     for file in temporary.iterdir():
         _fsync_file(file)
-    _make_shareable(temporary)
+    make_shareable(temporary)
     recover(final)
     aside = _aside(final)
     if final.exists():  # e.g. the same step saved again, or averaging again
         os.replace(final, aside)
     os.replace(temporary, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -117,17 +98,6 @@ def write_folder(final: Path, write: Any) -> Path:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return final
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader sees the old or the new content, never a mix."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, prefix=f".{path.name}.") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    _make_shareable(Path(f.name))
-    os.replace(f.name, path)
-    _fsync_dir(path.parent)
 
 
 # --- trainer state: optimizer and random number generators -----------------------------------------

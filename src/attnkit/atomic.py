@@ -1,0 +1,47 @@
+"""Writing files so that a reader (or a process killed halfway) never sees half of one.
+
+A file is written under a hidden temporary name in the same folder, fsync'ed, given the permissions the
+user's umask gives any new file, and renamed over the old one in one step; the folder is fsync'ed too,
+so that the rename survives a crash. Checkpoints (train/checkpoint.py), CLI outputs and prepared data
+sets (data/download.py) are written this way.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def make_shareable(path: Path) -> None:
+    """Give a file or folder made by ``tempfile`` (private, 0600/0700) the usual permissions for the
+    user's umask, so that a checkpoint can be shared like any other file."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8, as attnkit reads text) so that a reader sees the old or the
+    new content, never a mix."""
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, delete=False, prefix=f".{path.name}."
+    ) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    make_shareable(Path(f.name))
+    os.replace(f.name, path)
+    fsync_dir(path.parent)
