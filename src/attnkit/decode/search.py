@@ -45,7 +45,8 @@ Choose = Callable[[Tensor, Tensor], Tensor]
 
 class Decoding(Protocol):
     """Step-by-step decoding, as a generative model offers it (see the module docstring); a
-    sequence-to-sequence model's also offers ``repeat(k)`` (each row becomes k beams, encoded once).
+    sequence-to-sequence model's also offers ``repeat(k)`` (each row becomes k consecutive rows, beam
+    search's beams, after the first step: the sources encoded once, the first step run once).
 
     ``reorder(index)`` only ever moves rows among the beams of one source (which share its encoding);
     ``keep(index)`` keeps rows of any sources, as search does when it drops the finished ones."""
@@ -235,9 +236,11 @@ def beam(
     penalty: str = "length",
     stop: str = "no-better",
 ) -> list[list[Hypothesis]]:
-    """Beam search after ``tokens (B·K, t)``, each row's prefix repeated ``K = beam_size`` times
-    (``decoding`` made for those B·K rows); the ``n_best`` best hypotheses per row, best first.
+    """Beam search after ``tokens (B, t)``, one prefix per row, with ``decoding`` made for those B rows;
+    the ``n_best`` best hypotheses per row, best first.
 
+    The first step runs on the B rows alone (all K beams of a row would start from the same prefix, so
+    they would compute the same thing K times), then ``decoding.repeat(K)`` makes each row K beams.
     Each step takes every row's 2K best candidates (K beams × V tokens; 2K because up to K may end in
     ``</s>``). In score order, a candidate ending in ``</s>`` becomes a finished hypothesis while fewer
     than K others came before it (and, with ``stop="k-finished"``, while its row still needs some); the
@@ -252,19 +255,19 @@ def beam(
     if penalty not in LENGTH_PENALTIES:
         raise ValueError(f"unknown length penalty {penalty!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
     K, start, device, patient = beam_size, tokens.size(1), tokens.device, stop == "no-better"
-    B = tokens.size(0) // K
+    B = tokens.size(0)
     searching = list(range(B))  # the sources still searched, in the order of their rows
-    row_limits = limits.repeat_interleave(K)  # (B·K,)
-    scores = torch.full((B, K), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: keep one so the first step does not pick duplicates
+    beams = 1  # rows per source: one until the first step has run, then K
+    scores = torch.zeros((B, 1), device=device)  # (n, beams): each beam's log-probability so far
     position = torch.arange(2 * K, device=device)  # a candidate's rank in its row
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(int(limits.max()) if B else 0):
         n = len(searching)
-        first_beam = torch.arange(n, device=device)[:, None] * K  # (n, 1): row of each source's beam 0
-        top_scores, beams, words = best_continuations(decoding, tokens, t + 1 >= row_limits, specials, scores,
-                                                      2 * K)  # (n, 2K) each, best first  # fmt: skip
-        rows = first_beam + beams  # the beam row of each
+        first_beam = torch.arange(n, device=device)[:, None] * beams  # (n, 1): row of each source's beam 0
+        at_limit = (t + 1 >= limits).repeat_interleave(beams)  # (n·beams,)
+        top_scores, chosen_beam, words = best_continuations(decoding, tokens, at_limit, specials, scores,
+                                                            2 * K)  # (n, 2K) each, best first  # fmt: skip
+        rows = first_beam + chosen_beam  # the beam row of each
         needed = torch.tensor([K - (0 if patient else len(finished[b])) for b in searching], device=device)
         needed = needed[:, None]  # (n, 1): hypotheses each row may still finish
         alive = (top_scores > float("-inf")) & (needed > 0)
@@ -292,18 +295,22 @@ def beam(
         order = torch.where(goes_on, position[: top_scores.size(1)], 2 * K + position[: top_scores.size(1)])
         chosen = order.argsort(-1)[:, :K]  # (n, K)
         real = goes_on.gather(-1, chosen)
-        index = torch.where(real, rows.gather(-1, chosen), first_beam)  # (n, K)
+        index = torch.where(real, rows.gather(-1, chosen), first_beam)  # (n, K): rows of `tokens`
         next_tokens = torch.where(real, words.gather(-1, chosen), specials.pad)  # (n, K)
         scores = torch.where(real, top_scores.gather(-1, chosen), float("-inf"))  # (n, K)
         if any(done):  # the finished sources leave: their rows are neither decoded nor kept
             going = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
             index, next_tokens, scores = index[going], next_tokens[going], scores[going]
-            row_limits = row_limits.view(n, K)[going].view(-1)
+            limits = limits[going]
             searching = [b for b, d in zip(searching, done, strict=True) if not d]
+        tokens = torch.cat([tokens[index.view(-1)], next_tokens.view(-1, 1)], dim=1)  # (n·K, t + 1)
+        if beams != K:  # from now on K rows per source: row i becomes rows i·K .. i·K + K - 1, alike
+            decoding.repeat(K)
+            index, beams = index * K, K
+        if any(done):
             decoding.keep(index.view(-1))
         else:
             decoding.reorder(index.view(-1))
-        tokens = torch.cat([tokens[index.view(-1)], next_tokens.view(-1, 1)], dim=1)
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
 
 
@@ -352,7 +359,6 @@ def beam_search(
     """The ``n_best`` best hypotheses per source (fewer if fewer finished), best first; ``penalty`` is
     the length penalty's kind, ``stop`` the stopping rule (see the module docstring)."""
     limits = _limits(src, specials.pad, max_len_a, max_len_b, max_output_len)
-    decoding = model.decoding(src, use_cache)  # encoded once,
-    decoding.repeat(beam_size)  # then B·K rows
-    start = torch.full((src.size(0) * beam_size, 1), specials.bos, dtype=torch.long, device=src.device)
+    decoding = model.decoding(src, use_cache)  # encoded once; beam() makes each row K beams
+    start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
     return beam(decoding, start, limits, specials, beam_size, alpha, n_best, penalty, stop)

@@ -216,19 +216,18 @@ class Seq2SeqDecoding:
             layer.src_attn.reorder(sources)
 
     def repeat(self, times: int) -> None:
-        """Each source row becomes ``times`` consecutive rows (beam search's beams), before the first step:
-        the sources are encoded, and with the cache their cross-attention keys and values computed, once,
-        not once per beam."""
-        if self.cache is not None and len(self.cache):
-            raise ValueError("repeat() comes before the first decoding step")
-        rows = torch.arange(self.memory.size(0), device=self.memory.device).repeat_interleave(times)
+        """Each row becomes ``times`` consecutive rows (beam search's beams; at most once, before or
+        after any step). With the cache the sources' memories, and their cross-attention keys and values
+        (computed at the first step), stay one row per source; the target side's cache is repeated."""
+        if self.beams != 1:
+            raise ValueError(f"the rows are already repeated ({self.beams} per source)")
+        rows = torch.arange(self.src_mask.size(0), device=self.src_mask.device).repeat_interleave(times)
         self.src_mask = self.src_mask.index_select(0, rows)  # (N·times, 1, S)
         if self.cache is None:
             self._select_sources(rows)  # memory (N·times, S, d_model)
             return
         self.beams = times
-        for layer, cache in zip(self.model.decoder.layers, self.cache.layers, strict=True):
-            cache.src_attn.append(*layer.src_attn.memory_keys_values(self.memory))  # (N, h, S, d_k)
+        self.cache.reorder(rows, sources_too=False)
 
 
 def build_transformer(
