@@ -54,7 +54,7 @@ def main() -> None:
             layer = Linear(d_in, d_out)
             with torch.no_grad():
                 layer.weight.copy_(weight), layer.bias.copy_(bias)
-            if layer.pack_for_inference() and rows > 1 and onednn_applies(x, weight):  # never for one row
+            if layer.pack_for_inference() and rows > 1 and onednn_applies(x, weight, packed=True):
                 ours["oneDNN with the packed weight"] = torch.no_grad()(lambda x=x, layer=layer: layer(x))
             exact = F.linear(x.double(), weight.double(), bias.double())
             for label, fn in ours.items():

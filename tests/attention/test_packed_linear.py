@@ -48,6 +48,21 @@ def test_packed_weights_give_the_product_and_are_used(shape, weights_seen):
     assert weights_seen == [True]
 
 
+def test_a_packed_weight_serves_few_rows_where_the_plain_one_goes_to_f_linear(weights_seen):
+    """Packed, oneDNN is faster from two rows (bench/linear.py): a mid-sized weight (Q, K and V of
+    d_model 256) that would multiply 5 rows with ``F.linear`` takes its packed copy."""
+    torch.manual_seed(0)
+    layer = Linear(256, 768)
+    x = torch.randn(5, 1, 256)  # one sentence's 5 beams, one step
+    with torch.no_grad():
+        linear_module.linear(x, layer.weight, layer.bias)
+        assert weights_seen == []  # unpacked: too few multiply-adds for oneDNN
+        assert layer.pack_for_inference()
+        got = layer(x)
+    assert weights_seen == [True]
+    torch.testing.assert_close(got.double(), _exact(x, layer), rtol=1e-5, atol=1e-4)
+
+
 def test_one_row_and_gradients_take_the_plain_weight(weights_seen):
     layer = _layer()
     layer.pack_for_inference()

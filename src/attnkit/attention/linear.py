@@ -19,8 +19,10 @@ forward: the same parameters and state-dict keys, so checkpoints and conversions
 
 For inference, :func:`pack_for_inference` also keeps each weight in oneDNN's own blocked layout, as
 ``torch.compile``'s frozen CPU graphs and CTranslate2 do, so that oneDNN does not rearrange it at every
-call: the same products, 1.1-1.2x faster for 32-160 rows and 1.5-3x for 2-8 rows (``bench/linear.py``;
-a single row keeps the plain weight, which is as fast or faster there).
+call: the same products, 1.1-1.2x faster for 32-160 rows and 1.5-3x for 2-16 rows (``bench/linear.py``).
+Packed, oneDNN pays for any number of rows from two, so a packed weight is taken for few rows too (a
+beam search over one sentence, the last steps of a batch), where the plain one is left to ``F.linear``;
+a single row keeps the plain weight, which is as fast or faster there.
 """
 
 from __future__ import annotations
@@ -38,15 +40,16 @@ _onednn_linear = (
 MIN_WEIGHTS, MIN_MULTIPLY_ADDS, ENOUGH_WEIGHTS = 2**17, 2**22, 2**19
 
 
-def onednn_applies(x: Tensor, weight: Tensor) -> bool:
-    """Whether :func:`linear` multiplies ``x`` by ``weight`` with oneDNN (see the module docstring).
-    The checks run on every call, cheapest and most often decisive first."""
+def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
+    """Whether :func:`linear` multiplies ``x`` by ``weight`` with oneDNN (see the module docstring);
+    ``packed``: with the weight already in oneDNN's layout, which pays for any number of rows. The
+    checks run on every call, cheapest and most often decisive first."""
     return (
         _onednn_linear is not None
         and x.dtype == torch.float32
         and x.is_cpu
         and weight.numel() >= MIN_WEIGHTS
-        and (weight.numel() >= ENOUGH_WEIGHTS or x.numel() * weight.size(0) >= MIN_MULTIPLY_ADDS)
+        and (packed or weight.numel() >= ENOUGH_WEIGHTS or x.numel() * weight.size(0) >= MIN_MULTIPLY_ADDS)
         and weight.dtype == torch.float32
         and weight.dim() == 2
         and torch.backends.mkldnn.enabled
@@ -151,7 +154,7 @@ class Linear(nn.Linear):
             and x.numel() > x.size(-1)  # more than one row
             and self.packed_from == (self.weight.data_ptr(), self.weight._version)
             and not _needs_gradient(x, self.weight, self.bias)
-            and onednn_applies(x, self.weight)
+            and onednn_applies(x, self.weight, packed=True)
         )
 
     def quantize_int8(self) -> None:
