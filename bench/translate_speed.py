@@ -10,10 +10,13 @@ linear map, as CTranslate2's int8). Settings on every side: no sampling, the sta
 ``<pad>`` and ``<s>`` never produced; beam search ranks finished hypotheses by log P / length^α on
 every side, with ``--alpha`` (default: the run's ``decode.alpha``), each with its own stopping rule
 (attnkit's default and HF's: a sentence is done when no running beam can beat its K finished
-hypotheses; CTranslate2's: as soon as it has K). Each engine runs in its own process, ``--rounds``
-timed runs after an untimed one, the engines taking turns (round k of every engine within the same
-minute); the table gives the median time and the median, lowest and highest of the rounds' speed
-ratios.
+hypotheses; CTranslate2's: as soon as it has K). Every engine translates ``--streams`` batches at a
+time, each on its share of the threads (0, the default: one per thread, as ``attnkit translate`` does;
+CTranslate2's ``inter_threads``; HF's batches on as many Python threads), so that the engines split
+their threads alike; ``--streams 1`` is one batch at a time on all of them. Each engine runs in its own
+process, ``--rounds`` timed runs after an untimed one, the engines taking turns (round k of every
+engine within the same minute); the table gives the median time and the median, lowest and highest of
+the rounds' speed ratios.
 
 Run: ``python bench/translate_speed.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz
 --ref data/multi30k/test_2016_flickr.en.gz --n 500`` (the HF rows need ``transformers``, the CTranslate2
@@ -37,15 +40,18 @@ from attnkit.attention.linear import quantize_int8
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Engine
+from attnkit.decode.streams import in_streams, stream_count
 from attnkit.decode.translate import translate
 from attnkit.metrics import bleu
 from attnkit.models.convert.export import export_ctranslate2, export_hf
 from attnkit.train.checkpoint import load_for_inference
 
 
-def hf_translator(folder: Path, tokenizer, batch: int, alpha: float) -> Callable[[list[str], int], list[str]]:
+def hf_translator(
+    folder: Path, tokenizer, batch: int, alpha: float, streams: int
+) -> Callable[[list[str], int], list[str]]:
     """HF ``generate`` over the batches attnkit makes (``batch`` sentences of similar length), sources
-    encoded as attnkit encodes them."""
+    encoded as attnkit encodes them; ``streams`` batches at a time, as attnkit's (decode/streams.py)."""
     from transformers import MarianMTModel
 
     model = MarianMTModel.from_pretrained(folder).eval()
@@ -53,14 +59,19 @@ def hf_translator(folder: Path, tokenizer, batch: int, alpha: float) -> Callable
 
     def run(texts: list[str], beam: int) -> list[str]:
         encoded = [[*row, s.eos] for row in tokenizer.encode_batch(texts)]
-        outputs = [""] * len(texts)
-        for chunk in length_batches(range(len(texts)), [len(ids) for ids in encoded], batch):
+
+        def generate(chunk: list[int]) -> list[list[int]]:
             padded = pad([encoded[i] for i in chunk], s.pad)
             with torch.inference_mode():
                 longest = 1 + int(1.5 * padded.size(1) + 10)  # <s> + attnkit's bound
-                out = model.generate(padded, attention_mask=padded != s.pad, num_beams=beam, do_sample=False,
-                                     length_penalty=alpha, max_length=longest)  # fmt: skip
-            for i, row in zip(chunk, out.tolist(), strict=True):
+                return model.generate(padded, attention_mask=padded != s.pad, num_beams=beam, do_sample=False,
+                                      length_penalty=alpha, max_length=longest).tolist()  # fmt: skip
+
+        outputs = [""] * len(texts)
+        chunks = length_batches(range(len(texts)), [len(ids) for ids in encoded], batch)
+        rows_of_chunks = in_streams(generate, chunks, stream_count(streams, "cpu", len(chunks)))
+        for chunk, rows in zip(chunks, rows_of_chunks, strict=True):
+            for i, row in zip(chunk, rows, strict=True):
                 outputs[i] = tokenizer.decode(row)  # without <s>, up to </s>
         return outputs
 
@@ -68,7 +79,15 @@ def hf_translator(folder: Path, tokenizer, batch: int, alpha: float) -> Callable
 
 
 def serve_engine(
-    conn, engine: str, folder: str, ckpt: str, sources: list[str], batch: int, threads: int, alpha: float
+    conn,
+    engine: str,
+    folder: str,
+    ckpt: str,
+    sources: list[str],
+    batch: int,
+    threads: int,
+    alpha: float,
+    streams: int,
 ) -> None:
     """In a process of its own: load ``engine`` (from ``folder``; attnkit from ``ckpt``), then, for each
     beam size ``conn`` sends, translate ``sources`` once (after an untimed run the first time) and send
@@ -76,15 +95,15 @@ def serve_engine(
     torch.set_num_threads(threads)
     model, tokenizer, config = load_for_inference(ckpt)
     decode = config.decode
-    decode.batch_size, decode.length_penalty, decode.alpha = batch, "length", alpha
+    decode.batch_size, decode.length_penalty, decode.alpha, decode.streams = batch, "length", alpha, streams
     if engine.startswith("attnkit"):
         if engine == "attnkit-int8":
             quantize_int8(model)
         run = lambda texts, beam: translate(model, tokenizer, texts, decode, beam_size=beam)  # noqa: E731
     elif engine == "hf-generate":
-        run = hf_translator(Path(folder), tokenizer, batch, alpha)
+        run = hf_translator(Path(folder), tokenizer, batch, alpha, streams)
     else:
-        run = CTranslate2Engine(Path(folder)).translate  # loaded once, outside the timed runs
+        run = CTranslate2Engine(Path(folder), streams).translate  # loaded once, outside the timed runs
     warmed = set()
     while (beam := conn.recv()) is not None:
         if beam not in warmed:  # the first run pays for allocations, lazy loading and kernel choices
@@ -106,7 +125,7 @@ def interleaved_times(folders: dict[str, str], args, sources: list[str], beams: 
     workers = {}
     for name, folder in folders.items():
         ours, theirs = spawn.Pipe()
-        work = (theirs, name, folder, args.ckpt, sources, args.batch, args.threads, alpha)
+        work = (theirs, name, folder, args.ckpt, sources, args.batch, args.threads, alpha, args.streams)
         process = spawn.Process(target=serve_engine, args=work)
         process.start()
         workers[name] = (process, ours)
@@ -139,6 +158,8 @@ def main() -> None:
     parser.add_argument("--beams", default="1,5", help="beam sizes, comma-separated (1 = greedy)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    streams_help = "batches at a time on every engine, each on its share of the threads; 0: one per thread"
+    parser.add_argument("--streams", type=int, default=0, help=streams_help)
     parser.add_argument("--rounds", type=int, default=3, help="timed runs per engine and beam (the median)")
     parser.add_argument("--alpha", type=float, default=None, help="length^α (default: the run's)")
     args = parser.parse_args()
@@ -162,8 +183,10 @@ def main() -> None:
         print("note: ctranslate2 is not installed; no CTranslate2 rows")
     beams = [int(b) for b in args.beams.split(",")]
     times, outputs = interleaved_times(folders, args, sources, beams, decode.alpha)
+    streams = max(1, min(args.streams or args.threads, args.threads))
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
-          f"{args.batch}, {args.rounds} rounds, each engine in its own process, their runs interleaved; "
+          f"{args.batch}, {streams} batch(es) at a time on {args.threads // streams} thread(s) each on every "
+          f"engine, {args.rounds} rounds, each engine in its own process, their runs interleaved; "
           f"beam search's score: log P / length^{decode.alpha} on every side")  # fmt: skip
     print(
         "| engine | beam | seconds (median) | target tokens/s | sacreBLEU | attnkit / engine speed "

@@ -106,3 +106,17 @@ def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, 
     assert len(outputs[1]) == 20 and same >= 14
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--engine", "ctranslate2", "--int8"])
     assert result.exit_code == 2 and "--quantization int8" in result.output
+
+
+def test_translate_streams_translate_as_one_batch_at_a_time(trained, copy_data, tmp_path):
+    """``--streams 2`` (batches side by side, each on one thread) gives the lines ``--streams 1`` gives."""
+    outputs = {}
+    for streams in ("1", "2"):
+        out = tmp_path / f"out{streams}.txt"
+        result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(copy_data / "valid.src"),
+                                     "-o", str(out), "--streams", streams])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        outputs[streams] = out.read_text().splitlines()
+    assert outputs["2"] == outputs["1"] and len(outputs["1"]) == 20
+    result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--streams", "-1"], input="1 2\n")
+    assert result.exit_code == 2 and "--streams must be at least 0" in result.output

@@ -250,6 +250,13 @@ def translate(
     int8: Annotated[
         bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
     ] = False,
+    streams: Annotated[
+        int | None,
+        typer.Option(
+            help="CPU: batches translated at a time, each on its share of the threads; 0 = one "
+            "per thread. Default: the run's decode.streams."
+        ),
+    ] = None,
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line)."""
     from attnkit.decode.translate import translate as translate_texts
@@ -257,6 +264,7 @@ def translate(
     from attnkit.train.distributed import resolve_device
 
     at_least("--beam", beam, 1)
+    at_least("--streams", streams, 0)
     if engine not in ("attnkit", "ctranslate2"):
         raise AttnkitError(f"--engine {engine!r}: choose attnkit or ctranslate2")
     if output is not None:
@@ -266,7 +274,7 @@ def translate(
             raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
         from attnkit.decode.ct2 import CTranslate2Engine
 
-        hypotheses = CTranslate2Engine(ckpt).translate(_read_input(input), beam)
+        hypotheses = CTranslate2Engine(ckpt, streams).translate(_read_input(input), beam)
         _write_output(output, "".join(h + "\n" for h in hypotheses))
         return
     device = resolve_device()
@@ -278,6 +286,8 @@ def translate(
         from attnkit.attention.linear import quantize_int8
 
         quantize_int8(model)
+    if streams is not None:
+        config.decode.streams = streams
     texts = _read_input(input)
     source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
     hypotheses = translate_texts(

@@ -214,6 +214,8 @@ class DecodeConfig:
     max_len_a: float = 1.5  # output length bound: a · source length + b
     max_len_b: int = 10
     batch_size: int = 64  # sentences (or prompts) per decoding batch
+    # on a CPU, batches translated at a time, each on its share of the threads; 0 = one per thread
+    streams: int = 0
     # generation (decoder-only): sampling; the defaults are nanoGPT's sample.py
     max_new_tokens: int = 256
     temperature: float = 0.8  # 0 = greedy
@@ -223,7 +225,7 @@ class DecodeConfig:
     stop: list[str] = field(default_factory=list)  # generation ends where one of these appears
 
     def __post_init__(self) -> None:
-        lowest = {"beam_size": 1, "batch_size": 1, "alpha": 0, "max_len_a": 0, "max_len_b": 0,
+        lowest = {"beam_size": 1, "batch_size": 1, "streams": 0, "alpha": 0, "max_len_a": 0, "max_len_b": 0,
                   "max_new_tokens": 1, "temperature": 0, "top_k": 0, "seed": 0}  # fmt: skip
         for name, low in lowest.items():
             require_at_least(f"decode.{name}", getattr(self, name), low)

@@ -128,6 +128,10 @@ def test_the_ctranslate2_export_translates_as_attnkit_does(trained, copy_data, t
     )
     assert ours.exit_code == 0 and theirs.exit_code == 0, theirs.output
     assert theirs.stdout == ours.stdout and theirs.stdout.endswith("\n\n")
+    two_streams = ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", str(beam), "-i",
+                   str(source), "--streams", "2"]  # fmt: skip
+    side_by_side = CliRunner().invoke(app, two_streams)
+    assert side_by_side.exit_code == 0 and side_by_side.stdout == ours.stdout, side_by_side.output
 
 
 def test_exporting_to_ctranslate2_leaves_the_model_untouched(trained, tmp_path):

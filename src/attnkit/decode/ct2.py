@@ -17,15 +17,18 @@ import torch
 
 from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.models.convert.export import DECODE_FILE
 
 
 class CTranslate2Engine:
     """The CTranslate2 model, tokenizer and decoding settings of ``folder``, loaded once; ``translate``
-    as often as needed (CPU, torch's thread count)."""
+    as often as needed (CPU, torch's thread count). ``streams``, default the folder's ``decode.streams``,
+    is CTranslate2's ``inter_threads``: batches translated at a time, each on its share of the threads,
+    as attnkit's own (streams.py)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, streams: int | None = None) -> None:
         try:
             import ctranslate2
         except ImportError:
@@ -36,8 +39,10 @@ class CTranslate2Engine:
             raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
         self.decode = DecodeConfig(**json.loads((folder / DECODE_FILE).read_text(encoding="utf-8")))
+        threads = torch.get_num_threads()
+        self.streams = stream_count(self.decode.streams if streams is None else streams, "cpu", threads)
         self.translator = ctranslate2.Translator(
-            str(folder), device="cpu", intra_threads=torch.get_num_threads()
+            str(folder), device="cpu", inter_threads=self.streams, intra_threads=threads // self.streams
         )
 
     def translate(self, texts: list[str], beam_size: int | None = None) -> list[str]:

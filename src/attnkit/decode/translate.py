@@ -10,6 +10,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import beam_search, evaluating, greedy
+from attnkit.decode.streams import in_streams, stream_count
 from attnkit.models.seq2seq import EncoderDecoder
 
 
@@ -24,7 +25,8 @@ def translate(
     warn: Callable[[str], None] | None = None,
     source_limit: int | None = None,
 ) -> list[str]:
-    """Translate ``texts``; ``beam_size`` 1 is greedy search, default ``decode.beam_size``.
+    """Translate ``texts``; ``beam_size`` 1 is greedy search, default ``decode.beam_size``. On a CPU the
+    batches are searched ``decode.streams`` at a time (streams.py).
 
     An empty (or all-space) input line gives an empty output line without running the model. The model
     handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is
@@ -51,15 +53,18 @@ def translate(
     outputs = [""] * len(texts)
     bounds = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "max_output_len": longest}
     todo = [i for i, text in enumerate(texts) if text.strip()]
+    rules = {"penalty": decode.length_penalty, "stop": decode.beam_stop}
+
+    def search(chunk: list[int]) -> list[list[int]]:
+        src = pad([encoded[i] for i in chunk], specials.pad).to(device)
+        if beam == 1:
+            return greedy(model, src, specials, **bounds)
+        return [h[0].tokens for h in beam_search(model, src, specials, beam, decode.alpha, **rules, **bounds)]
+
+    batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
+    streams = stream_count(decode.streams, device, len(batches))
     with evaluating(model):
-        for chunk in length_batches(todo, [len(ids) for ids in encoded], decode.batch_size):
-            src = pad([encoded[i] for i in chunk], specials.pad).to(device)
-            if beam == 1:
-                ids = greedy(model, src, specials, **bounds)
-            else:
-                rules = {"penalty": decode.length_penalty, "stop": decode.beam_stop}
-                hyps = beam_search(model, src, specials, beam, decode.alpha, **rules, **bounds)
-                ids = [h[0].tokens for h in hyps]
+        for chunk, ids in zip(batches, in_streams(search, batches, streams), strict=True):
             for i, hyp in zip(chunk, ids, strict=True):
                 outputs[i] = tokenizer.decode(hyp)
     return outputs
