@@ -26,7 +26,8 @@ class CTranslate2Engine:
     """The CTranslate2 model, tokenizer and decoding settings of ``folder``, loaded once; ``translate``
     as often as needed (CPU, torch's thread count). ``streams``, default the folder's ``decode.streams``,
     is CTranslate2's ``inter_threads``: batches translated at a time, each on its share of the threads,
-    as attnkit's own (streams.py)."""
+    as attnkit's own (streams.py); fixed when the model loads, so an input of a single batch then runs
+    on one stream's share."""
 
     def __init__(self, folder: Path, streams: int | None = None) -> None:
         try:

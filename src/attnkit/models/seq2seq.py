@@ -223,10 +223,10 @@ class Seq2SeqDecoding:
             raise ValueError(f"the rows are already repeated ({self.beams} per source)")
         rows = torch.arange(self.src_mask.size(0), device=self.src_mask.device).repeat_interleave(times)
         self.src_mask = self.src_mask.index_select(0, rows)  # (N·times, 1, S)
+        self.beams = times
         if self.cache is None:
             self._select_sources(rows)  # memory (N·times, S, d_model)
             return
-        self.beams = times
         self.cache.reorder(rows, sources_too=False)
 
 
