@@ -319,6 +319,9 @@ def generate(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Prompt i samples with seed + i.")] = None,
     stop: Annotated[list[str] | None, typer.Option(help="End where this text appears (repeatable).")] = None,
+    streams: Annotated[
+        int | None, typer.Option(help="CPU, with -i: batches at a time, each on its share of the threads.")
+    ] = None,
 ) -> None:
     """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden."""
     import dataclasses
@@ -335,7 +338,7 @@ def generate(
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch="decoder")
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-             "seed": seed, "stop": stop}  # fmt: skip
+             "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
     try:
         decode = dataclasses.replace(config.decode, **{k: v for k, v in given.items() if v is not None})
     except AttnkitError as error:  # a value out of range: name the option, not the config field

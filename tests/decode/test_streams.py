@@ -69,7 +69,11 @@ def test_translations_in_two_streams_are_those_of_one(beam, two_threads):
     texts = copy(40, seed=1, max_length=6).src
     texts[7] = ""  # an empty line stays empty
     one = translate(model, tokenizer, texts, DecodeConfig(batch_size=4, streams=1), beam_size=beam)
+    graphs = []  # whether a stream's thread records gradients (gradient mode is per thread): it must not
+    hook = model.decoder.register_forward_hook(lambda module, args, out: graphs.append(out.requires_grad))
     two = translate(model, tokenizer, texts, DecodeConfig(batch_size=4, streams=2), beam_size=beam)
+    hook.remove()
     assert two == one and one[7] == "" and len(set(one)) > 10
+    assert graphs and not any(graphs)
     assert torch.get_num_threads() == 2
     assert dataclasses.asdict(DecodeConfig())["streams"] == 0  # the default: one stream per thread

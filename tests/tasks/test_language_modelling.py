@@ -140,6 +140,12 @@ def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["line 1", "the quick"] and all(r["text"] for r in rows)
+    result = runner.invoke(app, ["generate", "--ckpt", str(run), "-i", str(prompts), "-o", str(out),
+                                 "--max-new-tokens", "10", "--seed", "3", "--streams", "1"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [
+        json.loads(line) for line in out.read_text().splitlines()
+    ] == rows  # (side by side: test_generate)
 
 
 def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy_data):
@@ -149,6 +155,7 @@ def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy
     cases = [
         (["--prompt", "x" * 40], r"prompt 1 has 40 tokens, but the model's context is 32 tokens"),
         (["--top-p", "0"], r"--top-p must be in \(0, 1\]; got 0\.0"),
+        (["--streams", "-1"], r"--streams must be >= 0; got -1"),
         (["--prompt", "a", "-i", "f.txt"], r"give --prompt TEXT or -i FILE, not both"),
     ]
     for args, message in cases:

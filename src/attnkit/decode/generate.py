@@ -2,11 +2,12 @@
 
 Prompts are batched by length and left-padded; each prompt samples from its own generator (seeded
 ``decode.seed + i`` for the i-th prompt), so a prompt's continuation is the same whichever prompts
-share its batch. Generation ends at ``</s>``, at ``decode.max_new_tokens``, at the model's context
-(``max_len`` positions, prompt included) or where a ``decode.stop`` string appears; the returned text
-stops before that string. ``on_text(i, new_text)`` receives each prompt's text as it is generated
-(streaming); a character whose UTF-8 bytes are still arriving, and text that may still turn out to be
-the start of a stop string, are held back until that is settled, so the pieces add up to the result.
+share its batch, and whether batches run side by side (``decode.streams``). Generation ends at
+``</s>``, at ``decode.max_new_tokens``, at the model's context (``max_len`` positions, prompt included)
+or where a ``decode.stop`` string appears; the returned text stops before that string.
+``on_text(i, new_text)`` receives each prompt's text as it is generated (streaming); a character whose
+UTF-8 bytes are still arriving, and text that may still turn out to be the start of a stop string, are
+held back until that is settled, so the pieces add up to the result.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import evaluating, extend, sampler
+from attnkit.decode.streams import in_streams, stream_count
 from attnkit.errors import AttnkitError
 from attnkit.models.decoder_only import DecoderModel
 
@@ -48,16 +50,21 @@ def generate(
                 "(prompt and continuation together): shorten the prompt"
             )
     outputs = [""] * len(prompts)
+    batches = length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size)
+    # Side by side on a CPU (streams.py), unless text is streamed: on_text then hears from one thread.
+    streams = 1 if on_text is not None else stream_count(decode.streams, device, len(batches))
+
+    def continue_batch(rows: list[int]) -> list[str]:
+        return _generate_batch(model, tokenizer, [encoded[i] for i in rows], rows, decode, device, on_text)
+
     with evaluating(model):
-        for rows in length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size):
-            texts = _generate_batch(
-                model, tokenizer, [encoded[i] for i in rows], rows, decode, device, on_text
-            )
+        for rows, texts in zip(batches, in_streams(continue_batch, batches, streams), strict=True):
             for i, text in zip(rows, texts, strict=True):
                 outputs[i] = text
     return outputs
 
 
+@torch.no_grad()  # also in a stream's thread: gradient mode is per thread
 def _generate_batch(
     model: DecoderModel,
     tokenizer: Tokenizer,
