@@ -56,6 +56,10 @@ def test_evaluate_prints_sacrebleu_bleu_and_chrf_with_signatures(trained, copy_d
     assert result.exit_code == 0, result.output
     assert re.search(r"BLEU = \d+\.\d\d  \(nrefs:1\|.*version:", result.output)
     assert re.search(r"chrF = \d+\.\d\d  \(nrefs:1\|", result.output)
+    files = ["--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt")]
+    one_stream = runner.invoke(app, ["evaluate", "--ckpt", str(trained), *files, "--streams", "1"])
+    assert one_stream.exit_code == 0, one_stream.output
+    assert one_stream.output.splitlines()[:2] == result.output.splitlines()[:2]  # the same scores
 
 
 def test_average_writes_a_loadable_checkpoint(trained):

@@ -376,6 +376,10 @@ def evaluate(
         ),
     ] = None,
     beam: Annotated[int | None, typer.Option(help="Translation: beam size; 1 = greedy.")] = None,
+    streams: Annotated[
+        int | None,
+        typer.Option(help="Translation, CPU: batches at a time, each on its share of the threads."),
+    ] = None,
     plot: Annotated[
         Path | None, typer.Option(help="Glimpse model: save its glimpse paths on 8 test images (PNG).")
     ] = None,
@@ -390,6 +394,7 @@ def evaluate(
     from attnkit.train.checkpoint import read_run_config, resolve_checkpoint
 
     at_least("--beam", beam, 1)
+    at_least("--streams", streams, 0)
     run_config = read_run_config(resolve_checkpoint(ckpt))
     arch = run_config.model.arch
     if plot is not None and arch != "glimpse":
@@ -407,14 +412,14 @@ def evaluate(
     elif run_config.data.task == "summarise":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds a summariser: evaluate it with --data FILE.jsonl")
-        _evaluate_summaries(ckpt, data, beam)
+        _evaluate_summaries(ckpt, data, beam, streams)
     elif data is not None or src is None or ref is None:
         raise AttnkitError(f"{ckpt} holds a {arch} model: evaluate it with --src FILE --ref FILE")
     else:
-        _evaluate_translation(ckpt, src, ref, beam)
+        _evaluate_translation(ckpt, src, ref, beam, streams)
 
 
-def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None) -> None:
+def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None, streams: int | None) -> None:
     from attnkit.data.readers import read_parallel
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import bleu, chrf
@@ -424,6 +429,7 @@ def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None) ->
     pairs = read_parallel(src, ref, drop_empty=False)
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
+    config.decode.streams = config.decode.streams if streams is None else streams
     began = time.perf_counter()
     hypotheses = translate_texts(
         model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
@@ -438,7 +444,7 @@ def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None) ->
     )
 
 
-def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None) -> None:
+def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, streams: int | None) -> None:
     """ROUGE of the run's summaries of ``data``'s sources, cut as in training, against the target field
     and, where the run names one (``data.references``), against those references (the best counting)."""
     from attnkit.decode.translate import translate as translate_texts
@@ -449,6 +455,7 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None) -> None:
 
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
+    config.decode.streams = config.decode.streams if streams is None else streams
     records = read_summaries(config.data, data)
     _, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
     began = time.perf_counter()
