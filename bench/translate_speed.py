@@ -183,7 +183,8 @@ def main() -> None:
         print("note: ctranslate2 is not installed; no CTranslate2 rows")
     beams = [int(b) for b in args.beams.split(",")]
     times, outputs = interleaved_times(folders, args, sources, beams, decode.alpha)
-    streams = max(1, min(args.streams or args.threads, args.threads))
+    torch.set_num_threads(args.threads)  # as in the engines' processes, for the count they compute
+    streams = stream_count(args.streams, "cpu", batches=-(-len(sources) // args.batch))
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
           f"{args.batch}, {streams} batch(es) at a time on {args.threads // streams} thread(s) each on every "
           f"engine, {args.rounds} rounds, each engine in its own process, their runs interleaved; "

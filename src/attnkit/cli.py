@@ -429,7 +429,8 @@ def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None, st
     pairs = read_parallel(src, ref, drop_empty=False)
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
-    config.decode.streams = config.decode.streams if streams is None else streams
+    if streams is not None:
+        config.decode.streams = streams
     began = time.perf_counter()
     hypotheses = translate_texts(
         model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
@@ -455,7 +456,8 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, streams: int |
 
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
-    config.decode.streams = config.decode.streams if streams is None else streams
+    if streams is not None:
+        config.decode.streams = streams
     records = read_summaries(config.data, data)
     _, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
     began = time.perf_counter()

@@ -143,9 +143,7 @@ def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
     result = runner.invoke(app, ["generate", "--ckpt", str(run), "-i", str(prompts), "-o", str(out),
                                  "--max-new-tokens", "10", "--seed", "3", "--streams", "1"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert [
-        json.loads(line) for line in out.read_text().splitlines()
-    ] == rows  # (side by side: test_generate)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
 
 
 def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy_data):

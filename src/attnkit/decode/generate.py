@@ -28,7 +28,6 @@ from attnkit.models.decoder_only import DecoderModel
 OnText = Callable[[int, str], None]
 
 
-@torch.no_grad()
 def generate(
     model: DecoderModel,
     tokenizer: Tokenizer,
@@ -64,7 +63,7 @@ def generate(
     return outputs
 
 
-@torch.no_grad()  # also in a stream's thread: gradient mode is per thread
+@torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
 def _generate_batch(
     model: DecoderModel,
     tokenizer: Tokenizer,
