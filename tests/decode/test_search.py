@@ -9,7 +9,7 @@ import torch
 from attnkit import build_transformer
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import beam_search, greedy, length_penalty
-from attnkit.decode.search import beam, best_continuations, top_k
+from attnkit.decode.search import beam, best_continuations, next_log_probs, top_k
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the tiny model's sources below use ids 4..15
 PAD_ID, BOS_ID, EOS_ID = IDS.pad, IDS.bos, IDS.eos
@@ -193,11 +193,11 @@ def test_a_finished_source_leaves_the_batch_and_the_others_results_do_not_change
 class RandomLogits:
     """Fixed random logits for each row, whatever the tokens (for testing one step of the search)."""
 
-    def __init__(self, logits):
-        self.logits = logits
+    def __init__(self, logits, copy=True):
+        self.logits, self.copy = logits, copy
 
     def next_logits(self, tokens):
-        return self.logits.clone()
+        return self.logits.clone() if self.copy else self.logits
 
 
 @pytest.mark.parametrize("K", [1, 3, 5])
@@ -243,3 +243,21 @@ def test_blockwise_top_k_equals_torch_topk(V, k):
     torch.testing.assert_close(values, want_values)
     finite = want_values > float("-inf")
     assert torch.equal(index[finite], want_index[finite])  # no ties among finite random entries
+
+
+@pytest.mark.parametrize("kind", ["float32", "strided view", "bfloat16"])
+def test_next_log_probs_are_the_log_softmax_of_any_logits(kind):
+    """float32 logits are overwritten by their log-probabilities; whatever the logits (a strided view of
+    a larger output, a lower precision), the result is log_softmax in float32, with <pad> and <s> at
+    -inf and rows at their bound keeping only </s>, at its probability."""
+    torch.manual_seed(0)
+    full = torch.randn(6, 3, 40) * 4
+    choices = {"float32": full[:, -1].clone(), "strided view": full[:, 0], "bfloat16": full[:, -1].bfloat16()}
+    logits = choices[kind]
+    want = logits.double().log_softmax(-1)  # the textbook normalisation, before anything is overwritten
+    at_limit = torch.tensor([False, True, False, False, True, False])
+    got = next_log_probs(RandomLogits(logits, copy=False), torch.zeros(6, 1), at_limit, IDS)
+    assert got.dtype == torch.float32
+    want[:, [IDS.pad, IDS.bos]] = float("-inf")
+    want[at_limit] = torch.where(torch.arange(40) == IDS.eos, want[at_limit], float("-inf"))
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)

@@ -49,7 +49,8 @@ class Decoding(Protocol):
     search's beams, after the first step: the sources encoded once, the first step run once).
 
     ``reorder(index)`` only ever moves rows among the beams of one source (which share its encoding);
-    ``keep(index)`` keeps rows of any sources, as search does when it drops the finished ones."""
+    ``keep(index)`` keeps rows of any sources, as search does when it drops the finished ones.
+    ``next_logits`` returns a tensor of its own making, which search may overwrite."""
 
     def next_logits(self, tokens: Tensor) -> Tensor: ...
 
@@ -91,9 +92,15 @@ def next_log_probs(decoding: Decoding, tokens: Tensor, at_limit: Tensor, special
     model's probability of ending so that scores stay true log-probabilities.
     """
     logits = decoding.next_logits(tokens)
-    log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    # In place, and the rows at their limit only when there are some: each pass over the (N, V) matrix
-    # costs as much as the rest of the search step on a CPU.
+    # On a CPU each pass over the (N, V) matrix costs as much as the rest of the search step, and one
+    # into fresh memory more (the allocator hands such blocks back and forth with the kernel): so the
+    # log-probabilities overwrite the logits (ours to overwrite, see Decoding) where they can, and the
+    # rows at their limit are masked only when there are some.
+    overwrite = logits.is_cpu and logits.dtype == torch.float32 and logits.is_contiguous()
+    if overwrite and not logits.requires_grad:
+        log_probs = torch.log_softmax(logits, -1, out=logits)
+    else:
+        log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     log_probs[:, sorted({specials.pad, specials.bos} - {specials.eos})] = float("-inf")
     if at_limit.any():
         end = log_probs[at_limit, specials.eos]
