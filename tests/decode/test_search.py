@@ -258,6 +258,7 @@ def test_next_log_probs_are_the_log_softmax_of_any_logits(kind):
     at_limit = torch.tensor([False, True, False, False, True, False])
     got = next_log_probs(RandomLogits(logits, copy=False), torch.zeros(6, 1), at_limit, IDS)
     assert got.dtype == torch.float32
+    assert (got.data_ptr() == logits.data_ptr()) == (kind == "float32")  # overwritten: float32, contiguous
     want[:, [IDS.pad, IDS.bos]] = float("-inf")
     want[at_limit] = torch.where(torch.arange(40) == IDS.eos, want[at_limit], float("-inf"))
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
