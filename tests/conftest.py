@@ -4,6 +4,7 @@ and, under CI, with a fixed seed so that a run is reproducible."""
 import os
 
 import pytest
+import torch
 from hypothesis import settings
 
 from attnkit.data.synthetic import copy
@@ -11,6 +12,15 @@ from attnkit.data.synthetic import copy
 settings.register_profile("default", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture
+def two_threads():
+    """torch on two threads for the test (decoding streams split them), its thread count restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -260,7 +260,6 @@ def translate(
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line)."""
     from attnkit.decode.translate import translate as translate_texts
-    from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
     at_least("--beam", beam, 1)
@@ -280,14 +279,11 @@ def translate(
     device = resolve_device()
     if int8 and device.type != "cpu":
         raise AttnkitError(f"--int8 is for CPUs; this run would translate on {device.type}")
-    arch = ("encoder-decoder", "rnn")
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=arch, pack=not int8)  # int8 is its own
+    model, tokenizer, config = _load_translator(ckpt, device, streams, pack=not int8)  # int8 is its own
     if int8:
         from attnkit.attention.linear import quantize_int8
 
         quantize_int8(model)
-    if streams is not None:
-        config.decode.streams = streams
     texts = _read_input(input)
     source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
     hypotheses = translate_texts(
@@ -419,18 +415,26 @@ def evaluate(
         _evaluate_translation(ckpt, src, ref, beam, streams)
 
 
+def _load_translator(ckpt: Path, device: torch.device, streams: int | None, pack: bool = True):
+    """A translation or summarisation checkpoint (Transformer or RNN) loaded for decoding on ``device``,
+    its ``decode.streams`` replaced by ``--streams`` where given."""
+    from attnkit.train.checkpoint import load_for_inference
+
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"), pack=pack)
+    if streams is not None:
+        config.decode.streams = streams
+    return model, tokenizer, config
+
+
 def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None, streams: int | None) -> None:
     from attnkit.data.readers import read_parallel
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import bleu, chrf
-    from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
     pairs = read_parallel(src, ref, drop_empty=False)
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
-    if streams is not None:
-        config.decode.streams = streams
+    model, tokenizer, config = _load_translator(ckpt, device, streams)
     began = time.perf_counter()
     hypotheses = translate_texts(
         model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
@@ -451,13 +455,10 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, streams: int |
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import rouge
     from attnkit.tasks.translation import cut_sources, read_summaries
-    from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"))
-    if streams is not None:
-        config.decode.streams = streams
+    model, tokenizer, config = _load_translator(ckpt, device, streams)
     records = read_summaries(config.data, data)
     _, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
     began = time.perf_counter()

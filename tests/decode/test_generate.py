@@ -148,14 +148,12 @@ def test_prompts_the_model_cannot_take_are_one_clear_error(model_and_tokenizer):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_batches_side_by_side_give_what_one_at_a_time_gives_and_no_gradients(
-    model_and_tokenizer, temperature
+    model_and_tokenizer, temperature, two_threads
 ):
     """Two streams (decode/streams.py), each batch sampling with its prompts' own generators: the same
     texts as one batch at a time; no stream's thread records gradients (gradient mode is per thread)."""
     model, tokenizer = model_and_tokenizer
     prompts = [*PROMPTS, "that is", "all the", "or not"]
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
     graphs = []
     hook = model.register_forward_hook(lambda module, args, out: graphs.append(out.requires_grad))
     try:
@@ -164,6 +162,5 @@ def test_batches_side_by_side_give_what_one_at_a_time_gives_and_no_gradients(
         two = generate(model, tokenizer, prompts, _decode(**settings, streams=2))
     finally:
         hook.remove()
-        torch.set_num_threads(before)
     assert two == one and len(set(one)) > 3
     assert graphs and not any(graphs)

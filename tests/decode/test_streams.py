@@ -16,14 +16,6 @@ from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_streams_run_in_order_on_their_share_of_the_threads_and_give_the_count_back(two_threads):
     seen = []
 

@@ -96,8 +96,13 @@ def next_log_probs(decoding: Decoding, tokens: Tensor, at_limit: Tensor, special
     # into a second matrix more than one over the logits the product has just written (3.6% of a beam
     # search, measured): so the log-probabilities overwrite the logits (ours to overwrite, see
     # Decoding) where they can, and the rows at their limit are masked only when there are some.
-    overwrite = logits.is_cpu and logits.dtype == torch.float32 and logits.is_contiguous()
-    if overwrite and not logits.requires_grad:
+    overwritable = (
+        logits.is_cpu
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+        and not logits.requires_grad
+    )
+    if overwritable:
         log_probs = torch.log_softmax(logits, -1, out=logits)
     else:
         log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
