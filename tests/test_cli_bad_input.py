@@ -117,6 +117,26 @@ def test_a_last_pointer_naming_a_deleted_checkpoint_is_one_line(run, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("to", "message"),
+    [
+        ("hf", r"an HF transformers model folder \(model_type 'marian'\), not an attnkit checkpoint; make it "
+               r"one with attnkit import-hf \S+ --out RUN_DIR"),
+        ("ctranslate2", r"a CTranslate2 model folder, not an attnkit checkpoint; translate with it by "
+                        r"attnkit translate --engine ctranslate2 --ckpt \S+"),
+    ],
+)  # fmt: skip
+def test_an_exported_folder_given_as_a_checkpoint_names_the_command_that_reads_it(run, tmp_path, to, message):
+    if to == "ctranslate2":
+        pytest.importorskip("ctranslate2", reason="CTranslate2 writes the folder")
+    exported = tmp_path / to
+    export = runner.invoke(app, ["export", "--ckpt", str(run), "--to", to, "--out", str(exported)])
+    assert export.exit_code == 0, export.output
+    _one_line_error(runner.invoke(app, ["translate", "--ckpt", str(exported)], input="1 2\n"), message)
+    evaluate = ["evaluate", "--ckpt", str(exported), "--src", str(exported), "--ref", str(exported)]
+    _one_line_error(runner.invoke(app, evaluate), message)
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["translate", "--beam", "0"], r"--beam must be at least 1; got 0"),

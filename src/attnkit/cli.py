@@ -387,18 +387,18 @@ def evaluate(
 
     For translation every pair is scored: an empty source line is translated as an empty line, and the
     counts of empty sources and references are printed."""
-    from attnkit.train.checkpoint import read_run_config, resolve_checkpoint
+    from attnkit.train.checkpoint import a_model, read_run_config, resolve_checkpoint
 
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
     run_config = read_run_config(resolve_checkpoint(ckpt))
     arch = run_config.model.arch
     if plot is not None and arch != "glimpse":
-        raise AttnkitError(f"--plot draws a glimpse model's glimpses; {ckpt} holds a {arch} model")
+        raise AttnkitError(f"--plot draws a glimpse model's glimpses; {ckpt} holds {a_model(arch)}")
     if arch in IMAGE_ARCHS:
         if data is not None or src is not None or ref is not None:
             raise AttnkitError(
-                f"{ckpt} holds a {arch} model: it is evaluated on its own generated test images"
+                f"{ckpt} holds {a_model(arch)}: it is evaluated on its own generated test images"
             )
         _evaluate_images(ckpt, plot)
     elif arch == "encoder":
@@ -410,7 +410,7 @@ def evaluate(
             raise AttnkitError(f"{ckpt} holds a summariser: evaluate it with --data FILE.jsonl")
         _evaluate_summaries(ckpt, data, beam, streams)
     elif data is not None or src is None or ref is None:
-        raise AttnkitError(f"{ckpt} holds a {arch} model: evaluate it with --src FILE --ref FILE")
+        raise AttnkitError(f"{ckpt} holds {a_model(arch)}: evaluate it with --src FILE --ref FILE")
     else:
         _evaluate_translation(ckpt, src, ref, beam, streams)
 
@@ -637,7 +637,7 @@ def import_hf(
     writes) into an attnkit run directory that translate / predict / generate / evaluate use."""
     from attnkit.config import RunConfig
     from attnkit.models.convert import from_hf
-    from attnkit.train.checkpoint import COMMANDS, earlier_run, save_checkpoint
+    from attnkit.train.checkpoint import COMMANDS, a_model, earlier_run, save_checkpoint
 
     if earlier_run(out):
         raise AttnkitError(f"{out} already holds a run; import into a new directory")
@@ -647,7 +647,7 @@ def import_hf(
         out, 0, model=model, config=config, tokenizer_json=tokenizer.to_str(), is_best=True
     )
     typer.echo(
-        f"{written}: a {model.config.arch} model; use it with {COMMANDS[model.config.arch]} --ckpt {out}"
+        f"{written}: {a_model(model.config.arch)}; use it with {COMMANDS[model.config.arch]} --ckpt {out}"
     )
 
 

@@ -173,5 +173,5 @@ def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy
     assert runner.invoke(app, ["train", *args, *files, "train.max_steps=1"]).exit_code == 0
     result = runner.invoke(app, ["generate", "--ckpt", str(translation)])
     assert result.exit_code == 2
-    assert re.search(r"holds a encoder-decoder model, which this command cannot use; use attnkit translate",
+    assert re.search(r"holds an encoder-decoder model, which this command cannot use; use attnkit translate",
                      result.stderr)  # fmt: skip

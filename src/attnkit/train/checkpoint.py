@@ -256,6 +256,11 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
                 return target
     if (path / "last").is_file():
         raise AttnkitError(f"{path}: 'last' names {(path / 'last').read_text().strip()!r}, which is gone")
+    if (path / "model.bin").is_file():  # what `attnkit export --to ctranslate2` writes
+        raise AttnkitError(
+            f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; translate with it by "
+            f"attnkit translate --engine ctranslate2 --ckpt {path}"
+        )
     raise AttnkitError(
         f"{path}: no checkpoint here (expected model.safetensors, or a run directory with 'last')"
     )
@@ -284,6 +289,11 @@ def read_run_config(checkpoint: Path) -> RunConfig:
     values = _read_json(checkpoint / "config.json")
     if not isinstance(values, dict):
         raise ConfigError(f"{checkpoint / 'config.json'}: not a run configuration")
+    if "model_type" in values:  # an HF transformers folder (`attnkit export --to hf`, save_pretrained)
+        raise AttnkitError(
+            f"{checkpoint}: an HF transformers model folder (model_type {values['model_type']!r}), not an "
+            f"attnkit checkpoint; make it one with attnkit import-hf {checkpoint} --out RUN_DIR"
+        )
     return RunConfig.from_dict(values, str(checkpoint / "config.json"))
 
 
@@ -346,6 +356,11 @@ COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "rnn": "attnkit t
             "glimpse": "attnkit evaluate", "whole-image": "attnkit evaluate"}  # fmt: skip
 
 
+def a_model(arch: str) -> str:
+    """``"an encoder-decoder model"``, ``"a decoder model"``: an architecture's name in a sentence."""
+    return f"{'an' if arch[0] in 'aeiou' else 'a'} {arch} model"
+
+
 def load_for_inference(
     path: str | Path,
     device: torch.device | str = "cpu",
@@ -361,7 +376,7 @@ def load_for_inference(
     config = read_run_config(checkpoint)
     if arch is not None and config.model.arch not in ((arch,) if isinstance(arch, str) else arch):
         raise AttnkitError(
-            f"{checkpoint} holds a {config.model.arch} model, which this command cannot use; "
+            f"{checkpoint} holds {a_model(config.model.arch)}, which this command cannot use; "
             f"use {COMMANDS[config.model.arch]}"
         )
     tokenizer = read_tokenizer(checkpoint, config)
