@@ -4,8 +4,9 @@ Beam search ranks finished hypotheses by ``log P(Y|X) / lp(Y)``; ``decode.length
 ``lp``: ``length`` (``|Y| ** alpha``: fairseq, HF ``generate``, CTranslate2) or ``gnmt``
 (``((5 + |Y|) / 6) ** alpha``, Wu et al. 2016), and ``decode.alpha`` the exponent. This script decodes
 ``--src`` with every pair on the grid, prints sacreBLEU against ``--ref`` and the mean output/reference
-length ratio, and names the best pair: put it in the run's config (``decode.length_penalty=...
-decode.alpha=...``). Use validation data, not the test set, so that the test score stays honest.
+length ratio, and names the best pair as the settings to give ``attnkit translate`` or ``evaluate``
+(``decode.length_penalty=... decode.alpha=...``; or a new run's config). Use validation data, not the
+test set, so that the test score stays honest.
 
 Run: ``python bench/length_penalty.py --ckpt runs/de_en --src data/multi30k/val.de.gz
 --ref data/multi30k/val.en.gz``
@@ -56,7 +57,11 @@ def main() -> None:
             print(f"| {kind} | {alpha:g} | {score.score:.2f} | {ratio:.3f} |", flush=True)
     kind, alpha = max(results, key=results.__getitem__)
     best = results[kind, alpha]
-    print(f"best: decode.length_penalty={kind} decode.alpha={alpha:g} (sacreBLEU {best:.2f})")
+    settings = f"decode.length_penalty={kind} decode.alpha={alpha:g} decode.beam_stop={decode.beam_stop}"
+    print(
+        f"best: {settings} (sacreBLEU {best:.2f}); translate with it: attnkit translate --ckpt {args.ckpt} "
+        f"--beam {args.beam} {settings}"
+    )
 
 
 if __name__ == "__main__":

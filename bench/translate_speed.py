@@ -89,9 +89,9 @@ def serve_engine(
     alpha: float,
     streams: int,
 ) -> None:
-    """In a process of its own: load ``engine`` (from ``folder``; attnkit from ``ckpt``), then, for each
-    beam size ``conn`` sends, translate ``sources`` once (after an untimed run the first time) and send
-    back the seconds and the outputs; None ends it."""
+    """In a process of its own: load ``engine`` (from ``folder``; attnkit from ``ckpt``) and send back the
+    batch size and α it will search with; then, for each beam size ``conn`` sends, translate ``sources``
+    once (after an untimed run the first time) and send back the seconds and the outputs; None ends it."""
     torch.set_num_threads(threads)
     model, tokenizer, config = load_for_inference(ckpt)
     decode = config.decode
@@ -100,10 +100,15 @@ def serve_engine(
         if engine == "attnkit-int8":
             quantize_int8(model)
         run = lambda texts, beam: translate(model, tokenizer, texts, decode, beam_size=beam)  # noqa: E731
+        conn.send((decode.batch_size, decode.alpha))
     elif engine == "hf-generate":
         run = hf_translator(Path(folder), tokenizer, batch, alpha, streams)
-    else:
-        run = CTranslate2Engine(Path(folder), streams).translate  # loaded once, outside the timed runs
+        conn.send((batch, alpha))  # what generate is called with
+    else:  # loaded once, outside the timed runs
+        settings = [f"decode.batch_size={batch}", f"decode.alpha={alpha}", f"decode.streams={streams}"]
+        ct2 = CTranslate2Engine(Path(folder), settings)
+        run = ct2.translate
+        conn.send((ct2.decode.batch_size, ct2.decode.alpha))
     warmed = set()
     while (beam := conn.recv()) is not None:
         if beam not in warmed:  # the first run pays for allocations, lazy loading and kernel choices
@@ -129,6 +134,11 @@ def interleaved_times(folders: dict[str, str], args, sources: list[str], beams: 
         process = spawn.Process(target=serve_engine, args=work)
         process.start()
         workers[name] = (process, ours)
+    settings = {name: conn.recv() for name, (_, conn) in workers.items()}  # (batch size, α) of each
+    if len(set(settings.values())) > 1:
+        for process, _ in workers.values():
+            process.kill()
+        raise SystemExit(f"the engines would not search alike: (batch size, α) {settings}")
     times = {name: {beam: [] for beam in beams} for name in folders}
     outputs = {name: {} for name in folders}  # the same every round: the searches are deterministic
     for beam in beams:
@@ -188,7 +198,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
           f"{args.batch}, {streams} batch(es) at a time on {args.threads // streams} thread(s) each on every "
           f"engine, {args.rounds} rounds, each engine in its own process, their runs interleaved; "
-          f"beam search's score: log P / length^{decode.alpha} on every side")  # fmt: skip
+          f"beam search's score: log P / length^{decode.alpha} on every side (each engine's batch size and "
+          f"α as it reported them)")  # fmt: skip
     print(
         "| engine | beam | seconds (median) | target tokens/s | sacreBLEU | attnkit / engine speed "
         "(median of the rounds; lowest–highest) |"

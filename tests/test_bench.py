@@ -118,8 +118,9 @@ def test_the_glimpse_benchmark_trains_both_models_and_draws_the_glimpse_paths(tm
     assert (tmp_path / "paths.png").stat().st_size > 10_000
 
 
-def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(copy_data, tmp_path):
-    pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
+@pytest.fixture(scope="module")
+def copy_run(copy_data, tmp_path_factory):
+    """A tiny Transformer trained 100 steps on the copy task."""
     from attnkit.config import load_run_config
     from attnkit.train.loop import Trainer
 
@@ -127,14 +128,45 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
                 f"data.dir={copy_data}", "data.tokenizer=word", "train.schedule=constant", "train.warmup=0",
                 "train.lr=3e-3", "train.max_tokens=512", "train.max_steps=100",
                 "train.eval_every=100"]  # fmt: skip
-    Trainer(load_run_config(None, settings), tmp_path / "run", echo=lambda m: None).fit()
+    run = tmp_path_factory.mktemp("copy_run") / "run"
+    Trainer(load_run_config(None, settings), run, echo=lambda m: None).fit()
+    return run
+
+
+def test_the_length_penalty_search_names_a_command_that_translates_with_its_best_pair(copy_run, copy_data):
+    from sacrebleu.metrics import BLEU
+    from typer.testing import CliRunner
+
+    from attnkit.cli import app
+
     result = subprocess.run(
-        [sys.executable, str(BENCH / "translate_speed.py"), "--ckpt", str(tmp_path / "run"),
+        [sys.executable, str(BENCH / "length_penalty.py"), "--ckpt", str(copy_run), "--src",
+         str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--beam", "2",
+         "--alphas", "0,1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^\| (length|gnmt) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$", result.stdout, re.M)
+    assert [(kind, alpha) for kind, alpha, _ in rows] == [(k, a) for k in ("length", "gnmt") for a in "01"]
+    command = re.search(r"translate with it: attnkit (translate .*)$", result.stdout, re.M)[1].split()
+    best = max(float(score) for *_, score in rows)
+    translated = CliRunner().invoke(app, [*command, "-i", str(copy_data / "valid.src")])
+    assert translated.exit_code == 0, translated.output
+    references = (copy_data / "valid.tgt").read_text().splitlines()
+    assert round(BLEU().corpus_score(translated.stdout.splitlines(), [references]).score, 2) == best
+
+
+def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(copy_run, copy_data):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "translate_speed.py"), "--ckpt", str(copy_run),
          "--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--n", "8",
          "--beams", "1,2", "--batch", "4", "--threads", "1", "--rounds", "2"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0]
+    assert "batch 4, " in header and "(each engine's batch size and α as it reported them)" in header
     ratio = r"([\d.]+) \(([\d.]+)–([\d.]+)\)"  # median (lowest–highest) of the rounds' speed ratios
     rows = re.findall(rf"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| {ratio} \|", result.stdout)
     engines = ["attnkit", "attnkit-int8", "hf-generate", "ctranslate2", "ctranslate2-int8"]

@@ -150,6 +150,23 @@ def test_option_values_out_of_range_are_one_line(run, args, message):
 
 
 @pytest.mark.parametrize(
+    ("command", "setting", "message"),
+    [
+        ("translate", "decode.alpha=-1", r"decode\.alpha must be >= 0; got -1"),
+        ("translate", "decode.length_penalty=wu", r"decode\.length_penalty must be one of"),
+        ("translate", "decode.nope=1", r"unknown field 'decode\.nope'; known: \['alpha'"),
+        ("translate", "model.d_model=8", r"'model' settings are fixed by training; only decode\.\* ones can"),
+        ("translate", "stray", r"unexpected argument 'stray'; config overrides look like decode\.alpha=0\.6"),
+        ("evaluate", "decode.max_len_b=-1", r"decode\.max_len_b must be >= 0; got -1"),
+    ],
+)
+def test_decode_settings_on_the_command_line_are_checked_before_any_work(run, command, setting, message):
+    files = ["--src", "x", "--ref", "y"] if command == "evaluate" else []  # not read: the check comes first
+    result = runner.invoke(app, [command, "--ckpt", str(run), *files, setting], input="1 2\n")
+    _one_line_error(result, message)
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["summary", "--vocab", "0"], r"--vocab must be at least 5; got 0"),

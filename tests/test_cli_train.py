@@ -1,6 +1,7 @@
 """End to end through the command line on a tiny file-based task: train, resume, translate, evaluate, average;
 and user errors as one line with exit code 2."""
 
+import json
 import re
 
 import pytest
@@ -95,6 +96,25 @@ def test_yaml_floats_without_a_dot_are_numbers(tmp_path):
     (tmp_path / "r.yaml").write_text("train:\n  lr: 5e-4\n  label_smoothing: 1e-1\n")
     config = load_run_config(tmp_path / "r.yaml")
     assert config.train.lr == 5e-4 and config.train.label_smoothing == 0.1
+
+
+def test_decode_settings_change_for_translate_and_evaluate_without_retraining(trained, copy_data):
+    """``decode.max_len_a=0 decode.max_len_b=1`` leaves room for ``</s>`` alone (the bound counts it):
+    every translation is empty and BLEU is 0, where the run's own settings translate the copy task."""
+    src, ref = str(copy_data / "valid.src"), str(copy_data / "valid.tgt")
+    run_settings = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src])
+    bounded = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "decode.max_len_a=0",
+                                  "decode.max_len_b=1"])  # fmt: skip
+    assert run_settings.exit_code == bounded.exit_code == 0, bounded.output
+    assert any(run_settings.stdout.splitlines()) and bounded.stdout == "\n" * 20
+    spelled = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--decode.max_len_a", "0",
+                                  "--decode.max_len_b", "1"])  # fmt: skip
+    assert spelled.exit_code == 0 and spelled.stdout == bounded.stdout
+    scored = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", src, "--ref", ref,
+                                 "decode.max_len_a=0", "decode.max_len_b=1"])  # fmt: skip
+    assert scored.exit_code == 0 and scored.stdout.startswith("BLEU = 0.00"), scored.output
+    checkpoint = trained / (trained / "best").read_text().strip()
+    assert json.loads((checkpoint / "config.json").read_text())["decode"]["max_len_b"] == 10  # untouched
 
 
 def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, copy_data, tmp_path):

@@ -77,7 +77,7 @@ def writable_file(path: Path) -> Path:
     return path
 
 
-def parse_overrides(args: list[str]) -> list[str]:
+def parse_overrides(args: list[str], example: str = "--train.lr 5e-4") -> list[str]:
     """``--train.lr 5e-4`` and ``train.lr=5e-4`` both become ``train.lr=5e-4``."""
     overrides, i = [], 0
     while i < len(args):
@@ -89,8 +89,15 @@ def parse_overrides(args: list[str]) -> list[str]:
             overrides.append(f"{arg[2:]}={args[i + 1]}")
             i += 2
         else:
-            raise AttnkitError(f"unexpected argument {arg!r}; config overrides look like --train.lr 5e-4")
+            raise AttnkitError(f"unexpected argument {arg!r}; config overrides look like {example}")
     return overrides
+
+
+def decode_overrides(ctx: typer.Context, streams: int | None = None) -> list[str]:
+    """A decoding command's extra ``decode.field=value`` arguments (``--decode.alpha 0.6`` too), with
+    ``--streams`` as ``decode.streams``: settings that change how a trained model decodes."""
+    overrides = parse_overrides(ctx.args, example="decode.alpha=0.6")
+    return overrides + ([f"decode.streams={streams}"] if streams is not None else [])
 
 
 def _read_input(path: Path | None) -> list[str]:
@@ -235,9 +242,10 @@ def train(
         typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
 
 
-@app.command()
+@app.command(context_settings=EXTRA_ARGS)
 @one_line_errors
 def translate(
+    ctx: typer.Context,
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory (its best checkpoint).")],
     beam: Annotated[
         int | None, typer.Option(help="Beam size; 1 = greedy. Default: the run's decode.beam_size.")
@@ -258,28 +266,29 @@ def translate(
         ),
     ] = None,
 ) -> None:
-    """Translate one sentence per line (an empty line gives an empty line)."""
+    """Translate one sentence per line (an empty line gives an empty line).
+
+    Extra ``decode.field=value`` arguments change the run's decoding settings, e.g. ``decode.alpha=0.6``
+    (an α chosen on validation data) or ``decode.batch_size=128``."""
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.train.distributed import resolve_device
 
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
-    if engine not in ("attnkit", "ctranslate2"):
-        raise AttnkitError(f"--engine {engine!r}: choose attnkit or ctranslate2")
+    overrides = decode_overrides(ctx, streams)
+    check_engine(engine)
     if output is not None:
         writable_file(output)
     if engine == "ctranslate2":
         if int8:
             raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
-        from attnkit.decode.ct2 import CTranslate2Engine
-
-        hypotheses = CTranslate2Engine(ckpt, streams).translate(_read_input(input), beam)
+        hypotheses = _ctranslate2(ckpt, overrides).translate(_read_input(input), beam)
         _write_output(output, "".join(h + "\n" for h in hypotheses))
         return
     device = resolve_device()
     if int8 and device.type != "cpu":
         raise AttnkitError(f"--int8 is for CPUs; this run would translate on {device.type}")
-    model, tokenizer, config = _load_translator(ckpt, device, streams, pack=not int8)  # int8 is its own
+    model, tokenizer, config = _load_translator(ckpt, device, overrides, pack=not int8)  # int8 is its own
     if int8:
         from attnkit.attention.linear import quantize_int8
 
@@ -293,9 +302,10 @@ def translate(
     _write_output(output, "".join(h + "\n" for h in hypotheses))
 
 
-@app.command()
+@app.command(context_settings=EXTRA_ARGS)
 @one_line_errors
 def generate(
+    ctx: typer.Context,
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a decoder model.")],
     prompt: Annotated[
         str | None, typer.Option(help="Text to continue, streamed as it is written (default: a newline).")
@@ -319,10 +329,12 @@ def generate(
         int | None, typer.Option(help="CPU, with -i: batches at a time, each on its share of the threads.")
     ] = None,
 ) -> None:
-    """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden."""
+    """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden (by
+    the options, or by extra ``decode.field=value`` arguments)."""
     import dataclasses
     import json
 
+    from attnkit.config import with_decode_overrides
     from attnkit.decode.generate import generate as generate_texts
     from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
@@ -333,6 +345,7 @@ def generate(
         writable_file(output)
     device = resolve_device()
     model, tokenizer, config = load_for_inference(ckpt, device, arch="decoder")
+    config.decode = with_decode_overrides(config.decode, decode_overrides(ctx))
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
              "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
     try:
@@ -357,9 +370,10 @@ def generate(
                                   for p, t in zip(prompts, texts, strict=True)))  # fmt: skip
 
 
-@app.command()
+@app.command(context_settings=EXTRA_ARGS)
 @one_line_errors
 def evaluate(
+    ctx: typer.Context,
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory.")],
     src: Annotated[
         Path | None, typer.Option(help="Translation: source sentences, one per line (.gz allowed).")
@@ -376,6 +390,12 @@ def evaluate(
         int | None,
         typer.Option(help="Translation, CPU: batches at a time, each on its share of the threads."),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Translation: attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'."
+        ),
+    ] = "attnkit",
     plot: Annotated[
         Path | None, typer.Option(help="Glimpse model: save its glimpse paths on 8 test images (PNG).")
     ] = None,
@@ -386,12 +406,22 @@ def evaluate(
     (digits never seen in training).
 
     For translation every pair is scored: an empty source line is translated as an empty line, and the
-    counts of empty sources and references are printed."""
+    counts of empty sources and references are printed. Extra ``decode.field=value`` arguments change
+    how a translation model or summariser decodes, as for translate."""
+    from attnkit.config import with_decode_overrides
     from attnkit.train.checkpoint import a_model, read_run_config, resolve_checkpoint
 
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
+    overrides = decode_overrides(ctx, streams)
+    check_engine(engine)
+    if engine == "ctranslate2":  # an exported folder: translation only
+        if data is not None or src is None or ref is None:
+            raise AttnkitError("--engine ctranslate2 scores a translation model: give --src FILE --ref FILE")
+        _evaluate_translation(ckpt, src, ref, beam, overrides, engine)
+        return
     run_config = read_run_config(resolve_checkpoint(ckpt))
+    with_decode_overrides(run_config.decode, overrides)  # checked before any work
     arch = run_config.model.arch
     if plot is not None and arch != "glimpse":
         raise AttnkitError(f"--plot draws a glimpse model's glimpses; {ckpt} holds {a_model(arch)}")
@@ -400,45 +430,77 @@ def evaluate(
             raise AttnkitError(
                 f"{ckpt} holds {a_model(arch)}: it is evaluated on its own generated test images"
             )
+        _no_decoding(overrides, arch)
         _evaluate_images(ckpt, plot)
     elif arch == "encoder":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds an encoder model: evaluate it with --data FILE.tsv")
+        _no_decoding(overrides, arch)
         _evaluate_classifier(ckpt, data)
     elif run_config.data.task == "summarise":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds a summariser: evaluate it with --data FILE.jsonl")
-        _evaluate_summaries(ckpt, data, beam, streams)
+        _evaluate_summaries(ckpt, data, beam, overrides)
     elif data is not None or src is None or ref is None:
         raise AttnkitError(f"{ckpt} holds {a_model(arch)}: evaluate it with --src FILE --ref FILE")
     else:
-        _evaluate_translation(ckpt, src, ref, beam, streams)
+        _evaluate_translation(ckpt, src, ref, beam, overrides, engine)
 
 
-def _load_translator(ckpt: Path, device: torch.device, streams: int | None, pack: bool = True):
+ENGINES = ("attnkit", "ctranslate2")
+
+
+def check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise AttnkitError(f"--engine {engine!r}: choose {' or '.join(ENGINES)}")
+
+
+def _no_decoding(overrides: list[str], arch: str) -> None:
+    """A one-line error if decode settings were given for a model that is scored without decoding."""
+    from attnkit.train.checkpoint import a_model
+
+    if overrides:
+        raise AttnkitError(f"{' '.join(overrides)}: {a_model(arch)} is scored without decoding")
+
+
+def _load_translator(ckpt: Path, device: torch.device, overrides: list[str], pack: bool = True):
     """A translation or summarisation checkpoint (Transformer or RNN) loaded for decoding on ``device``,
-    its ``decode.streams`` replaced by ``--streams`` where given."""
+    its decode settings changed by ``overrides`` (``decode.field=value``)."""
+    from attnkit.config import with_decode_overrides
     from attnkit.train.checkpoint import load_for_inference
 
     model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"), pack=pack)
-    if streams is not None:
-        config.decode.streams = streams
+    config.decode = with_decode_overrides(config.decode, overrides)
     return model, tokenizer, config
 
 
-def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None, streams: int | None) -> None:
+def _ctranslate2(folder: Path, overrides: list[str]):
+    """The CTranslate2 engine of an exported folder, its decode settings changed by ``overrides``."""
+    from attnkit.decode.ct2 import CTranslate2Engine
+
+    return CTranslate2Engine(folder, overrides, warn=_note)
+
+
+def _evaluate_translation(
+    ckpt: Path, src: Path, ref: Path, beam: int | None, overrides: list[str], engine: str
+) -> None:
     from attnkit.data.readers import read_parallel
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import bleu, chrf
     from attnkit.train.distributed import resolve_device
 
     pairs = read_parallel(src, ref, drop_empty=False)
-    device = resolve_device()
-    model, tokenizer, config = _load_translator(ckpt, device, streams)
-    began = time.perf_counter()
-    hypotheses = translate_texts(
-        model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
-    )
+    if engine == "ctranslate2":
+        translator = _ctranslate2(ckpt, overrides)
+        began = time.perf_counter()
+        hypotheses = translator.translate(pairs.src, beam)
+    else:
+        device = resolve_device()
+        model, tokenizer, config = _load_translator(ckpt, device, overrides)
+        began = time.perf_counter()
+        hypotheses = translate_texts(
+            model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
+        )
     seconds = time.perf_counter() - began
     typer.echo(str(bleu(hypotheses, pairs.tgt)))
     typer.echo(str(chrf(hypotheses, pairs.tgt)))
@@ -449,7 +511,7 @@ def _evaluate_translation(ckpt: Path, src: Path, ref: Path, beam: int | None, st
     )
 
 
-def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, streams: int | None) -> None:
+def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, overrides: list[str]) -> None:
     """ROUGE of the run's summaries of ``data``'s sources, cut as in training, against the target field
     and, where the run names one (``data.references``), against those references (the best counting)."""
     from attnkit.decode.translate import translate as translate_texts
@@ -458,7 +520,7 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, streams: int |
     from attnkit.train.distributed import resolve_device
 
     device = resolve_device()
-    model, tokenizer, config = _load_translator(ckpt, device, streams)
+    model, tokenizer, config = _load_translator(ckpt, device, overrides)
     records = read_summaries(config.data, data)
     _, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
     began = time.perf_counter()

@@ -409,3 +409,15 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: a config is a mapping of sections (model, data, train, decode)")
     return RunConfig.from_dict(apply_overrides(values, overrides or []), source)
+
+
+def with_decode_overrides(decode: DecodeConfig, overrides: list[str]) -> DecodeConfig:
+    """``decode`` changed by ``decode.field=value`` overrides, checked as a config file's are: how
+    ``attnkit translate``, ``evaluate`` and ``generate`` decode a trained model with other settings (an
+    α chosen on validation data, a larger batch) without editing its ``config.json``. Only the decode
+    section can change after training."""
+    values = apply_overrides({"decode": dataclasses.asdict(decode)}, overrides)
+    other = sorted(set(values) - {"decode"})
+    if other:
+        raise ConfigError(f"'{other[0]}' settings are fixed by training; only decode.* ones can change here")
+    return DecodeConfig(**_checked(DecodeConfig, values["decode"], "decode"))

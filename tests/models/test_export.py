@@ -108,9 +108,17 @@ def test_beam_search_gives_hf_generates_beam_search_outputs(trained, copy_data, 
     assert outputs == expected
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_the_ctranslate2_export_translates_as_attnkit_does(trained, copy_data, tmp_path, beam):
-    """Greedy and beam search: the same outputs (both rank finished hypotheses by log P / length^α)."""
+TIGHT = ["decode.max_len_a=0", "decode.max_len_b=3"]  # at most 2 tokens and </s>
+ONLY_END = ["decode.max_len_a=0", "decode.max_len_b=1"]  # </s> alone: empty outputs
+
+
+@pytest.mark.parametrize(("beam", "settings", "most_tokens"), [(1, [], None), (3, [], None), (1, TIGHT, 2),
+                                                               (1, ONLY_END, 0)])  # fmt: skip
+def test_the_ctranslate2_export_translates_as_attnkit_does(
+    trained, copy_data, tmp_path, beam, settings, most_tokens
+):
+    """Greedy and beam search: the same outputs (both rank finished hypotheses by log P / length^α);
+    greedy within a tight length bound too (attnkit's bound counts </s>, CTranslate2's does not)."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
     out = tmp_path / "ct2"
     result = CliRunner().invoke(
@@ -120,18 +128,38 @@ def test_the_ctranslate2_export_translates_as_attnkit_does(trained, copy_data, t
     source = tmp_path / "source.txt"
     source.write_text((copy_data / "valid.src").read_text() + "\n")  # and an empty line
     ours = CliRunner().invoke(
-        app, ["translate", "--ckpt", str(trained), "--beam", str(beam), "-i", str(source)]
+        app, ["translate", "--ckpt", str(trained), "--beam", str(beam), "-i", str(source), *settings]
     )
-    theirs = CliRunner().invoke(
-        app,
-        ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", str(beam), "-i", str(source)],
-    )
+    ct2 = ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", str(beam), "-i", str(source)]
+    theirs = CliRunner().invoke(app, [*ct2, *settings])
     assert ours.exit_code == 0 and theirs.exit_code == 0, theirs.output
     assert theirs.stdout == ours.stdout and theirs.stdout.endswith("\n\n")
-    two_streams = ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", str(beam), "-i",
-                   str(source), "--streams", "2"]  # fmt: skip
-    side_by_side = CliRunner().invoke(app, two_streams)
+    if most_tokens is not None:
+        assert max(len(line.split()) for line in ours.stdout.splitlines()) == most_tokens
+    side_by_side = CliRunner().invoke(app, [*ct2, "--streams", "2", *settings])
     assert side_by_side.exit_code == 0 and side_by_side.stdout == ours.stdout, side_by_side.output
+
+
+def test_evaluate_scores_the_ctranslate2_export_as_it_scores_the_checkpoint(trained, copy_data, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
+    runner, out = CliRunner(), tmp_path / "ct2"
+    assert (
+        runner.invoke(
+            app, ["export", "--ckpt", str(trained), "--to", "ctranslate2", "--out", str(out)]
+        ).exit_code
+        == 0
+    )
+    files = ["--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--beam", "1"]
+    ours = runner.invoke(app, ["evaluate", "--ckpt", str(trained), *files])
+    theirs = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out), *files])
+    assert ours.exit_code == theirs.exit_code == 0, theirs.output
+    assert ours.stdout.splitlines()[:2] == theirs.stdout.splitlines()[:2]  # BLEU and chrF, signatures too
+    assert float(ours.stdout.split()[2]) > 0
+    gnmt = runner.invoke(app, ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", "2",
+                               "decode.length_penalty=gnmt"], input="1 2\n")  # fmt: skip
+    assert gnmt.exit_code == 0 and "CTranslate2 ranks hypotheses by log P / length^α" in gnmt.stderr
+    data = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out), "--data", "x.tsv"])
+    assert data.exit_code == 2 and "give --src FILE --ref FILE" in data.stderr
 
 
 def test_exporting_to_ctranslate2_leaves_the_model_untouched(trained, tmp_path):

@@ -144,6 +144,10 @@ def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
                                  "--max-new-tokens", "10", "--seed", "3", "--streams", "1"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    result = runner.invoke(app, ["generate", "--ckpt", str(run), "-i", str(prompts), "-o", str(out),
+                                 "decode.max_new_tokens=10", "decode.seed=3"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows  # the settings, as options
 
 
 def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy_data):
@@ -153,6 +157,7 @@ def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy
     cases = [
         (["--prompt", "x" * 40], r"prompt 1 has 40 tokens, but the model's context is 32 tokens"),
         (["--top-p", "0"], r"--top-p must be in \(0, 1\]; got 0\.0"),
+        (["decode.top_p=0"], r"decode\.top_p must be in \(0, 1\]; got 0"),
         (["--streams", "-1"], r"--streams must be >= 0; got -1"),
         (["--prompt", "a", "-i", "f.txt"], r"give --prompt TEXT or -i FILE, not both"),
     ]
