@@ -211,6 +211,62 @@ def test_one_very_long_line_is_cut_to_the_model_and_said_once(run):
     assert len(outputs) == 3 and all(len(line.split()) <= 32 for line in outputs)
 
 
+def test_invalid_utf8_on_stdin_or_in_a_file_is_one_line_naming_the_line(run, tmp_path):
+    result = runner.invoke(app, ["translate", "--ckpt", str(run)], input=b"1 2\n3 \xff 4\n")
+    _one_line_error(result, r"<stdin>:2: invalid UTF-8 at byte 2 of the line")
+    (tmp_path / "in.txt").write_bytes(b"1 2\n\n5 \xfe\n")
+    result = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt")])
+    _one_line_error(result, r"in\.txt:3: invalid UTF-8 at byte 2 of the line")
+
+
+def test_a_large_input_is_translated_a_part_at_a_time_as_it_would_be_whole(run, tmp_path, monkeypatch):
+    """Three lines a part: the same lines out as in one part, the note about a line too long names its
+    line in the whole input, and the progress counts every line once."""
+    long_line = " ".join(["1 2 3 4 5"] * 40)  # 200 tokens; the model has 32 positions
+    lines = ["1 2 3", "", "4 5", "2 2 1", "3", long_line, "5 4 3 2", ""]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    whole = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt")])
+    counted = []
+
+    class Bar:  # stands in for tqdm's progress bar, which shows on a terminal only
+        def __init__(self, **options):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *error):
+            return False
+
+        def update(self, lines):
+            counted.append(lines)
+
+    monkeypatch.setattr("attnkit.cli.PART_LINES", 3)
+    monkeypatch.setattr("tqdm.tqdm", Bar)
+    out = tmp_path / "out.txt"
+    parts = runner.invoke(
+        app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
+    )
+    assert whole.exit_code == parts.exit_code == 0, parts.output
+    assert out.read_text() == whole.stdout and len(whole.stdout.splitlines()) == len(lines)
+    assert "(line 6: 200 tokens)" in parts.stderr and sum(counted) == len(lines)
+
+
+def test_a_failure_halfway_leaves_the_output_file_as_it_was(run, tmp_path, monkeypatch):
+    (tmp_path / "in.txt").write_bytes(b"1 2\n3 4\n5 \xff\n")
+    out = tmp_path / "out.txt"
+    out.write_text("an earlier translation\n")
+    monkeypatch.setattr("attnkit.cli.PART_LINES", 2)  # the first part is translated, the second fails
+    result = runner.invoke(
+        app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
+    )
+    _one_line_error(result, r"in\.txt:3: invalid UTF-8")
+    assert out.read_text() == "an earlier translation\n" and sorted(tmp_path.iterdir()) == [
+        tmp_path / "in.txt",
+        out,
+    ]
+
+
 def test_evaluate_scores_every_pair_and_counts_the_empty_ones(run, tmp_path):
     (tmp_path / "src").write_text("1 2 3\n\n4 5\n2 2\n")
     (tmp_path / "ref").write_text("1 2 3\n3 3\n\n2 2\n")

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 
 def fsync_dir(path: Path) -> None:
@@ -33,15 +36,27 @@ def make_shareable(path: Path) -> None:
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8, as attnkit reads text) so that a reader sees the old or the
-    new content, never a mix."""
+@contextmanager
+def atomic_writer(path: Path) -> Iterator[TextIO]:
+    """A text file (UTF-8, as attnkit reads text) that becomes ``path`` when the block ends, written piece
+    by piece: a reader sees the old content or all of the new, never a part, and an error (or Ctrl-C)
+    inside the block leaves ``path`` as it was and no temporary file behind."""
     with tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", dir=path.parent, delete=False, prefix=f".{path.name}."
     ) as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        try:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        except BaseException:
+            Path(f.name).unlink(missing_ok=True)
+            raise
     make_shareable(Path(f.name))
     os.replace(f.name, path)
     fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (see :func:`atomic_writer`)."""
+    with atomic_writer(path) as f:
+        f.write(text)

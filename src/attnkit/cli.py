@@ -7,6 +7,7 @@ output path is checked to be writable before hours of decoding, not after.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import tempfile
@@ -101,12 +102,10 @@ def decode_overrides(ctx: typer.Context, streams: int | None = None) -> list[str
 
 
 def _read_input(path: Path | None) -> list[str]:
-    """Lines to translate from a file or stdin; empty input is fine (empty in, empty out)."""
-    from attnkit.data.readers import read_lines
+    """Lines from a file or stdin; empty input is fine (empty in, empty out)."""
+    from attnkit.data.readers import iter_lines
 
-    if path is None:
-        return [line.rstrip("\n").rstrip("\r") for line in sys.stdin]
-    return read_lines(path, allow_empty=True)
+    return list(iter_lines(path))
 
 
 def _write_output(output: Path | None, text: str) -> None:
@@ -268,6 +267,9 @@ def translate(
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line).
 
+    The input is read and translated a part at a time (``PART_LINES`` lines, each part's batches made of
+    sentences of similar length), so that an input of any size fits in memory; stdout gets each part's
+    lines as they are done, an output file all of them at the end. A progress bar shows on a terminal.
     Extra ``decode.field=value`` arguments change the run's decoding settings, e.g. ``decode.alpha=0.6``
     (an α chosen on validation data) or ``decode.batch_size=128``."""
     from attnkit.decode.translate import translate as translate_texts
@@ -282,8 +284,8 @@ def translate(
     if engine == "ctranslate2":
         if int8:
             raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
-        hypotheses = _ctranslate2(ckpt, overrides).translate(_read_input(input), beam)
-        _write_output(output, "".join(h + "\n" for h in hypotheses))
+        ct2 = _ctranslate2(ckpt, overrides)
+        _translate_by_parts(input, output, lambda texts, first, bar: ct2.translate(texts, beam, bar))
         return
     device = resolve_device()
     if int8 and device.type != "cpu":
@@ -293,13 +295,39 @@ def translate(
         from attnkit.attention.linear import quantize_int8
 
         quantize_int8(model)
-    texts = _read_input(input)
     source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
-    hypotheses = translate_texts(
-        model, tokenizer, texts, config.decode, beam_size=beam, device=device, warn=_note,
-        source_limit=source_limit,
-    )  # fmt: skip
-    _write_output(output, "".join(h + "\n" for h in hypotheses))
+
+    def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+        return translate_texts(model, tokenizer, texts, config.decode, beam_size=beam, device=device,
+                               warn=_note, source_limit=source_limit, progress=progress,
+                               first_line=first)  # fmt: skip
+
+    _translate_by_parts(input, output, translate_part)
+
+
+PART_LINES = 50_000  # lines translate reads at a time: its memory stays bounded whatever the input's size
+
+
+def _translate_by_parts(
+    input: Path | None, output: Path | None, translate_part: Callable[[list[str], int, Callable], list[str]]
+) -> None:
+    """Translate ``input`` (a file, or stdin) into ``output`` (a file, written atomically, or stdout) a
+    part of ``PART_LINES`` lines at a time: ``translate_part(lines, number of the first, progress)``."""
+    from itertools import islice
+
+    from tqdm import tqdm
+
+    from attnkit.atomic import atomic_writer
+    from attnkit.data.readers import iter_lines
+
+    lines = iter_lines(input)
+    bar = tqdm(disable=not sys.stderr.isatty(), unit=" lines", dynamic_ncols=True, leave=False)
+    with bar, contextlib.ExitStack() as files:
+        write = _stream if output is None else files.enter_context(atomic_writer(output)).write
+        first = 1
+        while part := list(islice(lines, PART_LINES)):
+            write("".join(line + "\n" for line in translate_part(part, first, bar.update)))
+            first += len(part)
 
 
 @app.command(context_settings=EXTRA_ARGS)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +47,36 @@ def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
 
     An empty file is an error unless ``allow_empty`` (text to translate: empty in, empty out).
     """
-    lines = read_text(path, allow_empty).split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    lines = list(iter_lines(Path(path)))
+    if not allow_empty and not any(line.strip() for line in lines):
+        raise DataError(f"{path}: file is empty")
+    return lines
+
+
+def iter_lines(path: Path | None) -> Iterator[str]:
+    """The lines of a UTF-8 text file (``.gz`` is decompressed), or of standard input (``path`` None),
+    one at a time, without line endings (LF or CRLF): an input of any size is read as it is used.
+    Invalid UTF-8 is an error naming the line."""
+    if path is None:
+        yield from _decoded(sys.stdin.buffer, "<stdin>")
+        return
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        with gzip.open(path) if path.suffix == ".gz" else path.open("rb") as f:
+            yield from _decoded(f, str(path))
+    except (OSError, EOFError) as error:  # a corrupt or truncated .gz, a failing disk
+        raise DataError(f"{path}: cannot read ({error})") from None
+
+
+def _decoded(lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """Each line of ``lines`` (split at b"\\n" only, as files are) decoded, without its line ending."""
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"{name}:{number}: invalid UTF-8 at byte {error.start} of the line") from None
+        yield line.removesuffix("\n").removesuffix("\r")
 
 
 @dataclass

@@ -56,10 +56,13 @@ class CTranslate2Engine:
             str(folder), device="cpu", inter_threads=self.streams, intra_threads=threads // self.streams
         )
 
-    def translate(self, texts: list[str], beam_size: int | None = None) -> list[str]:
+    def translate(
+        self, texts: list[str], beam_size: int | None = None, progress: Callable[[int], None] | None = None
+    ) -> list[str]:
         """Translate ``texts``; ``beam_size`` 1 is greedy, default the run's ``decode.beam_size``. The
         batches are attnkit's (``decode.batch_size`` sentences of similar length), each with its own
-        length bound, submitted at once so that ``decode.streams`` of them run at a time."""
+        length bound, submitted at once so that ``decode.streams`` of them run at a time. ``progress``
+        hears how many more lines are done, batch by batch."""
         tokenizer, decode = self.tokenizer, self.decode
         names, s = tokenizer.hf.id_to_token, tokenizer.specials
         sources = [[names(i) for i in ids] + [names(s.eos)] for ids in tokenizer.encode_batch(texts)]
@@ -81,8 +84,12 @@ class CTranslate2Engine:
             )
             pending.append((batch, results))
         outputs = [""] * len(texts)
+        if progress is not None:
+            progress(len(texts) - sum(len(batch) for batch, _ in pending))  # the lines left empty
         for batch, results in pending:
             for i, result in zip(batch, results, strict=True):
                 tokens = result.result().hypotheses[0]
                 outputs[i] = tokenizer.decode(tokenizer.hf.token_to_id(token) for token in tokens)
+            if progress is not None:
+                progress(len(batch))
         return outputs

@@ -24,6 +24,8 @@ def translate(
     device: torch.device | str = "cpu",
     warn: Callable[[str], None] | None = None,
     source_limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    first_line: int = 1,
 ) -> list[str]:
     """Translate ``texts``; ``beam_size`` 1 is greedy search, default ``decode.beam_size``. On a CPU the
     batches are searched ``decode.streams`` at a time (streams.py).
@@ -32,7 +34,9 @@ def translate(
     handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is
     longer, so that one pathological line cannot stall its batch; ``warn`` is told once how many were cut.
     ``source_limit`` cuts sources shorter still, to the length the model was trained on (a summariser's
-    ``data.max_source_len``: it has only ever read an email's beginning).
+    ``data.max_source_len``: it has only ever read an email's beginning). ``progress`` hears how many
+    more lines are done, batch by batch; ``first_line`` is the number ``warn`` gives ``texts[0]`` (the
+    command line translates a large input a part at a time).
     """
     beam = decode.beam_size if beam_size is None else beam_size
     specials, longest = tokenizer.specials, model.config.max_len
@@ -40,7 +44,7 @@ def translate(
     encoded = tokenizer.encode_batch(texts)
     too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > limit]
     if too_long and warn is not None:
-        first = f"(line {too_long[0] + 1}: {len(encoded[too_long[0]])} tokens)"
+        first = f"(line {too_long[0] + first_line}: {len(encoded[too_long[0]])} tokens)"
         if limit < longest:
             warn(f"{len(too_long)} input line(s) are longer than the {limit} source tokens the model was "
                  f"trained on (data.max_source_len) {first}; they are cut to {limit - 1} tokens, as in "
@@ -63,8 +67,12 @@ def translate(
 
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
     streams = stream_count(decode.streams, device, len(batches))
+    if progress is not None:
+        progress(len(texts) - len(todo))  # the empty lines
     with evaluating(model):
         for chunk, ids in zip(batches, in_streams(search, batches, streams), strict=True):
             for i, hyp in zip(chunk, ids, strict=True):
                 outputs[i] = tokenizer.decode(hyp)
+            if progress is not None:
+                progress(len(chunk))
     return outputs
