@@ -727,12 +727,16 @@ def import_hf(
     writes) into an attnkit run directory that translate / predict / generate / evaluate use."""
     from attnkit.config import RunConfig
     from attnkit.models.convert import from_hf
+    from attnkit.models.convert.hf_folder import label_names
     from attnkit.train.checkpoint import COMMANDS, a_model, earlier_run, save_checkpoint
 
     if earlier_run(out):
         raise AttnkitError(f"{out} already holds a run; import into a new directory")
     model, tokenizer = from_hf(folder)
-    config = RunConfig.for_model(model.config).to_dict()
+    run_config = RunConfig.for_model(model.config)
+    if getattr(model.config, "head", None) == "classify":
+        run_config.data.labels = label_names(folder, model.config.num_labels)
+    config = run_config.to_dict()
     written = save_checkpoint(
         out, 0, model=model, config=config, tokenizer_json=tokenizer.to_str(), is_best=True
     )
@@ -744,31 +748,35 @@ def import_hf(
 @app.command()
 @one_line_errors
 def export(
-    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a translation model.")],
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a Transformer.")],
     out: Annotated[Path, typer.Option(help="The folder to write (replaced whole if it exists).")],
     to: Annotated[
         str,
         typer.Option(
-            help="hf: a folder MarianMTModel.from_pretrained loads; ctranslate2: a CTranslate2 model."
+            help="hf: a folder HF transformers' from_pretrained loads (Marian, GPT-2 or BERT); "
+            "ctranslate2: a CTranslate2 translation model."
         ),
     ] = "hf",
     quantization: Annotated[
         str | None, typer.Option(help="ctranslate2: int8, int8_float32, ... (default: float32 weights).")
     ] = None,
 ) -> None:
-    """Export a Transformer translation model for another tool: --to hf writes a folder that HF
-    transformers' MarianMTModel.from_pretrained loads; --to ctranslate2 a CTranslate2 model for
-    attnkit translate --engine ctranslate2.
+    """Export a Transformer for another tool: --to hf writes a folder that HF transformers'
+    from_pretrained loads (a translation model as MarianMTModel, a GPT-style decoder as GPT2LMHeadModel,
+    a BERT-style encoder as the Bert class of its head); --to ctranslate2 a translation model for
+    CTranslate2 (attnkit translate --engine ctranslate2).
 
     Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout."""
+    from attnkit.models.convert.bert import HF_CLASS
     from attnkit.models.convert.export import export_ctranslate2, export_hf
     from attnkit.train.checkpoint import load_for_inference
 
     if to not in ("hf", "ctranslate2"):
-        raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers' Marian) or 'ctranslate2'")
+        raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")
     if quantization is not None and to != "ctranslate2":
         raise AttnkitError("--quantization is for --to ctranslate2")
-    model, tokenizer, config = load_for_inference(ckpt, "cpu", arch="encoder-decoder", pack=False)
+    archs = ("encoder-decoder", "decoder", "encoder") if to == "hf" else "encoder-decoder"
+    model, tokenizer, config = load_for_inference(ckpt, "cpu", arch=archs, pack=False)
     if to == "ctranslate2":
         written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
         typer.echo(f"{written}: translate with attnkit translate --engine ctranslate2 --ckpt {written}")
@@ -777,9 +785,15 @@ def export(
                        f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",
                        err=True)  # fmt: skip
         return
-    written = export_hf(model, tokenizer, out)
-    typer.echo(f"{written}: load it with transformers.MarianMTModel.from_pretrained({str(written)!r}); "
-               "append </s> to each source's ids, as attnkit does")  # fmt: skip
+    written = export_hf(model, tokenizer, out, config.data.labels)
+    arch = config.model.arch
+    if arch == "encoder-decoder":
+        kind, inputs = "MarianMTModel", "append </s> to each source's ids, as attnkit does"
+    elif arch == "decoder":
+        kind, inputs = "GPT2LMHeadModel", "a prompt is its tokens, as in attnkit generate"
+    else:
+        kind, inputs = HF_CLASS[config.model.head], "a sentence is [CLS] + its tokens + [SEP], as in attnkit"
+    typer.echo(f"{written}: load it with transformers.{kind}.from_pretrained({str(written)!r}); {inputs}")
 
 
 data_app = typer.Typer(no_args_is_help=True, help="The standard data sets, laid out as the recipes expect.")

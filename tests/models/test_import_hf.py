@@ -1,6 +1,7 @@
 """``attnkit import-hf``: a local HF Marian folder (random weights, written by ``save_pretrained``, no
 download) becomes a run directory that ``attnkit translate`` uses, with HF's logits; folders attnkit cannot
-translate with are refused in one line that says why. (An exported model imported back: test_export.)"""
+translate with are refused in one line that says why. GPT-2 and BERT runs exported back to HF folders keep
+HF's logits. (A translation model exported and imported back: test_export.)"""
 
 import json
 import re
@@ -116,3 +117,60 @@ def test_an_hf_gpt2_folder_becomes_a_run_that_generates_as_hf_does(tokenizer, tm
         out = hf.generate(ids, do_sample=False, max_new_tokens=8, bad_words_ids=[[s.pad], [s.bos]])
     generated = [i for i in out[0, ids.size(1) :].tolist() if i != s.eos]
     assert ours.stdout.strip() == (prompt + tokenizer.decode(generated)).strip()
+
+
+def test_a_gpt2_run_exported_to_hf_gives_hfs_logits_and_tokens(tokenizer, tmp_path):
+    """HF GPT-2 (random weights) -> import-hf -> export --to hf -> ``GPT2LMHeadModel.from_pretrained``:
+    the logits of the model first saved, and the tokenizer's ids."""
+    s = tokenizer.specials
+    settings = dict(vocab_size=tokenizer.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                    bos_token_id=s.bos, eos_token_id=s.eos, pad_token_id=s.pad)  # fmt: skip
+    torch.manual_seed(2)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**settings)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(tokenizer.to_str())
+    runner = CliRunner()
+    assert (
+        runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]).exit_code == 0
+    )
+    result = runner.invoke(app, ["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "GPT2LMHeadModel.from_pretrained" in result.output
+    exported = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
+    ids = torch.tensor([tokenizer.encode(TEXTS[1])])
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert hf_tokenizer(TEXTS[1])["input_ids"] == tokenizer.encode(TEXTS[1])
+    assert hf_tokenizer.pad_token_id == s.pad and exported.generation_config.eos_token_id == s.eos
+
+
+def test_a_bert_classifier_keeps_its_label_names_through_import_and_export(tokenizer, tmp_path):
+    """HF ``BertForSequenceClassification`` with named labels -> import-hf (predict names them) -> export
+    --to hf -> ``from_pretrained``: the same logits and ``id2label``."""
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                    pad_token_id=tokenizer.specials.pad, num_labels=3, id2label=labels,
+                    label2id={v: k for k, v in labels.items()})  # fmt: skip
+    torch.manual_seed(3)
+    hf = transformers.BertForSequenceClassification(transformers.BertConfig(**settings)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(tokenizer.to_str())
+    runner = CliRunner()
+    assert (
+        runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]).exit_code == 0
+    )
+    predicted = runner.invoke(app, ["predict", "--ckpt", str(tmp_path / "run"), "--text", TEXTS[2]])
+    assert predicted.exit_code == 0, predicted.output
+    s = tokenizer.specials
+    ids = torch.tensor([[s.bos, *tokenizer.encode(TEXTS[2]), s.eos]])  # [CLS] tokens [SEP]
+    with torch.no_grad():
+        expected = hf(ids).logits
+    assert predicted.stdout.split("\t")[0] == labels[int(expected.argmax())]
+    result = runner.invoke(app, ["export", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0 and "BertForSequenceClassification.from_pretrained" in result.output
+    exported = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+    assert exported.config.id2label == labels
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, expected, atol=1e-5, rtol=1e-5)

@@ -1,12 +1,17 @@
-"""``attnkit export``: a translation checkpoint as a folder another tool loads as it is.
+"""``attnkit export``: a checkpoint as a folder another tool loads as it is.
 
-``--to hf``: ``MarianMTModel.from_pretrained(OUT)`` reads the folder: ``config.json`` (a ``MarianConfig``),
-``model.safetensors`` (``to_hf_marian``'s state dict), ``generation_config.json`` (attnkit's decoding: start
-from ``<s>``, never produce ``<pad>`` or ``<s>``, stop at ``</s>``) and the tokenizer (``tokenizer.json`` and
-a ``tokenizer_config.json`` naming its special tokens, for ``PreTrainedTokenizerFast``). A model with the
-paper's interleaved sinusoids is first turned into the equivalent one with Marian's concatenated layout
-(``with_concatenated_sinusoids``). Sources are encoded as attnkit does, tokens followed by ``</s>``: the
-tokenizer adds nothing, so append ``eos_token_id`` to each source.
+``--to hf``: a folder HF transformers' ``from_pretrained`` reads, for each Transformer architecture:
+``config.json``, ``model.safetensors`` (the converter's state dict) and the tokenizer (``tokenizer.json``
+and a ``tokenizer_config.json`` naming its special tokens, for ``PreTrainedTokenizerFast``); the tokenizer
+adds no special tokens, so inputs are built as attnkit builds them.
+
+- An encoder-decoder becomes a ``MarianMTModel``, with a ``generation_config.json`` of attnkit's decoding
+  (start from ``<s>``, never produce ``<pad>`` or ``<s>``, stop at ``</s>``). A model with the paper's
+  interleaved sinusoids is first turned into the equivalent one with Marian's concatenated layout
+  (``with_concatenated_sinusoids``). Append ``eos_token_id`` to each source's ids.
+- A decoder (GPT-style) becomes a ``GPT2LMHeadModel``; prompts are its tokens, as in ``attnkit generate``.
+- An encoder (BERT-style) becomes the ``Bert...`` class of its head (``BertForSequenceClassification``
+  with the run's label names as ``id2label``, ...); a sentence is ``[CLS]`` + its tokens + ``[SEP]``.
 
 ``--to ctranslate2``: a CTranslate2 model folder (``models/convert/ctranslate2.py``; the optional extra
 ``ctranslate2``) plus attnkit's ``tokenizer.json`` and the run's decoding settings
@@ -16,14 +21,20 @@ tokenizer adds nothing, so append ``eos_token_id`` to each source.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from safetensors.torch import save_file
+from torch import nn
 
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
+from attnkit.models.convert.bert import HF_CLASS, hf_bert_config_kwargs, to_hf_bert
 from attnkit.models.convert.ctranslate2 import ctranslate2_spec
+from attnkit.models.convert.gpt2 import hf_gpt2_config_kwargs, to_hf_gpt2
 from attnkit.models.convert.marian import hf_marian_config_kwargs, to_hf_marian, with_concatenated_sinusoids
+from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.encoder_only import EncoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.train.checkpoint import write_folder
 
@@ -52,27 +63,75 @@ def hf_marian_files(model: EncoderDecoder, tokenizer: Tokenizer) -> dict[str, st
         "max_length": model.config.max_len,
         "num_beams": 1,
     }
-    names = tokenizer.hf.id_to_token
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": names(s.bos),
-        "eos_token": names(s.eos),
-        "pad_token": names(s.pad),
-        "unk_token": names(s.unk),
-        "model_max_length": model.config.max_len,
-    }
     return {
         "config.json": config,
         "generation_config.json": generation,
-        "tokenizer_config.json": tokenizer_config,
+        "tokenizer_config.json": _tokenizer_config(tokenizer, model.config.max_len),
         "tokenizer.json": tokenizer.to_str(),
         "weights": to_hf_marian(model),
     }
 
 
-def export_hf(model: EncoderDecoder, tokenizer: Tokenizer, out: Path) -> Path:
-    """Write the folder ``out`` atomically (an existing folder is replaced whole)."""
-    files = hf_marian_files(model, tokenizer)
+def hf_gpt2_files(model: DecoderModel, tokenizer: Tokenizer) -> dict[str, str | dict]:
+    """A ``GPT2LMHeadModel`` folder's files, as :func:`hf_marian_files`."""
+    s = tokenizer.specials
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], **hf_gpt2_config_kwargs(model),
+              "bos_token_id": s.bos, "eos_token_id": s.eos}  # fmt: skip
+    return {
+        "config.json": config,
+        "generation_config.json": {"bos_token_id": s.bos, "eos_token_id": s.eos, "pad_token_id": s.pad},
+        "tokenizer_config.json": _tokenizer_config(tokenizer, model.config.max_len),
+        "tokenizer.json": tokenizer.to_str(),
+        "weights": to_hf_gpt2(model),
+    }
+
+
+def hf_bert_files(model: EncoderModel, tokenizer: Tokenizer, labels: list[str]) -> dict[str, str | dict]:
+    """A BERT folder's files (the class of the model's head), as :func:`hf_marian_files`; ``labels``
+    names a classifier's classes in order."""
+    c = model.config
+    config = {"model_type": "bert", "architectures": [HF_CLASS[c.head]], **hf_bert_config_kwargs(model)}
+    if c.head == "classify" and len(labels) == c.num_labels:
+        config["id2label"] = dict(enumerate(labels))
+        config["label2id"] = {label: i for i, label in enumerate(labels)}
+    names, s = tokenizer.hf.id_to_token, tokenizer.specials
+    tokenizer_config = {**_tokenizer_config(tokenizer, c.max_len), "cls_token": names(s.bos),
+                        "sep_token": names(s.eos)}  # fmt: skip
+    return {
+        "config.json": config,
+        "tokenizer_config.json": tokenizer_config,
+        "tokenizer.json": tokenizer.to_str(),
+        "weights": to_hf_bert(model),
+    }
+
+
+def _tokenizer_config(tokenizer: Tokenizer, max_len: int) -> dict[str, str | int]:
+    """``tokenizer_config.json``: the special tokens by role, for ``PreTrainedTokenizerFast``."""
+    names, s = tokenizer.hf.id_to_token, tokenizer.specials
+    roles = {
+        "bos_token": s.bos,
+        "eos_token": s.eos,
+        "pad_token": s.pad,
+        "unk_token": s.unk,
+        "mask_token": s.mask,
+    }
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+            **{role: names(i) for role, i in roles.items() if i is not None}}  # fmt: skip
+
+
+def export_hf(model: nn.Module, tokenizer: Tokenizer, out: Path, labels: Sequence[str] = ()) -> Path:
+    """Write the folder ``out`` atomically (an existing folder is replaced whole): a Marian, GPT-2 or
+    BERT folder for an encoder-decoder, decoder or encoder; ``labels``: a classifier's label names."""
+    if isinstance(model, EncoderDecoder):
+        files = hf_marian_files(model, tokenizer)
+    elif isinstance(model, DecoderModel):
+        files = hf_gpt2_files(model, tokenizer)
+    elif isinstance(model, EncoderModel):
+        files = hf_bert_files(model, tokenizer, list(labels))
+    else:
+        raise ConversionError(
+            f"--to hf exports Transformers (Marian, GPT-2, BERT), not {type(model).__name__}"
+        )
 
     def write(folder: Path) -> None:
         weights = {name: tensor.contiguous() for name, tensor in files.pop("weights").items()}

@@ -54,6 +54,13 @@ def from_hf(path: str | Path) -> tuple[nn.Module, Tokenizer]:
     return model.eval(), tokenizer
 
 
+def label_names(folder: Path, count: int) -> list[str]:
+    """A classifier's ``count`` label names in id order: its ``config.json``'s ``id2label``, or the names
+    HF gives labels it was not told (``LABEL_0``, ...)."""
+    id2label = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("id2label") or {}
+    return [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
+
+
 def _check_marian(folder: Path, config: dict, tokenizer: Tokenizer) -> None:
     """What attnkit's translation needs of a Marian folder: one vocabulary, the tokenizer's, for both
     languages, and a decoder that starts from the tokenizer's ``<s>`` (OPUS-MT models start from
