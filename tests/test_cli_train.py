@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+from sacrebleu.metrics import BLEU
 from typer.testing import CliRunner
 
 from attnkit.cli import app
@@ -130,6 +131,11 @@ def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, 
     assert len(outputs[1]) == 20 and same >= 14
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--engine", "ctranslate2", "--int8"])
     assert result.exit_code == 2 and "--quantization int8" in result.output
+    scored = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", str(copy_data / "valid.src"),
+                                 "--ref", str(copy_data / "valid.tgt"), "--beam", "1", "--int8"])  # fmt: skip
+    assert scored.exit_code == 0, scored.output
+    expected = BLEU().corpus_score(outputs[1], [(copy_data / "valid.tgt").read_text().splitlines()])
+    assert scored.stdout.startswith(f"BLEU = {expected.score:.2f}")  # the int8 translations' score
 
 
 def test_translate_streams_translate_as_one_batch_at_a_time(trained, copy_data, tmp_path):

@@ -26,6 +26,9 @@ from attnkit.models import PRESETS, build_model, from_preset
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 OutputFile = Annotated[Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")]
+Int8 = Annotated[
+    bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
+]
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -254,9 +257,7 @@ def translate(
     engine: Annotated[
         str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
     ] = "attnkit",
-    int8: Annotated[
-        bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
-    ] = False,
+    int8: Int8 = False,
     streams: Annotated[
         int | None,
         typer.Option(
@@ -288,13 +289,7 @@ def translate(
         _translate_by_parts(input, output, lambda texts, first, bar: ct2.translate(texts, beam, bar))
         return
     device = resolve_device()
-    if int8 and device.type != "cpu":
-        raise AttnkitError(f"--int8 is for CPUs; this run would translate on {device.type}")
-    model, tokenizer, config = _load_translator(ckpt, device, overrides, pack=not int8)  # int8 is its own
-    if int8:
-        from attnkit.attention.linear import quantize_int8
-
-        quantize_int8(model)
+    model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
     source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
 
     def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
@@ -356,6 +351,7 @@ def generate(
     streams: Annotated[
         int | None, typer.Option(help="CPU, with -i: batches at a time, each on its share of the threads.")
     ] = None,
+    int8: Int8 = False,
 ) -> None:
     """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden (by
     the options, or by extra ``decode.field=value`` arguments)."""
@@ -364,7 +360,6 @@ def generate(
 
     from attnkit.config import with_decode_overrides
     from attnkit.decode.generate import generate as generate_texts
-    from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
     if prompt is not None and input is not None:
@@ -372,7 +367,7 @@ def generate(
     if output is not None:
         writable_file(output)
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(ckpt, device, arch="decoder")
+    model, tokenizer, config = _load(ckpt, device, "decoder", int8)
     config.decode = with_decode_overrides(config.decode, decode_overrides(ctx))
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
              "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
@@ -427,6 +422,7 @@ def evaluate(
     plot: Annotated[
         Path | None, typer.Option(help="Glimpse model: save its glimpse paths on 8 test images (PNG).")
     ] = None,
+    int8: Int8 = False,
 ) -> None:
     """Score a model: a translation model's sacreBLEU BLEU and chrF on --src against --ref, a
     summariser's ROUGE-1/2/L on the records of --data, a classifier's accuracy and macro-F1 on the
@@ -446,7 +442,9 @@ def evaluate(
     if engine == "ctranslate2":  # an exported folder: translation only
         if data is not None or src is None or ref is None:
             raise AttnkitError("--engine ctranslate2 scores a translation model: give --src FILE --ref FILE")
-        _evaluate_translation(ckpt, src, ref, beam, overrides, engine)
+        if int8:
+            raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
+        _evaluate_translation(ckpt, src, ref, beam, overrides, engine, int8)
         return
     run_config = read_run_config(resolve_checkpoint(ckpt))
     with_decode_overrides(run_config.decode, overrides)  # checked before any work
@@ -458,21 +456,21 @@ def evaluate(
             raise AttnkitError(
                 f"{ckpt} holds {a_model(arch)}: it is evaluated on its own generated test images"
             )
-        _no_decoding(overrides, arch)
+        _no_decoding(overrides, int8, arch)
         _evaluate_images(ckpt, plot)
     elif arch == "encoder":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds an encoder model: evaluate it with --data FILE.tsv")
-        _no_decoding(overrides, arch)
+        _no_decoding(overrides, int8, arch)
         _evaluate_classifier(ckpt, data)
     elif run_config.data.task == "summarise":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds a summariser: evaluate it with --data FILE.jsonl")
-        _evaluate_summaries(ckpt, data, beam, overrides)
+        _evaluate_summaries(ckpt, data, beam, overrides, int8)
     elif data is not None or src is None or ref is None:
         raise AttnkitError(f"{ckpt} holds {a_model(arch)}: evaluate it with --src FILE --ref FILE")
     else:
-        _evaluate_translation(ckpt, src, ref, beam, overrides, engine)
+        _evaluate_translation(ckpt, src, ref, beam, overrides, engine, int8)
 
 
 ENGINES = ("attnkit", "ctranslate2")
@@ -483,22 +481,36 @@ def check_engine(engine: str) -> None:
         raise AttnkitError(f"--engine {engine!r}: choose {' or '.join(ENGINES)}")
 
 
-def _no_decoding(overrides: list[str], arch: str) -> None:
-    """A one-line error if decode settings were given for a model that is scored without decoding."""
+def _no_decoding(overrides: list[str], int8: bool, arch: str) -> None:
+    """A one-line error if decode settings or --int8 were given for a model scored without decoding."""
     from attnkit.train.checkpoint import a_model
 
-    if overrides:
-        raise AttnkitError(f"{' '.join(overrides)}: {a_model(arch)} is scored without decoding")
+    if overrides or int8:
+        given = " ".join(overrides + (["--int8"] if int8 else []))
+        raise AttnkitError(f"{given}: {a_model(arch)} is scored without decoding")
 
 
-def _load_translator(ckpt: Path, device: torch.device, overrides: list[str], pack: bool = True):
+def _load_translator(ckpt: Path, device: torch.device, overrides: list[str], int8: bool = False):
     """A translation or summarisation checkpoint (Transformer or RNN) loaded for decoding on ``device``,
-    its decode settings changed by ``overrides`` (``decode.field=value``)."""
+    its decode settings changed by ``overrides`` (``decode.field=value``); ``int8``: see :func:`_load`."""
     from attnkit.config import with_decode_overrides
+
+    model, tokenizer, config = _load(ckpt, device, ("encoder-decoder", "rnn"), int8)
+    config.decode = with_decode_overrides(config.decode, overrides)
+    return model, tokenizer, config
+
+
+def _load(ckpt: Path, device: torch.device, archs: str | tuple[str, ...], int8: bool = False):
+    """``load_for_inference`` of a checkpoint of ``archs``; ``int8``: its linear maps multiply int8 weights
+    and inputs (``--int8``, CPU only) instead of packed float32 ones."""
+    from attnkit.attention.linear import quantize_int8
     from attnkit.train.checkpoint import load_for_inference
 
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=("encoder-decoder", "rnn"), pack=pack)
-    config.decode = with_decode_overrides(config.decode, overrides)
+    if int8 and device.type != "cpu":
+        raise AttnkitError(f"--int8 is for CPUs; this run would decode on {device.type}")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=archs, pack=not int8)
+    if int8:
+        quantize_int8(model)
     return model, tokenizer, config
 
 
@@ -510,7 +522,7 @@ def _ctranslate2(folder: Path, overrides: list[str]):
 
 
 def _evaluate_translation(
-    ckpt: Path, src: Path, ref: Path, beam: int | None, overrides: list[str], engine: str
+    ckpt: Path, src: Path, ref: Path, beam: int | None, overrides: list[str], engine: str, int8: bool
 ) -> None:
     from attnkit.data.readers import read_parallel
     from attnkit.decode.translate import translate as translate_texts
@@ -524,7 +536,7 @@ def _evaluate_translation(
         hypotheses = translator.translate(pairs.src, beam)
     else:
         device = resolve_device()
-        model, tokenizer, config = _load_translator(ckpt, device, overrides)
+        model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
         began = time.perf_counter()
         hypotheses = translate_texts(
             model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
@@ -539,7 +551,7 @@ def _evaluate_translation(
     )
 
 
-def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, overrides: list[str]) -> None:
+def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, overrides: list[str], int8: bool) -> None:
     """ROUGE of the run's summaries of ``data``'s sources, cut as in training, against the target field
     and, where the run names one (``data.references``), against those references (the best counting)."""
     from attnkit.decode.translate import translate as translate_texts
@@ -548,7 +560,7 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, overrides: lis
     from attnkit.train.distributed import resolve_device
 
     device = resolve_device()
-    model, tokenizer, config = _load_translator(ckpt, device, overrides)
+    model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
     records = read_summaries(config.data, data)
     _, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
     began = time.perf_counter()

@@ -165,6 +165,8 @@ def test_evaluate_scores_the_ctranslate2_export_as_it_scores_the_checkpoint(trai
     assert gnmt.exit_code == 0 and "CTranslate2 ranks hypotheses by log P / length^α" in gnmt.stderr
     data = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out), "--data", "x.tsv"])
     assert data.exit_code == 2 and "give --src FILE --ref FILE" in data.stderr
+    int8 = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out), *files, "--int8"])
+    assert int8.exit_code == 2 and "--quantization int8" in int8.stderr
 
 
 def test_exporting_to_ctranslate2_leaves_the_model_untouched(trained, tmp_path):

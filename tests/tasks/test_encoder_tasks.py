@@ -254,6 +254,8 @@ def test_encoder_commands_refuse_what_they_cannot_do_in_one_line(tsv_dir, tmp_pa
         (["translate", "--ckpt", str(tmp_path / "mlm")], r"use attnkit predict / evaluate --data"),
         (["evaluate", "--ckpt", str(tmp_path / "mlm"), "--data", str(tmp_path / "bad.tsv"), "decode.alpha=0"],
          r"decode\.alpha=0: an encoder model is scored without decoding"),
+        (["evaluate", "--ckpt", str(tmp_path / "mlm"), "--data", str(tmp_path / "bad.tsv"), "--int8"],
+         r"--int8: an encoder model is scored without decoding"),
     ]  # fmt: skip
     for args, message in cases:
         result = runner.invoke(app, args)

@@ -131,6 +131,9 @@ def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
                                  "20", "--temperature", "0"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("line 7:") and len(result.stdout) > len("line 7:") + 5
+    int8 = runner.invoke(app, ["generate", "--ckpt", str(run), "--prompt", "line 7:", "--max-new-tokens",
+                               "20", "--temperature", "0", "--int8"])  # fmt: skip
+    assert int8.exit_code == 0 and int8.stdout.startswith("line 7:"), int8.output
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("line 1\nthe quick\n")
