@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 import typer
@@ -22,6 +22,9 @@ import typer
 from attnkit.config import IMAGE_ARCHS
 from attnkit.errors import AttnkitError
 from attnkit.models import PRESETS, build_model, from_preset
+
+if TYPE_CHECKING:
+    from attnkit.decode.ct2 import CTranslate2Engine
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -477,6 +480,7 @@ ENGINES = ("attnkit", "ctranslate2")
 
 
 def check_engine(engine: str) -> None:
+    """A one-line error unless ``--engine`` names one of :data:`ENGINES`."""
     if engine not in ENGINES:
         raise AttnkitError(f"--engine {engine!r}: choose {' or '.join(ENGINES)}")
 
@@ -514,7 +518,7 @@ def _load(ckpt: Path, device: torch.device, archs: str | tuple[str, ...], int8: 
     return model, tokenizer, config
 
 
-def _ctranslate2(folder: Path, overrides: list[str]):
+def _ctranslate2(folder: Path, overrides: list[str]) -> CTranslate2Engine:
     """The CTranslate2 engine of an exported folder, its decode settings changed by ``overrides``."""
     from attnkit.decode.ct2 import CTranslate2Engine
 

@@ -96,15 +96,22 @@ def test_importing_into_a_run_directory_or_from_a_pickle_only_folder_is_refused(
     assert config["model_type"] == "marian"
 
 
-def test_an_hf_gpt2_folder_becomes_a_run_that_generates_as_hf_does(tokenizer, tmp_path):
-    """GPT2LMHeadModel (random weights) through import-hf: ``attnkit generate`` greedy = HF ``generate``."""
+def _gpt2_folder(path, tokenizer, seed):
+    """A random-weight GPT2LMHeadModel saved as HF saves it, with ``tokenizer``'s tokenizer.json."""
     s = tokenizer.specials
     settings = dict(vocab_size=tokenizer.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                     bos_token_id=s.bos, eos_token_id=s.eos, pad_token_id=s.pad)  # fmt: skip
-    torch.manual_seed(1)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**settings)).eval()
-    hf.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.json").write_text(tokenizer.to_str())
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**settings)).eval()
+    model.save_pretrained(path)
+    (path / "tokenizer.json").write_text(tokenizer.to_str())
+    return model
+
+
+def test_an_hf_gpt2_folder_becomes_a_run_that_generates_as_hf_does(tokenizer, tmp_path):
+    """GPT2LMHeadModel (random weights) through import-hf: ``attnkit generate`` greedy = HF ``generate``."""
+    s = tokenizer.specials
+    hf = _gpt2_folder(tmp_path / "hf", tokenizer, seed=1)
     result = CliRunner().invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert "attnkit generate" in result.output
@@ -123,12 +130,7 @@ def test_a_gpt2_run_exported_to_hf_gives_hfs_logits_and_tokens(tokenizer, tmp_pa
     """HF GPT-2 (random weights) -> import-hf -> export --to hf -> ``GPT2LMHeadModel.from_pretrained``:
     the logits of the model first saved, and the tokenizer's ids."""
     s = tokenizer.specials
-    settings = dict(vocab_size=tokenizer.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                    bos_token_id=s.bos, eos_token_id=s.eos, pad_token_id=s.pad)  # fmt: skip
-    torch.manual_seed(2)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**settings)).eval()
-    hf.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.json").write_text(tokenizer.to_str())
+    hf = _gpt2_folder(tmp_path / "hf", tokenizer, seed=2)
     runner = CliRunner()
     assert (
         runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]).exit_code == 0
