@@ -118,6 +118,27 @@ def test_decode_settings_change_for_translate_and_evaluate_without_retraining(tr
     assert json.loads((checkpoint / "config.json").read_text())["decode"]["max_len_b"] == 10  # untouched
 
 
+def test_translate_writes_n_best_lists_with_the_line_of_each(trained, tmp_path, monkeypatch):
+    """``--n-best 2``: 'LINE ||| TRANSLATION ||| SCORE' lines, LINE from 0 across the parts the input is
+    read in, best first, the first the translation itself; none for an empty line."""
+    source = tmp_path / "in.txt"
+    source.write_text("1 2 3\n\n4 5\n2 2 1\n")
+    monkeypatch.setattr("attnkit.cli.PART_LINES", 3)
+    result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(source), "--n-best", "2"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert [int(row[0]) for row in rows] == [0, 0, 2, 2, 3, 3]
+    assert all(float(a[2]) >= float(b[2]) for a, b in zip(rows[::2], rows[1::2], strict=True))
+    best = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(source)])
+    assert [row[1] for row in rows[::2]] == [best.stdout.splitlines()[i] for i in (0, 2, 3)]
+    for args, message in (
+        (["--n-best", "3"], "--n-best 3 needs a beam at least as wide: give --beam 3"),
+        (["--engine", "ctranslate2", "--n-best", "1"], "--n-best is attnkit's engine's"),
+    ):
+        refused = runner.invoke(app, ["translate", "--ckpt", str(trained), *args], input="1 2\n")
+        assert refused.exit_code == 2 and message in refused.stderr, refused.output
+
+
 def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, copy_data, tmp_path):
     outputs = {}
     for flags in ([], ["--int8"]):

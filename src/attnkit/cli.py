@@ -268,6 +268,13 @@ def translate(
             "per thread. Default: the run's decode.streams."
         ),
     ] = None,
+    n_best: Annotated[
+        int,
+        typer.Option(
+            help="Write each line's N best translations with their scores, 'LINE ||| TRANSLATION ||| "
+            "SCORE' (LINE from 0, best first; beam search, --beam at least N); 0 = the best alone."
+        ),
+    ] = 0,
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line).
 
@@ -277,10 +284,12 @@ def translate(
     Extra ``decode.field=value`` arguments change the run's decoding settings, e.g. ``decode.alpha=0.6``
     (an α chosen on validation data) or ``decode.batch_size=128``."""
     from attnkit.decode.translate import translate as translate_texts
+    from attnkit.decode.translate import translate_n_best
     from attnkit.train.distributed import resolve_device
 
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
+    at_least("--n-best", n_best, 0)
     overrides = decode_overrides(ctx, streams)
     check_engine(engine)
     if output is not None:
@@ -288,17 +297,28 @@ def translate(
     if engine == "ctranslate2":
         if int8:
             raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
+        if n_best:
+            raise AttnkitError(
+                "--n-best is attnkit's engine's; CTranslate2 scores its hypotheses its own way"
+            )
         ct2 = _ctranslate2(ckpt, overrides)
         _translate_by_parts(input, output, lambda texts, first, bar: ct2.translate(texts, beam, bar))
         return
     device = resolve_device()
     model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
+    if n_best > (beam or config.decode.beam_size):
+        raise AttnkitError(f"--n-best {n_best} needs a beam at least as wide: give --beam {n_best} or more")
     source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
+    settings = dict(beam_size=beam, device=device, warn=_note, source_limit=source_limit)
 
     def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
-        return translate_texts(model, tokenizer, texts, config.decode, beam_size=beam, device=device,
-                               warn=_note, source_limit=source_limit, progress=progress,
-                               first_line=first)  # fmt: skip
+        if not n_best:
+            return translate_texts(model, tokenizer, texts, config.decode, progress=progress,
+                                   first_line=first, **settings)  # fmt: skip
+        found = translate_n_best(model, tokenizer, texts, config.decode, n_best, progress=progress,
+                                 first_line=first, **settings)  # fmt: skip
+        return [f"{first - 1 + i} ||| {text} ||| {score:.4f}" for i, best in enumerate(found)
+                for text, score in best]  # fmt: skip
 
     _translate_by_parts(input, output, translate_part)
 

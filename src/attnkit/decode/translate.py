@@ -9,7 +9,7 @@ import torch
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import beam_search, evaluating, greedy
+from attnkit.decode.search import Hypothesis, beam_search, evaluating, greedy
 from attnkit.decode.streams import in_streams, stream_count
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -38,7 +38,52 @@ def translate(
     more lines are done, batch by batch; ``first_line`` is the number ``warn`` gives ``texts[0]`` (the
     command line translates a large input a part at a time).
     """
+    found = _hypotheses(model, tokenizer, texts, decode, beam_size, 0, device, warn, source_limit, progress,
+                        first_line)  # fmt: skip
+    return [tokenizer.decode(hypotheses[0].tokens) if hypotheses else "" for hypotheses in found]
+
+
+def translate_n_best(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    decode: DecodeConfig,
+    n_best: int,
+    *,
+    beam_size: int | None = None,
+    device: torch.device | str = "cpu",
+    warn: Callable[[str], None] | None = None,
+    source_limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    first_line: int = 1,
+) -> list[list[tuple[str, float]]]:
+    """The ``n_best`` best translations of each text with their scores (``log P / lp``, as beam search
+    ranks them; see search.py), best first, by beam search of ``beam_size`` (at least ``n_best``; 1
+    finds greedy search's translation, with its score); none for an empty line. Otherwise as
+    :func:`translate`."""
+    found = _hypotheses(model, tokenizer, texts, decode, beam_size, n_best, device, warn, source_limit,
+                        progress, first_line)  # fmt: skip
+    return [[(tokenizer.decode(h.tokens), h.score) for h in hypotheses] for hypotheses in found]
+
+
+def _hypotheses(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    decode: DecodeConfig,
+    beam_size: int | None,
+    n_best: int,
+    device: torch.device | str,
+    warn: Callable[[str], None] | None,
+    source_limit: int | None,
+    progress: Callable[[int], None] | None,
+    first_line: int,
+) -> list[list[Hypothesis]]:
+    """Each text's hypotheses, best first: :func:`translate` (``n_best`` 0: greedy search when the beam
+    is 1, without scores) and :func:`translate_n_best` (``n_best`` of them, always scored)."""
     beam = decode.beam_size if beam_size is None else beam_size
+    if n_best > beam:
+        raise ValueError(f"n_best ({n_best}) must not exceed the beam size ({beam})")
     specials, longest = tokenizer.specials, model.config.max_len
     limit = longest if source_limit is None else min(source_limit, longest)  # tokens with </s>
     encoded = tokenizer.encode_batch(texts)
@@ -54,25 +99,25 @@ def translate(
                  f"{first}; they are cut to {longest - 1} tokens, and outputs stop at {longest} "
                  "tokens")  # fmt: skip
     encoded = [[*ids[: limit - 1], specials.eos] for ids in encoded]
-    outputs = [""] * len(texts)
+    found: list[list[Hypothesis]] = [[] for _ in texts]
     bounds = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "max_output_len": longest}
     todo = [i for i, text in enumerate(texts) if text.strip()]
     rules = {"penalty": decode.length_penalty, "stop": decode.beam_stop}
 
-    def search(chunk: list[int]) -> list[list[int]]:
+    def search(chunk: list[int]) -> list[list[Hypothesis]]:
         src = pad([encoded[i] for i in chunk], specials.pad).to(device)
-        if beam == 1:
-            return greedy(model, src, specials, **bounds)
-        return [h[0].tokens for h in beam_search(model, src, specials, beam, decode.alpha, **rules, **bounds)]
+        if beam == 1 and not n_best:  # greedy: no scores wanted
+            return [[Hypothesis(ids, float("nan"))] for ids in greedy(model, src, specials, **bounds)]
+        return beam_search(model, src, specials, beam, decode.alpha, n_best=max(n_best, 1), **rules, **bounds)
 
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
     streams = stream_count(decode.streams, device, len(batches))
     if progress is not None:
         progress(len(texts) - len(todo))  # the empty lines
     with evaluating(model):
-        for chunk, ids in zip(batches, in_streams(search, batches, streams), strict=True):
-            for i, hyp in zip(chunk, ids, strict=True):
-                outputs[i] = tokenizer.decode(hyp)
+        for chunk, hypotheses in zip(batches, in_streams(search, batches, streams), strict=True):
+            for i, of_text in zip(chunk, hypotheses, strict=True):
+                found[i] = of_text
             if progress is not None:
                 progress(len(chunk))
-    return outputs
+    return found

@@ -1,0 +1,69 @@
+"""Text in, text out (decode/translate.py): the n best translations with their scores."""
+
+import pytest
+import torch
+
+from attnkit import build_transformer
+from attnkit.config import DecodeConfig
+from attnkit.data.synthetic import copy
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.translate import translate, translate_n_best
+from attnkit.models.config import TransformerConfig
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    """A random model (its hypotheses differ in length and score) that never finds <unk> likely, so that
+    every translation encodes back to the ids it was found as."""
+    tokenizer = Tokenizer.train("word", copy(300, seed=0, max_length=6).src)
+    torch.manual_seed(5)
+    model = build_transformer(TransformerConfig.from_preset("tiny", output_bias=True), tokenizer.vocab_size)
+    with torch.no_grad():
+        model.generator.proj.bias[tokenizer.specials.unk] = -1e4
+    return model.eval(), tokenizer
+
+
+def _log_probability(model, tokenizer, source: str, target: str) -> float:
+    """log P(target </s> | source </s>), teacher-forced in float64: the sum of each token's log-softmax."""
+    s = tokenizer.specials
+    src = torch.tensor([[*tokenizer.encode(source), s.eos]])
+    out = [*tokenizer.encode(target), s.eos]
+    tgt_in = torch.tensor([[s.bos, *out[:-1]]])
+    with torch.no_grad():
+        logits = model.double()(src, tgt_in).float().double()  # (1, T, V)
+    model.float()
+    log_probs = logits.log_softmax(-1)[0, torch.arange(len(out)), torch.tensor(out)]
+    return float(log_probs.sum())
+
+
+@pytest.mark.parametrize(("penalty", "alpha"), [("length", 1.0), ("gnmt", 0.6), ("length", 0.0)])
+def test_n_best_scores_are_each_translations_normalised_log_probability(model_and_tokenizer, penalty, alpha):
+    """A score is log P(Y|X) / lp(|Y|), |Y| counting </s> (search.py): lp = |Y|^α, or GNMT's
+    ((5 + |Y|) / 6)^α (Wu et al., 2016, eq. 14), recomputed here from a teacher-forced pass."""
+    model, tokenizer = model_and_tokenizer
+    texts = copy(6, seed=2, max_length=6).src
+    decode = DecodeConfig(batch_size=4, streams=1, length_penalty=penalty, alpha=alpha)
+    found = translate_n_best(model, tokenizer, texts, decode, 3, beam_size=4)
+    assert translate(model, tokenizer, texts, decode, beam_size=4) == [best[0][0] for best in found]
+    assert len({len(translation.split()) for best in found for translation, _ in best}) > 2  # lengths vary
+    for text, best in zip(texts, found, strict=True):
+        assert len(best) == 3 and [score for _, score in best] == sorted(
+            (score for _, score in best), reverse=True
+        )
+        for translation, score in best:
+            length = len(tokenizer.encode(translation)) + 1
+            lp = length**alpha if penalty == "length" else ((5 + length) / 6) ** alpha
+            assert score == pytest.approx(
+                _log_probability(model, tokenizer, text, translation) / lp, abs=1e-4
+            )
+
+
+def test_one_best_of_a_beam_of_one_is_greedy_searchs_translation(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    texts = [*copy(8, seed=3, max_length=6).src, ""]
+    decode = DecodeConfig(batch_size=4, streams=1)
+    found = translate_n_best(model, tokenizer, texts, decode, 1, beam_size=1)
+    assert [best[0][0] for best in found[:-1]] == translate(model, tokenizer, texts, decode, beam_size=1)[:-1]
+    assert found[-1] == []  # an empty line: no hypotheses
+    with pytest.raises(ValueError, match=r"n_best \(3\) must not exceed the beam size \(2\)"):
+        translate_n_best(model, tokenizer, texts, decode, 3, beam_size=2)
