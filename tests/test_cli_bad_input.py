@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 import torch
@@ -211,6 +212,31 @@ def test_one_very_long_line_is_cut_to_the_model_and_said_once(run):
     assert len(outputs) == 3 and all(len(line.split()) <= 32 for line in outputs)
 
 
+class CountingBar:
+    """Stands in for tqdm's progress bar (which shows on a terminal only), counting the lines it hears of."""
+
+    counted: ClassVar[list[int]] = []
+
+    def __init__(self, total=None, **options):
+        self.counted.append(0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *error):
+        return False
+
+    def update(self, lines):
+        self.counted[-1] += lines
+
+    @classmethod
+    def install(cls, monkeypatch) -> list[int]:
+        """Use it for the rest of the test; returns the count of each bar made, in order."""
+        monkeypatch.setattr(cls, "counted", [])
+        monkeypatch.setattr("tqdm.tqdm", cls)
+        return cls.counted
+
+
 def test_invalid_utf8_on_stdin_or_in_a_file_is_one_line_naming_the_line(run, tmp_path):
     result = runner.invoke(app, ["translate", "--ckpt", str(run)], input=b"1 2\n3 \xff 4\n")
     _one_line_error(result, r"<stdin>:2: invalid UTF-8 at byte 2 of the line")
@@ -226,30 +252,15 @@ def test_a_large_input_is_translated_a_part_at_a_time_as_it_would_be_whole(run, 
     lines = ["1 2 3", "", "4 5", "2 2 1", "3", long_line, "5 4 3 2", ""]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     whole = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt")])
-    counted = []
-
-    class Bar:  # stands in for tqdm's progress bar, which shows on a terminal only
-        def __init__(self, **options):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *error):
-            return False
-
-        def update(self, lines):
-            counted.append(lines)
-
+    counted = CountingBar.install(monkeypatch)
     monkeypatch.setattr("attnkit.cli.PART_LINES", 3)
-    monkeypatch.setattr("tqdm.tqdm", Bar)
     out = tmp_path / "out.txt"
     parts = runner.invoke(
         app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
     )
     assert whole.exit_code == parts.exit_code == 0, parts.output
     assert out.read_text() == whole.stdout and len(whole.stdout.splitlines()) == len(lines)
-    assert "(line 6: 200 tokens)" in parts.stderr and sum(counted) == len(lines)
+    assert "(line 6: 200 tokens)" in parts.stderr and counted == [len(lines)]
 
 
 def test_a_failure_halfway_leaves_the_output_file_as_it_was(run, tmp_path, monkeypatch):
@@ -265,6 +276,15 @@ def test_a_failure_halfway_leaves_the_output_file_as_it_was(run, tmp_path, monke
         tmp_path / "in.txt",
         out,
     ]
+
+
+def test_evaluate_counts_its_progress_in_lines(run, tmp_path, monkeypatch):
+    (tmp_path / "src").write_text("1 2 3\n\n4 5\n")
+    (tmp_path / "ref").write_text("1 2 3\n\n4 5\n")
+    counted = CountingBar.install(monkeypatch)
+    files = ["--src", str(tmp_path / "src"), "--ref", str(tmp_path / "ref")]
+    assert runner.invoke(app, ["evaluate", "--ckpt", str(run), *files]).exit_code == 0
+    assert counted == [3]
 
 
 def test_evaluate_scores_every_pair_and_counts_the_empty_ones(run, tmp_path):

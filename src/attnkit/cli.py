@@ -333,19 +333,23 @@ def _translate_by_parts(
     part of ``PART_LINES`` lines at a time: ``translate_part(lines, number of the first, progress)``."""
     from itertools import islice
 
-    from tqdm import tqdm
-
     from attnkit.atomic import atomic_writer
     from attnkit.data.readers import iter_lines
 
     lines = iter_lines(input)
-    bar = tqdm(disable=not sys.stderr.isatty(), unit=" lines", dynamic_ncols=True, leave=False)
-    with bar, contextlib.ExitStack() as files:
+    with _progress_bar() as bar, contextlib.ExitStack() as files:
         write = _stream if output is None else files.enter_context(atomic_writer(output)).write
         first = 1
         while part := list(islice(lines, PART_LINES)):
             write("".join(line + "\n" for line in translate_part(part, first, bar.update)))
             first += len(part)
+
+
+def _progress_bar(total: int | None = None):
+    """A progress bar of lines done, on stderr when it is a terminal (none in logs and pipes)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not sys.stderr.isatty(), unit=" lines", dynamic_ncols=True, leave=False)
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -557,14 +561,15 @@ def _evaluate_translation(
     if engine == "ctranslate2":
         translator = _ctranslate2(ckpt, overrides)
         began = time.perf_counter()
-        hypotheses = translator.translate(pairs.src, beam)
+        with _progress_bar(len(pairs)) as bar:
+            hypotheses = translator.translate(pairs.src, beam, bar.update)
     else:
         device = resolve_device()
         model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
         began = time.perf_counter()
-        hypotheses = translate_texts(
-            model, tokenizer, pairs.src, config.decode, beam_size=beam, device=device, warn=_note
-        )
+        with _progress_bar(len(pairs)) as bar:
+            hypotheses = translate_texts(model, tokenizer, pairs.src, config.decode, beam_size=beam,
+                                         device=device, warn=_note, progress=bar.update)  # fmt: skip
     seconds = time.perf_counter() - began
     typer.echo(str(bleu(hypotheses, pairs.tgt)))
     typer.echo(str(chrf(hypotheses, pairs.tgt)))
