@@ -357,8 +357,9 @@ COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "rnn": "attnkit t
 
 
 def a_model(arch: str) -> str:
-    """``"an encoder-decoder model"``, ``"a decoder model"``: an architecture's name in a sentence."""
-    return f"{'an' if arch[0] in 'aeiou' else 'a'} {arch} model"
+    """``"an encoder-decoder model"``, ``"a decoder model"``, ``"an rnn model"``: an architecture's name
+    in a sentence."""
+    return f"{'an' if arch[0] in 'aeiou' or arch == 'rnn' else 'a'} {arch} model"  # "an RNN": ar-en-en
 
 
 def load_for_inference(
