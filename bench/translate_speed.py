@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from attnkit.attention.linear import quantize_int8
+from attnkit.config import with_decode_overrides
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Engine
@@ -94,8 +95,10 @@ def serve_engine(
     once (after an untimed run the first time) and send back the seconds and the outputs; None ends it."""
     torch.set_num_threads(threads)
     model, tokenizer, config = load_for_inference(ckpt)
-    decode = config.decode
-    decode.batch_size, decode.length_penalty, decode.alpha, decode.streams = batch, "length", alpha, streams
+    # the same settings for attnkit and CTranslate2, which read them alike (HF generate takes arguments)
+    settings = [f"decode.batch_size={batch}", "decode.length_penalty=length", f"decode.alpha={alpha}",
+                f"decode.streams={streams}"]  # fmt: skip
+    decode = with_decode_overrides(config.decode, settings)
     if engine.startswith("attnkit"):
         if engine == "attnkit-int8":
             quantize_int8(model)
@@ -105,7 +108,6 @@ def serve_engine(
         run = hf_translator(Path(folder), tokenizer, batch, alpha, streams)
         conn.send((batch, alpha))  # what generate is called with
     else:  # loaded once, outside the timed runs
-        settings = [f"decode.batch_size={batch}", f"decode.alpha={alpha}", f"decode.streams={streams}"]
         ct2 = CTranslate2Engine(Path(folder), settings)
         run = ct2.translate
         conn.send((ct2.decode.batch_size, ct2.decode.alpha))

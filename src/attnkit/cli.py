@@ -560,16 +560,20 @@ def _evaluate_translation(
     pairs = read_parallel(src, ref, drop_empty=False)
     if engine == "ctranslate2":
         translator = _ctranslate2(ckpt, overrides)
-        began = time.perf_counter()
-        with _progress_bar(len(pairs)) as bar:
-            hypotheses = translator.translate(pairs.src, beam, bar.update)
+
+        def run(texts: list[str], progress: Callable[[int], None]) -> list[str]:
+            return translator.translate(texts, beam, progress)
     else:
         device = resolve_device()
         model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
-        began = time.perf_counter()
-        with _progress_bar(len(pairs)) as bar:
-            hypotheses = translate_texts(model, tokenizer, pairs.src, config.decode, beam_size=beam,
-                                         device=device, warn=_note, progress=bar.update)  # fmt: skip
+
+        def run(texts: list[str], progress: Callable[[int], None]) -> list[str]:
+            return translate_texts(model, tokenizer, texts, config.decode, beam_size=beam, device=device,
+                                   warn=_note, progress=progress)  # fmt: skip
+
+    began = time.perf_counter()
+    with _progress_bar(len(pairs)) as bar:
+        hypotheses = run(pairs.src, bar.update)
     seconds = time.perf_counter() - began
     typer.echo(str(bleu(hypotheses, pairs.tgt)))
     typer.echo(str(chrf(hypotheses, pairs.tgt)))
