@@ -13,22 +13,46 @@ so every weight is equal. HF uses its default attention (``sdpa``).
 - Generation: greedy, with the KV cache, ``--new-tokens`` tokens after prompts of ``--prompt-len``
   tokens, at each of ``--gen-batch``: ours (``attnkit.decode.search.extend``, its weights packed for
   inference as ``attnkit generate`` loads them; ``--no-pack``: not) against HF ``generate``; prints new
-  tokens/s and ``ours/hf_generate tok/s``.
+  tokens/s and ``ours/hf_generate tok/s``; and against CTranslate2's ``Generator`` on the same weights
+  (``attnkit export --to ctranslate2``'s spec, float32, one batch at a time on the same threads), where
+  CTranslate2 is installed: ``ours/ctranslate2 tok/s``, and whether its tokens are ours.
 
 Run: ``python bench/lm_speed.py`` (``--device cuda`` on a GPU, bf16 there).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import tempfile
+from pathlib import Path
+
 import torch
 from timing import compare, make_parser, resolve_dtype, setup
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import WordLevel
 
 from attnkit.attention.linear import pack_for_inference
-from attnkit.data.tokenizer import SpecialIds
+from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.search import argmax, extend
 from attnkit.models import build_model, from_preset
 from attnkit.models.convert import hf_gpt2_config_kwargs, to_hf_gpt2
+from attnkit.models.convert.export import export_ctranslate2
 from attnkit.train.losses import generative_loss
+
+
+def ctranslate2_generator(model, vocab: int, folder: Path):
+    """CTranslate2's ``Generator`` with ``model``'s weights, as ``attnkit export --to ctranslate2`` writes
+    them, over made-up token names (id i is ``w{i}``, the last GPT-2's ``<|endoftext|>``), on torch's
+    threads; None, with a note, without CTranslate2."""
+    if importlib.util.find_spec("ctranslate2") is None:
+        print("ctranslate2: not installed (pip install 'attnkit[ctranslate2]'), skipped")
+        return None
+    import ctranslate2
+
+    names = {f"w{i}": i for i in range(vocab - 1)} | {"<|endoftext|>": vocab - 1}
+    tokenizer = Tokenizer(HFTokenizer(WordLevel(names, unk_token="<|endoftext|>")))
+    export_ctranslate2(model, tokenizer, {}, folder)
+    return ctranslate2.Generator(str(folder), device="cpu", intra_threads=torch.get_num_threads())
 
 
 def main() -> None:
@@ -40,6 +64,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--no-pack", action="store_true", help="generate without pack_for_inference")
+    parser.add_argument("--generation-only", action="store_true", help="skip the training step")
     args = parser.parse_args()
     from transformers import GPT2Config, GPT2LMHeadModel  # the peer; attnkit itself never imports it
 
@@ -56,6 +81,14 @@ def main() -> None:
     sequences, length = (int(n) for n in args.batch.split("x"))
     end = args.vocab - 1  # GPT-2's <|endoftext|>, attnkit's padding: never drawn below, so nothing is padding
     ids = torch.randint(0, end, (sequences, length + 1), device=args.device)
+    if not args.generation_only:
+        train_speed(ours, peer, ids, end, args)
+    generation_speed(ours, peer, end, dtype, args)
+
+
+def train_speed(ours, peer, ids: torch.Tensor, end: int, args) -> None:
+    """One training step of each side on ``ids``, timed; prints ``ours/hf_gpt2 train tok/s``."""
+    sequences, length = ids.size(0), ids.size(1) - 1
     steps = {}
     for name, model in (("ours", ours), ("peer", peer)):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # both trainers' default
@@ -77,7 +110,13 @@ def main() -> None:
                     "hf_gpt2", device=args.device, rounds=args.rounds, tokens=sequences * length)  # fmt: skip
     print(f"ours/hf_gpt2 train tok/s = {1 / ratio:.3f}")
 
+
+def generation_speed(ours, peer, end: int, dtype: torch.dtype, args) -> None:
+    """Greedy generation at each of ``--gen-batch``: ours against HF ``generate`` and CTranslate2."""
     specials = SpecialIds(pad=end, unk=end, bos=end, eos=end)
+    scratch = tempfile.TemporaryDirectory()
+    on_cpu = args.device == "cpu" and dtype == torch.float32  # CTranslate2 gets float32 weights on a CPU
+    ct2 = ctranslate2_generator(ours, args.vocab, Path(scratch.name) / "ct2") if on_cpu else None
     if not args.no_pack:
         print(f"generation: {pack_for_inference(ours)} linear layers of ours with packed weights")
     for batch in (int(b) for b in args.gen_batch.split(",")):
@@ -101,6 +140,21 @@ def main() -> None:
         ratio = compare(label, ours_generate, peer_generate, "hf_generate", device=args.device,
                         rounds=args.rounds, tokens=batch * args.new_tokens)  # fmt: skip
         print(f"ours/hf_generate tok/s (batch {batch}) = {1 / ratio:.3f}")
+        if ct2 is None:
+            continue
+        names = [[f"w{i}" for i in row] for row in prompts.tolist()]
+
+        def ct2_generate(names=names):
+            # prompts of one length: CTranslate2 returns the continuations alone, new_tokens each
+            return ct2.generate_batch(names, max_length=args.new_tokens, min_length=args.new_tokens,
+                                      sampling_topk=1, include_prompt_in_result=False)  # fmt: skip
+
+        ratio = compare(label, ours_generate, ct2_generate, "ctranslate2", device=args.device,
+                        rounds=args.rounds, tokens=batch * args.new_tokens)  # fmt: skip
+        print(f"ours/ctranslate2 tok/s (batch {batch}) = {1 / ratio:.3f}")
+        ours_tokens = [row[: args.new_tokens] for row in ours_generate()]  # the weights CTranslate2 has
+        theirs = [result.sequences_ids[0] for result in ct2_generate()]
+        print(f"the same tokens as ctranslate2: {ours_tokens == theirs}")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from attnkit.attention.linear import quantize_int8
 from attnkit.config import with_decode_overrides
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
-from attnkit.decode.ct2 import CTranslate2Engine
+from attnkit.decode.ct2 import CTranslate2Translator
 from attnkit.decode.streams import in_streams, stream_count
 from attnkit.decode.translate import translate
 from attnkit.metrics import bleu
@@ -108,7 +108,7 @@ def serve_engine(
         run = hf_translator(Path(folder), tokenizer, batch, alpha, streams)
         conn.send((batch, alpha))  # what generate is called with
     else:  # loaded once, outside the timed runs
-        ct2 = CTranslate2Engine(Path(folder), settings)
+        ct2 = CTranslate2Translator(Path(folder), settings)
         run = ct2.translate
         conn.send((ct2.decode.batch_size, ct2.decode.alpha))
     warmed = set()

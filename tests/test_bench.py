@@ -39,7 +39,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
                 "--new-tokens",
                 "3",
             ],
-            r"ours/hf_generate tok/s \(batch 2\) = \d+\.\d+",
+            r"ours/hf_generate tok/s \(batch 2\) = \d+\.\d+\n(.|\n)*"
+            r"ours/ctranslate2 tok/s \(batch 2\) = \d+\.\d+\nthe same tokens as ctranslate2: True",
         ),
     ],
 )

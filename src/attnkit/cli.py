@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import torch
 import typer
@@ -24,8 +24,9 @@ from attnkit.errors import AttnkitError
 from attnkit.models import PRESETS, build_model, from_preset
 
 if TYPE_CHECKING:
-    from attnkit.decode.ct2 import CTranslate2Engine
+    from attnkit.decode.ct2 import CTranslate2Translator
 
+T = TypeVar("T")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 OutputFile = Annotated[Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")]
@@ -378,44 +379,59 @@ def generate(
     streams: Annotated[
         int | None, typer.Option(help="CPU, with -i: batches at a time, each on its share of the threads.")
     ] = None,
+    engine: Annotated[
+        str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
+    ] = "attnkit",
     int8: Int8 = False,
 ) -> None:
     """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden (by
     the options, or by extra ``decode.field=value`` arguments)."""
-    import dataclasses
     import json
 
-    from attnkit.config import with_decode_overrides
     from attnkit.decode.generate import generate as generate_texts
     from attnkit.train.distributed import resolve_device
 
     if prompt is not None and input is not None:
         raise AttnkitError("give --prompt TEXT or -i FILE, not both")
+    check_engine(engine)
     if output is not None:
         writable_file(output)
-    device = resolve_device()
-    model, tokenizer, config = _load(ckpt, device, "decoder", int8)
-    config.decode = with_decode_overrides(config.decode, decode_overrides(ctx))
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
              "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
-    try:
-        decode = dataclasses.replace(config.decode, **{k: v for k, v in given.items() if v is not None})
-    except AttnkitError as error:  # a value out of range: name the option, not the config field
-        message = str(error)
-        for name in given:
-            message = message.replace(f"decode.{name}", "--" + name.replace("_", "-"))
-        raise AttnkitError(message) from None
+    overrides = decode_overrides(ctx)
+    if engine == "ctranslate2":
+        if int8:
+            raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
+        from attnkit.decode.ct2 import CTranslate2Generator
+
+        generator = _with_options(given, lambda changes: CTranslate2Generator(ckpt, overrides, changes))
+
+        def run(texts: list[str], on_text=None) -> list[str]:
+            return generator.generate(texts, on_text=on_text)
+    else:
+        from dataclasses import replace
+
+        from attnkit.config import with_decode_overrides
+
+        device = resolve_device()
+        model, tokenizer, config = _load(ckpt, device, "decoder", int8)
+        decode = _with_options(
+            given, lambda changes: replace(with_decode_overrides(config.decode, overrides), **changes)
+        )
+
+        def run(texts: list[str], on_text=None) -> list[str]:
+            return generate_texts(model, tokenizer, texts, decode, device=device, on_text=on_text)
+
     if input is None:  # one prompt: stream its continuation to stdout, or write it to the output file
         text = "\n" if prompt is None else prompt
         streaming = output is None
         if streaming:
             _stream(text)
-        on_text = (lambda _, piece: _stream(piece)) if streaming else None
-        (continuation,) = generate_texts(model, tokenizer, [text], decode, device=device, on_text=on_text)
+        (continuation,) = run([text], on_text=(lambda _, piece: _stream(piece)) if streaming else None)
         _write_output(output, "\n" if streaming else text + continuation + "\n")
         return
     prompts = _read_input(input)
-    texts = generate_texts(model, tokenizer, prompts, decode, device=device)
+    texts = run(prompts)
     _write_output(output, "".join(json.dumps({"prompt": p, "text": t}, ensure_ascii=False) + "\n"
                                   for p, t in zip(prompts, texts, strict=True)))  # fmt: skip
 
@@ -503,6 +519,19 @@ def evaluate(
 ENGINES = ("attnkit", "ctranslate2")
 
 
+def _with_options(given: dict[str, Any], load: Callable[[dict[str, Any]], T]) -> T:
+    """``load(changes)`` with the decode settings the options gave (``given``: None = not given); a value
+    out of range names its option (``--top-k``), not the config field (``decode.top_k``)."""
+    changes = {name: value for name, value in given.items() if value is not None}
+    try:
+        return load(changes)
+    except AttnkitError as error:
+        message = str(error)
+        for name in changes:
+            message = message.replace(f"decode.{name}", "--" + name.replace("_", "-"))
+        raise AttnkitError(message) from None
+
+
 def check_engine(engine: str) -> None:
     """A one-line error unless ``--engine`` names one of :data:`ENGINES`."""
     if engine not in ENGINES:
@@ -542,11 +571,11 @@ def _load(ckpt: Path, device: torch.device, archs: str | tuple[str, ...], int8: 
     return model, tokenizer, config
 
 
-def _ctranslate2(folder: Path, overrides: list[str]) -> CTranslate2Engine:
+def _ctranslate2(folder: Path, overrides: list[str]) -> CTranslate2Translator:
     """The CTranslate2 engine of an exported folder, its decode settings changed by ``overrides``."""
-    from attnkit.decode.ct2 import CTranslate2Engine
+    from attnkit.decode.ct2 import CTranslate2Translator
 
-    return CTranslate2Engine(folder, overrides, warn=_note)
+    return CTranslate2Translator(folder, overrides, warn=_note)
 
 
 def _evaluate_translation(
@@ -799,7 +828,7 @@ def export(
         str,
         typer.Option(
             help="hf: a folder HF transformers' from_pretrained loads (Marian, GPT-2 or BERT); "
-            "ctranslate2: a CTranslate2 translation model."
+            "ctranslate2: a CTranslate2 model (a translation model or a GPT-style decoder)."
         ),
     ] = "hf",
     quantization: Annotated[
@@ -808,8 +837,8 @@ def export(
 ) -> None:
     """Export a Transformer for another tool: --to hf writes a folder that HF transformers'
     from_pretrained loads (a translation model as MarianMTModel, a GPT-style decoder as GPT2LMHeadModel,
-    a BERT-style encoder as the Bert class of its head); --to ctranslate2 a translation model for
-    CTranslate2 (attnkit translate --engine ctranslate2).
+    a BERT-style encoder as the Bert class of its head); --to ctranslate2 a translation model or a
+    GPT-style decoder for CTranslate2 (attnkit translate / generate --engine ctranslate2).
 
     Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout."""
     from attnkit.models.convert.bert import HF_CLASS
@@ -820,10 +849,13 @@ def export(
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")
     if quantization is not None and to != "ctranslate2":
         raise AttnkitError("--quantization is for --to ctranslate2")
-    archs = ("encoder-decoder", "decoder", "encoder") if to == "hf" else "encoder-decoder"
+    archs = ("encoder-decoder", "decoder", "encoder") if to == "hf" else ("encoder-decoder", "decoder")
     model, tokenizer, config = load_for_inference(ckpt, "cpu", arch=archs, pack=False)
     if to == "ctranslate2":
         written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
+        if config.model.arch == "decoder":
+            typer.echo(f"{written}: generate with attnkit generate --engine ctranslate2 --ckpt {written}")
+            return
         typer.echo(f"{written}: translate with attnkit translate --engine ctranslate2 --ckpt {written}")
         if config.decode.length_penalty != "length":
             typer.echo(f"note: CTranslate2 ranks beams by log P / length^{config.decode.alpha}; this run's "

@@ -155,10 +155,10 @@ def test_evaluate_scores_the_ctranslate2_export_as_it_scores_the_checkpoint(trai
     assert ours.exit_code == theirs.exit_code == 0, theirs.output
     assert ours.stdout.splitlines()[:2] == theirs.stdout.splitlines()[:2]  # BLEU and chrF, signatures too
     assert float(ours.stdout.split()[2]) > 0
-    from attnkit.decode.ct2 import CTranslate2Engine
+    from attnkit.decode.ct2 import CTranslate2Translator
 
     done = []
-    assert len(CTranslate2Engine(out).translate(["1 2", "", "3 4 5"], 1, done.append)) == 3
+    assert len(CTranslate2Translator(out).translate(["1 2", "", "3 4 5"], 1, done.append)) == 3
     assert sum(done) == 3  # the progress counts the empty line too
     gnmt = runner.invoke(app, ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", "2",
                                "decode.length_penalty=gnmt"], input="1 2\n")  # fmt: skip

@@ -1,40 +1,58 @@
-"""``attnkit translate --engine ctranslate2``: translating with CTranslate2 from a folder that
-``attnkit export --to ctranslate2`` wrote, tokenised and detokenised by attnkit's own tokenizer.
+"""``--engine ctranslate2``: translating and generating with CTranslate2 from a folder that ``attnkit
+export --to ctranslate2`` wrote, tokenised and detokenised by attnkit's own tokenizer.
 
-What matches attnkit's search: the source is the tokens followed by ``</s>``; the decoder starts from
-``<s>`` (set at export); ``<pad>`` and ``<s>`` are never produced; the output stops at ``</s>``; an empty
-line gives an empty line; the batches are attnkit's; finished hypotheses rank by ``log P / length^α``
+:class:`CTranslate2Translator` (a translation model, ``attnkit translate`` and ``evaluate``). What matches
+attnkit's search: the source is the tokens followed by ``</s>``; the decoder starts from ``<s>`` (set at
+export); ``<pad>`` and ``<s>`` are never produced; the output stops at ``</s>``; an empty line gives an
+empty line; the batches are attnkit's; finished hypotheses rank by ``log P / length^α``
 (``decode.alpha``). What differs: CTranslate2 has no GNMT length penalty (``decode.length_penalty=gnmt``)
 nor a choice of stopping rule; it bounds the output length per batch (``a · longest source + b``)
 rather than per sentence, and cuts a hypothesis at the bound where attnkit's ends it with ``</s>``.
+
+:class:`CTranslate2Generator` (a GPT-style decoder, ``attnkit generate``). What matches: the prompts and
+their batches, at most ``decode.max_new_tokens`` new tokens within the model's context, ``<pad>`` and
+``<s>`` never produced (unless one is also ``</s>``), the end at ``</s>`` or at a ``decode.stop`` string,
+greedy search exactly (``decode.temperature=0``), and sampling from the same distribution
+(``temperature``, ``top_k``, ``top_p``). What differs: CTranslate2 draws from its own random generator,
+seeded once with ``decode.seed`` when the model loads, so a run repeats itself with the same prompts and
+one stream, but a prompt's sample depends on the prompts before it; and it finds stop strings only
+afterwards (the text is cut where the first one appears, as attnkit's).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
 from attnkit.config import DecodeConfig, with_decode_overrides
 from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
-from attnkit.models.convert.export import DECODE_FILE
+from attnkit.models.convert.export import DECODE_FILE, MODEL_FILE
+
+# what each kind of exported model is for, by its architecture
+USES = {"encoder-decoder": "translation model", "decoder": "decoder (GPT-style) model"}
+COMMANDS = {"encoder-decoder": "attnkit translate", "decoder": "attnkit generate"}
 
 
-class CTranslate2Engine:
-    """The CTranslate2 model, tokenizer and decoding settings of ``folder``, loaded once; ``translate``
-    as often as needed (CPU, torch's thread count). ``overrides`` (``decode.field=value``) change the
-    folder's decoding settings, as they change a checkpoint's for attnkit's own search; ``warn`` hears
-    of one CTranslate2 cannot follow. ``decode.streams`` is CTranslate2's ``inter_threads``: batches
-    translated at a time, each on its share of the threads, as attnkit's own (streams.py); fixed when
-    the model loads, so an input of a single batch then runs on one stream's share."""
+class _ExportedFolder:
+    """The CTranslate2 model, tokenizer and decoding settings of ``folder``, loaded once. ``overrides``
+    (``decode.field=value``) change the folder's decoding settings, as they change a checkpoint's for
+    attnkit's own search, and ``changes`` (``{"field": value}``) after them. ``decode.streams`` is
+    CTranslate2's ``inter_threads``: batches run at a time, each on its share of torch's threads, as
+    attnkit's own (streams.py); fixed when the model loads."""
+
+    ARCH: ClassVar[str]  # the architecture this engine runs
 
     def __init__(
-        self, folder: Path, overrides: Sequence[str] = (), warn: Callable[[str], None] | None = None
+        self, folder: Path, overrides: Sequence[str] = (), changes: Mapping[str, Any] | None = None
     ) -> None:
         try:
             import ctranslate2
@@ -44,17 +62,55 @@ class CTranslate2Engine:
             ) from None
         if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
             raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
+        # folders exported before MODEL_FILE existed held translation models
+        held = {"arch": "encoder-decoder"}
+        if (folder / MODEL_FILE).is_file():
+            held = json.loads((folder / MODEL_FILE).read_text(encoding="utf-8"))
+        if held["arch"] != self.ARCH:
+            raise AttnkitError(
+                f"{folder}: a CTranslate2 {USES.get(held['arch'], held['arch'])}; use it with "
+                f"{COMMANDS.get(held['arch'], 'attnkit')} --engine ctranslate2 --ckpt {folder}"
+            )
+        self.context: int | None = held.get("context")
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
         exported = DecodeConfig(**json.loads((folder / DECODE_FILE).read_text(encoding="utf-8")))
-        self.decode = with_decode_overrides(exported, list(overrides))
+        self.decode = replace(with_decode_overrides(exported, list(overrides)), **(changes or {}))
+        threads = torch.get_num_threads()
+        self.streams = stream_count(self.decode.streams, "cpu", threads)
+        self.model = self._load(ctranslate2, str(folder), inter_threads=self.streams,
+                                intra_threads=threads // self.streams)  # fmt: skip
+
+    def _load(self, ctranslate2: Any, folder: str, **threads: int) -> Any:
+        raise NotImplementedError
+
+    def _token_names(self, ids: Sequence[int]) -> list[str]:
+        return [self.tokenizer.hf.id_to_token(i) for i in ids]
+
+    def _ids(self, names: Sequence[str]) -> list[int]:
+        return [self.tokenizer.hf.token_to_id(name) for name in names]
+
+    def _never_produced(self) -> list[list[str]]:
+        """``<pad>`` and ``<s>``, as attnkit's search never produces them (unless one is ``</s>``)."""
+        s = self.tokenizer.specials
+        return [self._token_names([i]) for i in sorted({s.pad, s.bos} - {s.eos})]
+
+
+class CTranslate2Translator(_ExportedFolder):
+    """A translation model's folder (see the module docstring); ``translate`` as often as needed. ``warn``
+    hears of a decoding setting CTranslate2 cannot follow."""
+
+    ARCH = "encoder-decoder"
+
+    def __init__(
+        self, folder: Path, overrides: Sequence[str] = (), warn: Callable[[str], None] | None = None
+    ) -> None:
+        super().__init__(folder, overrides)
         if self.decode.length_penalty != "length" and warn is not None:
             warn(f"CTranslate2 ranks hypotheses by log P / length^α; decode.length_penalty="
                  f"{self.decode.length_penalty} is attnkit's search only")  # fmt: skip
-        threads = torch.get_num_threads()
-        self.streams = stream_count(self.decode.streams, "cpu", threads)
-        self.translator = ctranslate2.Translator(
-            str(folder), device="cpu", inter_threads=self.streams, intra_threads=threads // self.streams
-        )
+
+    def _load(self, ctranslate2: Any, folder: str, **threads: int) -> Any:
+        return ctranslate2.Translator(folder, device="cpu", **threads)
 
     def translate(
         self, texts: list[str], beam_size: int | None = None, progress: Callable[[int], None] | None = None
@@ -64,8 +120,8 @@ class CTranslate2Engine:
         length bound, submitted at once so that ``decode.streams`` of them run at a time. ``progress``
         hears how many more lines are done, batch by batch."""
         tokenizer, decode = self.tokenizer, self.decode
-        names, s = tokenizer.hf.id_to_token, tokenizer.specials
-        sources = [[names(i) for i in ids] + [names(s.eos)] for ids in tokenizer.encode_batch(texts)]
+        eos = self._token_names([tokenizer.specials.eos])
+        sources = [self._token_names(ids) + eos for ids in tokenizer.encode_batch(texts)]
         todo = [i for i, text in enumerate(texts) if text.strip()]
         pending = []
         for batch in length_batches(todo, [len(source) for source in sources], decode.batch_size):
@@ -73,14 +129,14 @@ class CTranslate2Engine:
             words = int(decode.max_len_a * max(len(sources[i]) for i in batch) + decode.max_len_b) - 1
             if words < 1:
                 continue  # room for </s> alone: empty outputs
-            results = self.translator.translate_batch(
+            results = self.model.translate_batch(
                 [sources[i] for i in batch],
                 asynchronous=True,
                 beam_size=decode.beam_size if beam_size is None else beam_size,
                 length_penalty=decode.alpha,
                 max_decoding_length=words,
                 min_decoding_length=0,  # an output may be empty, as in attnkit's search
-                suppress_sequences=[[names(s.pad)], [names(s.bos)]],
+                suppress_sequences=self._never_produced(),
             )
             pending.append((batch, results))
         outputs = [""] * len(texts)
@@ -88,8 +144,74 @@ class CTranslate2Engine:
             progress(len(texts) - sum(len(batch) for batch, _ in pending))  # the lines left empty
         for batch, results in pending:
             for i, result in zip(batch, results, strict=True):
-                tokens = result.result().hypotheses[0]
-                outputs[i] = tokenizer.decode(tokenizer.hf.token_to_id(token) for token in tokens)
+                outputs[i] = tokenizer.decode(self._ids(result.result().hypotheses[0]))
             if progress is not None:
                 progress(len(batch))
         return outputs
+
+
+class CTranslate2Generator(_ExportedFolder):
+    """A decoder (GPT-style) model's folder (see the module docstring); ``generate`` as often as needed."""
+
+    ARCH = "decoder"
+
+    def _load(self, ctranslate2: Any, folder: str, **threads: int) -> Any:
+        ctranslate2.set_random_seed(self.decode.seed)  # CTranslate2 seeds its threads' generators now
+        return ctranslate2.Generator(folder, device="cpu", **threads)
+
+    def _settings(self) -> dict[str, Any]:
+        """Greedy (``temperature`` 0) or sampling, in CTranslate2's terms (top-k 0: the whole vocabulary)."""
+        d = self.decode
+        chosen = {"sampling_topk": 1}
+        if d.temperature > 0:
+            chosen = {
+                "sampling_topk": d.top_k,
+                "sampling_topp": d.top_p,
+                "sampling_temperature": d.temperature,
+            }
+        return {**chosen, "suppress_sequences": self._never_produced()}
+
+    def generate(self, prompts: list[str], on_text: OnText | None = None) -> list[str]:
+        """The continuation of each prompt (without the prompt itself), as attnkit's ``generate``:
+        ``on_text(i, new_text)`` hears each prompt's text as it comes (one prompt at a time, then)."""
+        decode, context = self.decode, self.context
+        encoded = encode_prompts(self.tokenizer, prompts, context)
+        if on_text is not None:
+            return [self._streamed(i, ids, on_text) for i, ids in enumerate(encoded)]
+        pending = []
+        for batch in length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size):
+            # CTranslate2 returns each prompt and its continuation, max_length tokens after the prompt's
+            # first: enough for every prompt's room, each continuation then cut to its own
+            length = max(len(encoded[i]) - 1 + room(encoded[i], decode, context) for i in batch)
+            results = self.model.generate_batch(
+                [self._token_names(encoded[i]) for i in batch],
+                asynchronous=True,
+                max_length=length,
+                include_prompt_in_result=True,
+                **self._settings(),
+            )
+            pending.append((batch, results))
+        outputs = [""] * len(prompts)
+        for batch, results in pending:
+            stream = TextStream(self.tokenizer, decode.stop, list(batch), None)
+            for row, (i, result) in enumerate(zip(batch, results, strict=True)):
+                continuation = result.result().sequences[0][len(encoded[i]) :]
+                outputs[i] = stream.finish(row, self._ids(continuation[: room(encoded[i], decode, context)]))
+        return outputs
+
+    def _streamed(self, index: int, prompt: list[int], on_text: OnText) -> str:
+        """One prompt's continuation, token by token to ``on_text``, ended at a stop string."""
+        stream = TextStream(self.tokenizer, self.decode.stop, [index], on_text)
+        generated: list[int] = []
+        steps = self.model.generate_tokens(
+            self._token_names(prompt),
+            max_length=room(prompt, self.decode, self.context),
+            **self._settings(),
+        )
+        for step in steps:
+            if step.token_id == self.tokenizer.specials.eos:
+                break
+            generated.append(step.token_id)
+            if bool(stream.observe(torch.tensor([generated]))[0]):
+                break
+        return stream.finish(0, generated)

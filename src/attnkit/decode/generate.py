@@ -38,16 +38,7 @@ def generate(
     on_text: OnText | None = None,
 ) -> list[str]:
     """The continuation of each prompt (without the prompt itself)."""
-    encoded = tokenizer.encode_batch(prompts)
-    context = model.config.max_len
-    for i, ids in enumerate(encoded):
-        if not ids:
-            raise AttnkitError(f"prompt {i + 1} is empty: give the model at least one character to continue")
-        if len(ids) >= context:
-            raise AttnkitError(
-                f"prompt {i + 1} has {len(ids)} tokens, but the model's context is {context} tokens "
-                "(prompt and continuation together): shorten the prompt"
-            )
+    encoded = encode_prompts(tokenizer, prompts, model.config.max_len)
     outputs = [""] * len(prompts)
     batches = length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size)
     # Side by side on a CPU (streams.py), unless text is streamed: on_text then hears from one thread.
@@ -61,6 +52,26 @@ def generate(
             for i, text in zip(rows, texts, strict=True):
                 outputs[i] = text
     return outputs
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: list[str], context: int) -> list[list[int]]:
+    """Each prompt's ids; a one-line error for an empty prompt, or one that fills the model's
+    ``context`` (its positions, prompt and continuation together) and leaves no room to continue."""
+    encoded = tokenizer.encode_batch(prompts)
+    for i, ids in enumerate(encoded):
+        if not ids:
+            raise AttnkitError(f"prompt {i + 1} is empty: give the model at least one character to continue")
+        if len(ids) >= context:
+            raise AttnkitError(
+                f"prompt {i + 1} has {len(ids)} tokens, but the model's context is {context} tokens "
+                "(prompt and continuation together): shorten the prompt"
+            )
+    return encoded
+
+
+def room(prompt: list[int], decode: DecodeConfig, context: int) -> int:
+    """How many tokens may follow ``prompt``: ``decode.max_new_tokens``, within the model's context."""
+    return min(decode.max_new_tokens, context - len(prompt))
 
 
 @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
@@ -78,17 +89,18 @@ def _generate_batch(
     pad_id = tokenizer.specials.pad
     tokens = pad([[pad_id] * (longest - len(p)) + p for p in prompts], pad_id).to(device)  # left-padded
     valid = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts], device=device)
-    room = [min(decode.max_new_tokens, model.config.max_len - len(p)) for p in prompts]
+    rooms = [room(p, decode, model.config.max_len) for p in prompts]
     generators = [torch.Generator(device).manual_seed(decode.seed + i) for i in indices]
     choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)
-    stream = _Stream(tokenizer, decode.stop, indices, on_text)
-    limits = torch.tensor(room, device=device) + 1  # up to `room` tokens, then </s> ends the row
+    stream = TextStream(tokenizer, decode.stop, indices, on_text)
+    limits = torch.tensor(rooms, device=device) + 1  # up to `room` tokens, then </s> ends the row
     generated = extend(model.decoding(valid), tokens, limits, tokenizer.specials, choose, stream.observe)
     return [stream.finish(row, ids) for row, ids in enumerate(generated)]
 
 
-class _Stream:
-    """Decodes the rows as they grow: finds stop strings and passes new text to ``on_text``."""
+class TextStream:
+    """Decodes the rows as they grow: finds stop strings and passes new text to ``on_text``; ``finish``
+    gives a row's text, up to its first stop string (also for an engine that does not stop at them)."""
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str], indices: list[int], on_text: OnText | None):
         self.tokenizer, self.stop, self.indices, self.on_text = tokenizer, stop, indices, on_text

@@ -15,7 +15,8 @@ adds no special tokens, so inputs are built as attnkit builds them.
 
 ``--to ctranslate2``: a CTranslate2 model folder (``models/convert/ctranslate2.py``; the optional extra
 ``ctranslate2``) plus attnkit's ``tokenizer.json`` and the run's decoding settings
-(``attnkit_decode.json``), for ``attnkit translate --engine ctranslate2``.
+(``attnkit_decode.json``): a translation model for ``attnkit translate --engine ctranslate2``, a
+GPT-style decoder for ``attnkit generate --engine ctranslate2``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.train.checkpoint import write_folder
 
 DECODE_FILE = "attnkit_decode.json"  # a CTranslate2 folder's decoding settings (the run's decode section)
+MODEL_FILE = "attnkit_model.json"  # and what it holds: {"arch": the model's, "context": its positions}
 
 
 def hf_marian_files(model: EncoderDecoder, tokenizer: Tokenizer) -> dict[str, str | dict]:
@@ -144,10 +146,15 @@ def export_hf(model: nn.Module, tokenizer: Tokenizer, out: Path, labels: Sequenc
 
 
 def export_ctranslate2(
-    model: EncoderDecoder, tokenizer: Tokenizer, decode: dict, out: Path, quantization: str | None = None
+    model: EncoderDecoder | DecoderModel,
+    tokenizer: Tokenizer,
+    decode: dict,
+    out: Path,
+    quantization: str | None = None,
 ) -> Path:
-    """Write a CTranslate2 model folder ``out`` atomically; ``quantization`` as CTranslate2 names it
-    (``int8``, ``int8_float32``, ...; none: float32 weights)."""
+    """Write a CTranslate2 model folder ``out`` atomically (a translation model for an encoder-decoder,
+    a generator for a decoder); ``quantization`` as CTranslate2 names it (``int8``, ``int8_float32``,
+    ...; none: float32 weights)."""
     try:
         import ctranslate2  # noqa: F401  (the spec below needs it)
     except ImportError:
@@ -162,5 +169,7 @@ def export_ctranslate2(
         spec.save(str(folder))
         (folder / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
         (folder / DECODE_FILE).write_text(json.dumps(decode, indent=2), encoding="utf-8")
+        held = {"arch": model.config.arch, "context": model.config.max_len}
+        (folder / MODEL_FILE).write_text(json.dumps(held, indent=2), encoding="utf-8")
 
     return write_folder(out, write)
