@@ -131,12 +131,9 @@ def test_translate_writes_n_best_lists_with_the_line_of_each(trained, tmp_path, 
     assert all(float(a[2]) >= float(b[2]) for a, b in zip(rows[::2], rows[1::2], strict=True))
     best = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(source)])
     assert [row[1] for row in rows[::2]] == [best.stdout.splitlines()[i] for i in (0, 2, 3)]
-    for args, message in (
-        (["--n-best", "3"], "--n-best 3 needs a beam at least as wide: give --beam 3"),
-        (["--engine", "ctranslate2", "--n-best", "1"], "--n-best is attnkit's engine's"),
-    ):
-        refused = runner.invoke(app, ["translate", "--ckpt", str(trained), *args], input="1 2\n")
-        assert refused.exit_code == 2 and message in refused.stderr, refused.output
+    refused = runner.invoke(app, ["translate", "--ckpt", str(trained), "--n-best", "3"], input="1 2\n")
+    assert refused.exit_code == 2, refused.output
+    assert "--n-best 3 needs a beam at least as wide: give --beam 3" in refused.stderr
 
 
 def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, copy_data, tmp_path):

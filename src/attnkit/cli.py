@@ -273,7 +273,8 @@ def translate(
         int,
         typer.Option(
             help="Write each line's N best translations with their scores, 'LINE ||| TRANSLATION ||| "
-            "SCORE' (LINE from 0, best first; beam search, --beam at least N); 0 = the best alone."
+            "SCORE' (LINE from 0, best first; beam search, --beam at least N; the score is log P / "
+            "length^alpha, CTranslate2's its own); 0 = the best alone."
         ),
     ] = 0,
 ) -> None:
@@ -298,17 +299,19 @@ def translate(
     if engine == "ctranslate2":
         if int8:
             raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
-        if n_best:
-            raise AttnkitError(
-                "--n-best is attnkit's engine's; CTranslate2 scores its hypotheses its own way"
-            )
         ct2 = _ctranslate2(ckpt, overrides)
-        _translate_by_parts(input, output, lambda texts, first, bar: ct2.translate(texts, beam, bar))
+        _check_n_best(n_best, beam or ct2.decode.beam_size)
+
+        def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+            if not n_best:
+                return ct2.translate(texts, beam, progress)
+            return _n_best_lines(ct2.translate_n_best(texts, n_best, beam, progress), first)
+
+        _translate_by_parts(input, output, translate_part)
         return
     device = resolve_device()
     model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
-    if n_best > (beam or config.decode.beam_size):
-        raise AttnkitError(f"--n-best {n_best} needs a beam at least as wide: give --beam {n_best} or more")
+    _check_n_best(n_best, beam or config.decode.beam_size)
     source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
     settings = dict(beam_size=beam, device=device, warn=_note, source_limit=source_limit)
 
@@ -318,10 +321,21 @@ def translate(
                                    first_line=first, **settings)  # fmt: skip
         found = translate_n_best(model, tokenizer, texts, config.decode, n_best, progress=progress,
                                  first_line=first, **settings)  # fmt: skip
-        return [f"{first - 1 + i} ||| {text} ||| {score:.4f}" for i, best in enumerate(found)
-                for text, score in best]  # fmt: skip
+        return _n_best_lines(found, first)
 
     _translate_by_parts(input, output, translate_part)
+
+
+def _check_n_best(n_best: int, beam: int) -> None:
+    if n_best > beam:
+        raise AttnkitError(f"--n-best {n_best} needs a beam at least as wide: give --beam {n_best} or more")
+
+
+def _n_best_lines(found: list[list[tuple[str, float]]], first: int) -> list[str]:
+    """``LINE ||| TRANSLATION ||| SCORE`` for each hypothesis of each line (LINE from 0; ``first`` is the
+    number of the part's first line, from 1)."""
+    return [f"{first - 1 + i} ||| {text} ||| {score:.4f}" for i, best in enumerate(found)
+            for text, score in best]  # fmt: skip
 
 
 PART_LINES = 50_000  # lines translate reads at a time: its memory stays bounded whatever the input's size

@@ -23,8 +23,12 @@ def model_and_tokenizer():
     return model.eval(), tokenizer
 
 
-def _log_probability(model, tokenizer, source: str, target: str) -> float:
-    """log P(target </s> | source </s>), teacher-forced in float64: the sum of each token's log-softmax."""
+def _log_probability(
+    model, tokenizer, source: str, target: str, ended: bool = True, never: tuple[int, ...] = ()
+) -> float:
+    """log P(target </s> | source </s>), teacher-forced in float64: the sum of each token's log-softmax;
+    ``ended=False``: of the target alone (no </s>); ``never``: tokens taken out of every distribution
+    (their logits -inf before the softmax)."""
     s = tokenizer.specials
     src = torch.tensor([[*tokenizer.encode(source), s.eos]])
     out = [*tokenizer.encode(target), s.eos]
@@ -32,8 +36,9 @@ def _log_probability(model, tokenizer, source: str, target: str) -> float:
     with torch.no_grad():
         logits = model.double()(src, tgt_in).float().double()  # (1, T, V)
     model.float()
+    logits[..., list(never)] = float("-inf")
     log_probs = logits.log_softmax(-1)[0, torch.arange(len(out)), torch.tensor(out)]
-    return float(log_probs.sum())
+    return float(log_probs.sum() if ended else log_probs[:-1].sum())
 
 
 @pytest.mark.parametrize(("penalty", "alpha"), [("length", 1.0), ("gnmt", 0.6), ("length", 0.0)])
@@ -67,3 +72,29 @@ def test_one_best_of_a_beam_of_one_is_greedy_searchs_translation(model_and_token
     assert found[-1] == []  # an empty line: no hypotheses
     with pytest.raises(ValueError, match=r"n_best \(3\) must not exceed the beam size \(2\)"):
         translate_n_best(model, tokenizer, texts, decode, 3, beam_size=2)
+
+
+def test_ctranslate2s_n_best_scores_follow_its_own_formula(model_and_tokenizer, tmp_path):
+    """CTranslate2's score (decode/ct2.py): log P'(Y) / |Y|^α, P' the model's distribution without <pad>
+    and <s> (CTranslate2 takes them out before the softmax), Y ending in </s>, or cut at the length bound
+    without it; recomputed here from a teacher-forced pass."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
+    from attnkit.decode.ct2 import CTranslate2Translator
+    from attnkit.models.convert.export import export_ctranslate2
+
+    model, tokenizer = model_and_tokenizer
+    s = tokenizer.specials
+    texts = copy(6, seed=2, max_length=6).src
+    decode = DecodeConfig(batch_size=1, streams=1, alpha=0.8)  # one line a batch: its own length bound
+    folder = export_ctranslate2(model, tokenizer, vars(decode), tmp_path / "ct2")
+    found = CTranslate2Translator(folder).translate_n_best(texts, 3, beam_size=4)
+    kinds = set()
+    for text, best in zip(texts, found, strict=True):
+        assert len(best) == 3
+        for translation, score in best:
+            length = len(tokenizer.encode(translation))
+            cut = length == int(1.5 * (len(tokenizer.encode(text)) + 1) + 10) - 1  # at the bound: no </s>
+            kinds.add(cut)
+            expected = _log_probability(model, tokenizer, text, translation, not cut, (s.pad, s.bos))
+            assert score == pytest.approx(expected / (length + (not cut)) ** 0.8, abs=1e-4)
+    assert kinds == {True, False}  # both kinds of hypotheses were scored

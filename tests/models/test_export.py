@@ -140,6 +140,43 @@ def test_the_ctranslate2_export_translates_as_attnkit_does(
     assert side_by_side.exit_code == 0 and side_by_side.stdout == ours.stdout, side_by_side.output
 
 
+def test_the_ctranslate2_exports_n_best_from_the_command_line(trained, copy_data, tmp_path):
+    """``translate --engine ctranslate2 --n-best``: attnkit's format, each line's best first and equal to
+    the plain translation, none for an empty line; an output that a bound of one token leaves empty is
+    scored log P(</s>), as attnkit scores it. (The scores themselves: tests/decode/test_translate.py.)"""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
+    runner, out = CliRunner(), tmp_path / "ct2"
+    result = runner.invoke(app, ["export", "--ckpt", str(trained), "--to", "ctranslate2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    source = tmp_path / "source.txt"
+    source.write_text((copy_data / "valid.src").read_text() + "\n")  # and an empty line: no hypotheses
+    lines = len((copy_data / "valid.src").read_text().splitlines())
+    ct2 = ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", "3", "-i", str(source)]
+    plain = runner.invoke(app, ct2)
+    result = runner.invoke(app, [*ct2, "--n-best", "3"])
+    assert plain.exit_code == result.exit_code == 0, result.output
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert [int(row[0]) for row in rows] == sorted(int(row[0]) for row in rows)
+    assert {int(row[0]) for row in rows} == set(range(lines))  # the empty last line has none
+    firsts = [next(row[1] for row in rows if row[0] == str(i)) for i in range(lines)]
+    assert firsts == plain.stdout.splitlines()[:lines]
+    for i in range(lines):
+        scores = [float(row[2]) for row in rows if row[0] == str(i)]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    ended = {}
+    for engine, ckpt in (("attnkit", trained), ("ctranslate2", out)):
+        result = runner.invoke(app, ["translate", "--engine", engine, "--ckpt", str(ckpt), "--beam", "3",
+                                     "--n-best", "1", "-i", str(source), *ONLY_END])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        ended[engine] = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert len(ended["attnkit"]) == lines and all(row[1] == "" for row in ended["attnkit"])
+    assert [(row[0], row[1]) for row in ended["ctranslate2"]] == [
+        (row[0], row[1]) for row in ended["attnkit"]
+    ]
+    for ours, theirs in zip(ended["attnkit"], ended["ctranslate2"], strict=True):
+        assert float(theirs[2]) == pytest.approx(float(ours[2]), abs=2e-4)
+
+
 def test_evaluate_scores_the_ctranslate2_export_as_it_scores_the_checkpoint(trained, copy_data, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
     runner, out = CliRunner(), tmp_path / "ct2"

@@ -8,6 +8,10 @@ empty line; the batches are attnkit's; finished hypotheses rank by ``log P / len
 (``decode.alpha``). What differs: CTranslate2 has no GNMT length penalty (``decode.length_penalty=gnmt``)
 nor a choice of stopping rule; it bounds the output length per batch (``a · longest source + b``)
 rather than per sentence, and cuts a hypothesis at the bound where attnkit's ends it with ``</s>``.
+``translate_n_best`` gives CTranslate2's scores, ``log P'(Y) / |Y|^α`` as attnkit's but with P' the
+model's distribution without ``<pad>`` and ``<s>`` (CTranslate2 takes them out before the softmax,
+attnkit after it, keeping true log-probabilities), and a hypothesis cut at the bound scored without
+``</s>``; an output left empty by a bound of one token is scored ``log P(</s>)``, as attnkit scores it.
 
 :class:`CTranslate2Generator` (a GPT-style decoder, ``attnkit generate``). What matches: the prompts and
 their batches, at most ``decode.max_new_tokens`` new tokens within the model's context, ``<pad>`` and
@@ -119,35 +123,69 @@ class CTranslate2Translator(_ExportedFolder):
         batches are attnkit's (``decode.batch_size`` sentences of similar length), each with its own
         length bound, submitted at once so that ``decode.streams`` of them run at a time. ``progress``
         hears how many more lines are done, batch by batch."""
+        found = self._hypotheses(texts, beam_size, 0, progress)
+        return [hypotheses[0][0] if hypotheses else "" for hypotheses in found]
+
+    def translate_n_best(
+        self,
+        texts: list[str],
+        n_best: int,
+        beam_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[tuple[str, float]]]:
+        """The ``n_best`` best translations of each text with their scores, best first (none for an empty
+        line), as attnkit's ``translate_n_best``, with CTranslate2's scores (see the module docstring).
+        Otherwise as :meth:`translate`."""
+        return self._hypotheses(texts, beam_size, n_best, progress)
+
+    def _hypotheses(
+        self, texts: list[str], beam_size: int | None, n_best: int, progress: Callable[[int], None] | None
+    ) -> list[list[tuple[str, float]]]:
+        """Each text's hypotheses and their scores, best first: the best alone and unscored (``n_best``
+        0), or ``n_best`` of them, scored."""
         tokenizer, decode = self.tokenizer, self.decode
+        beam = decode.beam_size if beam_size is None else beam_size
+        if n_best > beam:
+            raise ValueError(f"n_best ({n_best}) must not exceed the beam size ({beam})")
         eos = self._token_names([tokenizer.specials.eos])
         sources = [self._token_names(ids) + eos for ids in tokenizer.encode_batch(texts)]
         todo = [i for i, text in enumerate(texts) if text.strip()]
+        found: list[list[tuple[str, float]]] = [[] for _ in texts]
         pending = []
         for batch in length_batches(todo, [len(source) for source in sources], decode.batch_size):
             # attnkit's bound counts the </s> that ends an output, CTranslate2's does not
             words = int(decode.max_len_a * max(len(sources[i]) for i in batch) + decode.max_len_b) - 1
-            if words < 1:
-                continue  # room for </s> alone: empty outputs
+            if words < 1:  # room for </s> alone: empty outputs, scored (if asked) by the probability of </s>
+                scores = [float("nan")] * len(batch)
+                if n_best:
+                    ended = self.model.score_batch([sources[i] for i in batch], [[]] * len(batch))
+                    scores = [sum(result.log_probs) for result in ended]
+                for i, score in zip(batch, scores, strict=True):
+                    found[i] = [("", score)]
+                continue
             results = self.model.translate_batch(
                 [sources[i] for i in batch],
                 asynchronous=True,
-                beam_size=decode.beam_size if beam_size is None else beam_size,
+                beam_size=beam,
+                num_hypotheses=max(n_best, 1),
+                return_scores=n_best > 0,
                 length_penalty=decode.alpha,
                 max_decoding_length=words,
                 min_decoding_length=0,  # an output may be empty, as in attnkit's search
                 suppress_sequences=self._never_produced(),
             )
             pending.append((batch, results))
-        outputs = [""] * len(texts)
         if progress is not None:
             progress(len(texts) - sum(len(batch) for batch, _ in pending))  # the lines left empty
         for batch, results in pending:
             for i, result in zip(batch, results, strict=True):
-                outputs[i] = tokenizer.decode(self._ids(result.result().hypotheses[0]))
+                result = result.result()
+                scores = result.scores if n_best else [float("nan")]
+                outputs = [tokenizer.decode(self._ids(hypothesis)) for hypothesis in result.hypotheses]
+                found[i] = list(zip(outputs, scores, strict=True))
             if progress is not None:
                 progress(len(batch))
-        return outputs
+        return found
 
 
 class CTranslate2Generator(_ExportedFolder):
