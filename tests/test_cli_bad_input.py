@@ -15,6 +15,7 @@ from sacrebleu.metrics import BLEU
 from typer.testing import CliRunner
 
 from attnkit.cli import app
+from tests.cli_checks import one_line_error
 
 runner = CliRunner()
 
@@ -30,13 +31,6 @@ def run(tmp_path_factory, copy_data):
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     return folder
-
-
-def _one_line_error(result, pattern):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert re.search(pattern, lines[0]), lines[0]
 
 
 def _checkpoint_copy(run, tmp_path):
@@ -99,14 +93,14 @@ def test_a_corrupt_or_mismatched_checkpoint_is_one_line_naming_the_file(run, tmp
     checkpoint = _checkpoint_copy(run, tmp_path)
     corrupt, message = CORRUPTIONS[corruption]
     corrupt(checkpoint)
-    _one_line_error(runner.invoke(app, ["translate", "--ckpt", str(checkpoint)], input="1 2\n"), message)
+    one_line_error(runner.invoke(app, ["translate", "--ckpt", str(checkpoint)], input="1 2\n"), message)
 
 
 def test_resuming_from_a_truncated_trainer_state_is_one_line(run, tmp_path):
     copy_of_run = shutil.copytree(run, tmp_path / "run")
     _truncate(copy_of_run / (copy_of_run / "last").read_text().strip() / "trainer_state.safetensors")
     result = runner.invoke(app, ["train", "--resume", str(copy_of_run), "train.max_steps=30"])
-    _one_line_error(result, r"trainer_state\.safetensors: corrupt or truncated")
+    one_line_error(result, r"trainer_state\.safetensors: corrupt or truncated")
 
 
 def test_a_last_pointer_naming_a_deleted_checkpoint_is_one_line(run, tmp_path):
@@ -114,7 +108,7 @@ def test_a_last_pointer_naming_a_deleted_checkpoint_is_one_line(run, tmp_path):
     for folder in copy_of_run.glob("step-*"):
         shutil.rmtree(folder)
     result = runner.invoke(app, ["translate", "--ckpt", str(copy_of_run)], input="1\n")
-    _one_line_error(result, r"'last' names 'step-0000020', which is gone")
+    one_line_error(result, r"'last' names 'step-0000020', which is gone")
 
 
 @pytest.mark.parametrize(
@@ -132,9 +126,9 @@ def test_an_exported_folder_given_as_a_checkpoint_names_the_command_that_reads_i
     exported = tmp_path / to
     export = runner.invoke(app, ["export", "--ckpt", str(run), "--to", to, "--out", str(exported)])
     assert export.exit_code == 0, export.output
-    _one_line_error(runner.invoke(app, ["translate", "--ckpt", str(exported)], input="1 2\n"), message)
+    one_line_error(runner.invoke(app, ["translate", "--ckpt", str(exported)], input="1 2\n"), message)
     evaluate = ["evaluate", "--ckpt", str(exported), "--src", str(exported), "--ref", str(exported)]
-    _one_line_error(runner.invoke(app, evaluate), message)
+    one_line_error(runner.invoke(app, evaluate), message)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +141,7 @@ def test_an_exported_folder_given_as_a_checkpoint_names_the_command_that_reads_i
 )
 def test_option_values_out_of_range_are_one_line(run, args, message):
     flag = "--run-dir" if args[0] == "average" else "--ckpt"
-    _one_line_error(runner.invoke(app, [*args, flag, str(run)], input="1\n"), message)
+    one_line_error(runner.invoke(app, [*args, flag, str(run)], input="1\n"), message)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +158,7 @@ def test_option_values_out_of_range_are_one_line(run, args, message):
 def test_decode_settings_on_the_command_line_are_checked_before_any_work(run, command, setting, message):
     files = ["--src", "x", "--ref", "y"] if command == "evaluate" else []  # not read: the check comes first
     result = runner.invoke(app, [command, "--ckpt", str(run), *files, setting], input="1 2\n")
-    _one_line_error(result, message)
+    one_line_error(result, message)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +171,7 @@ def test_decode_settings_on_the_command_line_are_checked_before_any_work(run, co
     ],
 )
 def test_other_commands_check_their_options_too(args, message):
-    _one_line_error(runner.invoke(app, args), message)
+    one_line_error(runner.invoke(app, args), message)
 
 
 @pytest.mark.parametrize("where", ["missing folder", "a folder"])
@@ -185,7 +179,7 @@ def test_an_output_that_cannot_be_written_fails_before_translating(run, tmp_path
     out = tmp_path / "no_such_folder" / "out.txt" if where == "missing folder" else tmp_path
     monkeypatch.setattr("attnkit.decode.translate.translate", lambda *a, **k: pytest.fail("translated first"))
     result = runner.invoke(app, ["translate", "--ckpt", str(run), "-o", str(out)], input="1 2\n")
-    _one_line_error(result, r"does not exist" if where == "missing folder" else r"is a folder")
+    one_line_error(result, r"does not exist" if where == "missing folder" else r"is a folder")
 
 
 def test_empty_input_gives_empty_output(run, tmp_path):
@@ -239,10 +233,10 @@ class CountingBar:
 
 def test_invalid_utf8_on_stdin_or_in_a_file_is_one_line_naming_the_line(run, tmp_path):
     result = runner.invoke(app, ["translate", "--ckpt", str(run)], input=b"1 2\n3 \xff 4\n")
-    _one_line_error(result, r"<stdin>:2: invalid UTF-8 at byte 2 of the line")
+    one_line_error(result, r"<stdin>:2: invalid UTF-8 at byte 2 of the line")
     (tmp_path / "in.txt").write_bytes(b"1 2\n\n5 \xfe\n")
     result = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt")])
-    _one_line_error(result, r"in\.txt:3: invalid UTF-8 at byte 2 of the line")
+    one_line_error(result, r"in\.txt:3: invalid UTF-8 at byte 2 of the line")
 
 
 def test_a_large_input_is_translated_a_part_at_a_time_as_it_would_be_whole(run, tmp_path, monkeypatch):
@@ -271,7 +265,7 @@ def test_a_failure_halfway_leaves_the_output_file_as_it_was(run, tmp_path, monke
     result = runner.invoke(
         app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
     )
-    _one_line_error(result, r"in\.txt:3: invalid UTF-8")
+    one_line_error(result, r"in\.txt:3: invalid UTF-8")
     assert out.read_text() == "an earlier translation\n" and sorted(tmp_path.iterdir()) == [
         tmp_path / "in.txt",
         out,
@@ -306,13 +300,13 @@ def test_evaluate_scores_every_pair_and_counts_the_empty_ones(run, tmp_path):
 
 def test_average_refuses_what_cannot_work(run, tmp_path):
     result = runner.invoke(app, ["average", "--run-dir", str(tmp_path / "nothing")])
-    _one_line_error(result, r"nothing: no such run directory")
+    one_line_error(result, r"nothing: no such run directory")
     (tmp_path / "empty_run").mkdir()
-    _one_line_error(runner.invoke(app, ["average", "--run-dir", str(tmp_path / "empty_run")]),
+    one_line_error(runner.invoke(app, ["average", "--run-dir", str(tmp_path / "empty_run")]),
                     r"no checkpoints to average")  # fmt: skip
     last = run / (run / "last").read_text().strip()
     result = runner.invoke(app, ["average", "--run-dir", str(run), "--out", str(last)])
-    _one_line_error(result, r"the output would replace one of the checkpoints being averaged")
+    one_line_error(result, r"the output would replace one of the checkpoints being averaged")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
@@ -320,7 +314,7 @@ def test_asking_for_a_gpu_that_is_not_there_is_one_line(copy_data, tmp_path):
     result = runner.invoke(app, ["train", "--run-dir", str(tmp_path / "r"), "--data", str(copy_data),
                                  "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
                                  "train.max_steps=1", "train.device=cuda"])  # fmt: skip
-    _one_line_error(result, r"train\.device='cuda', but this torch sees no CUDA device")
+    one_line_error(result, r"train\.device='cuda', but this torch sees no CUDA device")
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from attnkit.models.convert.export import export_ctranslate2
 
 pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
 from attnkit.decode.ct2 import CTranslate2Generator
+from tests.cli_checks import one_line_error
 
 TEXT = ["the quick brown fox jumps over the lazy dog", "a cat sleeps on the warm mat", "rain falls"] * 10
 runner = CliRunner()
@@ -168,5 +169,4 @@ def test_each_engine_refuses_the_others_folders_in_one_line(exported, tokenizer,
     ]  # fmt: skip
     for args, message in cases:
         result = runner.invoke(app, args)
-        assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
-        assert re.search(message, result.stderr), result.stderr
+        one_line_error(result, message)

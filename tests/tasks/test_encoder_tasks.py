@@ -24,6 +24,7 @@ from attnkit.tasks.masked_lm import MaskedLMTask, mask_tokens
 from attnkit.tasks.span_qa import best_spans, encode_question, exact_and_f1
 from attnkit.train.checkpoint import resolve_checkpoint
 from attnkit.train.loop import Trainer
+from tests.cli_checks import one_line_error
 
 runner = CliRunner()
 QUIET = {"echo": lambda m: None}
@@ -259,8 +260,7 @@ def test_encoder_commands_refuse_what_they_cannot_do_in_one_line(tsv_dir, tmp_pa
     ]  # fmt: skip
     for args, message in cases:
         result = runner.invoke(app, args)
-        assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
-        assert re.search(message, result.stderr), result.stderr
+        one_line_error(result, message)
 
 
 def test_tasks_and_architectures_must_go_together():

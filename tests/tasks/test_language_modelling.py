@@ -16,6 +16,7 @@ from attnkit.errors import ConfigError
 from attnkit.tasks.language_modelling import LanguageModellingTask, read_texts
 from attnkit.train.checkpoint import resolve_checkpoint
 from attnkit.train.loop import Trainer
+from tests.cli_checks import one_line_error
 
 runner = CliRunner()
 VERSE = "".join(
@@ -166,8 +167,7 @@ def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy
     ]
     for args, message in cases:
         result = runner.invoke(app, ["generate", "--ckpt", str(run), *args])
-        assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
-        assert re.search(message, result.stderr), result.stderr
+        one_line_error(result, message)
     translation = tmp_path / "translation"
     files = ["data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]"]
     args = [
