@@ -462,7 +462,8 @@ def evaluate(
     data: Annotated[
         Path | None,
         typer.Option(
-            help="Classifier: a TSV file of sentence<TAB>label lines; summariser: a JSON Lines file."
+            help="Classifier: a TSV file of sentence<TAB>label lines; summariser: a JSON Lines file; "
+            "decoder (GPT-style): a text file."
         ),
     ] = None,
     beam: Annotated[int | None, typer.Option(help="Translation: beam size; 1 = greedy.")] = None,
@@ -483,8 +484,9 @@ def evaluate(
 ) -> None:
     """Score a model: a translation model's sacreBLEU BLEU and chrF on --src against --ref, a
     summariser's ROUGE-1/2/L on the records of --data, a classifier's accuracy and macro-F1 on the
-    labelled sentences of --data, or an image model's accuracy on its task's generated test images
-    (digits never seen in training).
+    labelled sentences of --data, a decoder's perplexity on the text of --data (in blocks of its context,
+    as training validates), or an image model's accuracy on its task's generated test images (digits
+    never seen in training).
 
     For translation every pair is scored: an empty source line is translated as an empty line, and the
     counts of empty sources and references are printed. Extra ``decode.field=value`` arguments change
@@ -520,6 +522,11 @@ def evaluate(
             raise AttnkitError(f"{ckpt} holds an encoder model: evaluate it with --data FILE.tsv")
         _no_decoding(overrides, int8, arch)
         _evaluate_classifier(ckpt, data)
+    elif arch == "decoder":
+        if data is None or src is not None or ref is not None:
+            raise AttnkitError(f"{ckpt} holds a decoder model: evaluate its perplexity with --data FILE.txt")
+        _no_decoding(overrides, False, arch)
+        _evaluate_text(ckpt, data, int8)
     elif run_config.data.task == "summarise":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds a summariser: evaluate it with --data FILE.jsonl")
@@ -660,6 +667,20 @@ def _load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
                 "none": "an encoder without a head"}.get(config.model.head, config.model.head)  # fmt: skip
         raise AttnkitError(f"{ckpt} holds {what}; this command needs a {' or '.join(heads)} head")
     return model, tokenizer, config
+
+
+def _evaluate_text(ckpt: Path, data: Path, int8: bool) -> None:
+    """A decoder's cross-entropy and perplexity on the text file ``data``."""
+    from attnkit.data.readers import read_text
+    from attnkit.tasks.language_modelling import text_perplexity
+    from attnkit.train.distributed import resolve_device
+
+    device = resolve_device()
+    model, tokenizer, config = _load(ckpt, device, "decoder", int8)
+    per_batch = max(1, config.train.max_tokens // config.model.max_len)  # as training's validation
+    scored = text_perplexity(model, tokenizer, read_text(data), per_batch, device)
+    typer.echo(f"perplexity = {scored['perplexity']:.3f} (cross-entropy {scored['loss']:.4f} nats per token, "
+               f"{scored['tokens']:,} tokens predicted in blocks of {config.model.max_len})")  # fmt: skip
 
 
 def _evaluate_classifier(ckpt: Path, data: Path) -> None:

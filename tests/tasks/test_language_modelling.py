@@ -2,6 +2,7 @@
 training that learns, exact resume, and the command line from train to generate."""
 
 import json
+import math
 import re
 from contextlib import nullcontext
 
@@ -183,3 +184,55 @@ def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy
     assert result.exit_code == 2
     assert re.search(r"holds an encoder-decoder model, which this command cannot use; use attnkit translate",
                      result.stderr)  # fmt: skip
+
+
+def test_evaluate_gives_a_decoders_perplexity_on_a_text_as_training_validates_it(text_dir, tmp_path):
+    """``attnkit evaluate --data FILE.txt`` of a decoder: the perplexity of its last validation on the same
+    text (training's blocks), one line; a decoder without --data is told to give one."""
+    held_out = "".join(f"line {i}: the lazy dog sleeps, and the quick fox jumps.\n" for i in range(12))
+    (text_dir / "valid.txt").write_text(held_out)
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
+                                 "data.valid=[valid.txt]", "train.max_steps=20"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    last = (run / "metrics.csv").read_text().splitlines()[-1].split(",")
+    valid_ppl = float(last[-2])
+    result = runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(text_dir / "valid.txt")])
+    assert result.exit_code == 0, result.output
+    tokens = len(held_out) - 1  # characters, every one but the first predicted
+    assert re.fullmatch(rf"perplexity = {valid_ppl:.3f} \(cross-entropy [\d.]+ nats per token, {tokens:,} "
+                        r"tokens predicted in blocks of 32\)\n", result.stdout), result.stdout  # fmt: skip
+    one_line_error(runner.invoke(app, ["evaluate", "--ckpt", str(run)]),
+                   r"holds a decoder model: evaluate its perplexity with --data FILE\.txt")  # fmt: skip
+    one_line_error(runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(tmp_path / "no.txt")]),
+                   r"no\.txt: file not found")  # fmt: skip
+
+
+def test_text_perplexity_is_hf_gpt2s_on_the_same_blocks():
+    """The perplexity of a text equals HF ``GPT2LMHeadModel``'s (the same random weights): the summed
+    cross-entropy of HF's logits on consecutive blocks of the model's context, each predicting the
+    tokens one later."""
+    transformers = pytest.importorskip("transformers", reason="HF transformers is the reference")
+    from attnkit.data.tokenizer import Tokenizer
+    from attnkit.models import build_model, from_preset
+    from attnkit.models.convert import hf_gpt2_config_kwargs, to_hf_gpt2
+    from attnkit.tasks.language_modelling import text_perplexity
+
+    tokenizer = Tokenizer.train("char", [VERSE])
+    torch.manual_seed(0)
+    ours = build_model(from_preset("tiny-decoder", max_len=16), tokenizer.vocab_size).eval()
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**hf_gpt2_config_kwargs(ours))).eval()
+    hf.load_state_dict(to_hf_gpt2(ours), strict=True)
+    text = VERSE[:300]
+    scored = text_perplexity(ours, tokenizer, text, per_batch=3)
+    ids = tokenizer.encode(text)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, 16):  # blocks of 16 predictions: 17 ids, the last one shorter
+            block = torch.tensor(ids[start : start + 17])
+            logits = hf(block[None, :-1]).logits[0]  # (T, V)
+            total += torch.nn.functional.cross_entropy(logits, block[1:], reduction="sum").item()
+            count += len(block) - 1
+    assert scored["tokens"] == count == len(ids) - 1
+    assert scored["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert scored["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)

@@ -10,13 +10,14 @@ An epoch cuts the stream into consecutive whole blocks starting at a random offs
 and the epoch, so a resumed run sees the same blocks) and shuffles them: every token but those before
 the offset and after the last whole block is seen once per epoch.
 A batch holds ``train.max_tokens // model.max_len`` blocks. Validation runs over the whole validation
-stream in consecutive blocks and reports the loss and perplexity per token.
+stream in consecutive blocks and reports the loss and perplexity per token; ``text_perplexity`` scores
+any text the same way (``attnkit evaluate --data FILE.txt``).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,7 +27,9 @@ from torch import Tensor
 from attnkit.config import DataConfig, RunConfig
 from attnkit.data.readers import read_text
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.search import evaluating
 from attnkit.errors import DataError
+from attnkit.metrics import perplexity
 from attnkit.tasks.validation import validation_loss
 from attnkit.train.losses import generative_loss
 
@@ -107,14 +110,47 @@ class LanguageModellingTask:
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss and perplexity per token over the whole validation text."""
-        span = len(self.valid_ids) - 1  # predicted tokens
-        whole = list(range(0, span - self.block + 1, self.block))
-        batches = [(whole[i : i + self.per_batch], self.block) for i in range(0, len(whole), self.per_batch)]
-        tail = len(whole) * self.block
-        if tail < span:  # the rest, shorter than a block, in a batch of its own
-            batches.append(([tail], span - tail))
-        blocks = (_blocks(self.valid_ids, starts, length) for starts, length in batches)
+        blocks = stream_blocks(self.valid_ids, self.block, self.per_batch)
         return validation_loss(self.loss, model, blocks, device, autocast)
+
+
+def stream_blocks(ids: Tensor, block: int, per_batch: int) -> Iterator[Blocks]:
+    """All of a token stream ``ids`` for evaluation: consecutive blocks of ``block`` tokens, each
+    predicting the tokens one later, so that every token but the first is predicted once, from the
+    tokens before it in its block; ``per_batch`` whole blocks a batch, then the rest, shorter than a
+    block, in a batch of its own."""
+    span = len(ids) - 1  # predicted tokens
+    whole = list(range(0, span - block + 1, block))
+    for i in range(0, len(whole), per_batch):
+        yield _blocks(ids, whole[i : i + per_batch], block)
+    tail = len(whole) * block
+    if tail < span:
+        yield _blocks(ids, [tail], span - tail)
+
+
+@torch.no_grad()
+def text_perplexity(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    text: str,
+    per_batch: int,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
+    """A decoder model's cross-entropy (nats per token) and perplexity on ``text``, tokenised as one
+    stream and read in blocks of the model's context (:func:`stream_blocks`), as training validates;
+    ``tokens``: how many were predicted."""
+    ids = torch.tensor(tokenizer.encode(text))
+    if len(ids) < 2:
+        raise DataError(f"the text has {len(ids)} token(s); a language model predicts from the second on")
+    nll, tokens = torch.zeros((), device=device), 0
+    with evaluating(model):
+        for batch in stream_blocks(ids, model.config.max_len, per_batch):
+            batch = batch.to(device)
+            _, token_nll = generative_loss(model, (batch.inputs,), batch.targets, 0.0, tokenizer.specials.pad)
+            nll += token_nll.sum()
+            tokens += batch.n_tokens
+    loss = nll.item() / tokens
+    return {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
 
 
 def _blocks(ids: Tensor, starts: list[int], length: int) -> Blocks:
