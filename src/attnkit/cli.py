@@ -12,7 +12,7 @@ import functools
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -498,12 +498,16 @@ def evaluate(
     at_least("--streams", streams, 0)
     overrides = decode_overrides(ctx, streams)
     check_engine(engine)
-    if engine == "ctranslate2":  # an exported folder: translation only
-        if data is not None or src is None or ref is None:
-            raise AttnkitError("--engine ctranslate2 scores a translation model: give --src FILE --ref FILE")
+    if engine == "ctranslate2":  # an exported folder: a translation model, or a decoder's perplexity
         if int8:
             raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
-        _evaluate_translation(ckpt, src, ref, beam, overrides, engine, int8)
+        if data is not None and src is None and ref is None:
+            _evaluate_text(ckpt, data, int8, engine, overrides)
+        elif data is not None or src is None or ref is None:
+            raise AttnkitError("--engine ctranslate2 scores a translation model (--src FILE --ref FILE) or a "
+                               "decoder's perplexity (--data FILE.txt)")  # fmt: skip
+        else:
+            _evaluate_translation(ckpt, src, ref, beam, overrides, engine, int8)
         return
     run_config = read_run_config(resolve_checkpoint(ckpt))
     with_decode_overrides(run_config.decode, overrides)  # checked before any work
@@ -526,7 +530,7 @@ def evaluate(
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds a decoder model: evaluate its perplexity with --data FILE.txt")
         _no_decoding(overrides, False, arch)
-        _evaluate_text(ckpt, data, int8)
+        _evaluate_text(ckpt, data, int8, engine)
     elif run_config.data.task == "summarise":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds a summariser: evaluate it with --data FILE.jsonl")
@@ -669,18 +673,27 @@ def _load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
     return model, tokenizer, config
 
 
-def _evaluate_text(ckpt: Path, data: Path, int8: bool) -> None:
-    """A decoder's cross-entropy and perplexity on the text file ``data``."""
+def _evaluate_text(ckpt: Path, data: Path, int8: bool, engine: str, overrides: Sequence[str] = ()) -> None:
+    """A decoder's cross-entropy and perplexity on the text file ``data``, in blocks of its context: by
+    attnkit (as training validates, ``train.max_tokens`` a batch) or by CTranslate2 (an exported folder,
+    ``decode.batch_size`` blocks a batch)."""
     from attnkit.data.readers import read_text
     from attnkit.tasks.language_modelling import text_perplexity
     from attnkit.train.distributed import resolve_device
 
-    device = resolve_device()
-    model, tokenizer, config = _load(ckpt, device, "decoder", int8)
-    per_batch = max(1, config.train.max_tokens // config.model.max_len)  # as training's validation
-    scored = text_perplexity(model, tokenizer, read_text(data), per_batch, device)
+    if engine == "ctranslate2":
+        from attnkit.decode.ct2 import CTranslate2Generator
+
+        generator = CTranslate2Generator(ckpt, overrides)
+        scored, context = generator.perplexity(read_text(data)), generator.context
+    else:
+        device = resolve_device()
+        model, tokenizer, config = _load(ckpt, device, "decoder", int8)
+        per_batch = max(1, config.train.max_tokens // config.model.max_len)  # as training's validation
+        scored = text_perplexity(model, tokenizer, read_text(data), per_batch, device)
+        context = config.model.max_len
     typer.echo(f"perplexity = {scored['perplexity']:.3f} (cross-entropy {scored['loss']:.4f} nats per token, "
-               f"{scored['tokens']:,} tokens predicted in blocks of {config.model.max_len})")  # fmt: skip
+               f"{scored['tokens']:,} tokens predicted in blocks of {context})")  # fmt: skip
 
 
 def _evaluate_classifier(ckpt: Path, data: Path) -> None:

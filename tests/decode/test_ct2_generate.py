@@ -146,6 +146,27 @@ def test_generate_with_ctranslate2_from_the_command_line(exported, tmp_path):
     assert sample("3") == sample("3") != sample("4")  # CTranslate2's generator, seeded when it loads
 
 
+def test_evaluate_gives_the_same_perplexity_through_ctranslate2(exported, tmp_path):
+    """``evaluate --engine ctranslate2 --data FILE.txt``: CTranslate2's log-probabilities of the same blocks
+    give attnkit's perplexity."""
+    run, out = exported
+    text = tmp_path / "held_out.txt"
+    text.write_text("".join(f"line {i}: the lazy dog sleeps.\n" for i in range(30)))
+    scored = {}
+    for engine, ckpt in (("attnkit", run), ("ctranslate2", out)):
+        result = runner.invoke(
+            app, ["evaluate", "--engine", engine, "--ckpt", str(ckpt), "--data", str(text)]
+        )
+        assert result.exit_code == 0, result.output
+        line = r"perplexity = ([\d.]+) \(cross-entropy ([\d.]+) nats per token, ([\d,]+) tokens predicted "
+        found = re.fullmatch(line + r"in blocks of 32\)\n", result.stdout)
+        assert found, result.stdout
+        scored[engine] = (float(found[1]), float(found[2]), found[3])
+    assert scored["ctranslate2"][2] == scored["attnkit"][2] == f"{len(text.read_text()) - 1:,}"
+    assert scored["ctranslate2"][1] == pytest.approx(scored["attnkit"][1], abs=2e-4)
+    assert scored["ctranslate2"][0] == pytest.approx(scored["attnkit"][0], rel=1e-3)
+
+
 def test_each_engine_refuses_the_others_folders_in_one_line(exported, tokenizer, tmp_path):
     out = exported[1]
     translation = build_model(from_preset("tiny", pad_id=tokenizer.specials.pad), tokenizer.vocab_size)

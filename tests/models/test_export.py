@@ -200,8 +200,15 @@ def test_evaluate_scores_the_ctranslate2_export_as_it_scores_the_checkpoint(trai
     gnmt = runner.invoke(app, ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", "2",
                                "decode.length_penalty=gnmt"], input="1 2\n")  # fmt: skip
     assert gnmt.exit_code == 0 and "CTranslate2 ranks hypotheses by log P / length^α" in gnmt.stderr
-    data = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out), "--data", "x.tsv"])
-    assert data.exit_code == 2 and "give --src FILE --ref FILE" in data.stderr
+    data = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out), "--data", "x.txt"])
+    assert (
+        data.exit_code == 2
+        and "a CTranslate2 translation model; use it with attnkit translate" in data.stderr
+    )
+    alone = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out)])
+    assert (
+        alone.exit_code == 2 and "a translation model (--src FILE --ref FILE) or a decoder's" in alone.stderr
+    )
     int8 = runner.invoke(app, ["evaluate", "--engine", "ctranslate2", "--ckpt", str(out), *files, "--int8"])
     assert int8.exit_code == 2 and "--quantization int8" in int8.stderr
 

@@ -13,7 +13,8 @@ model's distribution without ``<pad>`` and ``<s>`` (CTranslate2 takes them out b
 attnkit after it, keeping true log-probabilities), and a hypothesis cut at the bound scored without
 ``</s>``; an output left empty by a bound of one token is scored ``log P(</s>)``, as attnkit scores it.
 
-:class:`CTranslate2Generator` (a GPT-style decoder, ``attnkit generate``). What matches: the prompts and
+:class:`CTranslate2Generator` (a GPT-style decoder, ``attnkit generate``, and ``evaluate --data
+FILE.txt``: the perplexity of a text, read in the same blocks as attnkit's). What matches: the prompts and
 their batches, at most ``decode.max_new_tokens`` new tokens within the model's context, ``<pad>`` and
 ``<s>`` never produced (unless one is also ``</s>``), the end at ``</s>`` or at a ``decode.stop`` string,
 greedy search exactly (``decode.temperature=0``), and sampling from the same distribution
@@ -39,7 +40,9 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
+from attnkit.metrics import perplexity
 from attnkit.models.convert.export import DECODE_FILE, MODEL_FILE
+from attnkit.tasks.language_modelling import stream_blocks
 
 # what each kind of exported model is for, by its architecture
 USES = {"encoder-decoder": "translation model", "decoder": "decoder (GPT-style) model"}
@@ -236,6 +239,24 @@ class CTranslate2Generator(_ExportedFolder):
                 continuation = result.result().sequences[0][len(encoded[i]) :]
                 outputs[i] = stream.finish(row, self._ids(continuation[: room(encoded[i], decode, context)]))
         return outputs
+
+    def perplexity(self, text: str) -> dict[str, float]:
+        """The model's cross-entropy (nats per token) and perplexity on ``text``, in the blocks attnkit
+        reads it in (``stream_blocks``: consecutive blocks of the model's context), ``decode.batch_size``
+        blocks a batch; ``tokens``: how many were predicted. As attnkit's ``text_perplexity``."""
+        ids = torch.tensor(self.tokenizer.encode(text))
+        if len(ids) < 2:
+            raise AttnkitError(
+                f"the text has {len(ids)} token(s); a language model predicts from the second on"
+            )
+        pending = []
+        for blocks in stream_blocks(ids, self.context, self.decode.batch_size):
+            rows = torch.cat([blocks.inputs[:, :1], blocks.targets], dim=1).tolist()  # each block's tokens
+            names = [self._token_names(row) for row in rows]
+            pending.append(self.model.score_batch(names, max_input_length=0, asynchronous=True))  # 0: whole
+        nll = -sum(sum(result.result().log_probs) for results in pending for result in results)
+        tokens = len(ids) - 1
+        return {"loss": nll / tokens, "perplexity": perplexity(nll / tokens), "tokens": tokens}
 
     def _streamed(self, index: int, prompt: list[int], on_text: OnText) -> str:
         """One prompt's continuation, token by token to ``on_text``, ended at a stop string."""
