@@ -41,12 +41,8 @@ from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
-from attnkit.models.convert.export import DECODE_FILE, MODEL_FILE
+from attnkit.models.convert.export import CTRANSLATE2_USES, DECODE_FILE, exported_model
 from attnkit.tasks.language_modelling import stream_blocks
-
-# what each kind of exported model is for, by its architecture
-USES = {"encoder-decoder": "translation model", "decoder": "decoder (GPT-style) model"}
-COMMANDS = {"encoder-decoder": "attnkit translate", "decoder": "attnkit generate"}
 
 
 class _ExportedFolder:
@@ -69,14 +65,12 @@ class _ExportedFolder:
             ) from None
         if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
             raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
-        # folders exported before MODEL_FILE existed held translation models
-        held = {"arch": "encoder-decoder"}
-        if (folder / MODEL_FILE).is_file():
-            held = json.loads((folder / MODEL_FILE).read_text(encoding="utf-8"))
+        held = exported_model(folder)
         if held["arch"] != self.ARCH:
+            what, command = CTRANSLATE2_USES[held["arch"]]
             raise AttnkitError(
-                f"{folder}: a CTranslate2 {USES.get(held['arch'], held['arch'])}; use it with "
-                f"{COMMANDS.get(held['arch'], 'attnkit')} --engine ctranslate2 --ckpt {folder}"
+                f"{folder}: a CTranslate2 {what}; use it with attnkit {command} --engine ctranslate2 "
+                f"--ckpt {folder}"
             )
         self.context: int | None = held.get("context")
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")

@@ -257,14 +257,12 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
     if (path / "last").is_file():
         raise AttnkitError(f"{path}: 'last' names {(path / 'last').read_text().strip()!r}, which is gone")
     if (path / "model.bin").is_file():  # what `attnkit export --to ctranslate2` writes
-        from attnkit.models.convert.export import MODEL_FILE  # (export writes checkpoints' folders too)
+        from attnkit.models.convert.export import CTRANSLATE2_USES, exported_model  # (imports this module)
 
-        held = path / MODEL_FILE
-        decoder = held.is_file() and json.loads(held.read_text(encoding="utf-8")).get("arch") == "decoder"
-        use = "generate with it by attnkit generate" if decoder else "translate with it by attnkit translate"
+        _, command = CTRANSLATE2_USES[exported_model(path)["arch"]]
         raise AttnkitError(
-            f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; {use} --engine ctranslate2 "
-            f"--ckpt {path}"
+            f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; {command} with it by attnkit "
+            f"{command} --engine ctranslate2 --ckpt {path}"
         )
     raise AttnkitError(
         f"{path}: no checkpoint here (expected model.safetensors, or a run directory with 'last')"

@@ -41,6 +41,16 @@ from attnkit.train.checkpoint import write_folder
 
 DECODE_FILE = "attnkit_decode.json"  # a CTranslate2 folder's decoding settings (the run's decode section)
 MODEL_FILE = "attnkit_model.json"  # and what it holds: {"arch": the model's, "context": its positions}
+# what a CTranslate2 folder of each architecture is, and the attnkit command that runs it
+CTRANSLATE2_USES = {"encoder-decoder": ("translation model", "translate"),
+                    "decoder": ("decoder (GPT-style) model", "generate")}  # fmt: skip
+
+
+def exported_model(folder: Path) -> dict:
+    """What a CTranslate2 folder from ``export_ctranslate2`` holds (``MODEL_FILE``): ``arch`` and, for a
+    decoder, ``context``. Folders exported before that file existed held translation models."""
+    held = folder / MODEL_FILE
+    return json.loads(held.read_text(encoding="utf-8")) if held.is_file() else {"arch": "encoder-decoder"}
 
 
 def hf_marian_files(model: EncoderDecoder, tokenizer: Tokenizer) -> dict[str, str | dict]:
