@@ -307,7 +307,7 @@ def translate(
                 return ct2.translate(texts, beam, progress)
             return _n_best_lines(ct2.translate_n_best(texts, n_best, beam, progress), first)
 
-        _translate_by_parts(input, output, translate_part)
+        _by_parts(input, output, translate_part)
         return
     device = resolve_device()
     model, tokenizer, config = _load_translator(ckpt, device, overrides, int8)
@@ -323,7 +323,7 @@ def translate(
                                  first_line=first, **settings)  # fmt: skip
         return _n_best_lines(found, first)
 
-    _translate_by_parts(input, output, translate_part)
+    _by_parts(input, output, translate_part)
 
 
 def _check_n_best(n_best: int, beam: int) -> None:
@@ -338,14 +338,15 @@ def _n_best_lines(found: list[list[tuple[str, float]]], first: int) -> list[str]
             for text, score in best]  # fmt: skip
 
 
-PART_LINES = 50_000  # lines translate reads at a time: its memory stays bounded whatever the input's size
+PART_LINES = 50_000  # lines translate and generate read at a time: memory bounded whatever the input's size
 
 
-def _translate_by_parts(
-    input: Path | None, output: Path | None, translate_part: Callable[[list[str], int, Callable], list[str]]
+def _by_parts(
+    input: Path | None, output: Path | None, do_part: Callable[[list[str], int, Callable], list[str]]
 ) -> None:
-    """Translate ``input`` (a file, or stdin) into ``output`` (a file, written atomically, or stdout) a
-    part of ``PART_LINES`` lines at a time: ``translate_part(lines, number of the first, progress)``."""
+    """Turn the lines of ``input`` (a file, or stdin) into the lines of ``output`` (a file, written
+    atomically, or stdout) a part of ``PART_LINES`` lines at a time: ``do_part(lines, number of the
+    first, progress)``, with a progress bar of lines done on a terminal."""
     from itertools import islice
 
     from attnkit.atomic import atomic_writer
@@ -356,7 +357,7 @@ def _translate_by_parts(
         write = _stream if output is None else files.enter_context(atomic_writer(output)).write
         first = 1
         while part := list(islice(lines, PART_LINES)):
-            write("".join(line + "\n" for line in translate_part(part, first, bar.update)))
+            write("".join(line + "\n" for line in do_part(part, first, bar.update)))
             first += len(part)
 
 
@@ -399,7 +400,11 @@ def generate(
     int8: Int8 = False,
 ) -> None:
     """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden (by
-    the options, or by extra ``decode.field=value`` arguments)."""
+    the options, or by extra ``decode.field=value`` arguments).
+
+    One prompt's continuation streams to stdout as it is written. A file of prompts (-i) is read and
+    continued ``PART_LINES`` lines at a time, as translate reads its input, with a progress bar on a
+    terminal; prompt i samples with seed + i whichever part it falls in."""
     import json
 
     from attnkit.decode.generate import generate as generate_texts
@@ -420,8 +425,8 @@ def generate(
 
         generator = _with_options(given, lambda changes: CTranslate2Generator(ckpt, overrides, changes))
 
-        def run(texts: list[str], on_text=None) -> list[str]:
-            return generator.generate(texts, on_text=on_text)
+        def run(texts: list[str], on_text=None, **part) -> list[str]:
+            return generator.generate(texts, on_text=on_text, **part)
     else:
         from dataclasses import replace
 
@@ -433,8 +438,8 @@ def generate(
             given, lambda changes: replace(with_decode_overrides(config.decode, overrides), **changes)
         )
 
-        def run(texts: list[str], on_text=None) -> list[str]:
-            return generate_texts(model, tokenizer, texts, decode, device=device, on_text=on_text)
+        def run(texts: list[str], on_text=None, **part) -> list[str]:
+            return generate_texts(model, tokenizer, texts, decode, device=device, on_text=on_text, **part)
 
     if input is None:  # one prompt: stream its continuation to stdout, or write it to the output file
         text = "\n" if prompt is None else prompt
@@ -444,10 +449,15 @@ def generate(
         (continuation,) = run([text], on_text=(lambda _, piece: _stream(piece)) if streaming else None)
         _write_output(output, "\n" if streaming else text + continuation + "\n")
         return
-    prompts = _read_input(input)
-    texts = run(prompts)
-    _write_output(output, "".join(json.dumps({"prompt": p, "text": t}, ensure_ascii=False) + "\n"
-                                  for p, t in zip(prompts, texts, strict=True)))  # fmt: skip
+
+    def generate_part(prompts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+        texts = run(prompts, progress=progress, first=first - 1)
+        return [
+            json.dumps({"prompt": p, "text": t}, ensure_ascii=False)
+            for p, t in zip(prompts, texts, strict=True)
+        ]
+
+    _by_parts(input, output, generate_part)
 
 
 @app.command(context_settings=EXTRA_ARGS)

@@ -236,3 +236,25 @@ def test_text_perplexity_is_hf_gpt2s_on_the_same_blocks():
     assert scored["tokens"] == count == len(ids) - 1
     assert scored["loss"] == pytest.approx(total / count, rel=1e-5)
     assert scored["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
+def test_generate_reads_a_file_of_prompts_in_parts_with_the_same_seeds(text_dir, tmp_path, monkeypatch):
+    """``generate -i`` continues a file a part of ``PART_LINES`` prompts at a time: the same sampled
+    continuations as in one part (prompt i samples with seed + i wherever it falls), and an empty prompt
+    is named by its line in the file."""
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
+                               "train.max_steps=10"]).exit_code == 0  # fmt: skip
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("line 1\nthe quick\nline 2\nthe lazy\nline 3\n")
+    sample = ["generate", "--ckpt", str(run), "-i", str(prompts), "--max-new-tokens", "8", "--seed", "5",
+              "--temperature", "1.0"]  # fmt: skip
+    whole = runner.invoke(app, sample)
+    monkeypatch.setattr("attnkit.cli.PART_LINES", 2)
+    parts = runner.invoke(app, sample)
+    assert whole.exit_code == parts.exit_code == 0, parts.output
+    rows = [json.loads(line) for line in parts.stdout.splitlines()]
+    assert parts.stdout == whole.stdout and [row["prompt"] for row in rows][-1] == "line 3"
+    assert len({row["text"] for row in rows}) > 1
+    prompts.write_text("line 1\nthe quick\nline 2\n\nline 3\n")
+    one_line_error(runner.invoke(app, sample), r"prompt 4 is empty")

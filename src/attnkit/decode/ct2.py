@@ -206,11 +206,19 @@ class CTranslate2Generator(_ExportedFolder):
             }
         return {**chosen, "suppress_sequences": self._never_produced()}
 
-    def generate(self, prompts: list[str], on_text: OnText | None = None) -> list[str]:
+    def generate(
+        self,
+        prompts: list[str],
+        on_text: OnText | None = None,
+        progress: Callable[[int], None] | None = None,
+        first: int = 0,
+    ) -> list[str]:
         """The continuation of each prompt (without the prompt itself), as attnkit's ``generate``:
-        ``on_text(i, new_text)`` hears each prompt's text as it comes (one prompt at a time, then)."""
+        ``on_text(i, new_text)`` hears each prompt's text as it comes (one prompt at a time, then),
+        ``progress`` how many more are done, batch by batch; ``first``: the number of ``prompts[0]``
+        among all, for the errors."""
         decode, context = self.decode, self.context
-        encoded = encode_prompts(self.tokenizer, prompts, context)
+        encoded = encode_prompts(self.tokenizer, prompts, context, first)
         if on_text is not None:
             return [self._streamed(i, ids, on_text) for i, ids in enumerate(encoded)]
         pending = []
@@ -232,6 +240,8 @@ class CTranslate2Generator(_ExportedFolder):
             for row, (i, result) in enumerate(zip(batch, results, strict=True)):
                 continuation = result.result().sequences[0][len(encoded[i]) :]
                 outputs[i] = stream.finish(row, self._ids(continuation[: room(encoded[i], decode, context)]))
+            if progress is not None:
+                progress(len(batch))
         return outputs
 
     def perplexity(self, text: str) -> dict[str, float]:

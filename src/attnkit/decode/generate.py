@@ -1,7 +1,7 @@
 """Text in, text out for a decoder-only model: continue prompts by greedy search or sampling.
 
 Prompts are batched by length and left-padded; each prompt samples from its own generator (seeded
-``decode.seed + i`` for the i-th prompt), so a prompt's continuation is the same whichever prompts
+``decode.seed + i`` for the i-th prompt, from 0), so a prompt's continuation is the same whichever prompts
 share its batch, and whether batches run side by side (``decode.streams``). Generation ends at
 ``</s>``, at ``decode.max_new_tokens``, at the model's context (``max_len`` positions, prompt included)
 or where a ``decode.stop`` string appears; the returned text stops before that string.
@@ -36,34 +36,43 @@ def generate(
     *,
     device: torch.device | str = "cpu",
     on_text: OnText | None = None,
+    progress: Callable[[int], None] | None = None,
+    first: int = 0,
 ) -> list[str]:
-    """The continuation of each prompt (without the prompt itself)."""
-    encoded = encode_prompts(tokenizer, prompts, model.config.max_len)
+    """The continuation of each prompt (without the prompt itself). ``progress`` hears how many more
+    prompts are done, batch by batch; ``first`` is the number of ``prompts[0]`` among all the prompts
+    (from 0), for its seed (``decode.seed + first``, and so on) and the errors' prompt numbers, when a
+    long list is continued a part at a time."""
+    encoded = encode_prompts(tokenizer, prompts, model.config.max_len, first)
     outputs = [""] * len(prompts)
     batches = length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size)
     # Side by side on a CPU (streams.py), unless text is streamed: on_text then hears from one thread.
     streams = 1 if on_text is not None else stream_count(decode.streams, device, len(batches))
 
     def continue_batch(rows: list[int]) -> list[str]:
-        return _generate_batch(model, tokenizer, [encoded[i] for i in rows], rows, decode, device, on_text)
+        prompts = [encoded[i] for i in rows]
+        return _generate_batch(model, tokenizer, prompts, rows, first, decode, device, on_text)
 
     with evaluating(model):
         for rows, texts in zip(batches, in_streams(continue_batch, batches, streams), strict=True):
             for i, text in zip(rows, texts, strict=True):
                 outputs[i] = text
+            if progress is not None:
+                progress(len(rows))
     return outputs
 
 
-def encode_prompts(tokenizer: Tokenizer, prompts: list[str], context: int) -> list[list[int]]:
+def encode_prompts(tokenizer: Tokenizer, prompts: list[str], context: int, first: int = 0) -> list[list[int]]:
     """Each prompt's ids; a one-line error for an empty prompt, or one that fills the model's
-    ``context`` (its positions, prompt and continuation together) and leaves no room to continue."""
+    ``context`` (its positions, prompt and continuation together) and leaves no room to continue
+    (naming it by its number, ``first + 1`` for ``prompts[0]``)."""
     encoded = tokenizer.encode_batch(prompts)
-    for i, ids in enumerate(encoded):
+    for i, ids in enumerate(encoded, start=first + 1):
         if not ids:
-            raise AttnkitError(f"prompt {i + 1} is empty: give the model at least one character to continue")
+            raise AttnkitError(f"prompt {i} is empty: give the model at least one character to continue")
         if len(ids) >= context:
             raise AttnkitError(
-                f"prompt {i + 1} has {len(ids)} tokens, but the model's context is {context} tokens "
+                f"prompt {i} has {len(ids)} tokens, but the model's context is {context} tokens "
                 "(prompt and continuation together): shorten the prompt"
             )
     return encoded
@@ -80,17 +89,19 @@ def _generate_batch(
     tokenizer: Tokenizer,
     prompts: list[list[int]],
     indices: list[int],
+    first: int,
     decode: DecodeConfig,
     device: torch.device | str,
     on_text: OnText | None,
 ) -> list[str]:
-    """Continue one batch of encoded prompts; ``indices`` are their places in the caller's list."""
+    """Continue one batch of encoded prompts; ``indices`` are their places in the caller's list, whose
+    first is prompt number ``first`` (for the seeds)."""
     longest = max(map(len, prompts))
     pad_id = tokenizer.specials.pad
     tokens = pad([[pad_id] * (longest - len(p)) + p for p in prompts], pad_id).to(device)  # left-padded
     valid = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts], device=device)
     rooms = [room(p, decode, model.config.max_len) for p in prompts]
-    generators = [torch.Generator(device).manual_seed(decode.seed + i) for i in indices]
+    generators = [torch.Generator(device).manual_seed(decode.seed + first + i) for i in indices]
     choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)
     stream = TextStream(tokenizer, decode.stop, indices, on_text)
     limits = torch.tensor(rooms, device=device) + 1  # up to `room` tokens, then </s> ends the row
