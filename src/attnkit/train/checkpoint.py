@@ -354,7 +354,7 @@ def read_tokenizer(checkpoint: Path, config: RunConfig) -> Tokenizer | None:
 
 
 COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "rnn": "attnkit translate / evaluate",
-            "decoder": "attnkit generate",
+            "decoder": "attnkit generate / evaluate",
             "encoder": "attnkit predict / evaluate --data",
             "glimpse": "attnkit evaluate", "whole-image": "attnkit evaluate"}  # fmt: skip
 
