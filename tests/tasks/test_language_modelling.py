@@ -206,6 +206,9 @@ def test_evaluate_gives_a_decoders_perplexity_on_a_text_as_training_validates_it
                    r"holds a decoder model: evaluate its perplexity with --data FILE\.txt")  # fmt: skip
     one_line_error(runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(tmp_path / "no.txt")]),
                    r"no\.txt: file not found")  # fmt: skip
+    (tmp_path / "one.txt").write_text("x")
+    one_line_error(runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(tmp_path / "one.txt")]),
+                   r"the text has 1 token\(s\); a language model predicts from the second on")  # fmt: skip
 
 
 def test_text_perplexity_is_hf_gpt2s_on_the_same_blocks():

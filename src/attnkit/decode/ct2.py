@@ -42,7 +42,7 @@ from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
 from attnkit.models.convert.export import CTRANSLATE2_USES, DECODE_FILE, exported_model
-from attnkit.tasks.language_modelling import stream_blocks
+from attnkit.tasks.language_modelling import stream_blocks, text_ids
 
 
 class _ExportedFolder:
@@ -248,11 +248,7 @@ class CTranslate2Generator(_ExportedFolder):
         """The model's cross-entropy (nats per token) and perplexity on ``text``, in the blocks attnkit
         reads it in (``stream_blocks``: consecutive blocks of the model's context), ``decode.batch_size``
         blocks a batch; ``tokens``: how many were predicted. As attnkit's ``text_perplexity``."""
-        ids = torch.tensor(self.tokenizer.encode(text))
-        if len(ids) < 2:
-            raise AttnkitError(
-                f"the text has {len(ids)} token(s); a language model predicts from the second on"
-            )
+        ids = text_ids(self.tokenizer, text)
         pending = []
         for blocks in stream_blocks(ids, self.context, self.decode.batch_size):
             rows = torch.cat([blocks.inputs[:, :1], blocks.targets], dim=1).tolist()  # each block's tokens

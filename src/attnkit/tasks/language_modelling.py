@@ -128,6 +128,14 @@ def stream_blocks(ids: Tensor, block: int, per_batch: int) -> Iterator[Blocks]:
         yield _blocks(ids, [tail], span - tail)
 
 
+def text_ids(tokenizer: Tokenizer, text: str) -> Tensor:
+    """``text`` as one stream of token ids ``(N,)`` to score; an error if it predicts nothing (N < 2)."""
+    ids = torch.tensor(tokenizer.encode(text))
+    if len(ids) < 2:
+        raise DataError(f"the text has {len(ids)} token(s); a language model predicts from the second on")
+    return ids
+
+
 @torch.no_grad()
 def text_perplexity(
     model: torch.nn.Module,
@@ -139,9 +147,7 @@ def text_perplexity(
     """A decoder model's cross-entropy (nats per token) and perplexity on ``text``, tokenised as one
     stream and read in blocks of the model's context (:func:`stream_blocks`), as training validates;
     ``tokens``: how many were predicted."""
-    ids = torch.tensor(tokenizer.encode(text))
-    if len(ids) < 2:
-        raise DataError(f"the text has {len(ids)} token(s); a language model predicts from the second on")
+    ids = text_ids(tokenizer, text)
     nll, tokens = torch.zeros((), device=device), 0
     with evaluating(model):
         for batch in stream_blocks(ids, model.config.max_len, per_batch):
