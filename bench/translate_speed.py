@@ -41,7 +41,7 @@ from attnkit.config import with_decode_overrides
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Translator
-from attnkit.decode.streams import in_streams, stream_count
+from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.decode.translate import translate
 from attnkit.metrics import bleu
 from attnkit.models.convert.export import export_ctranslate2, export_hf
@@ -68,13 +68,9 @@ def hf_translator(
                 return model.generate(padded, attention_mask=padded != s.pad, num_beams=beam, do_sample=False,
                                       length_penalty=alpha, max_length=longest).tolist()  # fmt: skip
 
-        outputs = [""] * len(texts)
         chunks = length_batches(range(len(texts)), [len(ids) for ids in encoded], batch)
-        rows_of_chunks = in_streams(generate, chunks, stream_count(streams, "cpu", len(chunks)))
-        for chunk, rows in zip(chunks, rows_of_chunks, strict=True):
-            for i, row in zip(chunk, rows, strict=True):
-                outputs[i] = tokenizer.decode(row)  # without <s>, up to </s>
-        return outputs
+        rows = fill_by_batch(generate, chunks, stream_count(streams, "cpu", len(chunks)), [[]] * len(texts))
+        return [tokenizer.decode(row) for row in rows]  # without <s>, up to </s>
 
     return run
 

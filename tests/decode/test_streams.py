@@ -11,7 +11,7 @@ from attnkit import build_transformer
 from attnkit.config import DecodeConfig
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.streams import in_streams, stream_count
+from attnkit.decode.streams import fill_by_batch, in_streams, stream_count
 from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 
@@ -30,6 +30,13 @@ def test_streams_run_in_order_on_their_share_of_the_threads_and_give_the_count_b
     seen.clear()
     assert list(in_streams(work, range(3), 1)) == [0, 1, 4]  # one stream: here, on every thread
     assert seen == [(threading.get_ident(), 2)] * 3
+
+
+def test_each_batchs_results_go_to_its_indices_and_progress_hears_each_batch(two_threads):
+    done = []
+    batches = [[4, 0], [2], [1, 3]]  # indices of five items, out of order
+    filled = fill_by_batch(lambda batch: [10 * i for i in batch], batches, 2, [None] * 5, done.append)
+    assert filled == [0, 10, 20, 30, 40] and done == [2, 1, 2]
 
 
 def test_an_error_in_a_stream_reaches_the_caller_and_the_thread_count_is_restored(two_threads):

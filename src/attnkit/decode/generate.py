@@ -21,7 +21,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import evaluating, extend, sampler
-from attnkit.decode.streams import in_streams, stream_count
+from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.errors import AttnkitError
 from attnkit.models.decoder_only import DecoderModel
 
@@ -54,12 +54,7 @@ def generate(
         return _generate_batch(model, tokenizer, prompts, rows, first, decode, device, on_text)
 
     with evaluating(model):
-        for rows, texts in zip(batches, in_streams(continue_batch, batches, streams), strict=True):
-            for i, text in zip(rows, texts, strict=True):
-                outputs[i] = text
-            if progress is not None:
-                progress(len(rows))
-    return outputs
+        return fill_by_batch(continue_batch, batches, streams, outputs, progress)
 
 
 def encode_prompts(tokenizer: Tokenizer, prompts: list[str], context: int, first: int = 0) -> list[list[int]]:

@@ -48,3 +48,20 @@ def in_streams(work: Callable[[Item], Result], items: Sequence[Item], streams: i
     finally:
         pool.shutdown(cancel_futures=True)  # after an error, the batches not yet begun are dropped
         torch.set_num_threads(threads)  # the workers' setting is also the count new threads start with
+
+
+def fill_by_batch(
+    work: Callable[[list[int]], Sequence[Result]],
+    batches: Sequence[list[int]],
+    streams: int,
+    into: list[Result],
+    progress: Callable[[int], None] | None = None,
+) -> list[Result]:
+    """``work(batch)`` for each batch of indices, ``streams`` at a time (:func:`in_streams`), each result
+    put at its index of ``into``, which is returned; ``progress`` hears each batch's size as it is done."""
+    for batch, results in zip(batches, in_streams(work, batches, streams), strict=True):
+        for i, result in zip(batch, results, strict=True):
+            into[i] = result
+        if progress is not None:
+            progress(len(batch))
+    return into

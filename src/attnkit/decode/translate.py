@@ -10,7 +10,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import Hypothesis, beam_search, evaluating, greedy
-from attnkit.decode.streams import in_streams, stream_count
+from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models.seq2seq import EncoderDecoder
 
 
@@ -115,9 +115,4 @@ def _hypotheses(
     if progress is not None:
         progress(len(texts) - len(todo))  # the empty lines
     with evaluating(model):
-        for chunk, hypotheses in zip(batches, in_streams(search, batches, streams), strict=True):
-            for i, of_text in zip(chunk, hypotheses, strict=True):
-                found[i] = of_text
-            if progress is not None:
-                progress(len(chunk))
-    return found
+        return fill_by_batch(search, batches, streams, found, progress)
