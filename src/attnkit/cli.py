@@ -33,6 +33,9 @@ OutputFile = Annotated[Path | None, typer.Option("-o", "--output", help="Output 
 Int8 = Annotated[
     bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
 ]
+Engine = Annotated[
+    str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
+]
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -258,9 +261,7 @@ def translate(
     ] = None,
     input: Annotated[Path | None, typer.Option("-i", "--input", help="Source file (default: stdin).")] = None,
     output: OutputFile = None,
-    engine: Annotated[
-        str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
-    ] = "attnkit",
+    engine: Engine = "attnkit",
     int8: Int8 = False,
     streams: Annotated[
         int | None,
@@ -293,12 +294,10 @@ def translate(
     at_least("--streams", streams, 0)
     at_least("--n-best", n_best, 0)
     overrides = decode_overrides(ctx, streams)
-    check_engine(engine)
+    check_engine(engine, int8)
     if output is not None:
         writable_file(output)
     if engine == "ctranslate2":
-        if int8:
-            raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
         ct2 = _ctranslate2(ckpt, overrides)
         _check_n_best(n_best, beam or ct2.decode.beam_size)
 
@@ -394,9 +393,7 @@ def generate(
     streams: Annotated[
         int | None, typer.Option(help="CPU, with -i: batches at a time, each on its share of the threads.")
     ] = None,
-    engine: Annotated[
-        str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
-    ] = "attnkit",
+    engine: Engine = "attnkit",
     int8: Int8 = False,
 ) -> None:
     """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden (by
@@ -412,15 +409,13 @@ def generate(
 
     if prompt is not None and input is not None:
         raise AttnkitError("give --prompt TEXT or -i FILE, not both")
-    check_engine(engine)
+    check_engine(engine, int8)
     if output is not None:
         writable_file(output)
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
              "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
     overrides = decode_overrides(ctx)
     if engine == "ctranslate2":
-        if int8:
-            raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
         from attnkit.decode.ct2 import CTranslate2Generator
 
         generator = _with_options(given, lambda changes: CTranslate2Generator(ckpt, overrides, changes))
@@ -481,12 +476,7 @@ def evaluate(
         int | None,
         typer.Option(help="Translation, CPU: batches at a time, each on its share of the threads."),
     ] = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            help="Translation: attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'."
-        ),
-    ] = "attnkit",
+    engine: Engine = "attnkit",
     plot: Annotated[
         Path | None, typer.Option(help="Glimpse model: save its glimpse paths on 8 test images (PNG).")
     ] = None,
@@ -507,10 +497,8 @@ def evaluate(
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
     overrides = decode_overrides(ctx, streams)
-    check_engine(engine)
+    check_engine(engine, int8)
     if engine == "ctranslate2":  # an exported folder: a translation model, or a decoder's perplexity
-        if int8:
-            raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
         if data is not None and src is None and ref is None:
             _evaluate_text(ckpt, data, int8, engine, overrides)
         elif data is not None or src is None or ref is None:
@@ -567,10 +555,13 @@ def _with_options(given: dict[str, Any], load: Callable[[dict[str, Any]], T]) ->
         raise AttnkitError(message) from None
 
 
-def check_engine(engine: str) -> None:
-    """A one-line error unless ``--engine`` names one of :data:`ENGINES`."""
+def check_engine(engine: str, int8: bool) -> None:
+    """A one-line error unless ``--engine`` names one of :data:`ENGINES`, or if ``--int8`` (attnkit's own
+    quantisation) comes with CTranslate2, whose int8 is chosen at export."""
     if engine not in ENGINES:
         raise AttnkitError(f"--engine {engine!r}: choose {' or '.join(ENGINES)}")
+    if int8 and engine == "ctranslate2":
+        raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
 
 
 def _no_decoding(overrides: list[str], int8: bool, arch: str) -> None:
