@@ -36,8 +36,9 @@ def _layer(seed: int = 0) -> Linear:
     return Linear(256, 2048)  # 2^19 weights: oneDNN multiplies it for any number of rows
 
 
-@pytest.mark.parametrize("shape", [(2, 256), (5, 256), (3, 11, 256), (160, 256)])
+@pytest.mark.parametrize("shape", [(2, 256), (5, 256), (3, 11, 256), (160, 256), (67, 256), (4, 67, 256)])
 def test_packed_weights_give_the_product_and_are_used(shape, weights_seen):
+    """Also for row counts that the kernel pads (67 -> 68 rows, 268 -> 272): the padding is cut off."""
     layer = _layer()
     assert layer.pack_for_inference()
     x = torch.randn(*shape)
@@ -117,3 +118,43 @@ def test_a_model_loaded_for_inference_translates_as_the_unpacked_model(tmp_path,
     assert True not in weights_seen
     assert translate(packed, tokenizer, dates, config.decode, beam_size=5) == want
     assert True in weights_seen
+
+
+def test_packed_weights_read_non_contiguous_rows(weights_seen):
+    layer = _layer()
+    layer.pack_for_inference()
+    x = torch.randn(256, 6).t()  # (6, 256), strided
+    with torch.no_grad():
+        got = layer(x)
+    torch.testing.assert_close(got.double(), _exact(x, layer), rtol=1e-5, atol=1e-4)
+    assert weights_seen == [True]
+
+
+def test_torch_compile_of_a_packed_layer_is_one_graph_of_f_linear():
+    """A model loaded for inference has packed weights; compiling it must not break the graph at each
+    layer on the packed copy's checks (data pointers, which torch.compile cannot trace)."""
+    seen = []
+
+    def record(graph, example_inputs):
+        seen.extend(str(node.target) for node in graph.graph.nodes)
+        return graph.forward
+
+    layer = _layer()
+    assert layer.pack_for_inference()
+    compiled = torch.compile(layer, backend=record, fullgraph=True)  # fullgraph: a break is an error
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).double(), _exact(x, layer), rtol=1e-5, atol=1e-4)
+    assert "<built-in function linear>" in seen, seen
+
+
+def test_a_layer_made_under_inference_mode_stays_unpacked():
+    """Inference tensors have no version counter, by which a packed copy is retired when the weight
+    changes: such a weight is not packed (it used to raise "Inference tensors do not track version
+    counter"), and the layer multiplies as before."""
+    with torch.inference_mode():
+        layer = _layer()
+        assert not layer.pack_for_inference()
+        assert pack_for_inference(torch.nn.Sequential(layer)) == 0
+        x = torch.randn(5, 256)
+        torch.testing.assert_close(layer(x).double(), _exact(x, layer), rtol=1e-5, atol=1e-4)

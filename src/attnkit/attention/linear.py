@@ -71,14 +71,19 @@ def padded_rows(n: int) -> int:
 
 def _multiply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x (..., d_in) @ weight (d_out, d_in)ᵀ + bias -> (..., d_out)`` by oneDNN, rows padded to
-    :func:`padded_rows`."""
-    rows = x.reshape(-1, x.size(-1))  # (N, d_in)
+    :func:`padded_rows`. A decoding step calls this about twenty times, so a matrix of rows that needs
+    neither padding nor reshaping goes straight through."""
+    rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))  # (N, d_in)
     n = rows.size(0)
     padded = padded_rows(n)
     if padded != n:
         rows = torch.cat([rows, rows.new_zeros(padded - n, rows.size(1))])
-    out = _onednn_linear(rows.contiguous(), weight, bias, "none", [], "")[:n]  # (N, d_out)
-    return out.view(*x.shape[:-1], out.size(-1))
+    elif not rows.is_contiguous():
+        rows = rows.contiguous()
+    out = _onednn_linear(rows, weight, bias, "none", [], "")  # (padded, d_out)
+    if padded != n:
+        out = out[:n]
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.size(-1))
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -130,7 +135,8 @@ class Linear(nn.Linear):
         int8 = self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32
         if int8 and not _needs_gradient(x, self.weight, self.bias):
             return self._int8_forward(x)
-        if self._packed_applies(x):
+        # torch.compile lowers F.linear itself, and cannot trace _packed_applies's data pointers
+        if self.packed_weight is not None and not torch.compiler.is_compiling() and self._packed_applies(x):
             return _multiply(x, self.packed_weight, self.bias)
         return linear(x, self.weight, self.bias)
 
@@ -144,17 +150,24 @@ class Linear(nn.Linear):
             return False
         if weight.numel() < MIN_WEIGHTS:
             return False
+        if weight.is_inference():  # made under torch.inference_mode: no version counter to retire a copy by
+            return False
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 128)
         self.packed_from = (weight.data_ptr(), weight._version)
         return True
 
     def _packed_applies(self, x: Tensor) -> bool:
+        """:func:`onednn_applies` for the packed weight, checking only what may have changed since it was
+        packed (its size, type and device cannot), on every call: cheapest and most often decisive first."""
+        weight = self.weight
         return (
-            self.packed_weight is not None
+            x.dtype == torch.float32
+            and x.is_cpu
             and x.numel() > x.size(-1)  # more than one row
-            and self.packed_from == (self.weight.data_ptr(), self.weight._version)
-            and not _needs_gradient(x, self.weight, self.bias)
-            and onednn_applies(x, self.weight, packed=True)
+            and self.packed_from == (weight.data_ptr(), weight._version)
+            and not _needs_gradient(x, weight, self.bias)
+            and torch.backends.mkldnn.enabled
+            and not torch.is_autocast_enabled("cpu")
         )
 
     def quantize_int8(self) -> None:
