@@ -24,3 +24,23 @@ def test_unknown_preset_is_one_line_on_stderr_with_exit_code_2():
     assert result.exit_code == 2
     assert result.stderr.strip().count("\n") == 0
     assert "unknown preset 'paper-huge'" in result.stderr
+
+
+def _help(*command: str) -> str:
+    result = runner.invoke(app, [*command, "--help"], terminal_width=200, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split("│"))  # without the option table's borders
+
+
+def test_help_paragraphs_wrap_at_the_terminal_not_where_the_docstring_lines_end():
+    """typer shows the lines of a command's later paragraphs as written: its help read "an empty line,
+    and the" / "counts of empty sources" on two lines of an 80-column terminal, and the main help
+    showed the module docstring for developers (class names such as AttnkitError)."""
+    assert "an empty line, and the counts of empty sources and references are printed" in _help("evaluate")
+    main_help = _help()
+    assert "reported in one line, with exit status 2, before any work starts" in main_help
+    assert "AttnkitError" not in main_help and "``" not in main_help
+    commands = [c.name or c.callback.__name__ for c in app.registered_commands]
+    for command in [*commands, "data get"]:
+        text = _help(*command.split())
+        assert "``" not in text and "PART_LINES" not in text, command

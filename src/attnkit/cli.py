@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 import tempfile
 import time
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from attnkit.decode.ct2 import CTranslate2Translator
 
 T = TypeVar("T")
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(add_completion=False, no_args_is_help=True)  # help: describe() below
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 OutputFile = Annotated[Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")]
 Int8 = Annotated[
@@ -281,7 +282,7 @@ def translate(
 ) -> None:
     """Translate one sentence per line (an empty line gives an empty line).
 
-    The input is read and translated a part at a time (``PART_LINES`` lines, each part's batches made of
+    The input is read and translated a part at a time (50,000 lines, each part's batches made of
     sentences of similar length), so that an input of any size fits in memory; stdout gets each part's
     lines as they are done, an output file all of them at the end. A progress bar shows on a terminal.
     Extra ``decode.field=value`` arguments change the run's decoding settings, e.g. ``decode.alpha=0.6``
@@ -400,7 +401,7 @@ def generate(
     the options, or by extra ``decode.field=value`` arguments).
 
     One prompt's continuation streams to stdout as it is written. A file of prompts (-i) is read and
-    continued ``PART_LINES`` lines at a time, as translate reads its input, with a progress bar on a
+    continued 50,000 lines at a time, as translate reads its input, with a progress bar on a
     terminal; prompt i samples with seed + i whichever part it falls in."""
     import json
 
@@ -952,7 +953,34 @@ def data_get(
 
 @app.callback()
 def describe() -> None:
-    """attnkit: the Transformer of "Attention Is All You Need" and the attention family around it."""
+    """attnkit: the Transformer of "Attention Is All You Need" and the attention family around it.
+
+    A mistake in a command (a missing file, a bad value) is reported in one line, with exit status 2,
+    before any work starts."""
+
+
+def _as_help(doc: Any) -> Any:
+    """A docstring as typer should show it: each paragraph one line, which the terminal wraps (typer
+    keeps the line breaks of every paragraph after the first, so a docstring's 110-column lines came out
+    broken mid-sentence), and ``code`` quoted as 'code'."""
+    if not isinstance(doc, str):  # None, or typer's placeholder for "not given"
+        return doc
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs).replace("``", "'")
+
+
+def _set_help(typer_app: typer.Typer) -> None:
+    typer_app.info.help = _as_help(typer_app.info.help)
+    if typer_app.registered_callback is not None:
+        typer_app.registered_callback.help = _as_help(typer_app.registered_callback.callback.__doc__)
+    for command in typer_app.registered_commands:
+        command.help = _as_help(command.help or command.callback.__doc__)
+    for group in typer_app.registered_groups:
+        group.help = _as_help(group.help)
+        _set_help(group.typer_instance)
+
+
+_set_help(app)
 
 
 if __name__ == "__main__":
