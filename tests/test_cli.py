@@ -38,7 +38,7 @@ def test_help_paragraphs_wrap_at_the_terminal_not_where_the_docstring_lines_end(
     showed the module docstring for developers (class names such as AttnkitError)."""
     assert "an empty line, and the counts of empty sources and references are printed" in _help("evaluate")
     main_help = _help()
-    assert "reported in one line, with exit status 2, before any work starts" in main_help
+    assert "reported in one line that names it, with exit status 2; options and output paths" in main_help
     assert "AttnkitError" not in main_help and "``" not in main_help
     commands = [c.name or c.callback.__name__ for c in app.registered_commands]
     for command in [*commands, "data get"]:

@@ -955,8 +955,8 @@ def data_get(
 def describe() -> None:
     """attnkit: the Transformer of "Attention Is All You Need" and the attention family around it.
 
-    A mistake in a command (a missing file, a bad value) is reported in one line, with exit status 2,
-    before any work starts."""
+    A mistake (a missing file, a bad value, a malformed line) is reported in one line that names it, with
+    exit status 2; options and output paths are checked before any work starts."""
 
 
 def _as_help(doc: Any) -> Any:
