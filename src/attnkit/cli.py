@@ -276,7 +276,7 @@ def translate(
         typer.Option(
             help="Write each line's N best translations with their scores, 'LINE ||| TRANSLATION ||| "
             "SCORE' (LINE from 0, best first; beam search, --beam at least N; the score is log P / "
-            "length^alpha, CTranslate2's its own); 0 = the best alone."
+            "length^alpha; CTranslate2 scores its own way); 0 = the best alone."
         ),
     ] = 0,
 ) -> None:
