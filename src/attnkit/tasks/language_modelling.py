@@ -16,6 +16,7 @@ any text the same way (``attnkit evaluate --data FILE.txt``).
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,7 +30,6 @@ from attnkit.data.readers import read_text
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import evaluating
 from attnkit.errors import DataError
-from attnkit.metrics import perplexity
 from attnkit.tasks.validation import validation_loss
 from attnkit.train.losses import generative_loss
 
@@ -148,15 +148,16 @@ def text_perplexity(
     stream and read in blocks of the model's context (:func:`stream_blocks`), as training validates;
     ``tokens``: how many were predicted."""
     ids = text_ids(tokenizer, text)
-    nll, tokens = torch.zeros((), device=device), 0
+
+    def nll(model: torch.nn.Module, batch: Blocks) -> tuple[Tensor, Tensor]:  # (loss, nll): both unsmoothed
+        _, token_nll = generative_loss(model, (batch.inputs,), batch.targets, 0.0, tokenizer.specials.pad)
+        total = token_nll.sum()
+        return total, total
+
     with evaluating(model):
-        for batch in stream_blocks(ids, model.config.max_len, per_batch):
-            batch = batch.to(device)
-            _, token_nll = generative_loss(model, (batch.inputs,), batch.targets, 0.0, tokenizer.specials.pad)
-            nll += token_nll.sum()
-            tokens += batch.n_tokens
-    loss = nll.item() / tokens
-    return {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
+        blocks = stream_blocks(ids, model.config.max_len, per_batch)
+        scored = validation_loss(nll, model, blocks, torch.device(device), contextlib.nullcontext)
+    return {"loss": scored["valid_loss"], "perplexity": scored["valid_ppl"], "tokens": len(ids) - 1}
 
 
 def _blocks(ids: Tensor, starts: list[int], length: int) -> Blocks:
