@@ -892,7 +892,12 @@ def export(
 
     Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout."""
     from attnkit.models.convert.bert import HF_CLASS
-    from attnkit.models.convert.export import CTRANSLATE2_USES, export_ctranslate2, export_hf
+    from attnkit.models.convert.export import (
+        CTRANSLATE2_USES,
+        ctranslate2_command,
+        export_ctranslate2,
+        export_hf,
+    )
     from attnkit.train.checkpoint import load_for_inference
 
     if to not in ("hf", "ctranslate2"):
@@ -903,9 +908,9 @@ def export(
     model, tokenizer, config = load_for_inference(ckpt, "cpu", arch=archs, pack=False)
     if to == "ctranslate2":
         written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
-        _, command = CTRANSLATE2_USES[config.model.arch]
-        typer.echo(f"{written}: {command} with attnkit {command} --engine ctranslate2 --ckpt {written}")
-        if config.model.arch == "encoder-decoder" and config.decode.length_penalty != "length":
+        arch = config.model.arch
+        typer.echo(f"{written}: {CTRANSLATE2_USES[arch][1]} with {ctranslate2_command(written, arch)}")
+        if arch == "encoder-decoder" and config.decode.length_penalty != "length":
             typer.echo(f"note: CTranslate2 ranks beams by log P / length^{config.decode.alpha}; this run's "
                        f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",
                        err=True)  # fmt: skip

@@ -41,7 +41,7 @@ from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
-from attnkit.models.convert.export import CTRANSLATE2_USES, DECODE_FILE, exported_model
+from attnkit.models.convert.export import CTRANSLATE2_USES, DECODE_FILE, ctranslate2_command, exported_model
 from attnkit.tasks.language_modelling import stream_blocks, text_ids
 
 
@@ -67,10 +67,9 @@ class _ExportedFolder:
             raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
         held = exported_model(folder)
         if held["arch"] != self.ARCH:
-            what, command = CTRANSLATE2_USES[held["arch"]]
+            what, _ = CTRANSLATE2_USES[held["arch"]]
             raise AttnkitError(
-                f"{folder}: a CTranslate2 {what}; use it with attnkit {command} --engine ctranslate2 "
-                f"--ckpt {folder}"
+                f"{folder}: a CTranslate2 {what}; use it with {ctranslate2_command(folder, held['arch'])}"
             )
         self.context: int | None = held.get("context")
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")

@@ -257,12 +257,16 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
     if (path / "last").is_file():
         raise AttnkitError(f"{path}: 'last' names {(path / 'last').read_text().strip()!r}, which is gone")
     if (path / "model.bin").is_file():  # what `attnkit export --to ctranslate2` writes
-        from attnkit.models.convert.export import CTRANSLATE2_USES, exported_model  # (imports this module)
+        from attnkit.models.convert.export import (  # (imports this module)
+            CTRANSLATE2_USES,
+            ctranslate2_command,
+            exported_model,
+        )
 
-        _, command = CTRANSLATE2_USES[exported_model(path)["arch"]]
+        arch = exported_model(path)["arch"]
         raise AttnkitError(
-            f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; {command} with it by attnkit "
-            f"{command} --engine ctranslate2 --ckpt {path}"
+            f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; {CTRANSLATE2_USES[arch][1]} "
+            f"with it by {ctranslate2_command(path, arch)}"
         )
     raise AttnkitError(
         f"{path}: no checkpoint here (expected model.safetensors, or a run directory with 'last')"

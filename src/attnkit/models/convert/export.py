@@ -46,6 +46,11 @@ CTRANSLATE2_USES = {"encoder-decoder": ("translation model", "translate"),
                     "decoder": ("decoder (GPT-style) model", "generate")}  # fmt: skip
 
 
+def ctranslate2_command(folder: Path, arch: str) -> str:
+    """The attnkit command that runs ``folder``, a CTranslate2 folder of an ``arch`` model."""
+    return f"attnkit {CTRANSLATE2_USES[arch][1]} --engine ctranslate2 --ckpt {folder}"
+
+
 def exported_model(folder: Path) -> dict:
     """What a CTranslate2 folder from ``export_ctranslate2`` holds (``MODEL_FILE``): ``arch`` and, for a
     decoder, ``context``. Folders exported before that file existed held translation models."""
