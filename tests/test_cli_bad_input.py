@@ -309,6 +309,22 @@ def test_average_refuses_what_cannot_work(run, tmp_path):
     one_line_error(result, r"the output would replace one of the checkpoints being averaged")
 
 
+def test_export_and_average_never_delete_a_run_or_the_checkpoint_they_read(run, tmp_path):
+    copy_of_run = shutil.copytree(run, tmp_path / "run")
+    before = sorted(p.name for p in copy_of_run.iterdir())
+    for command in (
+        ["export", "--ckpt", str(copy_of_run), "--to", "hf", "--out", str(copy_of_run)],
+        ["average", "--run-dir", str(copy_of_run), "--last", "1", "--out", str(copy_of_run)],
+    ):
+        one_line_error(runner.invoke(app, command), r"run holds step-\d+/, which writing there would delete")
+    assert sorted(p.name for p in copy_of_run.iterdir()) == before
+    averaged = copy_of_run / "averaged"
+    assert runner.invoke(app, ["average", "--run-dir", str(copy_of_run), "--last", "1"]).exit_code == 0
+    result = runner.invoke(app, ["export", "--ckpt", str(averaged), "--to", "hf", "--out", str(averaged)])
+    one_line_error(result, r"averaged: the export would replace the checkpoint it is made from")
+    assert (averaged / "model.safetensors").is_file() and not (averaged / "generation_config.json").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_asking_for_a_gpu_that_is_not_there_is_one_line(copy_data, tmp_path):
     result = runner.invoke(app, ["train", "--run-dir", str(tmp_path / "r"), "--data", str(copy_data),

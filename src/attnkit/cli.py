@@ -873,7 +873,10 @@ def import_hf(
 @one_line_errors
 def export(
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a Transformer.")],
-    out: Annotated[Path, typer.Option(help="The folder to write (replaced whole if it exists).")],
+    out: Annotated[
+        Path,
+        typer.Option(help="The folder to write: a new or empty one, or an earlier export (replaced whole)."),
+    ],
     to: Annotated[
         str,
         typer.Option(
@@ -898,7 +901,7 @@ def export(
         export_ctranslate2,
         export_hf,
     )
-    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.train.checkpoint import load_for_inference, resolve_checkpoint
 
     if to not in ("hf", "ctranslate2"):
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")
@@ -906,6 +909,10 @@ def export(
         raise AttnkitError("--quantization is for --to ctranslate2")
     archs = ("encoder-decoder", "decoder", "encoder") if to == "hf" else ("encoder-decoder", "decoder")
     model, tokenizer, config = load_for_inference(ckpt, "cpu", arch=archs, pack=False)
+    if out.resolve() == resolve_checkpoint(ckpt).resolve():
+        raise AttnkitError(
+            f"{out}: the export would replace the checkpoint it is made from; name another --out"
+        )
     if to == "ctranslate2":
         written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
         arch = config.model.arch

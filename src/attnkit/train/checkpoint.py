@@ -80,9 +80,29 @@ def _publish(temporary: Path, final: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def refuse_losses(final: Path, written: Path) -> None:
+    """Refuse to replace ``final`` by the folder ``written`` if that would delete anything the new
+    folder does not write again: ``final`` being a file, a subfolder of it (a whole run directory, given
+    as ``--out``) or a file of another name (the user's own). Replacing an earlier output of the same
+    kind (the same step saved again, averaging or exporting again) loses nothing and goes ahead."""
+    recover(final)
+    if not final.exists():
+        return
+    if not final.is_dir():
+        raise AttnkitError(f"{final} is a file; name a folder to write")
+    names = {path.name for path in written.iterdir()}
+    for path in sorted(final.iterdir(), key=lambda path: (not path.is_dir(), path.name)):  # folders first
+        if path.is_dir() or path.name not in names:
+            held = f"{path.name}/" if path.is_dir() else path.name
+            raise AttnkitError(
+                f"{final} holds {held}, which writing there would delete; name a new or empty folder"
+            )
+
+
 def write_folder(final: Path, write: Any) -> Path:
-    """Write a folder (a checkpoint, an export) with ``write(temporary_folder)`` and publish it; a
-    failure leaves no trace and is one line naming the folder."""
+    """Write a folder (a checkpoint, an export) with ``write(temporary_folder)`` and publish it (see
+    :func:`refuse_losses` for what it will not replace); a failure leaves no trace and is one line
+    naming the folder."""
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         temporary = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
@@ -90,6 +110,7 @@ def write_folder(final: Path, write: Any) -> Path:
         raise AttnkitError(f"{final}: cannot write the checkpoint ({error.strerror or error})") from None
     try:
         write(temporary)
+        refuse_losses(final, temporary)
         _publish(temporary, final)
     except OSError as error:
         shutil.rmtree(temporary, ignore_errors=True)

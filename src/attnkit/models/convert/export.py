@@ -137,7 +137,8 @@ def _tokenizer_config(tokenizer: Tokenizer, max_len: int) -> dict[str, str | int
 
 
 def export_hf(model: nn.Module, tokenizer: Tokenizer, out: Path, labels: Sequence[str] = ()) -> Path:
-    """Write the folder ``out`` atomically (an existing folder is replaced whole): a Marian, GPT-2 or
+    """Write the folder ``out`` atomically (an earlier export there is replaced whole; a folder holding
+    anything else is refused, ``write_folder``): a Marian, GPT-2 or
     BERT folder for an encoder-decoder, decoder or encoder; ``labels``: a classifier's label names."""
     if isinstance(model, EncoderDecoder):
         files = hf_marian_files(model, tokenizer)
