@@ -1,6 +1,13 @@
 """README command #1: the quickstart reaches >= 99% exact match on held-out dates (about two minutes)."""
 
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from attnkit.cli import app
 from attnkit.quickstart import run_quickstart
+from tests.cli_checks import one_line_error
 
 
 def test_quickstart_learns_dates_to_iso_and_plots_attention(tmp_path):
@@ -13,3 +20,19 @@ def test_quickstart_learns_dates_to_iso_and_plots_attention(tmp_path):
     png = tmp_path / "qs" / "attention.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert (tmp_path / "qs" / "averaged" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("task", ["translation", None], ids=["another task", "unreadable config"])
+def test_quickstart_never_deletes_another_run(tmp_path, task):
+    checkpoint = tmp_path / "run" / "step-0000100"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    config = json.dumps({"data": {"task": task}}) if task else "{not json"
+    (checkpoint / "config.json").write_text(config)
+    (tmp_path / "run" / "last").write_text("step-0000100")
+    result = CliRunner().invoke(app, ["quickstart", "--out", str(tmp_path / "run")])
+    one_line_error(
+        result, r"run holds another run \(step-0000100, not a quickstart\), which a quickstart would delete"
+    )
+    assert (checkpoint / "model.safetensors").read_bytes() == b"weights"
+    assert (tmp_path / "run" / "last").read_text() == "step-0000100"

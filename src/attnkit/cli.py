@@ -827,6 +827,8 @@ def explore(
     from attnkit.train.checkpoint import load_for_inference
     from attnkit.viz import explorer as page
 
+    if not serve:
+        writable_file(output)
     model, tokenizer, _ = load_for_inference(ckpt, "cpu")
     if serve:
         page.serve(model, tokenizer, str(ckpt), text, port)

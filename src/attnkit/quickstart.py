@@ -10,11 +10,13 @@ run's checkpoints are averaged.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from attnkit.config import RunConfig
 from attnkit.decode.translate import translate
+from attnkit.errors import AttnkitError
 from attnkit.metrics import exact_match
 from attnkit.tasks.translation import read_split
 from attnkit.train.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
@@ -41,6 +43,7 @@ def run_quickstart(
     echo(f"training a {config.model.encoder_layers}+{config.model.decoder_layers}-layer Transformer on "
          f"'{config.data.task}' for {config.train.max_steps} steps "
          f"(at most {config.train.max_minutes} minutes) in {out}")  # fmt: skip
+    _refuse_other_runs(out)
     Trainer(config, out, overwrite=True, echo=echo).fit()
     averaged = average_checkpoints(list_checkpoints(out)[-3:], out / "averaged")
     model, tokenizer, config = load_for_inference(averaged)
@@ -59,3 +62,21 @@ def run_quickstart(
     plot_translation_attention(model, tokenizer, test.src[0], hypotheses[0], plot)
     echo(f"attention heat map of the first example: {plot}")
     return accuracy
+
+
+def _refuse_other_runs(out: Path) -> None:
+    """A quickstart deletes an earlier quickstart's checkpoints in ``out``, never another run's: a run
+    whose checkpoints are not of the quickstart's task (or cannot be read) is refused in one line."""
+    checkpoints = list_checkpoints(out)
+    if not checkpoints:
+        return
+    try:
+        config = json.loads((checkpoints[-1] / "config.json").read_text(encoding="utf-8"))
+        task = config["data"]["task"]
+    except (OSError, ValueError, KeyError, TypeError):
+        task = None
+    if task != RECIPE["data"]["task"]:
+        raise AttnkitError(
+            f"{out} holds another run ({checkpoints[-1].name}, not a quickstart), which a quickstart would "
+            "delete; give --out a new folder"
+        )

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from attnkit.cli import app
 from attnkit.data.download import DATASETS, DataFile, fetch
 from attnkit.errors import DataError
+from tests.cli_checks import one_line_error
 
 SHARED = Path(os.environ.get("ATTNKIT_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
@@ -140,6 +141,13 @@ def test_an_unknown_data_set_is_a_one_line_error(tmp_path):
     assert (
         "unknown data set 'imagenet'; choose one of multi30k, sst2, tinyshakespeare, iwslt14" in result.output
     )
+
+
+def test_a_folder_that_cannot_be_made_is_a_one_line_error_before_any_download(tmp_path):
+    (tmp_path / "data").write_text("the user's")  # a file where the folder should go
+    result = CliRunner().invoke(app, ["data", "get", "multi30k", str(tmp_path / "data")])
+    one_line_error(result, r"data: cannot make the folder \(File exists\)")
+    assert (tmp_path / "data").read_text() == "the user's"
 
 
 def _iwslt14_archive(path: Path) -> dict[str, list[str]]:

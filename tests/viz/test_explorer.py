@@ -20,6 +20,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.models import DecoderModelConfig, build_model
 from attnkit.train.checkpoint import save_checkpoint
 from attnkit.viz.explorer import collect_attention, explorer_html
+from tests.cli_checks import one_line_error
 
 TEXTS = ["a small dog runs", "two men sit on a bench", "a woman reads a book"]
 ARTIFACTS = Path(os.environ.get("ATTNKIT_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
@@ -96,6 +97,10 @@ def test_explore_writes_a_page_for_a_translator_and_a_decoder_and_refuses_an_rnn
         data = _page_data(page.read_text())
         assert len(data["maps"]) == (3 if name == "translator" else 1)
         assert "http://" not in page.read_text().replace("http://www.w3.org/2000/svg", "")  # fetches nothing
+    folder = tmp_path / "a folder"
+    folder.mkdir()
+    result = runner.invoke(app, ["explore", "--ckpt", str(run), "--text", "a small dog", "-o", str(folder)])
+    one_line_error(result, r"a folder: is a folder; give a file name")
     rnn_config = RNNConfig(d_embed=16, d_hidden=16)
     rnn = build_model(rnn_config, tokenizer.vocab_size)
     run = _run(tmp_path / "rnn", rnn, tokenizer, RunConfig.for_model(rnn_config).to_dict())

@@ -101,7 +101,10 @@ def get_dataset(name: str, folder: Path, mirror: str | None = None, progress: bo
     """Download data set ``name`` into ``folder`` (made if needed); returns the files' paths."""
     if name not in DATASETS:
         raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file of that name, no permission, ...
+        raise DataError(f"{folder}: cannot make the folder ({error.strerror or error})") from None
     paths = []
     for file in DATASETS[name]:
         url = f"{mirror.rstrip('/')}/{name}/{file.name}" if mirror else file.url
