@@ -1,11 +1,13 @@
 """Parallel text is read together, and bad input is one clear error naming the file and line."""
 
 import gzip
+import io
 import json
+import sys
 
 import pytest
 
-from attnkit.data.readers import read_jsonl, read_lines, read_parallel
+from attnkit.data.readers import iter_lines, read_jsonl, read_lines, read_parallel, read_text
 from attnkit.errors import DataError
 
 
@@ -14,6 +16,19 @@ def test_plain_and_gzip_files_read_the_same(tmp_path):
     (tmp_path / "a.txt").write_text(text)
     (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
     assert read_lines(tmp_path / "a.txt") == read_lines(tmp_path / "a.txt.gz") == ["eins", "zwei", "drei"]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path, monkeypatch):
+    text = "eins\r\nzwei\r\n"  # as Notepad saves "UTF-8 with BOM"
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (tmp_path / "bom.txt.gz").write_bytes(gzip.compress(b"\xef\xbb\xbf" + text.encode()))
+    assert read_lines(tmp_path / "bom.txt") == read_lines(tmp_path / "bom.txt.gz") == ["eins", "zwei"]
+    assert read_text(tmp_path / "bom.txt") == text
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbf" + text.encode())))
+    assert list(iter_lines(None)) == ["eins", "zwei"]  # what translate reads without -i
+    (tmp_path / "only_bom.txt").write_bytes(b"\xef\xbb\xbf\n")
+    with pytest.raises(DataError, match=r"only_bom\.txt: file is empty"):
+        read_text(tmp_path / "only_bom.txt")
 
 
 def test_empty_pairs_are_dropped_together_so_alignment_survives(tmp_path):

@@ -4,7 +4,8 @@ Bad input stops with a one-line :class:`DataError` naming the file (and line whe
 Pairs are filtered *together*: dropping an empty line from one side alone would shift every later
 pair out of alignment (a bug JoeyNMT once had), so for training a pair is dropped when either side is
 empty, and counted. For scoring, nothing is dropped: an empty source is translated as an empty line and
-scored against its reference like every other line.
+scored against its reference like every other line. A byte-order mark at the start of a file (what
+Windows editors write before UTF-8) is not text and is dropped, as are line endings (LF or CRLF).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnkit.errors import DataError
+
+BYTE_ORDER_MARK = "\ufeff"  # U+FEFF at the start of a file: a marker some editors write, not text
 
 
 def read_text(path: str | Path, allow_empty: bool = False) -> str:
@@ -32,14 +35,15 @@ def read_text(path: str | Path, allow_empty: bool = False) -> str:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError) as error:
         raise DataError(f"{path}: cannot read ({error})") from None
-    if not raw.strip() and not allow_empty:
-        raise DataError(f"{path}: file is empty")
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix(BYTE_ORDER_MARK)
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         column = error.start - (raw.rfind(b"\n", 0, error.start) + 1)
         raise DataError(f"{path}:{line}: invalid UTF-8 at byte {column} of the line") from None
+    if not text.strip() and not allow_empty:
+        raise DataError(f"{path}: file is empty")
+    return text
 
 
 def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
@@ -76,6 +80,8 @@ def _decoded(lines: Iterable[bytes], name: str) -> Iterator[str]:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
             raise DataError(f"{name}:{number}: invalid UTF-8 at byte {error.start} of the line") from None
+        if number == 1:
+            line = line.removeprefix(BYTE_ORDER_MARK)
         yield line.removesuffix("\n").removesuffix("\r")
 
 
