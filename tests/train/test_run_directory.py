@@ -1,8 +1,12 @@
 """A run directory holds one run: a new run refuses an earlier one (or deletes it with --overwrite), a
 resumed run finds its data from any working directory, and the quickstart never averages leftovers."""
 
+import errno
 import gzip
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from typer.testing import CliRunner
@@ -12,7 +16,7 @@ from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.synthetic import copy
 from attnkit.errors import AttnkitError
-from attnkit.train.checkpoint import list_checkpoints, read_run_config
+from attnkit.train.checkpoint import list_checkpoints, lock_run, read_run_config
 from attnkit.train.loop import Trainer
 from tests.cli_checks import one_line_error
 
@@ -81,6 +85,36 @@ def test_an_unwritable_run_directory_fails_before_reading_data(tmp_path):
     assert re.search(r"a_file/run: cannot write checkpoints there", result.stderr), result.stderr
 
 
+def test_a_run_directory_in_use_by_another_training_is_refused_and_left_as_it_is(tmp_path, data_dir):
+    run = tmp_path / "run"
+    assert _train(run, data_dir, "train.max_steps=4", "train.eval_every=2").exit_code == 0
+    held = lock_run(run)  # another `attnkit train` training in it, as far as this one can tell
+    pattern = r"run is in use by attnkit train \(process \d+\): wait for it to end, or choose another run"
+    one_line_error(_train(run, data_dir, "--overwrite", "train.max_steps=2"), pattern)
+    one_line_error(runner.invoke(app, ["train", "--resume", str(run), "train.max_steps=6"]), pattern)
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000002", "step-0000004"]  # nothing deleted
+    held.close()  # the other run ended
+    result = runner.invoke(app, ["train", "--resume", str(run), "train.max_steps=6"])
+    assert result.exit_code == 0, result.output
+    assert (run / "last").read_text() == "step-0000006"
+
+
+def test_a_killed_training_leaves_its_run_directory_free(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import pathlib, sys, time
+        from attnkit.train.checkpoint import lock_run
+        held = lock_run(pathlib.Path({str(tmp_path / "run")!r}))  # kept open: the lock lives with it
+        print("held", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(AttnkitError, match=rf"in use by attnkit train \(process {holder.pid}\)"):
+        lock_run(tmp_path / "run")
+    holder.kill()  # SIGKILL: no clean-up runs
+    holder.wait()
+    lock_run(tmp_path / "run").close()  # free again
+
+
 def test_resume_from_another_working_directory_finds_relative_data(tmp_path, data_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["train", "--run-dir", "run", "--data", "data", *TINY, "train.max_steps=2",
@@ -130,3 +164,13 @@ def test_a_resumed_run_refuses_model_or_vocabulary_changes_but_allows_new_dropou
         assert re.search(rf"a resumed run keeps its model and vocabulary, but {message}", result.stderr)
     result = runner.invoke(app, ["train", "--resume", str(run), "train.max_steps=4", "model.dropout=0.2"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_file_system_without_locks_trains_unlocked_rather_than_refusing(tmp_path, monkeypatch):
+    from attnkit.train import checkpoint
+
+    def no_locks_here(*args):
+        raise OSError(errno.ENOLCK, "No locks available")  # what some NFS mounts answer
+
+    monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks_here)
+    lock_run(tmp_path / "run").close()

@@ -24,7 +24,12 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs are not locked there
+    fcntl = None
 
 import torch
 from safetensors import SafetensorError
@@ -39,6 +44,7 @@ from attnkit.models import build_model, load_weights
 
 CHECKPOINT_PREFIX = "step-"
 RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
+LOCK_FILE = ".lock"  # held by the process training in the run directory (lock_run)
 
 
 # --- writing atomically -----------------------------------------------------------------------------
@@ -233,6 +239,38 @@ def _prune(run_dir: Path, keep_last: int) -> None:
     for old in checkpoints[: max(len(checkpoints) - keep_last, 0)]:
         if old.name not in keep:
             shutil.rmtree(old, ignore_errors=True)
+
+
+# --- one training process per run directory ---------------------------------------------------------
+
+
+def lock_run(run_dir: Path) -> IO[str] | None:
+    """Hold ``run_dir`` for this process until the returned file is closed or the process ends (even
+    killed: the system lets go of the lock). A second ``attnkit train`` on the same directory then stops
+    with one line instead of writing the same run twice (a second ``--resume``) or deleting the first
+    one's checkpoints under it (``--overwrite``). None where the system has no ``flock`` (Windows)."""
+    if fcntl is None:
+        return None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+    except OSError as error:
+        raise AttnkitError(f"{run_dir}: cannot write checkpoints there ({error.strerror or error})") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # held; any other error is a file system without locks (some NFS): go on
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise AttnkitError(
+            f"{run_dir} is in use by {holder}: wait for it to end, or choose another run directory"
+        ) from None
+    except OSError:
+        return handle
+    handle.truncate(0)
+    handle.write(f"attnkit train (process {os.getpid()})")
+    handle.flush()
+    return handle
 
 
 # --- an earlier run in the same directory ---------------------------------------------------------

@@ -170,6 +170,17 @@ class Trainer:
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp32": None}.get(
             t.precision, torch.bfloat16 if self.device.type == "cuda" else None
         )
+        # before anything reads or deletes the directory; a --resume of no directory fails below instead
+        locks = self.world.is_main and (not resume or self.run_dir.is_dir())
+        self.lock = ckpt.lock_run(self.run_dir) if locks else None
+        try:
+            self._set_up(config, resume, overwrite)
+        except BaseException:
+            self._let_go()
+            raise
+
+    def _set_up(self, config: RunConfig, resume: bool, overwrite: bool) -> None:
+        t = config.train
         resume_from = ckpt.resolve_checkpoint(self.run_dir, prefer="last") if resume else None
         if resume_from:
             _check_resumable(ckpt.read_run_config(resume_from), config)
@@ -206,6 +217,12 @@ class Trainer:
             if self.world.size > 1
             else self.model
         )
+
+    def _let_go(self) -> None:
+        """Release the run directory (:func:`checkpoint.lock_run`) for the next run."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
     def _say(self, message: str) -> None:
         if self.world.is_main:
@@ -258,6 +275,7 @@ class Trainer:
             bar.close()
             self.ddp = self.model  # DDP's reducer holds the process group: let go, so close_world ends it
             close_world(self.world)
+            self._let_go()
 
     def _train_epoch(self, bar: tqdm, show_bar: bool) -> bool:
         """Continue the current epoch from ``self.position``; True when early stopping ends training."""
