@@ -51,6 +51,10 @@ def test_translate_reads_stdin_or_a_file_and_keeps_one_line_per_input(trained, c
     )
     assert result.exit_code == 0, result.output
     assert len(out.read_text().splitlines()) == 20
+    dashes = ["translate", "--ckpt", str(trained), "-i", "-", "-o", "-"]  # stdin and stdout, as usual
+    result = runner.invoke(app, dashes, input=(copy_data / "valid.src").read_text())
+    assert result.exit_code == 0, result.output
+    assert result.stdout == out.read_text() and not (tmp_path / "-").exists()
 
 
 def test_evaluate_prints_sacrebleu_bleu_and_chrf_with_signatures(trained, copy_data):

@@ -30,7 +30,17 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 app = typer.Typer(add_completion=False, no_args_is_help=True)  # help: describe() below
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
-OutputFile = Annotated[Path | None, typer.Option("-o", "--output", help="Output file (default: stdout).")]
+
+
+def _dash_is_standard_stream(path: Path | None) -> Path | None:
+    """``-o -`` means stdout, as for most command-line tools (``-i -`` stdin: ``iter_lines``)."""
+    return None if path is not None and str(path) == "-" else path
+
+
+OutputFile = Annotated[
+    Path | None,
+    typer.Option("-o", "--output", help="Output file (default: stdout).", callback=_dash_is_standard_stream),
+]
 Int8 = Annotated[
     bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
 ]
@@ -378,7 +388,9 @@ def generate(
     ] = None,
     input: Annotated[
         Path | None,
-        typer.Option("-i", "--input", help="Prompts, one per line; writes JSON Lines {prompt, text}."),
+        typer.Option(
+            "-i", "--input", help="Prompts, one per line (- for stdin); writes JSON Lines {prompt, text}."
+        ),
     ] = None,
     output: OutputFile = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="At most this many new tokens.")] = None,

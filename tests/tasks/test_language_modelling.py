@@ -153,6 +153,10 @@ def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
                                  "decode.max_new_tokens=10", "decode.seed=3"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows  # the settings, as options
+    dashes = ["generate", "--ckpt", str(run), "-i", "-", "-o", "-", "--max-new-tokens", "10", "--seed", "3"]
+    result = runner.invoke(app, dashes, input=prompts.read_text())
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in result.stdout.splitlines()] == rows  # - is stdin and stdout
 
 
 def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy_data):

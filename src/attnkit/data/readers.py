@@ -58,10 +58,10 @@ def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
 
 
 def iter_lines(path: Path | None) -> Iterator[str]:
-    """The lines of a UTF-8 text file (``.gz`` is decompressed), or of standard input (``path`` None),
-    one at a time, without line endings (LF or CRLF): an input of any size is read as it is used.
-    Invalid UTF-8 is an error naming the line."""
-    if path is None:
+    """The lines of a UTF-8 text file (``.gz`` is decompressed), or of standard input (``path`` None or
+    ``-``), one at a time, without line endings (LF or CRLF): an input of any size is read as it is
+    used. Invalid UTF-8 is an error naming the line."""
+    if path is None or str(path) == "-":
         yield from _decoded(sys.stdin.buffer, "<stdin>")
         return
     if not path.is_file():
