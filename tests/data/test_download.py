@@ -4,6 +4,7 @@ naming the file, and the real data sets' checksums match the real files."""
 
 import hashlib
 import os
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -92,6 +93,17 @@ def test_a_broken_download_resumes_where_it_stopped(server, tmp_path):
     del server.cut["/a.bin"]
     assert fetch(file, tmp_path, progress=False).read_bytes() == body
     assert server.ranges == [None, "bytes=100000-"]
+
+
+def test_a_server_that_cannot_be_reached_is_named_not_called_a_broken_download(tmp_path):
+    with socket.socket() as free:  # a port nothing listens on once this closes
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    file = DataFile("a.bin", f"http://127.0.0.1:{port}/a.bin", "0" * 64)
+    with pytest.raises(
+        DataError, match=rf"^a\.bin: cannot download http://127\.0\.0\.1:{port}/a\.bin \(.*refused"
+    ):
+        fetch(file, tmp_path, progress=False)
 
 
 def test_a_server_that_ignores_the_range_gives_the_whole_file_again(server, tmp_path):

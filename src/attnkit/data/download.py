@@ -141,6 +141,8 @@ def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
     except (urllib.error.URLError, HTTPException, OSError) as error:
         got = partial.stat().st_size if partial.exists() else 0
         reason = getattr(error, "reason", None) or error
+        if not got:
+            raise DataError(f"{file.name}: cannot download {file.url} ({reason})") from None
         raise DataError(
             f"{file.name}: the download broke off after {got:,} bytes ({reason}); run the same command "
             "again to resume it"
