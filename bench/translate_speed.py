@@ -94,7 +94,8 @@ def serve_engine(
     # the same settings for attnkit and CTranslate2, which read them alike (HF generate takes arguments)
     settings = [f"decode.batch_size={batch}", "decode.length_penalty=length", f"decode.alpha={alpha}",
                 f"decode.streams={streams}"]  # fmt: skip
-    decode = with_decode_overrides(config.decode, settings)
+    compiled = ["decode.compile=true"] if engine == "attnkit-compiled" else []
+    decode = with_decode_overrides(config.decode, settings + compiled)
     if engine.startswith("attnkit"):
         if engine == "attnkit-int8":
             quantize_int8(model)
@@ -170,6 +171,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=0, help=streams_help)
     parser.add_argument("--rounds", type=int, default=3, help="timed runs per engine and beam (the median)")
     parser.add_argument("--alpha", type=float, default=None, help="length^α (default: the run's)")
+    compile_help = "also attnkit with decode.compile (its decoding step compiled ahead of time)"
+    parser.add_argument("--compile", action="store_true", help=compile_help)
     args = parser.parse_args()
     model, tokenizer, config = load_for_inference(args.ckpt)
     pairs = read_parallel(Path(args.src), Path(args.ref))
@@ -178,7 +181,7 @@ def main() -> None:
     decode.length_penalty = "length"
     decode.alpha = decode.alpha if args.alpha is None else args.alpha
     scratch = Path(tempfile.mkdtemp(prefix="translate_speed."))
-    folders = {"attnkit": "", "attnkit-int8": ""}
+    folders = {"attnkit": "", "attnkit-int8": ""} | ({"attnkit-compiled": ""} if args.compile else {})
     if importlib.util.find_spec("transformers"):
         folders["hf-generate"] = str(export_hf(model, tokenizer, scratch / "hf"))
     else:
@@ -207,18 +210,26 @@ def main() -> None:
     def target_tokens(outputs: list[str]) -> int:
         return sum(len(ids) + 1 for ids in tokenizer.encode_batch(outputs))  # + </s>
 
+    def speed_ratios(mine: str, other: str, beam: int) -> str:
+        """``mine``'s target tokens/s over ``other``'s, round by round: median (lowest–highest)."""
+        speeds = [[target_tokens(outputs[name][beam]) / seconds for seconds in times[name][beam]]
+                  for name in (mine, other)]  # fmt: skip
+        ratios = [a / b for a, b in zip(*speeds, strict=True)]
+        return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
     for beam in beams:
-        ours = [target_tokens(outputs["attnkit"][beam]) / seconds for seconds in times["attnkit"][beam]]
         for name in folders:
             tokens = target_tokens(outputs[name][beam])
-            theirs = [tokens / seconds for seconds in times[name][beam]]
-            ratios = [mine / other for mine, other in zip(ours, theirs, strict=True)]  # round by round
             seconds = statistics.median(times[name][beam])
             score = bleu(outputs[name][beam], references).score
-            print(
-                f"| {name} | {beam} | {seconds:.2f} | {tokens / seconds:,.0f} | {score:.2f} | "
-                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |"
-            )
+            ratio = speed_ratios("attnkit", name, beam)
+            print(f"| {name} | {beam} | {seconds:.2f} | {tokens / seconds:,.0f} | {score:.2f} | {ratio} |")
+    for beam in beams if args.compile else []:
+        same = outputs["attnkit-compiled"][beam] == outputs["attnkit"][beam]
+        against = ", ".join(f"{name}'s {speed_ratios('attnkit-compiled', name, beam)}"
+                            for name in folders if name != "attnkit-compiled")  # fmt: skip
+        verdict = "are" if same else "are NOT"
+        print(f"beam {beam}: attnkit-compiled's outputs {verdict} attnkit's; its speed / {against}")
 
 
 if __name__ == "__main__":

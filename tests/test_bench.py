@@ -1,6 +1,8 @@
 """The benchmark scripts run end to end (at toy sizes: this checks them, it measures nothing)."""
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,21 +159,28 @@ def test_the_length_penalty_search_names_a_command_that_translates_with_its_best
     assert round(BLEU().corpus_score(translated.stdout.splitlines(), [references]).score, 2) == best
 
 
-def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(copy_run, copy_data):
+def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(copy_run, copy_data, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
+    compiles = shutil.which("c++") is not None or shutil.which("g++") is not None  # decode.compile's needs
     result = subprocess.run(
         [sys.executable, str(BENCH / "translate_speed.py"), "--ckpt", str(copy_run),
          "--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--n", "8",
-         "--beams", "1,2", "--batch", "4", "--threads", "1", "--rounds", "2"],
+         "--beams", "1,2", "--batch", "4", "--threads", "1", "--rounds", "2",
+         *(["--compile"] if compiles else [])],
         capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},  # the compiled steps' cache
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0]
     assert "batch 4, " in header and "(each engine's batch size and α as it reported them)" in header
     ratio = r"([\d.]+) \(([\d.]+)–([\d.]+)\)"  # median (lowest–highest) of the rounds' speed ratios
     rows = re.findall(rf"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| {ratio} \|", result.stdout)
-    engines = ["attnkit", "attnkit-int8", "hf-generate", "ctranslate2", "ctranslate2-int8"]
+    engines = ["attnkit", "attnkit-int8", *(["attnkit-compiled"] if compiles else []), "hf-generate",
+               "ctranslate2", "ctranslate2-int8"]  # fmt: skip
     assert [(row[0], row[1]) for row in rows] == [(e, b) for b in "12" for e in engines], result.stdout
+    if compiles:
+        same = rf"beam 2: attnkit-compiled's outputs are attnkit's; its speed / attnkit's {ratio}, "
+        assert re.search(same, result.stdout), result.stdout
     for name, _, _, median, lowest, highest in rows:
         assert float(lowest) <= float(median) <= float(highest)
         if name == "attnkit":

@@ -216,6 +216,8 @@ class DecodeConfig:
     batch_size: int = 64  # sentences (or prompts) per decoding batch
     # on a CPU, batches translated at a time, each on its share of the threads; 0 = one per thread
     streams: int = 0
+    # translation on a CPU: the decoding step compiled ahead of time (decode/compiled.py; same outputs)
+    compile: bool = False
     # generation (decoder-only): sampling; the defaults are nanoGPT's sample.py
     max_new_tokens: int = 256
     temperature: float = 0.8  # 0 = greedy

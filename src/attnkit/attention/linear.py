@@ -46,6 +46,9 @@ def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
     checks run on every call, cheapest and most often decisive first."""
     return (
         _onednn_linear is not None
+        # torch.compile and torch.export lower F.linear their own way (oneDNN too); checked before the
+        # sizes, which they may trace as symbols: a comparison would fix them to this call's
+        and not torch.compiler.is_compiling()
         and x.dtype == torch.float32
         and x.is_cpu
         and weight.numel() >= MIN_WEIGHTS
@@ -54,7 +57,6 @@ def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
         and weight.dim() == 2
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()  # torch.compile lowers F.linear its own way (oneDNN too)
     )
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.search import Hypothesis, beam_search, evaluating, greedy
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models.seq2seq import EncoderDecoder
@@ -114,5 +116,6 @@ def _hypotheses(
     streams = stream_count(decode.streams, device, len(batches))
     if progress is not None:
         progress(len(texts) - len(todo))  # the empty lines
-    with evaluating(model):
+    compiled = decode.compile and torch.device(device).type == "cpu" and bool(batches)
+    with evaluating(model), compiled_decoding(model, beam, warn) if compiled else nullcontext():
         return fill_by_batch(search, batches, streams, found, progress)

@@ -11,6 +11,9 @@ With ``model.copy`` a pointer-generator (nn/pointer.py) mixes those with copies 
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -139,7 +142,7 @@ class EncoderDecoder(nn.Module):
         tokens, so the causal mask already hides it from them. With a ``cache`` (from :meth:`new_cache`),
         pass only the new tokens; they are placed after the positions already cached.
         """
-        start = len(cache) if cache is not None else 0
+        start = cache.positions() if cache is not None else 0
         if tgt_mask is None and tgt.size(1) > 1:  # one new token may see every position: no mask at all
             tgt_mask = causal_mask(tgt.size(1), start + tgt.size(1), device=tgt.device)
         x = self.tgt_pos(self.tgt_embed(tgt), start)
@@ -154,6 +157,11 @@ class EncoderDecoder(nn.Module):
     def decoding(self, src: Tensor, use_cache: bool = True) -> Seq2SeqDecoding:
         """Step-by-step decoding of the sources ``src (N, S)`` (encoded once, now)."""
         return Seq2SeqDecoding(self, src, use_cache)
+
+
+# decode.compile (decode/compiled.py): each model's decoding step compiled ahead of time, by beams per
+# source; kept here, not on the model, which torch.export puts back as it found it after tracing
+COMPILED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[int, Any]] = weakref.WeakKeyDictionary()
 
 
 class Seq2SeqDecoding:
@@ -179,6 +187,9 @@ class Seq2SeqDecoding:
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
         ``model.copy``)."""
+        step = COMPILED_STEPS.get(self.model, {}).get(self.beams)  # decode.compile's, if any
+        if step is not None and len(self.cache) > 0 and tokens.size(1) == len(self.cache) + 1:
+            return step.next_logits(self, tokens)
         new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
         hidden = self.model.decode(self.memory, self.src_mask, new, cache=self.cache)[:, -1]  # (R, d_model)
         logits = self.model.generator(hidden)  # (R, V)

@@ -136,6 +136,12 @@ class DecoderCache:
         """Number of target positions already decoded."""
         return len(self.layers[0].self_attn) if self.layers else 0
 
+    def positions(self) -> int:
+        """``len(self)``, but a symbol where ``torch.export`` traces the cache's length as one
+        (``len()`` must return a plain int, which would fix the length to the traced example's)."""
+        key = self.layers[0].self_attn._key if self.layers else None
+        return 0 if key is None else key.size(-2)
+
     def reorder(self, index: Tensor, sources_too: bool = True) -> None:
         """Keep batch rows ``index`` in every layer (beam search re-ranking). ``sources_too=False`` leaves
         the cross-attention's keys and values alone, right when ``index`` only moves rows among rows with

@@ -1,0 +1,125 @@
+"""decode.compile (decode/compiled.py): the decoding step compiled ahead of time translates exactly as the
+eager step, is kept and loaded again, follows changed weights, and steps aside where it cannot work."""
+
+import shutil
+
+import pytest
+import torch
+
+from attnkit import build_transformer
+from attnkit.config import DecodeConfig
+from attnkit.data.synthetic import copy
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode import compiled
+from attnkit.decode.translate import translate, translate_n_best
+from attnkit.models.config import TransformerConfig
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="compiling the step needs a C++ compiler (apt-get install g++)",
+)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache folder for the module's tests, so that each step is compiled once."""
+    folder = tmp_path_factory.mktemp("xdg_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    tokenizer = Tokenizer.train("word", copy(300, seed=0, max_length=6).src)
+    torch.manual_seed(5)
+    model = build_transformer(TransformerConfig.from_preset("tiny", output_bias=True), tokenizer.vocab_size)
+    return model.eval(), tokenizer
+
+
+class _Counting:
+    """Counts the compiled steps taken (to show the compiled path ran, not the eager one)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        run = compiled.CompiledStep.__call__
+
+        def counted(step, *tensors):
+            self.calls += 1
+            return run(step, *tensors)
+
+        monkeypatch.setattr(compiled.CompiledStep, "__call__", counted)
+
+
+@pytest.mark.parametrize("beam", [3, 1], ids=["beam 3", "greedy"])
+def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_tokenizer, monkeypatch, beam):
+    model, tokenizer = model_and_tokenizer
+    texts = [*copy(40, seed=2, max_length=6).src, "", "1 2 3 4 5 6 7 8 9 1 2 3 4 5 6"]  # empty, long
+    eager = DecodeConfig(batch_size=7, streams=1)  # batches of different sizes; sentences leave them
+    notes = []
+    counting = _Counting(monkeypatch)
+    for streams in (1, 2):
+        fast = DecodeConfig(batch_size=7, streams=streams, compile=True)
+        expected = translate(model, tokenizer, texts, eager, beam_size=beam)
+        assert translate(model, tokenizer, texts, fast, beam_size=beam, warn=notes.append) == expected
+    assert counting.calls > 20 and len(notes) == 1 and "compiling the decoding step" in notes[0]
+    calls = counting.calls
+    translate(model, tokenizer, texts, eager, beam_size=beam)
+    assert counting.calls == calls  # without decode.compile, the eager step again
+    if beam > 1:
+        best = translate_n_best(model, tokenizer, texts, eager, 2, beam_size=beam)
+        found = translate_n_best(
+            model, tokenizer, texts, DecodeConfig(batch_size=7, compile=True), 2, beam_size=beam
+        )
+        assert [[text for text, _ in b] for b in found] == [[text for text, _ in b] for b in best]
+        scores = [score for b in found for _, score in b], [score for b in best for _, score in b]
+        torch.testing.assert_close(*map(torch.tensor, scores), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_step_is_kept_and_loaded_again_until_the_weights_change(
+    cache, model_and_tokenizer, monkeypatch
+):
+    model, tokenizer = model_and_tokenizer
+    twin = build_transformer(model.config, tokenizer.vocab_size).eval()
+    twin.load_state_dict(model.state_dict())
+    texts = copy(10, seed=3, max_length=6).src
+    expected = translate(model, tokenizer, texts, DecodeConfig(streams=1), beam_size=3)
+    built = []
+    build = compiled.build
+    monkeypatch.setattr(compiled, "build", lambda *args: built.append(args) or build(*args))
+    notes = []
+    assert (
+        translate(twin, tokenizer, texts, DecodeConfig(compile=True), beam_size=3, warn=notes.append)
+        == expected
+    )
+    assert built == [] and notes == []  # the same weights: the step compiled for `model` is loaded
+    with torch.no_grad():
+        twin.generator.proj.bias.add_(torch.randn_like(twin.generator.proj.bias))
+    changed = translate(twin, tokenizer, texts, DecodeConfig(streams=1), beam_size=3)
+    assert translate(twin, tokenizer, texts, DecodeConfig(compile=True), beam_size=3) == changed
+    assert len(built) == 1  # new weights, a new step
+
+
+def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
+    cache, model_and_tokenizer, monkeypatch
+):
+    model, tokenizer = model_and_tokenizer
+    texts = copy(10, seed=4, max_length=6).src
+    expected = translate(model, tokenizer, texts, DecodeConfig(streams=1), beam_size=2)
+
+    def no_compiler(*args):
+        raise RuntimeError("C++ compile error\nmore detail")
+
+    monkeypatch.setattr(compiled, "build", no_compiler)
+    notes = []
+    assert (
+        translate(model, tokenizer, texts, DecodeConfig(compile=True), beam_size=2, warn=notes.append)
+        == expected
+    )
+    assert notes[-1] == (
+        "decode.compile: could not compile the decoding step (C++ compile error); it decodes as usual"
+    )
+    copying = build_transformer(TransformerConfig.from_preset("tiny", copy=True), tokenizer.vocab_size).eval()
+    notes = []
+    translate(copying, tokenizer, texts, DecodeConfig(compile=True), beam_size=2, warn=notes.append)
+    assert "this model's step is not compiled" in notes[0]
