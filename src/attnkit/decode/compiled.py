@@ -135,8 +135,8 @@ def build(model: EncoderDecoder, beams: int, package: Path) -> None:
 
 
 class CompiledStep:
-    """The compiled step of ``model`` for ``beams`` rows per source, loaded from ``package`` with
-    ``copies`` copies (one per stream, so that the streams never wait for each other)."""
+    """A step :func:`build` compiled, loaded from ``package`` with ``copies`` copies (one per stream, so
+    that the streams never wait for each other); loaded once per model and kept for the process."""
 
     def __init__(self, package: Path, copies: int) -> None:
         library = _shared_library(package)

@@ -188,8 +188,8 @@ class Seq2SeqDecoding:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
         ``model.copy``)."""
         step = COMPILED_STEPS.get(self.model, {}).get(self.beams)  # decode.compile's, if any
-        if step is not None and len(self.cache) > 0 and tokens.size(1) == len(self.cache) + 1:
-            return step.next_logits(self, tokens)
+        if step is not None and self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1:
+            return step.next_logits(self, tokens)  # one new token after the first: the compiled step
         new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
         hidden = self.model.decode(self.memory, self.src_mask, new, cache=self.cache)[:, -1]  # (R, d_model)
         logits = self.model.generator(hidden)  # (R, V)
