@@ -49,6 +49,11 @@ class KVCache:
         return self._value
 
     def __len__(self) -> int:
+        return self.positions()
+
+    def positions(self) -> int:
+        """``len(self)``, but a symbol where ``torch.export`` traces the cached length as one (``len()``
+        must return a plain int, which would fix the length to the traced example's)."""
         return 0 if self._key is None else self._key.size(-2)
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:

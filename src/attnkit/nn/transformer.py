@@ -134,13 +134,11 @@ class DecoderCache:
 
     def __len__(self) -> int:
         """Number of target positions already decoded."""
-        return len(self.layers[0].self_attn) if self.layers else 0
+        return self.positions()
 
     def positions(self) -> int:
-        """``len(self)``, but a symbol where ``torch.export`` traces the cache's length as one
-        (``len()`` must return a plain int, which would fix the length to the traced example's)."""
-        key = self.layers[0].self_attn._key if self.layers else None
-        return 0 if key is None else key.size(-2)
+        """``len(self)``, traceable as a symbol (:meth:`KVCache.positions`)."""
+        return self.layers[0].self_attn.positions() if self.layers else 0
 
     def reorder(self, index: Tensor, sources_too: bool = True) -> None:
         """Keep batch rows ``index`` in every layer (beam search re-ranking). ``sources_too=False`` leaves
