@@ -10,7 +10,6 @@ run's checkpoints are averaged.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +18,12 @@ from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError
 from attnkit.metrics import exact_match
 from attnkit.tasks.translation import read_split
-from attnkit.train.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
+from attnkit.train.checkpoint import (
+    average_checkpoints,
+    list_checkpoints,
+    load_for_inference,
+    read_run_config,
+)
 from attnkit.train.loop import Trainer
 from attnkit.viz.attention import plot_translation_attention
 
@@ -71,9 +75,8 @@ def _refuse_other_runs(out: Path) -> None:
     if not checkpoints:
         return
     try:
-        config = json.loads((checkpoints[-1] / "config.json").read_text(encoding="utf-8"))
-        task = config["data"]["task"]
-    except (OSError, ValueError, KeyError, TypeError):
+        task = read_run_config(checkpoints[-1]).data.task
+    except AttnkitError:  # missing, unreadable or not a run configuration
         task = None
     if task != RECIPE["data"]["task"]:
         raise AttnkitError(
