@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from attnkit import build_transformer
 from attnkit.attention.masks import padding_mask
+from attnkit.attention.recording import recording
 from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.models import DecoderModelConfig, build_model
@@ -61,10 +62,10 @@ def test_the_pages_weights_are_the_models_own(translator, tokenizer):
                                      mask=mask, need_weights=True)  # fmt: skip
         torch.testing.assert_close(torch.tensor(data["maps"][0]["weights"][0]), weights[0], atol=1e-4, rtol=0)
         memory = translator.encode(src, mask)
-        translator.decoder.layers[-1].src_attn.record_weights = True
-        translator.decode(memory, mask, tgt_in)
-        cross = translator.decoder.layers[-1].src_attn.last_weights[0]
-        translator.decoder.layers[-1].src_attn.record_weights = False
+        last_cross = translator.decoder.layers[-1].src_attn
+        with recording([last_cross]) as recorded:
+            translator.decode(memory, mask, tgt_in)
+        cross = recorded[last_cross][0]
     torch.testing.assert_close(torch.tensor(data["maps"][2]["weights"][-1]), cross, atol=1e-4, rtol=0)
     assert data["maps"][2]["keys"] == tokenizer.tokens(src[0].tolist())
     assert data["maps"][2]["queries"] == tokenizer.tokens(tgt_in[0].tolist())

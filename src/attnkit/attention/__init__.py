@@ -14,6 +14,7 @@ from attnkit.attention.masks import (
 )
 from attnkit.attention.multihead import KVCache, MultiHeadAttention, MultiHeadedAttention
 from attnkit.attention.normalisers import NORMALISERS
+from attnkit.attention.recording import recording
 from attnkit.attention.scores import BahdanauAdditive, LuongConcat, LuongGeneral, dot, scaled_dot
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "dot",
     "local_window_mask",
     "padding_mask",
+    "recording",
     "scaled_dot",
     "subsequent_mask",
     "target_mask",

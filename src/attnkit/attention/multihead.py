@@ -22,6 +22,7 @@ from attnkit.attention.linear import Linear, linear
 from attnkit.attention.local import attend_local
 from attnkit.attention.masks import local_window_mask
 from attnkit.attention.packing import Packing
+from attnkit.attention.recording import recording_of
 
 
 class KVCache:
@@ -121,10 +122,6 @@ class MultiHeadAttention(nn.Module):
         self.window = window  # self-attention only: each query sees the keys within `window` positions
         self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
         self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
-        # Set record_weights to keep the last call's weights in last_weights (for plots), as the
-        # Annotated Transformer's self.attn; it forces the reference path while on.
-        self.record_weights = False
-        self.last_weights: Tensor | None = None
 
     def forward(
         self,
@@ -145,7 +142,8 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(query, memory, cache, packing)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
-        weights_wanted = need_weights or self.record_weights
+        recorder = recording_of(self)  # a plot or the explorer wants this call's weights (recording.py)
+        weights_wanted = need_weights or recorder is not None
         if k.size(0) != q.size(0):  # a cache shared by groups of consecutive query rows (see _shared)
             if not weights_wanted:
                 return self._merge_heads(self._shared(q, k, v, mask), packing), None
@@ -172,11 +170,11 @@ class MultiHeadAttention(nn.Module):
             score=self.score,
             normaliser=self.normaliser,
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights or self.record_weights,
+            need_weights=weights_wanted,
             causal=causal,
         )
-        if self.record_weights:
-            self.last_weights = weights.detach()
+        if recorder is not None:
+            recorder.keep(self, weights)
         return self._merge_heads(out, packing), (weights if need_weights else None)
 
     def _shared(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

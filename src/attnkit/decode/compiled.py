@@ -18,10 +18,10 @@ How:
   time. Its container holds one copy of the step per stream.
 - Only the steps after the first, one new token per row, take the compiled path; the first (which
   also computes the cross-attention's keys) stays eager, as do models the trace cannot express (the
-  copy mechanism, another device or dtype: :func:`compilable`). Attention weights are not recorded on
-  the compiled path (``record_weights``); the plots and the explorer run the model, not a search. Where
-  compiling fails (no C++ compiler, say), :func:`compiled_step` says so once and translation goes on
-  without it.
+  copy mechanism, another device or dtype: :func:`compilable`). Attention weights are not recorded
+  on the compiled path (``attention/recording.py``); the plots and the explorer run the model, not a
+  search. Where compiling fails (no C++ compiler, say), :func:`compiled_step` says so once and
+  translation goes on without it.
 """
 
 from __future__ import annotations

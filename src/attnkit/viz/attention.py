@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from attnkit.attention.multihead import MultiHeadAttention
+from attnkit.attention.recording import recording
 from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import Tokenizer
-
-
-@contextmanager
-def recording(modules: list[MultiHeadAttention]):
-    """Make ``modules`` keep their last attention weights (``.last_weights``) while inside the block."""
-    for m in modules:
-        m.record_weights = True
-    try:
-        yield modules
-    finally:
-        for m in modules:
-            m.record_weights = False
 
 
 @torch.no_grad()
@@ -32,9 +19,9 @@ def cross_attention(model, src: Tensor, tgt_in: Tensor, layer: int = -1) -> Tens
     if hasattr(model, "alignments"):
         return model.alignments(src, tgt_in)
     module = model.decoder.layers[layer].src_attn
-    with recording([module]):
+    with recording([module]) as recorded:
         model(src, tgt_in)
-        return module.last_weights.mean(dim=1)
+    return recorded[module].mean(dim=1)
 
 
 def plot_attention(

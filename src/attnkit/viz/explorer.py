@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import html
 import json
+import re
+import traceback
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -20,11 +22,11 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
+from attnkit.attention.recording import Recording, recording
 from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import greedy
 from attnkit.errors import AttnkitError
-from attnkit.viz.attention import recording
 
 DIGITS = 4  # weights are written with this many decimals: the page stays small, the picture the same
 
@@ -39,9 +41,9 @@ class AttentionMap:
     weights: list[list[list[list[float]]]]
 
 
-def _maps(name: str, modules: list, queries: list[str], keys: list[str]) -> AttentionMap:
+def _maps(name: str, modules: list, recorded: Recording, queries: list[str], keys: list[str]) -> AttentionMap:
     """The recorded weights of ``modules`` (one per layer), batch row 0: ``(h, T_q, T_k)`` each."""
-    layers = [m.last_weights[0].float().round(decimals=DIGITS).tolist() for m in modules]
+    layers = [recorded[m][0].float().round(decimals=DIGITS).tolist() for m in modules]
     return AttentionMap(name, queries, keys, layers)
 
 
@@ -66,29 +68,29 @@ def collect_attention(
         encoder = [layer.self_attn for layer in model.encoder.layers]
         self_attn = [layer.self_attn for layer in model.decoder.layers]
         cross = [layer.src_attn for layer in model.decoder.layers]
-        with recording(encoder + self_attn + cross):
+        with recording(encoder + self_attn + cross) as recorded:
             model(batch.src, batch.tgt_in)
         source, output = tokenizer.tokens(batch.src[0].tolist()), tokenizer.tokens(batch.tgt_in[0].tolist())
         maps = [
-            _maps("encoder self-attention", encoder, source, source),
-            _maps("decoder self-attention", self_attn, output, output),
-            _maps("cross-attention", cross, output, source),
+            _maps("encoder self-attention", encoder, recorded, source, source),
+            _maps("decoder self-attention", self_attn, recorded, output, output),
+            _maps("cross-attention", cross, recorded, output, source),
         ]
         return maps, tokenizer.decode(out)
     if arch == "decoder":
         tokens = torch.tensor([ids[: model.config.max_len]])
         modules = [layer.self_attn for layer in model.decoder.layers]
-        with recording(modules):
+        with recording(modules) as recorded:
             model(tokens)
         labels = tokenizer.tokens(tokens[0].tolist())
-        return [_maps("self-attention", modules, labels, labels)], None
+        return [_maps("self-attention", modules, recorded, labels, labels)], None
     if arch == "encoder":
         tokens = torch.tensor([[s.bos, *ids[: model.config.max_len - 2], s.eos]])  # [CLS] text [SEP]
         modules = [layer.self_attn for layer in model.encoder.layers]
-        with recording(modules):
+        with recording(modules) as recorded:
             model.encode(tokens)
         labels = tokenizer.tokens(tokens[0].tolist())
-        return [_maps("self-attention", modules, labels, labels)], None
+        return [_maps("self-attention", modules, recorded, labels, labels)], None
     raise AttnkitError(
         f"the explorer shows Transformer attention (encoder-decoder, encoder, decoder); this is a "
         f"model.arch={arch!r} model: see its attention with attnkit evaluate --plot"
@@ -99,36 +101,51 @@ def explorer_html(
     maps: list[AttentionMap], title: str, output: str | None = None, form_text: str | None = None
 ) -> str:
     """The self-contained page for ``maps`` (``output``: the translation the maps belong to); with
-    ``form_text``, a text box holding it on top, for the local server (:func:`serve`)."""
+    ``form_text``, a text box holding it on top, for the local server (:func:`serve`).
+
+    Every text here may be the user's (a sentence from a URL of the server, its tokens, the model's
+    output), so none of it becomes markup: the title and the text box are HTML-escaped, and the data is
+    JSON with ``<``, ``>`` and ``&`` written as ``\\u003c``... (no ``</script>`` or ``<!--`` can end or
+    bend its script element; ``JSON.parse`` reads them back as they were). The placeholders are filled
+    in one pass, so text that holds a placeholder's name stays text."""
     template = resources.files("attnkit.viz").joinpath("explorer.html").read_text(encoding="utf-8")
     data = {"title": title, "output": output, "maps": [asdict(m) for m in maps]}
-    # "</" would end the script element early: JSON allows "<\/" for it
-    payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
     form = "" if form_text is None else FORM.format(text=html.escape(form_text, quote=True))
-    return (
-        template.replace("__TITLE__", html.escape(title))
-        .replace("__FORM__", form)
-        .replace("__DATA__", payload)
-    )
+    filled = {"__TITLE__": html.escape(title), "__FORM__": form, "__DATA__": json_for_html(data)}
+    return PLACEHOLDER.sub(lambda found: filled[found.group(0)], template)
 
 
+PLACEHOLDER = re.compile("__(?:TITLE|FORM|DATA)__")
 FORM = """<form method="get" action="/" id="ask"><input type="text" name="text" value="{text}" size="70">
 <button type="submit">show attention</button></form>"""
+_HTML_SAFE_JSON = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def json_for_html(value: object) -> str:
+    """``value`` as JSON that may stand inside an HTML ``<script>`` element: no character of it can start
+    a tag, a comment or an entity (the escapes Django's ``json_script`` uses)."""
+    return json.dumps(value, ensure_ascii=False).translate(_HTML_SAFE_JSON)
 
 
 def serve(model: torch.nn.Module, tokenizer: Tokenizer, name: str, text: str, port: int = 8000) -> None:
     """Serve the explorer on http://127.0.0.1:``port`` with a text box: each sentence typed there is
-    run through the model and shown (standard library only; local, one user)."""
+    run through the model and shown (standard library only; for one local user, not a public server)."""
     server = explorer_server(model, tokenizer, name, text, port)
     print(f"attention explorer on http://127.0.0.1:{server.server_port}/ (Ctrl-C stops it)", flush=True)
     with server:
         server.serve_forever()
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # connections waiting to be accepted; the standard library's 5 refuses a burst
+
+
 def explorer_server(
     model: torch.nn.Module, tokenizer: Tokenizer, name: str, text: str, port: int = 8000
 ) -> ThreadingHTTPServer:
-    """The server of :func:`serve`, bound to 127.0.0.1 (``port`` 0: any free port), not yet serving."""
+    """The server of :func:`serve`, bound to 127.0.0.1 (``port`` 0: any free port), not yet serving; a
+    port that cannot be bound is one line naming it. Requests run on threads of their own over the one
+    model; each records its own attention (attention/recording.py), so each gets its own page."""
 
     class Explorer(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -141,8 +158,11 @@ def explorer_server(
                 maps, output = collect_attention(model, tokenizer, asked, target)
                 page, status = explorer_html(maps, f"attention of {name} on: {asked}", output, asked), 200
             except AttnkitError as error:
-                page = f"<!DOCTYPE html>{FORM.format(text='')}<p>{html.escape(str(error))}</p>"
+                page = _message_page(str(error))
                 status = 200 if not asked.strip() else 400
+            except Exception as error:  # a bug: answered (and logged below), never a dropped connection
+                self.log_error("%s", traceback.format_exc())
+                page, status = _message_page(f"the explorer failed on this input ({error!r})"), 500
             body = page.encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "text/html; charset=utf-8")
@@ -153,4 +173,17 @@ def explorer_server(
         def log_message(self, format: str, *args) -> None:  # quiet: one line per request is noise here
             pass
 
-    return ThreadingHTTPServer(("127.0.0.1", port), Explorer)
+    if not 0 <= port <= 65535:
+        raise AttnkitError(f"--port {port}: a port is a number from 0 to 65535")
+    try:
+        return _Server(("127.0.0.1", port), Explorer)
+    except OSError as error:
+        raise AttnkitError(
+            f"--port {port}: cannot serve on 127.0.0.1:{port} ({error.strerror or error}); "
+            "choose another port, or 0 for any free one"
+        ) from None
+
+
+def _message_page(message: str) -> str:
+    """A page with the text box and one message (an error, or what to do)."""
+    return f"<!DOCTYPE html>{FORM.format(text='')}<p>{html.escape(message)}</p>"
