@@ -78,7 +78,9 @@ TASKS = {
 
 def learning_speed(run_dir: Path, task: str) -> str:
     """Dates: the step (and minute) validation first reached 99% exact match; Multi30k: its best BLEU."""
-    rows = [row for row in csv.DictReader((run_dir / "metrics.csv").open()) if row["valid_loss"]]
+    rows = [
+        row for row in csv.DictReader((run_dir / "metrics.csv").open(encoding="utf-8")) if row["valid_loss"]
+    ]
     if task == "multi30k":
         return f"{max(float(row['valid_bleu']) for row in rows):.2f}"
     reached = [row for row in rows if float(row["valid_accuracy"]) >= 0.99]
@@ -144,7 +146,7 @@ def main() -> None:
             row = run_variant(task, variant, args.minutes, args.data, args.runs, args.plots, args.overrides)
             print(f"| {task} | {variant} | {row['parameters']:,} | {row['steps']:,} | {row['minutes']} | "
                   f"{row['score']:.2f} {row['metric']} | {row['learning']} |", flush=True)  # fmt: skip
-            with (args.runs / "results.jsonl").open("a") as results:
+            with (args.runs / "results.jsonl").open("a", encoding="utf-8") as results:
                 results.write(json.dumps(row) + "\n")
 
 

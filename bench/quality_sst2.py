@@ -45,7 +45,7 @@ def train(config_name: str, data: str, run_dir: Path, overrides: list[str]) -> f
 
 def recorded_seconds(run_dir: Path) -> float:
     """The training time (validation included) that a finished run's metrics.csv recorded last."""
-    with open(run_dir / "metrics.csv", newline="") as f:
+    with open(run_dir / "metrics.csv", newline="", encoding="utf-8") as f:
         return float(list(csv.DictReader(f))[-1]["elapsed_s"])
 
 

@@ -30,6 +30,6 @@ def copy_data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("copy_task")
     for name, n, seed in (("train", 300, 0), ("valid", 20, 1)):
         pairs = copy(n, seed, max_length=5)
-        (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n")
-        (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n")
+        (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n", encoding="utf-8")
+        (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n", encoding="utf-8")
     return folder

@@ -49,7 +49,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def test_benchmark_prints_ours_over_peer_ratios(script, arguments, summary):
     result = subprocess.run(
         [sys.executable, str(BENCH / script), "--rounds", "1", *arguments],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, encoding="utf-8"
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert re.search(summary, result.stdout), result.stdout
@@ -73,13 +73,13 @@ def test_the_speed_benchmarks_give_ours_and_the_peer_the_same_dropout_at_the_sam
 
 def test_the_shakespeare_quality_benchmark_runs_end_to_end_on_a_tiny_text(tmp_path):
     (tmp_path / "input.txt").write_text(
-        "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40
+        "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40, encoding="utf-8"
     )
     result = subprocess.run(
         [sys.executable, str(BENCH / "quality_shakespeare.py"), "--data", str(tmp_path), "--run-dir",
          str(tmp_path / "run"), "--config", str(BENCH.parent / "configs" / "shakespeare_char_cpu.yaml"),
          "train.max_steps=6", "train.decay_steps=6", "train.eval_every=3", "decode.max_new_tokens=20"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, encoding="utf-8"
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert re.search(r"best valid loss = \d\.\d{4}", result.stdout)
@@ -90,7 +90,7 @@ def test_the_attention_variants_benchmark_trains_scores_and_plots_each_variant(t
     result = subprocess.run(
         [sys.executable, str(BENCH / "attention_variants.py"), "--task", "dates", "--minutes", "0.02",
          "--variants", "transformer-window,rnn-hard,rnn-none", "--runs", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, encoding="utf-8"
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = re.findall(
@@ -109,7 +109,7 @@ def test_the_glimpse_benchmark_trains_both_models_and_draws_the_glimpse_paths(tm
     result = subprocess.run(
         [sys.executable, str(BENCH / "glimpse_vs_whole_image.py"), "--minutes", "0.02",
          "--runs", str(tmp_path), "--plot", str(tmp_path / "paths.png")],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, encoding="utf-8"
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = re.findall(
@@ -146,7 +146,7 @@ def test_the_length_penalty_search_names_a_command_that_translates_with_its_best
         [sys.executable, str(BENCH / "length_penalty.py"), "--ckpt", str(copy_run), "--src",
          str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--beam", "2",
          "--alphas", "0,1"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, encoding="utf-8"
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = re.findall(r"^\| (length|gnmt) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$", result.stdout, re.M)
@@ -155,7 +155,7 @@ def test_the_length_penalty_search_names_a_command_that_translates_with_its_best
     best = max(float(score) for *_, score in rows)
     translated = CliRunner().invoke(app, [*command, "-i", str(copy_data / "valid.src")])
     assert translated.exit_code == 0, translated.output
-    references = (copy_data / "valid.tgt").read_text().splitlines()
+    references = (copy_data / "valid.tgt").read_text(encoding="utf-8").splitlines()
     assert round(BLEU().corpus_score(translated.stdout.splitlines(), [references]).score, 2) == best
 
 
@@ -167,7 +167,7 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
          "--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--n", "8",
          "--beams", "1,2", "--batch", "4", "--threads", "1", "--rounds", "2",
          *(["--compile"] if compiles else [])],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, encoding="utf-8", timeout=300, check=False,
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},  # the compiled steps' cache
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -198,13 +198,13 @@ def test_the_aeslc_quality_benchmark_trains_and_scores_rouge_on_tiny_records(tmp
     records = [{"email": f"the {w} report is late", "subject": f"{w} report", "annotations": [w, f"{w} late"]}
                for w in words]  # fmt: skip
     for name in ("train.jsonl.gz", "dev.jsonl.gz"):
-        with gzip.open(tmp_path / name, "wt") as f:
+        with gzip.open(tmp_path / name, "wt", encoding="utf-8") as f:
             f.write("\n".join(map(json.dumps, records)) + "\n")
     result = subprocess.run(
         [sys.executable, str(BENCH / "quality_aeslc.py"), "--data", str(tmp_path),
          "--run-dir", str(tmp_path / "run"), "model.preset=tiny", "data.tokenizer=word",
          "train.max_steps=6", "train.eval_every=3"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, encoding="utf-8"
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert re.search(

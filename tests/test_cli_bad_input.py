@@ -34,7 +34,7 @@ def run(tmp_path_factory, copy_data):
 
 
 def _checkpoint_copy(run, tmp_path):
-    source = run / (run / "last").read_text().strip()
+    source = run / (run / "last").read_text(encoding="utf-8").strip()
     return shutil.copytree(source, tmp_path / "ckpt")
 
 
@@ -43,15 +43,17 @@ def _truncate(path):
 
 
 def _edit_config(path, **model):
-    values = json.loads(path.read_text())
+    values = json.loads(path.read_text(encoding="utf-8"))
     values["model"].update(model)
-    path.write_text(json.dumps(values))
+    path.write_text(json.dumps(values), encoding="utf-8")
 
 
 def _other_tokenizer(checkpoint):
     from attnkit.data.tokenizer import Tokenizer
 
-    (checkpoint / "tokenizer.json").write_text(Tokenizer.train("word", ["a b c d e f g h"]).to_str())
+    (checkpoint / "tokenizer.json").write_text(
+        Tokenizer.train("word", ["a b c d e f g h"]).to_str(), encoding="utf-8"
+    )
 
 
 SHAPES_DISAGREE = r"model\.safetensors: '[\w.]+' has shape \(\d+, \d+\) but config\.json and tokenizer\.json"
@@ -61,7 +63,7 @@ CORRUPTIONS = {  # what is done to a copy of a checkpoint -> what the one-line e
         r"model\.safetensors: corrupt or truncated",
     ),
     "config not JSON": (
-        lambda c: (c / "config.json").write_text("{oops"),
+        lambda c: (c / "config.json").write_text("{oops", encoding="utf-8"),
         r"config\.json: not readable JSON",
     ),
     "config with an unknown field": (
@@ -98,7 +100,9 @@ def test_a_corrupt_or_mismatched_checkpoint_is_one_line_naming_the_file(run, tmp
 
 def test_resuming_from_a_truncated_trainer_state_is_one_line(run, tmp_path):
     copy_of_run = shutil.copytree(run, tmp_path / "run")
-    _truncate(copy_of_run / (copy_of_run / "last").read_text().strip() / "trainer_state.safetensors")
+    _truncate(
+        copy_of_run / (copy_of_run / "last").read_text(encoding="utf-8").strip() / "trainer_state.safetensors"
+    )
     result = runner.invoke(app, ["train", "--resume", str(copy_of_run), "train.max_steps=30"])
     one_line_error(result, r"trainer_state\.safetensors: corrupt or truncated")
 
@@ -184,11 +188,11 @@ def test_an_output_that_cannot_be_written_fails_before_translating(run, tmp_path
 
 def test_empty_input_gives_empty_output(run, tmp_path):
     empty = tmp_path / "empty.txt"
-    empty.write_text("")
+    empty.write_text("", encoding="utf-8")
     out = tmp_path / "out.txt"
     result = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(empty), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert out.read_text() == ""
+    assert out.read_text(encoding="utf-8") == ""
     result = runner.invoke(app, ["translate", "--ckpt", str(run)], input="")
     assert result.exit_code == 0 and result.stdout == ""
     result = runner.invoke(app, ["translate", "--ckpt", str(run)], input="\n \n")
@@ -244,7 +248,7 @@ def test_a_large_input_is_translated_a_part_at_a_time_as_it_would_be_whole(run, 
     line in the whole input, and the progress counts every line once."""
     long_line = " ".join(["1 2 3 4 5"] * 40)  # 200 tokens; the model has 32 positions
     lines = ["1 2 3", "", "4 5", "2 2 1", "3", long_line, "5 4 3 2", ""]
-    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     whole = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt")])
     counted = CountingBar.install(monkeypatch)
     monkeypatch.setattr("attnkit.cli.PART_LINES", 3)
@@ -253,28 +257,28 @@ def test_a_large_input_is_translated_a_part_at_a_time_as_it_would_be_whole(run, 
         app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
     )
     assert whole.exit_code == parts.exit_code == 0, parts.output
-    assert out.read_text() == whole.stdout and len(whole.stdout.splitlines()) == len(lines)
+    assert out.read_text(encoding="utf-8") == whole.stdout and len(whole.stdout.splitlines()) == len(lines)
     assert "(line 6: 200 tokens)" in parts.stderr and counted == [len(lines)]
 
 
 def test_a_failure_halfway_leaves_the_output_file_as_it_was(run, tmp_path, monkeypatch):
     (tmp_path / "in.txt").write_bytes(b"1 2\n3 4\n5 \xff\n")
     out = tmp_path / "out.txt"
-    out.write_text("an earlier translation\n")
+    out.write_text("an earlier translation\n", encoding="utf-8")
     monkeypatch.setattr("attnkit.cli.PART_LINES", 2)  # the first part is translated, the second fails
     result = runner.invoke(
         app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
     )
     one_line_error(result, r"in\.txt:3: invalid UTF-8")
-    assert out.read_text() == "an earlier translation\n" and sorted(tmp_path.iterdir()) == [
+    assert out.read_text(encoding="utf-8") == "an earlier translation\n" and sorted(tmp_path.iterdir()) == [
         tmp_path / "in.txt",
         out,
     ]
 
 
 def test_evaluate_counts_its_progress_in_lines(run, tmp_path, monkeypatch):
-    (tmp_path / "src").write_text("1 2 3\n\n4 5\n")
-    (tmp_path / "ref").write_text("1 2 3\n\n4 5\n")
+    (tmp_path / "src").write_text("1 2 3\n\n4 5\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("1 2 3\n\n4 5\n", encoding="utf-8")
     counted = CountingBar.install(monkeypatch)
     files = ["--src", str(tmp_path / "src"), "--ref", str(tmp_path / "ref")]
     assert runner.invoke(app, ["evaluate", "--ckpt", str(run), *files]).exit_code == 0
@@ -282,8 +286,8 @@ def test_evaluate_counts_its_progress_in_lines(run, tmp_path, monkeypatch):
 
 
 def test_evaluate_scores_every_pair_and_counts_the_empty_ones(run, tmp_path):
-    (tmp_path / "src").write_text("1 2 3\n\n4 5\n2 2\n")
-    (tmp_path / "ref").write_text("1 2 3\n3 3\n\n2 2\n")
+    (tmp_path / "src").write_text("1 2 3\n\n4 5\n2 2\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("1 2 3\n3 3\n\n2 2\n", encoding="utf-8")
     result = runner.invoke(app, ["evaluate", "--ckpt", str(run), "--src", str(tmp_path / "src"),
                                  "--ref", str(tmp_path / "ref"), "--beam", "1"])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -304,9 +308,9 @@ def test_average_refuses_what_cannot_work(run, tmp_path):
     (tmp_path / "empty_run").mkdir()
     one_line_error(runner.invoke(app, ["average", "--run-dir", str(tmp_path / "empty_run")]),
                     r"no checkpoints to average")  # fmt: skip
-    last = run / (run / "last").read_text().strip()
+    last = run / (run / "last").read_text(encoding="utf-8").strip()
     result = runner.invoke(app, ["average", "--run-dir", str(run), "--out", str(last)])
-    one_line_error(result, r"the output would replace one of the checkpoints being averaged")
+    one_line_error(result, rf"{last.name} is a checkpoint it would be made from; name another folder")
 
 
 def test_export_and_average_never_delete_a_run_or_the_checkpoint_they_read(run, tmp_path):
@@ -316,12 +320,14 @@ def test_export_and_average_never_delete_a_run_or_the_checkpoint_they_read(run, 
         ["export", "--ckpt", str(copy_of_run), "--to", "hf", "--out", str(copy_of_run)],
         ["average", "--run-dir", str(copy_of_run), "--last", "1", "--out", str(copy_of_run)],
     ):
-        one_line_error(runner.invoke(app, command), r"run holds step-\d+/, which writing there would delete")
+        one_line_error(
+            runner.invoke(app, command), r"run holds step-\d+, which is a checkpoint it would be made from"
+        )
     assert sorted(p.name for p in copy_of_run.iterdir()) == before
     averaged = copy_of_run / "averaged"
     assert runner.invoke(app, ["average", "--run-dir", str(copy_of_run), "--last", "1"]).exit_code == 0
     result = runner.invoke(app, ["export", "--ckpt", str(averaged), "--to", "hf", "--out", str(averaged)])
-    one_line_error(result, r"averaged: the export would replace the checkpoint it is made from")
+    one_line_error(result, r"averaged is a checkpoint it would be made from")
     assert (averaged / "model.safetensors").is_file() and not (averaged / "generation_config.json").exists()
 
 
@@ -346,7 +352,7 @@ def test_asking_for_a_gpu_that_is_not_there_is_one_line(copy_data, tmp_path):
 )
 def test_usage_errors_of_the_installed_program_are_one_line_too(args, message):
     result = subprocess.run([sys.executable, "-m", "attnkit", *args], capture_output=True, text=True,
-                            timeout=60, check=False)  # fmt: skip
+                            timeout=60, check=False, encoding="utf-8")  # fmt: skip
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(message, lines[0]), result.stderr

@@ -20,7 +20,9 @@ TINY = ["model.preset=tiny", "data.tokenizer=word", "train.max_tokens=300", "tra
 def trained(tmp_path_factory, copy_data):
     run = tmp_path_factory.mktemp("run")
     config = run / "recipe.yaml"
-    config.write_text("data:\n  train: [train.src, train.tgt]\n  valid: [valid.src, valid.tgt]\n")
+    config.write_text(
+        "data:\n  train: [train.src, train.tgt]\n  valid: [valid.src, valid.tgt]\n", encoding="utf-8"
+    )
     result = runner.invoke(app, ["train", str(config), "--run-dir", str(run), "--data", str(copy_data), *TINY,
                                  "--train.max_steps", "20"])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -29,16 +31,18 @@ def trained(tmp_path_factory, copy_data):
 
 
 def test_training_writes_checkpoints_and_a_metrics_log(trained):
-    assert (trained / "last").read_text() == "step-0000020"
+    assert (trained / "last").read_text(encoding="utf-8") == "step-0000020"
     assert (trained / "best").is_file()
-    assert len((trained / "metrics.csv").read_text().splitlines()) == 3  # header + steps 10 and 20
+    assert (
+        len((trained / "metrics.csv").read_text(encoding="utf-8").splitlines()) == 3
+    )  # header + steps 10 and 20
 
 
 def test_resume_continues_from_the_last_checkpoint(trained):
     result = runner.invoke(app, ["train", "--resume", str(trained), "train.max_steps=30"])
     assert result.exit_code == 0, result.output
     assert "resumed from" in result.output and "at step 20" in result.output
-    assert (trained / "last").read_text() == "step-0000030"
+    assert (trained / "last").read_text(encoding="utf-8") == "step-0000030"
 
 
 def test_translate_reads_stdin_or_a_file_and_keeps_one_line_per_input(trained, copy_data, tmp_path):
@@ -50,11 +54,11 @@ def test_translate_reads_stdin_or_a_file_and_keeps_one_line_per_input(trained, c
         app, ["translate", "--ckpt", str(trained), "-i", str(copy_data / "valid.src"), "-o", str(out)]
     )
     assert result.exit_code == 0, result.output
-    assert len(out.read_text().splitlines()) == 20
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 20
     dashes = ["translate", "--ckpt", str(trained), "-i", "-", "-o", "-"]  # stdin and stdout, as usual
-    result = runner.invoke(app, dashes, input=(copy_data / "valid.src").read_text())
+    result = runner.invoke(app, dashes, input=(copy_data / "valid.src").read_text(encoding="utf-8"))
     assert result.exit_code == 0, result.output
-    assert result.stdout == out.read_text() and not (tmp_path / "-").exists()
+    assert result.stdout == out.read_text(encoding="utf-8") and not (tmp_path / "-").exists()
 
 
 def test_evaluate_prints_sacrebleu_bleu_and_chrf_with_signatures(trained, copy_data):
@@ -97,7 +101,7 @@ def test_bad_input_is_one_line_naming_the_problem(copy_data, tmp_path, extra, me
 def test_yaml_floats_without_a_dot_are_numbers(tmp_path):
     from attnkit.config import load_run_config
 
-    (tmp_path / "r.yaml").write_text("train:\n  lr: 5e-4\n  label_smoothing: 1e-1\n")
+    (tmp_path / "r.yaml").write_text("train:\n  lr: 5e-4\n  label_smoothing: 1e-1\n", encoding="utf-8")
     config = load_run_config(tmp_path / "r.yaml")
     assert config.train.lr == 5e-4 and config.train.label_smoothing == 0.1
 
@@ -117,15 +121,17 @@ def test_decode_settings_change_for_translate_and_evaluate_without_retraining(tr
     scored = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", src, "--ref", ref,
                                  "decode.max_len_a=0", "decode.max_len_b=1"])  # fmt: skip
     assert scored.exit_code == 0 and scored.stdout.startswith("BLEU = 0.00"), scored.output
-    checkpoint = trained / (trained / "best").read_text().strip()
-    assert json.loads((checkpoint / "config.json").read_text())["decode"]["max_len_b"] == 10  # untouched
+    checkpoint = trained / (trained / "best").read_text(encoding="utf-8").strip()
+    assert (
+        json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))["decode"]["max_len_b"] == 10
+    )  # untouched
 
 
 def test_translate_writes_n_best_lists_with_the_line_of_each(trained, tmp_path, monkeypatch):
     """``--n-best 2``: 'LINE ||| TRANSLATION ||| SCORE' lines, LINE from 0 across the parts the input is
     read in, best first, the first the translation itself; none for an empty line."""
     source = tmp_path / "in.txt"
-    source.write_text("1 2 3\n\n4 5\n2 2 1\n")
+    source.write_text("1 2 3\n\n4 5\n2 2 1\n", encoding="utf-8")
     monkeypatch.setattr("attnkit.cli.PART_LINES", 3)
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(source), "--n-best", "2"])
     assert result.exit_code == 0, result.output
@@ -146,7 +152,7 @@ def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, 
         result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(copy_data / "valid.src"),
                                      "-o", str(out), "--beam", "1", *flags])  # fmt: skip
         assert result.exit_code == 0, result.output
-        outputs[len(flags)] = out.read_text().splitlines()
+        outputs[len(flags)] = out.read_text(encoding="utf-8").splitlines()
     same = sum(a == b for a, b in zip(outputs[0], outputs[1], strict=True))
     print(f"int8 and float32 agree on {same} of 20 lines")
     assert len(outputs[1]) == 20 and same >= 14
@@ -155,7 +161,9 @@ def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, 
     scored = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", str(copy_data / "valid.src"),
                                  "--ref", str(copy_data / "valid.tgt"), "--beam", "1", "--int8"])  # fmt: skip
     assert scored.exit_code == 0, scored.output
-    expected = BLEU().corpus_score(outputs[1], [(copy_data / "valid.tgt").read_text().splitlines()])
+    expected = BLEU().corpus_score(
+        outputs[1], [(copy_data / "valid.tgt").read_text(encoding="utf-8").splitlines()]
+    )
     assert scored.stdout.startswith(f"BLEU = {expected.score:.2f}")  # the int8 translations' score
 
 
@@ -167,7 +175,7 @@ def test_translate_streams_translate_as_one_batch_at_a_time(trained, copy_data, 
         result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(copy_data / "valid.src"),
                                      "-o", str(out), "--streams", streams])  # fmt: skip
         assert result.exit_code == 0, result.output
-        outputs[streams] = out.read_text().splitlines()
+        outputs[streams] = out.read_text(encoding="utf-8").splitlines()
     assert outputs["2"] == outputs["1"] and len(outputs["1"]) == 20
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--streams", "-1"], input="1 2\n")
     assert result.exit_code == 2 and "--streams must be at least 0" in result.output

@@ -71,7 +71,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize(("override", "message"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
 def test_a_bad_value_is_one_line_naming_file_field_value_and_choices(tmp_path, override, message):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("train:\n  max_steps: 10\n")
+    recipe.write_text("train:\n  max_steps: 10\n", encoding="utf-8")
     with pytest.raises(ConfigError) as raised:
         load_run_config(recipe, [override])
     text = str(raised.value)

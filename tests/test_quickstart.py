@@ -22,17 +22,22 @@ def test_quickstart_learns_dates_to_iso_and_plots_attention(tmp_path):
     assert (tmp_path / "qs" / "averaged" / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("task", ["translation", None], ids=["another task", "unreadable config"])
+@pytest.mark.parametrize(
+    "task", ["translation", "dates", None], ids=["another task", "same task", "unreadable"]
+)
 def test_quickstart_never_deletes_another_run(tmp_path, task):
+    """A run a quickstart did not make (by the record in its checkpoints) is refused, whatever its task:
+    even one on the quickstart's own task, dates, is someone's run."""
     checkpoint = tmp_path / "run" / "step-0000100"
     checkpoint.mkdir(parents=True)
     (checkpoint / "model.safetensors").write_bytes(b"weights")
     config = json.dumps({"data": {"task": task}}) if task else "{not json"
-    (checkpoint / "config.json").write_text(config)
-    (tmp_path / "run" / "last").write_text("step-0000100")
+    (checkpoint / "config.json").write_text(config, encoding="utf-8")
+    (tmp_path / "run" / "last").write_text("step-0000100", encoding="utf-8")
     result = CliRunner().invoke(app, ["quickstart", "--out", str(tmp_path / "run")])
     one_line_error(
-        result, r"run holds another run \(step-0000100, not a quickstart\), which a quickstart would delete"
+        result,
+        r"run holds a run \(last, step-0000100\) that is not an earlier quickstart's, which a quickstart",
     )
     assert (checkpoint / "model.safetensors").read_bytes() == b"weights"
-    assert (tmp_path / "run" / "last").read_text() == "step-0000100"
+    assert (tmp_path / "run" / "last").read_text(encoding="utf-8") == "step-0000100"

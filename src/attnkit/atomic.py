@@ -24,10 +24,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
+def _umask_by_setting_it() -> int:
+    """The umask, read the only portable way: by setting it and back. Between the two calls a file made
+    by another thread would get no umask at all, so this is done once, at import (see :func:`_umask`)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+_UMASK_AT_IMPORT = _umask_by_setting_it()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it: from ``/proc/self/status`` (Linux), else as it was
+    when attnkit was imported."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _UMASK_AT_IMPORT
 
 
 def make_shareable(path: Path) -> None:

@@ -23,6 +23,7 @@ import typer
 from attnkit.config import IMAGE_ARCHS
 from attnkit.errors import AttnkitError
 from attnkit.models import PRESETS, build_model, from_preset
+from attnkit.utf8 import command_line_text, native_path, use_utf8_streams
 
 if TYPE_CHECKING:
     from attnkit.decode.ct2 import CTranslate2Translator
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 app = typer.Typer(add_completion=False, no_args_is_help=True)  # help: describe() below
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _as_sent(text: str | None) -> str | None:
+    """A text option as the UTF-8 the terminal sent, whatever the locale (utf8.py)."""
+    return None if text is None else command_line_text(text)
 
 
 def _dash_is_standard_stream(path: Path | None) -> Path | None:
@@ -43,6 +49,14 @@ OutputFile = Annotated[
 ]
 Int8 = Annotated[
     bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
+]
+Overwrite = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Replace --out whatever it holds (a checkpoint, a run, your own files). Without it, --out "
+        "must be new, empty, or this command's own earlier output from the same source.",
+    ),
 ]
 Engine = Annotated[
     str, typer.Option(help="attnkit, or ctranslate2 for a folder from 'attnkit export --to ctranslate2'.")
@@ -65,6 +79,7 @@ def one_line_errors(command: Callable) -> Callable:
 
 def main() -> None:
     """The ``attnkit`` program: runs :data:`app`, printing typer's usage errors as one line too."""
+    use_utf8_streams()
     if len(sys.argv) <= 1:
         sys.argv.append("--help")
     try:
@@ -198,16 +213,20 @@ def quickstart(
     out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/quickstart"),
     steps: Annotated[int, typer.Option(help="Training steps.")] = 1500,
     minutes: Annotated[float, typer.Option(help="Time limit for training (stops earlier if reached).")] = 2.5,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a run in --out that is not an earlier quickstart's.")
+    ] = False,
 ) -> None:
     """Train on generated dates -> ISO dates, report held-out accuracy, save an attention heat map.
 
-    Each quickstart starts afresh: an earlier quickstart in the same --out folder is replaced."""
+    Each quickstart starts afresh: an earlier quickstart in the same --out folder is replaced, and
+    nothing else is deleted (a folder holding another run is refused unless --overwrite)."""
     from attnkit.quickstart import run_quickstart
 
     at_least("--steps", steps, 1)
     if not minutes > 0:
         raise AttnkitError(f"--minutes must be more than 0; got {minutes}")
-    run_quickstart(out, steps, minutes, echo=typer.echo)
+    run_quickstart(out, steps, minutes, echo=typer.echo, overwrite=overwrite)
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -253,7 +272,7 @@ def train(
     try:
         scores = trainer.fit()
     except KeyboardInterrupt:
-        saved = (run / "last").read_text().strip() if (run / "last").is_file() else None
+        saved = (run / "last").read_text(encoding="utf-8").strip() if (run / "last").is_file() else None
         where = f"the last checkpoint is {run / saved}; continue with: attnkit train --resume {run}"
         message = where if saved else "no checkpoint was written yet"
         typer.echo(f"attnkit: interrupted at step {trainer.step}; {message}", err=True)
@@ -384,7 +403,10 @@ def generate(
     ctx: typer.Context,
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a decoder model.")],
     prompt: Annotated[
-        str | None, typer.Option(help="Text to continue, streamed as it is written (default: a newline).")
+        str | None,
+        typer.Option(
+            help="Text to continue, streamed as it is written (default: a newline).", callback=_as_sent
+        ),
     ] = None,
     input: Annotated[
         Path | None,
@@ -750,7 +772,9 @@ def _evaluate_images(ckpt: Path, plot: Path | None) -> None:
 @one_line_errors
 def predict(
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of an encoder model.")],
-    text: Annotated[str | None, typer.Option(help="One input (default: lines of -i or stdin).")] = None,
+    text: Annotated[
+        str | None, typer.Option(help="One input (default: lines of -i or stdin).", callback=_as_sent)
+    ] = None,
     input: Annotated[
         Path | None, typer.Option("-i", "--input", help="One input per line (default: stdin).")
     ] = None,
@@ -796,8 +820,14 @@ def average(
     out: Annotated[
         Path | None, typer.Option(help="Output checkpoint folder (default: RUN/averaged).")
     ] = None,
+    overwrite: Overwrite = False,
 ) -> None:
-    """Average the weights of the last N checkpoints into a new checkpoint folder."""
+    """Average the weights of the last N checkpoints into a new checkpoint folder.
+
+    Averaging the same run again replaces its earlier average; any other folder (a checkpoint, another
+    run's average, your own files) is refused unless --overwrite. The folder records what made it
+    (made_by.json)."""
+    from attnkit.folders import MadeBy
     from attnkit.train.checkpoint import average_checkpoints, list_checkpoints
 
     at_least("--last", last, 1)
@@ -807,7 +837,8 @@ def average(
     if not available:
         raise AttnkitError(f"{run}: no checkpoints to average (expected step-* folders)")
     checkpoints = available[-last:]
-    written = average_checkpoints(checkpoints, out or run / "averaged")
+    maker = MadeBy.of("attnkit average", run)
+    written = average_checkpoints(checkpoints, out or run / "averaged", maker=maker, overwrite=overwrite)
     fewer = f" (only {len(available)} exist)" if len(available) < last else ""
     typer.echo(
         f"averaged {len(checkpoints)} checkpoints{fewer} ({', '.join(c.name for c in checkpoints)}) "
@@ -819,10 +850,14 @@ def average(
 @one_line_errors
 def explore(
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a Transformer.")],
-    text: Annotated[str, typer.Option(help="The sentence (source, prompt or text) to look at.")] = "",
+    text: Annotated[
+        str, typer.Option(help="The sentence (source, prompt or text) to look at.", callback=_as_sent)
+    ] = "",
     target: Annotated[
         str | None,
-        typer.Option(help="Encoder-decoder: the output to look at (default: its own translation)."),
+        typer.Option(
+            help="Encoder-decoder: the output to look at (default: its own translation).", callback=_as_sent
+        ),
     ] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML page to write.")] = Path(
         "attention.html"
@@ -843,12 +878,13 @@ def explore(
         writable_file(output)
     model, tokenizer, _ = load_for_inference(ckpt, "cpu")
     if serve:
-        page.serve(model, tokenizer, str(ckpt), text, port)
+        page.serve(model, tokenizer, native_path(ckpt), text, port)
         return
     if not text.strip():
         raise AttnkitError("--text is empty: give a sentence to look at (or --serve to type them)")
     maps, translation = page.collect_attention(model, tokenizer, text, target)
-    write_text_atomic(output, page.explorer_html(maps, f"attention of {ckpt} on: {text}", translation))
+    title = f"attention of {native_path(ckpt)} on: {text}"  # the page is UTF-8 text, whatever the locale
+    write_text_atomic(output, page.explorer_html(maps, title, translation))
     layers, heads = len(maps[0].weights), len(maps[0].weights[0])
     typer.echo(f"{output}: {len(maps)} attention(s) × {layers} layers × {heads} heads; open it in a browser")
 
@@ -859,25 +895,46 @@ def import_hf(
     folder: Annotated[
         Path, typer.Argument(help="HF model folder: config.json, model.safetensors, tokenizer.json.")
     ],
-    out: Annotated[Path, typer.Option(help="The run directory to write (must not hold a run).")],
+    out: Annotated[Path, typer.Option(help="The run directory to write.")],
+    overwrite: Overwrite = False,
 ) -> None:
     """Turn a local HF model folder (Marian translation, BERT-family or GPT-2; what save_pretrained
-    writes) into an attnkit run directory that translate / predict / generate / evaluate use."""
+    writes) into an attnkit run directory that translate / predict / generate / evaluate use.
+
+    Importing the same folder again replaces the earlier import; a run directory holding anything else
+    (a trained run, another import) is refused unless --overwrite, which deletes its checkpoints first."""
     from attnkit.config import RunConfig
+    from attnkit.folders import MadeBy, made_by
     from attnkit.models.convert import from_hf
     from attnkit.models.convert.hf_folder import label_names
-    from attnkit.train.checkpoint import COMMANDS, a_model, earlier_run, save_checkpoint
+    from attnkit.train.checkpoint import (
+        COMMANDS,
+        a_model,
+        clear_run,
+        earlier_run,
+        list_checkpoints,
+        save_checkpoint,
+    )
 
-    if earlier_run(out):
-        raise AttnkitError(f"{out} already holds a run; import into a new directory")
+    maker = MadeBy.of("attnkit import-hf", folder)
+    earlier = earlier_run(out)
+    again = (
+        bool(earlier) and all(made_by(c) == maker for c in list_checkpoints(out)) and list_checkpoints(out)
+    )
+    if earlier and not (again or overwrite):
+        raise AttnkitError(
+            f"{out} already holds a run ({', '.join(p.name for p in earlier[:3])}), not an import of "
+            f"{folder}; import into a new directory, or pass --overwrite to replace it"
+        )
     model, tokenizer = from_hf(folder)
     run_config = RunConfig.for_model(model.config)
     if getattr(model.config, "head", None) == "classify":
         run_config.data.labels = label_names(folder, model.config.num_labels)
     config = run_config.to_dict()
-    written = save_checkpoint(
-        out, 0, model=model, config=config, tokenizer_json=tokenizer.to_str(), is_best=True
-    )
+    if earlier and not again:  # --overwrite: the earlier run goes, as attnkit train --overwrite does
+        clear_run(out)
+    written = save_checkpoint(out, 0, model=model, config=config, tokenizer_json=tokenizer.to_str(),
+                              is_best=True, command=maker.command, source=maker.source)  # fmt: skip
     typer.echo(
         f"{written}: {a_model(model.config.arch)}; use it with {COMMANDS[model.config.arch]} --ckpt {out}"
     )
@@ -889,7 +946,7 @@ def export(
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a Transformer.")],
     out: Annotated[
         Path,
-        typer.Option(help="The folder to write: a new or empty one, or an earlier export (replaced whole)."),
+        typer.Option(help="The folder to write: a new or empty one, or this checkpoint's earlier export."),
     ],
     to: Annotated[
         str,
@@ -901,13 +958,17 @@ def export(
     quantization: Annotated[
         str | None, typer.Option(help="ctranslate2: int8, int8_float32, ... (default: float32 weights).")
     ] = None,
+    overwrite: Overwrite = False,
 ) -> None:
     """Export a Transformer for another tool: --to hf writes a folder that HF transformers'
     from_pretrained loads (a translation model as MarianMTModel, a GPT-style decoder as GPT2LMHeadModel,
     a BERT-style encoder as the Bert class of its head); --to ctranslate2 a translation model or a
     GPT-style decoder for CTranslate2 (attnkit translate / generate --engine ctranslate2).
 
-    Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout."""
+    Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout. Exporting
+    the same checkpoint again replaces the earlier export; any other folder is refused unless
+    --overwrite, and the checkpoint exported is never replaced."""
+    from attnkit.folders import MadeBy
     from attnkit.models.convert.bert import HF_CLASS
     from attnkit.models.convert.export import (
         CTRANSLATE2_USES,
@@ -915,7 +976,7 @@ def export(
         export_ctranslate2,
         export_hf,
     )
-    from attnkit.train.checkpoint import load_for_inference, resolve_checkpoint
+    from attnkit.train.checkpoint import load_for_inference, refuse_to_replace_a_source, resolve_checkpoint
 
     if to not in ("hf", "ctranslate2"):
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")
@@ -923,12 +984,12 @@ def export(
         raise AttnkitError("--quantization is for --to ctranslate2")
     archs = ("encoder-decoder", "decoder", "encoder") if to == "hf" else ("encoder-decoder", "decoder")
     model, tokenizer, config = load_for_inference(ckpt, "cpu", arch=archs, pack=False)
-    if out.resolve() == resolve_checkpoint(ckpt).resolve():
-        raise AttnkitError(
-            f"{out}: the export would replace the checkpoint it is made from; name another --out"
-        )
+    checkpoint = resolve_checkpoint(ckpt)
+    refuse_to_replace_a_source(out, [checkpoint])
+    maker = MadeBy.of(f"attnkit export --to {to}", checkpoint)
     if to == "ctranslate2":
-        written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization)
+        written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization,
+                                     maker=maker, overwrite=overwrite)  # fmt: skip
         arch = config.model.arch
         typer.echo(f"{written}: {CTRANSLATE2_USES[arch][1]} with {ctranslate2_command(written, arch)}")
         if arch == "encoder-decoder" and config.decode.length_penalty != "length":
@@ -936,7 +997,7 @@ def export(
                        f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",
                        err=True)  # fmt: skip
         return
-    written = export_hf(model, tokenizer, out, config.data.labels)
+    written = export_hf(model, tokenizer, out, config.data.labels, maker=maker, overwrite=overwrite)
     arch = config.model.arch
     if arch == "encoder-decoder":
         kind, inputs = "MarianMTModel", "append </s> to each source's ids, as attnkit does"
@@ -975,6 +1036,35 @@ def data_get(
         "tinyshakespeare": "shakespeare_char",
     }
     typer.echo(f"ready: attnkit train configs/{recipe[name]}.yaml --data {folder} --run-dir runs/{name}")
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="The compiled decoding steps decode.compile keeps.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+@one_line_errors
+def cache_info() -> None:
+    """Where the compiled steps are kept, how many, and how much room they take (at most 2 GiB: beyond
+    that, and after 30 days unused, steps are deleted)."""
+    from attnkit.decode.compiled import cache_folder, cached_steps
+
+    steps = cached_steps()
+    size = sum(bytes_ for _, bytes_, _ in steps)
+    typer.echo(f"{cache_folder()}: {len(steps)} compiled step(s), {size / 2**20:.1f} MiB")
+
+
+@cache_app.command("clear")
+@one_line_errors
+def cache_clear() -> None:
+    """Delete every compiled step (each is compiled again when next needed)."""
+    from attnkit.decode.compiled import cache_folder, cached_steps, remove_step
+
+    steps = cached_steps()
+    for package, _, _ in steps:
+        remove_step(package)
+    size = sum(bytes_ for _, bytes_, _ in steps)
+    typer.echo(f"{cache_folder()}: deleted {len(steps)} compiled step(s), {size / 2**20:.1f} MiB")
 
 
 @app.callback()

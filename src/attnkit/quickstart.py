@@ -5,7 +5,8 @@ download. The recipe below is the paper's model, only smaller (2+2 layers, d_mod
 level: 1,500 steps (about two minutes on two CPU cores), then the last three checkpoints are averaged
 as in the paper (§6.1), which reaches ≥ 99% exact match on held-out dates. Each quickstart starts
 afresh: an earlier quickstart's checkpoints in the same folder are deleted first, so that only this
-run's checkpoints are averaged.
+run's checkpoints are averaged. Nothing else is ever deleted: a folder holding another run (or a
+quickstart's from before checkpoints recorded what made them) is refused unless ``overwrite``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,10 @@ from pathlib import Path
 from attnkit.config import RunConfig
 from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError
+from attnkit.folders import MadeBy, made_by
 from attnkit.metrics import exact_match
 from attnkit.tasks.translation import read_split
-from attnkit.train.checkpoint import (
-    average_checkpoints,
-    list_checkpoints,
-    load_for_inference,
-    read_run_config,
-)
+from attnkit.train.checkpoint import average_checkpoints, earlier_run, list_checkpoints, load_for_inference
 from attnkit.train.loop import Trainer
 from attnkit.viz.attention import plot_translation_attention
 
@@ -37,19 +34,29 @@ RECIPE = {
 }  # fmt: skip
 
 
+COMMAND = "attnkit quickstart"  # what made its checkpoints, as each records (folders.py)
+
+
 def run_quickstart(
-    out: Path, max_steps: int | None = None, minutes: float | None = None, echo: Callable[[str], None] = print
+    out: Path,
+    max_steps: int | None = None,
+    minutes: float | None = None,
+    echo: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> float:
-    """Train, average, report held-out exact match and examples, plot attention; returns the accuracy."""
+    """Train, average, report held-out exact match and examples, plot attention; returns the accuracy.
+    ``overwrite``: replace a run in ``out`` that is not an earlier quickstart's (deleted first)."""
     config = RunConfig.from_dict(RECIPE, "quickstart recipe")
     config.train.max_steps = max_steps or config.train.max_steps
     config.train.max_minutes = minutes or config.train.max_minutes
     echo(f"training a {config.model.encoder_layers}+{config.model.decoder_layers}-layer Transformer on "
          f"'{config.data.task}' for {config.train.max_steps} steps "
          f"(at most {config.train.max_minutes} minutes) in {out}")  # fmt: skip
-    _refuse_other_runs(out)
-    Trainer(config, out, overwrite=True, echo=echo).fit()
-    averaged = average_checkpoints(list_checkpoints(out)[-3:], out / "averaged")
+    if not overwrite:
+        _refuse_other_runs(out)
+    Trainer(config, out, overwrite=True, echo=echo, command=COMMAND).fit()
+    maker = MadeBy.of(COMMAND, out)
+    averaged = average_checkpoints(list_checkpoints(out)[-3:], out / "averaged", maker=maker, overwrite=True)
     model, tokenizer, config = load_for_inference(averaged)
     test = read_split(config.data, "test", config.train.seed)  # never seen in training or validation
     hypotheses = translate(model, tokenizer, test.src, config.decode, beam_size=1)
@@ -69,17 +76,14 @@ def run_quickstart(
 
 
 def _refuse_other_runs(out: Path) -> None:
-    """A quickstart deletes an earlier quickstart's checkpoints in ``out``, never another run's: a run
-    whose checkpoints are not of the quickstart's task (or cannot be read) is refused in one line."""
+    """A quickstart deletes an earlier quickstart's run in ``out``, never another run: one whose
+    checkpoints do not all record that a quickstart in ``out`` made them is refused in one line."""
+    earlier = earlier_run(out)
     checkpoints = list_checkpoints(out)
-    if not checkpoints:
-        return
-    try:
-        task = read_run_config(checkpoints[-1]).data.task
-    except AttnkitError:  # missing, unreadable or not a run configuration
-        task = None
-    if task != RECIPE["data"]["task"]:
+    ours = MadeBy.of(COMMAND, out)
+    if earlier and not (checkpoints and all(made_by(c) == ours for c in checkpoints)):
+        held = ", ".join(p.name for p in earlier[:3])
         raise AttnkitError(
-            f"{out} holds another run ({checkpoints[-1].name}, not a quickstart), which a quickstart would "
-            "delete; give --out a new folder"
+            f"{out} holds a run ({held}) that is not an earlier quickstart's, which a quickstart would "
+            "delete; give --out a new folder, or pass --overwrite to replace it"
         )

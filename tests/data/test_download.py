@@ -156,10 +156,10 @@ def test_an_unknown_data_set_is_a_one_line_error(tmp_path):
 
 
 def test_a_folder_that_cannot_be_made_is_a_one_line_error_before_any_download(tmp_path):
-    (tmp_path / "data").write_text("the user's")  # a file where the folder should go
+    (tmp_path / "data").write_text("the user's", encoding="utf-8")  # a file where the folder should go
     result = CliRunner().invoke(app, ["data", "get", "multi30k", str(tmp_path / "data")])
     one_line_error(result, r"data: cannot make the folder \(File exists\)")
-    assert (tmp_path / "data").read_text() == "the user's"
+    assert (tmp_path / "data").read_text(encoding="utf-8") == "the user's"
 
 
 def _iwslt14_archive(path: Path) -> dict[str, list[str]]:
@@ -271,3 +271,32 @@ def test_an_iwslt14_archive_with_a_wrong_md5_or_a_missing_set_is_a_one_line_erro
     assert result.exit_code != 0
     assert "the archive has no IWSLT14.TED.tst2012.de-en.de.xml" in result.output
     assert not (tmp_path / "b" / "train.de").exists()
+
+
+def test_a_file_of_the_same_name_that_is_not_the_data_sets_is_never_replaced(server, tmp_path):
+    """The user's own ``a.bin`` (or another version of it) in the folder: refused in one line, kept."""
+    file, _ = _file(server)
+    (tmp_path / "a.bin").write_bytes(b"the user's own")
+    with pytest.raises(DataError, match=r"a\.bin: already there, and not the file the data set has"):
+        fetch(file, tmp_path, progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == b"the user's own" and server.ranges == []
+
+
+def test_iwslt14_never_replaces_a_file_it_did_not_make(server, tmp_path, monkeypatch):
+    archive = tmp_path / "de-en.tgz"
+    _iwslt14_archive(archive)
+    body = archive.read_bytes()
+    server.files["/iwslt14/de-en.tgz"] = body
+    monkeypatch.setitem(
+        DATASETS, "iwslt14", [DataFile("de-en.tgz", "unused", hashlib.md5(body).hexdigest(), "md5")]
+    )
+    folder = tmp_path / "iwslt14"
+    command = ["data", "get", "iwslt14", str(folder), "--mirror", server.url]
+    assert CliRunner().invoke(app, command).exit_code == 0
+    assert CliRunner().invoke(app, command).exit_code == 0  # made again, the same: fine
+    (folder / "valid.en").write_text("my own validation set\n", encoding="utf-8")
+    before = (folder / "train.de").stat().st_mtime_ns
+    result = CliRunner().invoke(app, command)
+    one_line_error(result, r"valid\.en: already there, and not what attnkit makes of de-en\.tgz")
+    assert (folder / "valid.en").read_text(encoding="utf-8") == "my own validation set\n"
+    assert (folder / "train.de").stat().st_mtime_ns == before  # nothing written

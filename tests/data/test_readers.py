@@ -13,7 +13,7 @@ from attnkit.errors import DataError
 
 def test_plain_and_gzip_files_read_the_same(tmp_path):
     text = "eins\nzwei\r\ndrei\n"
-    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "a.txt").write_text(text, encoding="utf-8")
     (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
     assert read_lines(tmp_path / "a.txt") == read_lines(tmp_path / "a.txt.gz") == ["eins", "zwei", "drei"]
 
@@ -32,16 +32,16 @@ def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path, monkeypatch):
 
 
 def test_empty_pairs_are_dropped_together_so_alignment_survives(tmp_path):
-    (tmp_path / "s").write_text("a\n\nc\nd\n")
-    (tmp_path / "t").write_text("A\nB\n \nD\n")
+    (tmp_path / "s").write_text("a\n\nc\nd\n", encoding="utf-8")
+    (tmp_path / "t").write_text("A\nB\n \nD\n", encoding="utf-8")
     pairs = read_parallel(tmp_path / "s", tmp_path / "t")
     assert list(zip(pairs.src, pairs.tgt, strict=True)) == [("a", "A"), ("d", "D")]
     assert pairs.dropped_empty == 2
 
 
 def test_line_count_mismatch_gives_both_counts(tmp_path):
-    (tmp_path / "s").write_text("a\nb\nc\n")
-    (tmp_path / "t").write_text("A\nB\n")
+    (tmp_path / "s").write_text("a\nb\nc\n", encoding="utf-8")
+    (tmp_path / "t").write_text("A\nB\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"s has 3 lines but .*t has 2"):
         read_parallel(tmp_path / "s", tmp_path / "t")
 
@@ -49,7 +49,7 @@ def test_line_count_mismatch_gives_both_counts(tmp_path):
 def test_missing_and_empty_files_are_named(tmp_path):
     with pytest.raises(DataError, match=r"nope\.txt: file not found"):
         read_lines(tmp_path / "nope.txt")
-    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"empty\.txt: file is empty"):
         read_lines(tmp_path / "empty.txt")
 
@@ -93,6 +93,6 @@ def test_json_lines_give_sources_and_one_or_several_references(tmp_path):
 )
 def test_bad_json_lines_name_the_file_line_and_field(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"email": "fine", "subject": "ok"}\n' + line + "\n")
+    path.write_text('{"email": "fine", "subject": "ok"}\n' + line + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=message):
         read_jsonl(path, "email", "subject")

@@ -110,7 +110,7 @@ def test_decode_stops_at_eos_and_saved_tokenizer_encodes_the_same(tmp_path):
     assert tokenizer.decode([specials.bos, *ids, specials.eos, *ids]) == "abc"
     tokenizer.save(tmp_path / "tokenizer.json")
     assert Tokenizer.load(tmp_path / "tokenizer.json").encode("cab") == tokenizer.encode("cab")
-    (tmp_path / "bad.json").write_text("{}")
+    (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
     with pytest.raises(DataError, match=r"bad\.json: not a tokenizer file"):
         Tokenizer.load(tmp_path / "bad.json")
 

@@ -106,7 +106,9 @@ TINY = ["model.arch=decoder", "model.preset=tiny-decoder", "model.max_len=32", "
 def exported(tmp_path_factory):
     """A decoder trained for a moment, and its CTranslate2 export."""
     root = tmp_path_factory.mktemp("gpt")
-    (root / "text.txt").write_text("".join(f"line {i}: the quick brown fox jumps.\n" for i in range(60)))
+    (root / "text.txt").write_text(
+        "".join(f"line {i}: the quick brown fox jumps.\n" for i in range(60)), encoding="utf-8"
+    )
     run, out = root / "run", root / "ct2"
     result = runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(root), *TINY])
     assert result.exit_code == 0, result.output
@@ -126,14 +128,14 @@ def test_generate_with_ctranslate2_from_the_command_line(exported, tmp_path):
     assert theirs.stdout == ours.stdout and len(ours.stdout) > len("line 7:") + 5
 
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("line 1\nthe quick\nline 42: the\n")
+    prompts.write_text("line 1\nthe quick\nline 42: the\n", encoding="utf-8")
     rows = {}
     for engine, ckpt in (("attnkit", run), ("ctranslate2", out)):
         written = tmp_path / f"{engine}.jsonl"
         result = runner.invoke(app, ["generate", "--engine", engine, "--ckpt", str(ckpt), "-i", str(prompts),
                                      "-o", str(written), *greedy, "--stop", "."])  # fmt: skip
         assert result.exit_code == 0, result.output
-        rows[engine] = [json.loads(line) for line in written.read_text().splitlines()]
+        rows[engine] = [json.loads(line) for line in written.read_text(encoding="utf-8").splitlines()]
     assert rows["ctranslate2"] == rows["attnkit"] and len(rows["attnkit"]) == 3
 
     def sample(seed: str) -> str:
@@ -151,7 +153,7 @@ def test_evaluate_gives_the_same_perplexity_through_ctranslate2(exported, tmp_pa
     give attnkit's perplexity."""
     run, out = exported
     text = tmp_path / "held_out.txt"
-    text.write_text("".join(f"line {i}: the lazy dog sleeps.\n" for i in range(30)))
+    text.write_text("".join(f"line {i}: the lazy dog sleeps.\n" for i in range(30)), encoding="utf-8")
     scored = {}
     for engine, ckpt in (("attnkit", run), ("ctranslate2", out)):
         result = runner.invoke(
@@ -162,7 +164,9 @@ def test_evaluate_gives_the_same_perplexity_through_ctranslate2(exported, tmp_pa
         found = re.fullmatch(line + r"in blocks of 32\)\n", result.stdout)
         assert found, result.stdout
         scored[engine] = (float(found[1]), float(found[2]), found[3])
-    assert scored["ctranslate2"][2] == scored["attnkit"][2] == f"{len(text.read_text()) - 1:,}"
+    assert (
+        scored["ctranslate2"][2] == scored["attnkit"][2] == f"{len(text.read_text(encoding='utf-8')) - 1:,}"
+    )
     assert scored["ctranslate2"][1] == pytest.approx(scored["attnkit"][1], abs=2e-4)
     assert scored["ctranslate2"][0] == pytest.approx(scored["attnkit"][0], rel=1e-3)
 

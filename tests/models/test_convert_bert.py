@@ -135,14 +135,16 @@ def test_from_hf_names_missing_files_and_unsupported_architectures(tmp_path):
     with pytest.raises(ConversionError, match=r"missing config\.json, model\.safetensors, tokenizer\.json"):
         from_hf(tmp_path)
     for name in ("model.safetensors", "tokenizer.json"):
-        (tmp_path / name).write_text("")
+        (tmp_path / name).write_text("", encoding="utf-8")
     (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "roberta", "architectures": ["RobertaModel"]})
+        json.dumps({"model_type": "roberta", "architectures": ["RobertaModel"]}), encoding="utf-8"
     )
     with pytest.raises(
         ConversionError, match=r"roberta / RobertaModel is not supported; attnkit reads BertForMaskedLM"
     ):
         from_hf(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "bert", "architectures": ["BertModel"]}), encoding="utf-8"
+    )
     with pytest.raises(ConversionError, match=r"model\.safetensors: corrupt or truncated"):
         from_hf(tmp_path)

@@ -61,6 +61,7 @@ def test_the_exported_folder_translates_in_hf_transformers_as_attnkit_does(train
     files = [
         "config.json",
         "generation_config.json",
+        "made_by.json",  # what made the folder, from which checkpoint (folders.py)
         "model.safetensors",
         "tokenizer.json",
         "tokenizer_config.json",
@@ -68,7 +69,7 @@ def test_the_exported_folder_translates_in_hf_transformers_as_attnkit_does(train
     assert sorted(p.name for p in out.iterdir()) == files
 
     ours, tokenizer, config = load_for_inference(run)
-    sources = (copy_data / "valid.src").read_text().splitlines()
+    sources = (copy_data / "valid.src").read_text(encoding="utf-8").splitlines()
     expected = translate(ours, tokenizer, sources, config.decode, beam_size=1)
     theirs = transformers.MarianMTModel.from_pretrained(out).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
@@ -95,7 +96,7 @@ def test_beam_search_gives_hf_generates_beam_search_outputs(trained, copy_data, 
     assert CliRunner().invoke(app, ["export", "--ckpt", str(trained), "--out", str(out)]).exit_code == 0
     ours, tokenizer, config = load_for_inference(trained)
     config.decode.alpha, config.decode.length_penalty, config.decode.beam_stop = alpha, "length", "no-better"
-    sources = (copy_data / "valid.src").read_text().splitlines()
+    sources = (copy_data / "valid.src").read_text(encoding="utf-8").splitlines()
     expected = translate(ours, tokenizer, sources, config.decode, beam_size=3)
     theirs = transformers.MarianMTModel.from_pretrained(out).eval()
     outputs = []
@@ -126,7 +127,9 @@ def test_the_ctranslate2_export_translates_as_attnkit_does(
     )
     assert result.exit_code == 0, result.output
     source = tmp_path / "source.txt"
-    source.write_text((copy_data / "valid.src").read_text() + "\n")  # and an empty line
+    source.write_text(
+        (copy_data / "valid.src").read_text(encoding="utf-8") + "\n", encoding="utf-8"
+    )  # and an empty line
     ours = CliRunner().invoke(
         app, ["translate", "--ckpt", str(trained), "--beam", str(beam), "-i", str(source), *settings]
     )
@@ -149,8 +152,10 @@ def test_the_ctranslate2_exports_n_best_from_the_command_line(trained, copy_data
     result = runner.invoke(app, ["export", "--ckpt", str(trained), "--to", "ctranslate2", "--out", str(out)])
     assert result.exit_code == 0, result.output
     source = tmp_path / "source.txt"
-    source.write_text((copy_data / "valid.src").read_text() + "\n")  # and an empty line: no hypotheses
-    lines = len((copy_data / "valid.src").read_text().splitlines())
+    source.write_text(
+        (copy_data / "valid.src").read_text(encoding="utf-8") + "\n", encoding="utf-8"
+    )  # and an empty line: no hypotheses
+    lines = len((copy_data / "valid.src").read_text(encoding="utf-8").splitlines())
     ct2 = ["translate", "--engine", "ctranslate2", "--ckpt", str(out), "--beam", "3", "-i", str(source)]
     plain = runner.invoke(app, ct2)
     result = runner.invoke(app, [*ct2, "--n-best", "3"])

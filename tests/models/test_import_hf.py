@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.train.checkpoint import load_for_inference
+from tests.cli_checks import one_line_error
 
 transformers = pytest.importorskip("transformers", reason="HF transformers writes the folders")
 
@@ -39,7 +40,7 @@ def _marian_folder(path, tokenizer, **overrides):
     with torch.no_grad():
         model.final_logits_bias.normal_()  # zero by default: a real bias tests its import
     model.save_pretrained(path)
-    (path / "tokenizer.json").write_text(tokenizer.to_str())
+    (path / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
     return model
 
 
@@ -57,7 +58,7 @@ def test_an_hf_marian_folder_becomes_a_run_that_translates_with_hfs_logits(token
         expected = hf(input_ids=src, decoder_input_ids=tgt).logits
         torch.testing.assert_close(ours(src, tgt), expected, atol=1e-5, rtol=1e-5)
     source = tmp_path / "source.txt"
-    source.write_text("\n".join(TEXTS[:3]) + "\n")
+    source.write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
     translated = CliRunner().invoke(app, ["translate", "--ckpt", str(run), "--beam", "2", "-i", str(source)])
     assert translated.exit_code == 0, translated.output
     assert len(translated.stdout.splitlines()) == 3
@@ -88,11 +89,14 @@ def test_importing_into_a_run_directory_or_from_a_pickle_only_folder_is_refused(
         runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]).exit_code == 0
     )
     again = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")])
-    assert again.exit_code == 2 and "already holds a run" in again.output
+    assert again.exit_code == 0, again.output  # the same folder imported again replaces its import
+    _marian_folder(tmp_path / "hf2", tokenizer)
+    other = runner.invoke(app, ["import-hf", str(tmp_path / "hf2"), "--out", str(tmp_path / "run")])
+    assert other.exit_code == 2 and "already holds a run" in other.output
     (tmp_path / "hf" / "model.safetensors").unlink()  # as a folder with only pytorch_model.bin
     missing = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run2")])
     assert missing.exit_code == 2 and "missing model.safetensors" in missing.output
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config = json.loads((tmp_path / "hf" / "config.json").read_text(encoding="utf-8"))
     assert config["model_type"] == "marian"
 
 
@@ -104,7 +108,7 @@ def _gpt2_folder(path, tokenizer, seed):
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**settings)).eval()
     model.save_pretrained(path)
-    (path / "tokenizer.json").write_text(tokenizer.to_str())
+    (path / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
     return model
 
 
@@ -158,7 +162,7 @@ def test_a_bert_classifier_keeps_its_label_names_through_import_and_export(token
     torch.manual_seed(3)
     hf = transformers.BertForSequenceClassification(transformers.BertConfig(**settings)).eval()
     hf.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.json").write_text(tokenizer.to_str())
+    (tmp_path / "hf" / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
     runner = CliRunner()
     assert (
         runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]).exit_code == 0
@@ -176,3 +180,42 @@ def test_a_bert_classifier_keeps_its_label_names_through_import_and_export(token
     assert exported.config.id2label == labels
     with torch.no_grad():
         torch.testing.assert_close(exported(ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def _bert_folder(path, tokenizer):
+    settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                    intermediate_size=64, num_attention_heads=4, max_position_embeddings=64,
+                    pad_token_id=tokenizer.specials.pad)  # fmt: skip
+    torch.manual_seed(4)
+    transformers.BertForMaskedLM(transformers.BertConfig(**settings)).save_pretrained(path)
+    (path / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("family", "field", "value", "weight"),
+    [
+        ("marian", "vocab_size", 310, r"(model\.shared\.weight|final_logits_bias|lm_head\.weight) has \d+"),
+        ("marian", "decoder_ffn_dim", 48, r"decoder\.layers\.0\.fc1\.(weight|bias) has 64 \(dimension 0"),
+        ("gpt2", "vocab_size", 310, r"wte\.weight has \d+ \(dimension 0"),
+        ("gpt2", "n_inner", 100, r"h\.0\.mlp\.c_fc\.(weight|bias) has 128 \(dimension [01]"),
+        ("gpt2", "n_positions", 80, r"wpe\.weight has 64 \(dimension 0"),
+        ("bert", "intermediate_size", 48, r"intermediate\.dense\.(weight|bias) has 64 \(dimension 0"),
+        ("bert", "type_vocab_size", 3, r"token_type_embeddings\.weight has 2 \(dimension 0"),
+        ("bert", "vocab_size", 310, r"word_embeddings\.weight has \d+ \(dimension 0"),
+    ],
+)  # fmt: skip
+def test_a_config_whose_sizes_the_weights_lack_is_one_line_and_writes_nothing(
+    tokenizer, tmp_path, family, field, value, weight
+):
+    """A size in config.json that the weights do not have: one line naming the file, the field, the
+    weight and both sizes, before anything is built (it used to be load_state_dict's long traceback)."""
+    folder = tmp_path / "hf"
+    {"marian": _marian_folder, "gpt2": lambda p, t: _gpt2_folder(p, t, 0), "bert": _bert_folder}[family](
+        folder, tokenizer
+    )
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config[field] = value
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    result = CliRunner().invoke(app, ["import-hf", str(folder), "--out", str(tmp_path / "run")])
+    one_line_error(result, rf"hf: config\.json's {field} gives {value}, but model\.safetensors's \S*{weight}")
+    assert not (tmp_path / "run").exists()

@@ -98,7 +98,7 @@ def test_an_attentional_rnn_learns_to_copy_and_translates_from_the_command_line(
     # 250 steps: at 150 the exact match of the 20 held-out strings ranged 0.75-1.0 over training seeds
     assert scores["valid_accuracy"] >= 0.8, scores
     source = tmp_path / "source.txt"
-    source.write_text("1 2 3\n7 7 5 9\n")
+    source.write_text("1 2 3\n7 7 5 9\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["translate", "--ckpt", str(run), "--beam", "3", "-i", str(source)])
     assert result.exit_code == 0, result.output
     outputs = result.stdout.splitlines()
@@ -136,7 +136,7 @@ def test_hard_attention_learns_to_align_with_reinforce(copy_data, tmp_path):
         "train.eval_every=300",
     )
     scores = Trainer(load_run_config(None, settings), run, echo=lambda m: None).fit()
-    sentences = (copy_data / "valid.src").read_text().splitlines()
+    sentences = (copy_data / "valid.src").read_text(encoding="utf-8").splitlines()
     trained, tokenizer, config = load_for_inference(run, "cpu")
     torch.manual_seed(0)
     untrained = build_model(config.model, tokenizer.vocab_size).eval()

@@ -47,7 +47,7 @@ def _sentences(n: int, seed: int) -> list[tuple[str, str]]:
 def tsv_dir(tmp_path):
     for name, n, seed in (("train.tsv", 600, 0), ("dev.tsv", 100, 1)):
         lines = ["sentence\tlabel", *(f"{s} \t{label}" for s, label in _sentences(n, seed))]
-        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return tmp_path
 
 
@@ -66,20 +66,22 @@ def _config(folder, *extra):
 
 def test_tsv_reader_skips_the_header_and_names_the_line_of_bad_input(tmp_path):
     path = tmp_path / "a.tsv"
-    path.write_text("sentence\tlabel\nit 's a charming journey . \t1\nwith\ttab inside\t0\n\n")
+    path.write_text(
+        "sentence\tlabel\nit 's a charming journey . \t1\nwith\ttab inside\t0\n\n", encoding="utf-8"
+    )
     data = read_labelled(path)
     assert data.sentences == ["it 's a charming journey .", "with\ttab inside"]
     assert (data.labels, data.lines) == (["1", "0"], [2, 3])
-    path.write_text("fine\t1\nno tab here\n")
+    path.write_text("fine\t1\nno tab here\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"a\.tsv:2: no tab; a line is sentence<TAB>label"):
         read_labelled(path)
-    path.write_text("fine\t1\nlabel missing\t \n")
+    path.write_text("fine\t1\nlabel missing\t \n", encoding="utf-8")
     with pytest.raises(DataError, match=r"a\.tsv:2: empty label"):
         read_labelled(path)
 
 
 def test_an_unknown_validation_label_names_the_file_and_line(tsv_dir):
-    (tsv_dir / "dev.tsv").write_text("sentence\tlabel\ngood film\tpos\nodd film\tneutral\n")
+    (tsv_dir / "dev.tsv").write_text("sentence\tlabel\ngood film\tpos\nodd film\tneutral\n", encoding="utf-8")
     with pytest.raises(
         DataError, match=r"dev\.tsv:3: label 'neutral' is not one of the labels \['neg', 'pos'\]"
     ):
@@ -155,7 +157,7 @@ def test_masked_lm_training_learns_and_resumes_exactly(tmp_path):
         " ".join("abcdefghijklmnopqrstuvwxyz"[i : i + rng.randint(3, 8)])
         for i in rng.choices(range(18), k=500)
     ]
-    (tmp_path / "runs.txt").write_text("\n".join(runs) + "\n")
+    (tmp_path / "runs.txt").write_text("\n".join(runs) + "\n", encoding="utf-8")
     settings = [*ENCODER, "data.task=mlm", "data.train=[runs.txt]", "model.dropout=0.1", "model.d_model=64",
                 "model.d_ff=128"]  # fmt: skip
     task = MaskedLMTask(_config(tmp_path, *settings), None, lambda m: None)
@@ -189,11 +191,11 @@ def test_classifier_trains_predicts_and_evaluates_from_the_command_line(tsv_dir,
     assert accuracy >= 0.9
 
     inputs = tmp_path / "in.txt"
-    inputs.write_text("the film was superb\nreally dull plot and music\n")
+    inputs.write_text("the film was superb\nreally dull plot and music\n", encoding="utf-8")
     out = tmp_path / "out.tsv"
     result = runner.invoke(app, ["predict", "--ckpt", str(run), "-i", str(inputs), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    rows = [line.split("\t") for line in out.read_text().splitlines()]
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     assert [label for label, _ in rows] == ["pos", "neg"] and all(0.5 < float(p) <= 1 for _, p in rows)
     result = runner.invoke(app, ["predict", "--ckpt", str(run), "--text", "lovely actors"])
     assert result.exit_code == 0 and result.stdout.startswith("pos\t"), result.output
@@ -246,7 +248,7 @@ def test_fine_tuning_the_imported_minilm_uses_its_vocabulary(tsv_dir, tmp_path):
 def test_encoder_commands_refuse_what_they_cannot_do_in_one_line(tsv_dir, tmp_path):
     runner.invoke(app, ["train", "--run-dir", str(tmp_path / "mlm"), "--data", str(tsv_dir), *ENCODER,
                         "data.task=mlm", "data.train=[train.tsv]", "train.max_steps=2"])  # fmt: skip
-    (tmp_path / "bad.tsv").write_text("a line without a label\n")
+    (tmp_path / "bad.tsv").write_text("a line without a label\n", encoding="utf-8")
     cases = [
         (["predict", "--ckpt", str(tmp_path / "mlm"), "--text", "x"],
          r"holds a masked-LM model: pre-training, to fine-tune with train\.init_from; this command needs"),
@@ -319,11 +321,11 @@ def test_span_qa_learns_and_answers_from_the_command_line(tmp_path):
     assert scores["valid_f1"] > untrained["valid_f1"] + 0.1
     x = people_questions(1, 99)[0]
     inputs = tmp_path / "q.tsv"
-    inputs.write_text(f"{x.question}\t{x.context}\n")
+    inputs.write_text(f"{x.question}\t{x.context}\n", encoding="utf-8")
     result = runner.invoke(app, ["predict", "--ckpt", str(tmp_path / "run"), "-i", str(inputs)])
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() and result.stdout.strip() in x.context  # a span of the passage
-    inputs.write_text("a question without its passage\n")
+    inputs.write_text("a question without its passage\n", encoding="utf-8")
     result = runner.invoke(app, ["predict", "--ckpt", str(tmp_path / "run"), "-i", str(inputs)])
     assert result.exit_code == 2 and re.search(r"q\.tsv:1: no tab; a question-answering input", result.stderr)
 

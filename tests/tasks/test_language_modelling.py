@@ -30,7 +30,7 @@ TINY = ["model.arch=decoder", "model.preset=tiny-decoder", "model.max_len=32", "
 
 @pytest.fixture
 def text_dir(tmp_path):
-    (tmp_path / "text.txt").write_text(VERSE)
+    (tmp_path / "text.txt").write_text(VERSE, encoding="utf-8")
     return tmp_path
 
 
@@ -138,23 +138,25 @@ def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
     assert int8.exit_code == 0 and int8.stdout.startswith("line 7:"), int8.output
 
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("line 1\nthe quick\n")
+    prompts.write_text("line 1\nthe quick\n", encoding="utf-8")
     out = tmp_path / "out.jsonl"
     result = runner.invoke(app, ["generate", "--ckpt", str(run), "-i", str(prompts), "-o", str(out),
                                  "--max-new-tokens", "10", "--seed", "3"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r["prompt"] for r in rows] == ["line 1", "the quick"] and all(r["text"] for r in rows)
     result = runner.invoke(app, ["generate", "--ckpt", str(run), "-i", str(prompts), "-o", str(out),
                                  "--max-new-tokens", "10", "--seed", "3", "--streams", "1"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == rows
     result = runner.invoke(app, ["generate", "--ckpt", str(run), "-i", str(prompts), "-o", str(out),
                                  "decode.max_new_tokens=10", "decode.seed=3"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert [json.loads(line) for line in out.read_text().splitlines()] == rows  # the settings, as options
+    assert [
+        json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()
+    ] == rows  # the settings, as options
     dashes = ["generate", "--ckpt", str(run), "-i", "-", "-o", "-", "--max-new-tokens", "10", "--seed", "3"]
-    result = runner.invoke(app, dashes, input=prompts.read_text())
+    result = runner.invoke(app, dashes, input=prompts.read_text(encoding="utf-8"))
     assert result.exit_code == 0, result.output
     assert [json.loads(line) for line in result.stdout.splitlines()] == rows  # - is stdin and stdout
 
@@ -194,12 +196,12 @@ def test_evaluate_gives_a_decoders_perplexity_on_a_text_as_training_validates_it
     """``attnkit evaluate --data FILE.txt`` of a decoder: the perplexity of its last validation on the same
     text (training's blocks), one line; a decoder without --data is told to give one."""
     held_out = "".join(f"line {i}: the lazy dog sleeps, and the quick fox jumps.\n" for i in range(12))
-    (text_dir / "valid.txt").write_text(held_out)
+    (text_dir / "valid.txt").write_text(held_out, encoding="utf-8")
     run = tmp_path / "run"
     result = runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
                                  "data.valid=[valid.txt]", "train.max_steps=20"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    last = (run / "metrics.csv").read_text().splitlines()[-1].split(",")
+    last = (run / "metrics.csv").read_text(encoding="utf-8").splitlines()[-1].split(",")
     valid_ppl = float(last[-2])
     result = runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(text_dir / "valid.txt")])
     assert result.exit_code == 0, result.output
@@ -210,7 +212,7 @@ def test_evaluate_gives_a_decoders_perplexity_on_a_text_as_training_validates_it
                    r"holds a decoder model: evaluate its perplexity with --data FILE\.txt")  # fmt: skip
     one_line_error(runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(tmp_path / "no.txt")]),
                    r"no\.txt: file not found")  # fmt: skip
-    (tmp_path / "one.txt").write_text("x")
+    (tmp_path / "one.txt").write_text("x", encoding="utf-8")
     one_line_error(runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(tmp_path / "one.txt")]),
                    r"the text has 1 token\(s\); a language model predicts from the second on")  # fmt: skip
 
@@ -253,7 +255,7 @@ def test_generate_reads_a_file_of_prompts_in_parts_with_the_same_seeds(text_dir,
     assert runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
                                "train.max_steps=10"]).exit_code == 0  # fmt: skip
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("line 1\nthe quick\nline 2\nthe lazy\nline 3\n")
+    prompts.write_text("line 1\nthe quick\nline 2\nthe lazy\nline 3\n", encoding="utf-8")
     sample = ["generate", "--ckpt", str(run), "-i", str(prompts), "--max-new-tokens", "8", "--seed", "5",
               "--temperature", "1.0"]  # fmt: skip
     whole = runner.invoke(app, sample)
@@ -263,5 +265,5 @@ def test_generate_reads_a_file_of_prompts_in_parts_with_the_same_seeds(text_dir,
     rows = [json.loads(line) for line in parts.stdout.splitlines()]
     assert parts.stdout == whole.stdout and [row["prompt"] for row in rows][-1] == "line 3"
     assert len({row["text"] for row in rows}) > 1
-    prompts.write_text("line 1\nthe quick\nline 2\n\nline 3\n")
+    prompts.write_text("line 1\nthe quick\nline 2\n\nline 3\n", encoding="utf-8")
     one_line_error(runner.invoke(app, sample), r"prompt 4 is empty")

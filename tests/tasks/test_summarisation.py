@@ -61,7 +61,7 @@ def summariser(aeslc_like, tmp_path_factory):
 def test_a_summariser_trains_on_json_lines_and_is_validated_by_rouge(summariser):
     run, said = summariser
     assert any("cut 80 of 400 training sources to data.max_source_len=16 tokens" in m for m in said), said
-    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    rows = list(csv.DictReader((run / "metrics.csv").open(encoding="utf-8")))
     last = rows[-1]
     assert {"valid_rouge1", "valid_rouge2", "valid_rougeL"} <= set(last)
     # "w w" against the references "w w" and "w": learned, every summary is right
@@ -93,7 +93,9 @@ def test_evaluate_scores_summaries_against_the_subject_and_the_annotations(summa
 def test_translate_cuts_a_summarisers_sources_as_training_did(summariser, tmp_path):
     run, _ = summariser
     emails = tmp_path / "emails.txt"
-    emails.write_text("gas report late\n" + "power " + "filler " * 40 + "\n")  # 41 words, cut to 15 + </s>
+    emails.write_text(
+        "gas report late\n" + "power " + "filler " * 40 + "\n", encoding="utf-8"
+    )  # 41 words, cut to 15 + </s>
     result = CliRunner().invoke(app, ["translate", "--ckpt", str(run), "-i", str(emails)])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == ["gas gas", "power power"]

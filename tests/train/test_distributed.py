@@ -29,7 +29,9 @@ def _launch(processes, *args, timeout=300):
         f"--nproc_per_node={processes}",
     ]
     command = [*launcher, "-m", "attnkit"] if processes > 1 else [sys.executable, "-m", "attnkit"]
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout, check=False, encoding="utf-8"
+    )
 
 
 def _weights(run_dir):
@@ -73,7 +75,7 @@ def test_two_processes_with_dropout_resume_exactly_and_save_each_ranks_random_st
     assert first.returncode == 0, first.stdout + first.stderr
 
     checkpoint = resolve_checkpoint(tmp_path / "split", "last")
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
     assert state["world_size"] == 2
     rng = load_file(str(checkpoint / "trainer_state.safetensors"))
     assert not torch.equal(rng["rng.0.torch"], rng["rng.1.torch"])  # each process its own dropout stream
@@ -117,12 +119,12 @@ def test_a_finished_run_ends_its_process_group_and_gloo_threads_before_exit(tmp_
     """A group left alive is torn down at interpreter exit, where gloo's threads sometimes abort the
     process after a finished run (SIGABRT, 'terminate called without an active exception')."""
     probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
+    probe.write_text(PROBE, encoding="utf-8")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     result = subprocess.run([*launcher, str(probe), str(tmp_path / "run"), *COMMON], capture_output=True,
-                            text=True, timeout=300, check=False)  # fmt: skip
+                            text=True, timeout=300, check=False, encoding="utf-8")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    reports = [json.loads((tmp_path / f"run{rank}.json").read_text()) for rank in range(2)]
+    reports = [json.loads((tmp_path / f"run{rank}.json").read_text(encoding="utf-8")) for rank in range(2)]
     for report in reports:
         assert any("gloo" in name for name in report["during"])  # the probe sees gloo's threads at all
         assert not [name for name in report["after"] if "gloo" in name]

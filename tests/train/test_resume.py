@@ -47,7 +47,7 @@ def test_resumed_run_has_the_same_losses_and_weights_as_an_uninterrupted_one(tmp
     a = load_file(str(resolve_checkpoint(tmp_path / "whole", "last") / "model.safetensors"))
     b = load_file(str(resolve_checkpoint(tmp_path / "split", "last") / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    rows = (tmp_path / "split" / "metrics.csv").read_text().splitlines()
+    rows = (tmp_path / "split" / "metrics.csv").read_text(encoding="utf-8").splitlines()
     assert len(rows) == 1 + 3  # header + validations at steps 3, 6, 9
 
 

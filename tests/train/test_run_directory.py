@@ -34,8 +34,8 @@ def data_dir(tmp_path):
     (folder / "train.src.gz").write_bytes(gzip.compress(("\n".join(pairs.src) + "\n").encode()))
     (folder / "train.tgt.gz").write_bytes(gzip.compress(("\n".join(pairs.tgt) + "\n").encode()))
     valid = copy(10, 1, max_length=5)
-    (folder / "valid.src").write_text("\n".join(valid.src) + "\n")
-    (folder / "valid.tgt").write_text("\n".join(valid.tgt) + "\n")
+    (folder / "valid.src").write_text("\n".join(valid.src) + "\n", encoding="utf-8")
+    (folder / "valid.tgt").write_text("\n".join(valid.tgt) + "\n", encoding="utf-8")
     return folder
 
 
@@ -58,7 +58,7 @@ def test_a_new_run_refuses_a_directory_holding_an_earlier_run(tmp_path, data_dir
 def test_overwrite_deletes_the_earlier_runs_checkpoints_before_training(tmp_path, data_dir):
     run = tmp_path / "run"
     assert _train(run, data_dir, "train.max_steps=6", "train.eval_every=2").exit_code == 0
-    (run / "recipe_notes.txt").write_text("kept: not a run file")
+    (run / "recipe_notes.txt").write_text("kept: not a run file", encoding="utf-8")
     assert runner.invoke(app, ["average", "--run-dir", str(run), "--last", "2"]).exit_code == 0
     result = _train(run, data_dir, "--overwrite", "train.max_steps=3", "train.eval_every=3")
     assert result.exit_code == 0, result.output
@@ -73,13 +73,13 @@ def test_overwrite_deletes_the_earlier_runs_checkpoints_before_training(tmp_path
 def test_other_files_in_the_directory_are_not_an_earlier_run(tmp_path, data_dir):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "recipe.yaml").write_text("train:\n  max_steps: 2\n")
+    (run / "recipe.yaml").write_text("train:\n  max_steps: 2\n", encoding="utf-8")
     assert _train(run, data_dir, "train.max_steps=2", "train.eval_every=2").exit_code == 0
 
 
 def test_an_unwritable_run_directory_fails_before_reading_data(tmp_path):
     blocker = tmp_path / "a_file"
-    blocker.write_text("")
+    blocker.write_text("", encoding="utf-8")
     result = _train(blocker / "run", tmp_path / "no_data", "train.max_steps=2")
     assert result.exit_code == 2
     assert re.search(r"a_file/run: cannot write checkpoints there", result.stderr), result.stderr
@@ -96,7 +96,7 @@ def test_a_run_directory_in_use_by_another_training_is_refused_and_left_as_it_is
     held.close()  # the other run ended
     result = runner.invoke(app, ["train", "--resume", str(run), "train.max_steps=6"])
     assert result.exit_code == 0, result.output
-    assert (run / "last").read_text() == "step-0000006"
+    assert (run / "last").read_text(encoding="utf-8") == "step-0000006"
 
 
 def test_a_killed_training_leaves_its_run_directory_free(tmp_path):
@@ -106,7 +106,7 @@ def test_a_killed_training_leaves_its_run_directory_free(tmp_path):
         held = lock_run(pathlib.Path({str(tmp_path / "run")!r}))  # kept open: the lock lives with it
         print("held", flush=True)
         time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    """)], stdout=subprocess.PIPE, text=True, encoding="utf-8")  # fmt: skip
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(AttnkitError, match=rf"in use by attnkit train \(process {holder.pid}\)"):
         lock_run(tmp_path / "run")
@@ -127,7 +127,10 @@ def test_resume_from_another_working_directory_finds_relative_data(tmp_path, dat
     monkeypatch.chdir(elsewhere)
     result = runner.invoke(app, ["train", "--resume", str(tmp_path / "run"), "train.max_steps=4"])
     assert result.exit_code == 0, result.output
-    assert "resumed from" in result.output and (tmp_path / "run" / "last").read_text() == "step-0000004"
+    assert (
+        "resumed from" in result.output
+        and (tmp_path / "run" / "last").read_text(encoding="utf-8") == "step-0000004"
+    )
 
 
 def test_resume_and_overwrite_together_are_refused(tmp_path, data_dir):

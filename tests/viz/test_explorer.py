@@ -95,9 +95,11 @@ def test_explore_writes_a_page_for_a_translator_and_a_decoder_and_refuses_an_rnn
         page = tmp_path / f"{name}.html"
         result = runner.invoke(app, ["explore", "--ckpt", str(run), "--text", "a small dog", "-o", str(page)])
         assert result.exit_code == 0, result.output
-        data = _page_data(page.read_text())
+        data = _page_data(page.read_text(encoding="utf-8"))
         assert len(data["maps"]) == (3 if name == "translator" else 1)
-        assert "http://" not in page.read_text().replace("http://www.w3.org/2000/svg", "")  # fetches nothing
+        assert "http://" not in page.read_text(encoding="utf-8").replace(
+            "http://www.w3.org/2000/svg", ""
+        )  # fetches nothing
     folder = tmp_path / "a folder"
     folder.mkdir()
     result = runner.invoke(app, ["explore", "--ckpt", str(run), "--text", "a small dog", "-o", str(folder)])
@@ -123,7 +125,7 @@ def test_the_page_in_a_real_browser(translator, tokenizer, tmp_path):
         pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run does)")
     maps, output = collect_attention(translator, tokenizer, "two men sit on a bench")
     page_file = tmp_path / "explorer.html"
-    page_file.write_text(explorer_html(maps, "explorer test", output))
+    page_file.write_text(explorer_html(maps, "explorer test", output), encoding="utf-8")
     layers, heads = len(maps[0].weights), len(maps[0].weights[0])
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])

@@ -117,8 +117,14 @@ def get_dataset(name: str, folder: Path, mirror: str | None = None, progress: bo
 def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
     """``folder / file.name``, downloaded (or resumed) and checked unless it is there already."""
     final, partial = folder / file.name, folder / (file.name + ".part")
-    if final.exists() and digest_of(final, file.algorithm) == file.digest:
-        return final
+    if final.exists():  # attnkit renames a download into place only once checked: this one is not ours
+        if digest_of(final, file.algorithm) == file.digest:
+            return final
+        algorithm = ALGORITHM_NAMES[file.algorithm]
+        raise DataError(
+            f"{final}: already there, and not the file the data set has (its {algorithm} differs); move it "
+            "away, or get the data set into another folder"
+        )
     have = partial.stat().st_size if partial.exists() else 0
     total = None  # bytes the file should have, when the server says
     request = urllib.request.Request(file.url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -205,13 +211,20 @@ def prepare_iwslt14(archive: Path, folder: Path) -> list[Path]:
         "valid": [pair for i, pair in enumerate(pairs, 1) if i % 23 == 0],
         "test": list(zip(test["de"], test["en"], strict=True)),
     }
-    written = []
-    for split, rows in splits.items():
-        for side, lang in enumerate(("de", "en")):
-            path = folder / f"{split}.{lang}"
-            write_text_atomic(path, "".join(row[side] + "\n" for row in rows))
-            written.append(path)
-    return written
+    texts = {
+        folder / f"{split}.{lang}": "".join(row[side] + "\n" for row in rows)
+        for split, rows in splits.items()
+        for side, lang in enumerate(("de", "en"))
+    }
+    for path, text in texts.items():  # all checked before any is written
+        if path.exists() and path.read_bytes() != text.encode("utf-8"):
+            raise DataError(
+                f"{path}: already there, and not what attnkit makes of {archive.name}; move it away, or get "
+                "the data set into another folder"
+            )
+    for path, text in texts.items():
+        write_text_atomic(path, text)
+    return list(texts)
 
 
 def _not_text(line: str) -> bool:

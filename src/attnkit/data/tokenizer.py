@@ -105,14 +105,14 @@ class Tokenizer:
     def load(cls, path: str | Path) -> Tokenizer:
         if not Path(path).is_file():
             raise DataError(f"{path}: file not found")
-        try:
-            hf = HFTokenizer.from_file(str(path))
+        try:  # read here, not by tokenizers: it takes no file name that the C locale escaped (utf8.py)
+            hf = HFTokenizer.from_str(Path(path).read_text(encoding="utf-8"))
         except Exception as error:  # tokenizers raises plain Exception subclasses with long messages
             raise DataError(f"{path}: not a tokenizer file ({str(error).splitlines()[0]})") from None
         return cls(hf, str(path))
 
     def save(self, path: str | Path) -> None:
-        self.hf.save(str(path))
+        Path(path).write_text(self.hf.to_str(pretty=True), encoding="utf-8")
 
     def to_str(self) -> str:
         return self.hf.to_str()

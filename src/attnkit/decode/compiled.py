@@ -12,10 +12,15 @@ How:
   first; the cached length, the rows and the source length are symbols, so one compiled step serves
   every batch. AOTInductor compiles it (with frozen weights) into a shared library, once per model and
   beam width: about 20 s, then kept in ``$XDG_CACHE_HOME/attnkit/steps`` under a key of the weights,
-  the model's settings and the torch version, so that later runs load it in a moment.
+  the model's settings, the torch version and the processor's instruction sets, so that later runs
+  load it in a moment. The cache is bounded: steps unused for 30 days go, and beyond 2 GiB the least
+  recently used; ``attnkit cache clear`` empties it.
 - The library is called through ``ctypes``, which lets go of Python's lock for the whole step;
   PyTorch's own loader keeps it, which would let only one of the decoding streams (streams.py) run at a
   time. Its container holds one copy of the step per stream.
+- A search takes the step through :class:`CompiledDecoding`, the model's own decoding with its
+  ``next_logits`` swapped, which :func:`compiled_decoding` hands to the search: the model knows
+  nothing of it.
 - Only the steps after the first, one new token per row, take the compiled path; the first (which
   also computes the cross-attention's keys) stays eager, as do models the trace cannot express (the
   copy mechanism, another device or dtype: :func:`compilable`). Attention weights are not recorded
@@ -26,17 +31,19 @@ How:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
 import os
+import platform
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,10 +51,10 @@ import torch
 from torch import Tensor, nn
 
 import attnkit
-from attnkit.models.seq2seq import COMPILED_STEPS
+from attnkit.models.seq2seq import Seq2SeqDecoding
 
 if TYPE_CHECKING:
-    from attnkit.models.seq2seq import EncoderDecoder, Seq2SeqDecoding
+    from attnkit.models.seq2seq import EncoderDecoder
 
 _COMPILING = threading.Lock()  # one compile at a time; the streams then share the result
 # each model's steps built so far, by beams per source: (weights' fingerprint, step or None)
@@ -104,21 +111,79 @@ def _example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tup
     return inputs, shapes
 
 
+def cpu_capabilities() -> str:
+    """The processor the step is compiled for: its architecture, the vector instructions torch uses
+    on it, and every instruction-set flag the system reports (Linux: ``/proc/cpuinfo``). Code built for
+    a processor with AVX-512 crashes on one without, so a cache folder shared by machines (a home
+    folder on a cluster's file system) must keep their steps apart."""
+    flags = ""
+    with contextlib.suppress(OSError):
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        flags = next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "")
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{platform.machine()} {platform.processor()} {capability} {' '.join(sorted(flags.split()))}"
+
+
 def cache_key(model: EncoderDecoder, beams: int) -> str:
     """What the compiled step depends on: the weights, the model's settings, the beam width, torch's
-    and attnkit's versions."""
+    and attnkit's versions, and the processor it runs on."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     settings = {"config": repr(model.config), "beams": beams, "torch": torch.__version__,
-                "attnkit": attnkit.__version__}  # fmt: skip
+                "attnkit": attnkit.__version__, "cpu": cpu_capabilities()}  # fmt: skip
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:32]
 
 
 def cache_folder() -> Path:
+    """Where compiled steps are kept: ``$XDG_CACHE_HOME/attnkit/steps`` (``~/.cache/attnkit/steps``)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit" / "steps"
+
+
+# --- the cache, bounded ------------------------------------------------------------------------------
+
+MAX_CACHE_BYTES = 2 * 2**30  # beyond this the least recently used steps go (each is 1-50 MB)
+MAX_CACHE_DAYS = 30  # a step unused for this long goes
+
+
+def cached_steps(folder: Path | None = None) -> list[tuple[Path, int, float]]:
+    """Each step in the cache: ``(package, bytes with its unpacked library, last used)``, least recently
+    used first (a step's package is touched each time it is loaded)."""
+    folder = folder or cache_folder()
+    steps = []
+    for package in folder.glob("*.pt2") if folder.is_dir() else []:
+        unpacked = package.with_suffix(".unpacked")
+        files = [package, *(unpacked.rglob("*") if unpacked.is_dir() else [])]
+        with contextlib.suppress(OSError):  # another process pruned it meanwhile
+            size = sum(f.stat().st_size for f in files if f.is_file())
+            steps.append((package, size, package.stat().st_mtime))
+    return sorted(steps, key=lambda step: step[2])
+
+
+def remove_step(package: Path) -> None:
+    """Delete a cached step: its package and its unpacked library (a process still running it keeps its
+    copy, which the system frees when the process lets go)."""
+    package.unlink(missing_ok=True)
+    shutil.rmtree(package.with_suffix(".unpacked"), ignore_errors=True)
+
+
+def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Delete the steps unused for :data:`MAX_CACHE_DAYS` days, then the least recently used until the
+    cache holds at most :data:`MAX_CACHE_BYTES` (never ``keep``, the step in hand); returns the deleted."""
+    now = time.time() if now is None else now
+    steps = cached_steps()
+    total = sum(size for _, size, _ in steps)
+    removed = []
+    for package, size, used in steps:
+        if package == keep:
+            continue
+        if now - used > MAX_CACHE_DAYS * 86400 or total > MAX_CACHE_BYTES:
+            remove_step(package)
+            removed.append(package)
+            total -= size
+    return removed
 
 
 def build(model: EncoderDecoder, beams: int, package: Path) -> None:
@@ -254,8 +319,10 @@ def compiled_step(
             if not package.is_file():
                 if warn is not None:
                     warn(f"decode.compile: compiling the decoding step for beam {beams} (about 20 s, once; "
-                         f"kept in {package.parent})")  # fmt: skip
+                         f"kept in {package.parent}; attnkit cache clear deletes it)")  # fmt: skip
                 build(model, beams, package)
+            os.utime(package)  # used now: the cache keeps the most recently used steps
+            prune_cache(keep=package)
             step = CompiledStep(package, copies=max(2, torch.get_num_threads()))  # one per stream
         except Exception as error:  # any failure of the compiler or loader: decode as usual
             if warn is not None:
@@ -267,18 +334,29 @@ def compiled_step(
         return step
 
 
-@contextmanager
+class CompiledDecoding(Seq2SeqDecoding):
+    """``model.decoding(src)`` whose steps after the first, one new token per row at ``step``'s beam
+    width, run the compiled step; every other step (the first, which also computes the cross-attention
+    keys, or another beam width) runs the model as usual."""
+
+    def __init__(self, model: EncoderDecoder, src: Tensor, use_cache: bool, step: CompiledStep, beams: int):
+        super().__init__(model, src, use_cache)
+        self.step, self.step_beams = step, beams
+
+    def next_logits(self, tokens: Tensor) -> Tensor:
+        cached = self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1
+        if cached and self.beams == self.step_beams:
+            return self.step.next_logits(self, tokens)
+        return super().next_logits(tokens)
+
+
 def compiled_decoding(
     model: EncoderDecoder, beams: int, warn: Callable[[str], None] | None = None
-) -> Iterator[None]:
-    """Inside the block, searches of ``model`` with ``beams`` rows per source take its compiled step
-    (:func:`compiled_step`); outside it, the eager one again."""
+) -> Callable[[Tensor, bool], Seq2SeqDecoding] | None:
+    """What searches of ``model`` with ``beams`` rows per source decode with to take its compiled step
+    (:func:`compiled_step`): ``decoding(src, use_cache)``, as ``model.decoding``; None where there is
+    no compiled step (the search then takes ``model.decoding``)."""
     step = compiled_step(model, beams, warn)
     if step is None:
-        yield
-        return
-    COMPILED_STEPS[model] = {beams: step}
-    try:
-        yield
-    finally:
-        COMPILED_STEPS.pop(model, None)
+        return None
+    return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams)

@@ -43,6 +43,7 @@ from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
 from attnkit.models.convert.export import CTRANSLATE2_USES, DECODE_FILE, ctranslate2_command, exported_model
 from attnkit.tasks.language_modelling import stream_blocks, text_ids
+from attnkit.utf8 import native_path
 
 
 class _ExportedFolder:
@@ -77,7 +78,7 @@ class _ExportedFolder:
         self.decode = replace(with_decode_overrides(exported, list(overrides)), **(changes or {}))
         threads = torch.get_num_threads()
         self.streams = stream_count(self.decode.streams, "cpu", threads)
-        self.model = self._load(ctranslate2, str(folder), inter_threads=self.streams,
+        self.model = self._load(ctranslate2, native_path(folder), inter_threads=self.streams,
                                 intra_threads=threads // self.streams)  # fmt: skip
 
     def _load(self, ctranslate2: Any, folder: str, **threads: int) -> Any:

@@ -345,11 +345,13 @@ def greedy(
     *,
     max_output_len: int | None = None,
     use_cache: bool = True,
+    decoding: Callable[[Tensor, bool], Decoding] | None = None,
 ) -> list[list[int]]:
-    """The most probable next token at every step, for a batch of sources ``(B, S)``."""
+    """The most probable next token at every step, for a batch of sources ``(B, S)``; ``decoding``:
+    how to decode step by step (default ``model.decoding``; ``decode.compile`` hands its own)."""
     limits = _limits(src, specials.pad, max_len_a, max_len_b, max_output_len)
     start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
-    return extend(model.decoding(src, use_cache), start, limits, specials, argmax)
+    return extend((decoding or model.decoding)(src, use_cache), start, limits, specials, argmax)
 
 
 @torch.no_grad()
@@ -367,10 +369,12 @@ def beam_search(
     use_cache: bool = True,
     penalty: str = "length",
     stop: str = "no-better",
+    decoding: Callable[[Tensor, bool], Decoding] | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``n_best`` best hypotheses per source (fewer if fewer finished), best first; ``penalty`` is
-    the length penalty's kind, ``stop`` the stopping rule (see the module docstring)."""
+    the length penalty's kind, ``stop`` the stopping rule (see the module docstring); ``decoding`` as
+    for :func:`greedy`."""
     limits = _limits(src, specials.pad, max_len_a, max_len_b, max_output_len)
-    decoding = model.decoding(src, use_cache)  # encoded once; beam() makes each row K beams
+    steps = (decoding or model.decoding)(src, use_cache)  # encoded once; beam() makes each row K beams
     start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
-    return beam(decoding, start, limits, specials, beam_size, alpha, n_best, penalty, stop)
+    return beam(steps, start, limits, specials, beam_size, alpha, n_best, penalty, stop)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from functools import partial
 
 import torch
 
@@ -105,17 +105,20 @@ def _hypotheses(
     bounds = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "max_output_len": longest}
     todo = [i for i, text in enumerate(texts) if text.strip()]
     rules = {"penalty": decode.length_penalty, "stop": decode.beam_stop}
+    batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
+    compiled = decode.compile and torch.device(device).type == "cpu" and bool(batches)
 
-    def search(chunk: list[int]) -> list[list[Hypothesis]]:
+    def search(chunk: list[int], decoding: Callable | None) -> list[list[Hypothesis]]:
         src = pad([encoded[i] for i in chunk], specials.pad).to(device)
         if beam == 1 and not n_best:  # greedy: no scores wanted
-            return [[Hypothesis(ids, float("nan"))] for ids in greedy(model, src, specials, **bounds)]
-        return beam_search(model, src, specials, beam, decode.alpha, n_best=max(n_best, 1), **rules, **bounds)
+            outputs = greedy(model, src, specials, **bounds, decoding=decoding)
+            return [[Hypothesis(ids, float("nan"))] for ids in outputs]
+        return beam_search(model, src, specials, beam, decode.alpha, n_best=max(n_best, 1), **rules, **bounds,
+                           decoding=decoding)  # fmt: skip
 
-    batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
     streams = stream_count(decode.streams, device, len(batches))
     if progress is not None:
         progress(len(texts) - len(todo))  # the empty lines
-    compiled = decode.compile and torch.device(device).type == "cpu" and bool(batches)
-    with evaluating(model), compiled_decoding(model, beam, warn) if compiled else nullcontext():
-        return fill_by_batch(search, batches, streams, found, progress)
+    with evaluating(model):  # the step is compiled (traced) in eval mode too
+        decoding = compiled_decoding(model, beam, warn) if compiled else None  # None: model.decoding
+        return fill_by_batch(partial(search, decoding=decoding), batches, streams, found, progress)

@@ -11,9 +11,6 @@ With ``model.copy`` a pointer-generator (nn/pointer.py) mixes those with copies 
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -159,11 +156,6 @@ class EncoderDecoder(nn.Module):
         return Seq2SeqDecoding(self, src, use_cache)
 
 
-# decode.compile (decode/compiled.py): each model's decoding step compiled ahead of time, by beams per
-# source; kept here, not on the model, which torch.export puts back as it found it after tracing
-COMPILED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[int, Any]] = weakref.WeakKeyDictionary()
-
-
 class Seq2SeqDecoding:
     """What search needs from an :class:`EncoderDecoder`: ``next_logits(tokens)`` for all target tokens
     so far (``<s>`` first; with the KV cache only the new ones are run) and ``reorder(index)``.
@@ -187,9 +179,6 @@ class Seq2SeqDecoding:
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
         ``model.copy``)."""
-        step = COMPILED_STEPS.get(self.model, {}).get(self.beams)  # decode.compile's, if any
-        if step is not None and self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1:
-            return step.next_logits(self, tokens)  # one new token after the first: the compiled step
         new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
         hidden = self.model.decode(self.memory, self.src_mask, new, cache=self.cache)[:, -1]  # (R, d_model)
         logits = self.model.generator(hidden)  # (R, V)

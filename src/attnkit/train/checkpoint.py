@@ -8,12 +8,10 @@ pixels), and for resuming
 small text files naming a checkpoint folder.
 
 Why atomic: none of the usual tools (nanoGPT, JoeyNMT, HF) is, and a run killed while saving then
-leaves a torn file that breaks resuming. Here a checkpoint is written into a hidden temporary folder,
-every file fsync'ed, the folder renamed into place in one step, and only then are the ``last``/``best``
-pointers replaced (also by rename). Replacing an existing folder (the same step saved again, averaging
-again) renames the old one aside first, renames the new one in, then deletes the old one; whoever reads
-the folder next puts an aside copy back if a kill came between the two renames. A kill at any moment
-leaves a complete checkpoint and pointers naming complete folders. Nothing is ever unpickled.
+leaves a torn file that breaks resuming. Here a checkpoint folder is written whole or not at all
+(folders.py, which also records in ``made_by.json`` what made it), and only then are the
+``last``/``best`` pointers replaced (also by rename). A kill at any moment leaves a complete checkpoint
+and pointers naming complete folders. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,96 +32,17 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
-from attnkit.atomic import fsync_dir, make_shareable, write_text_atomic
+from attnkit.atomic import write_text_atomic
 from attnkit.attention.linear import pack_for_inference
 from attnkit.config import IMAGE_ARCHS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
+from attnkit.folders import MadeBy, recover, write_folder
 from attnkit.models import build_model, load_weights
 
 CHECKPOINT_PREFIX = "step-"
 RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
 LOCK_FILE = ".lock"  # held by the process training in the run directory (lock_run)
-
-
-# --- writing atomically -----------------------------------------------------------------------------
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _aside(final: Path) -> Path:
-    return final.with_name(f".{final.name}.replaced")
-
-
-def recover(final: Path) -> None:
-    """Finish a replacement of ``final`` that a killed process left half done: put the old copy back if
-    the new one never arrived, or delete the old copy if it did."""
-    aside = _aside(final)
-    if aside.is_dir():
-        if final.exists():
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(aside, final)
-
-
-def _publish(temporary: Path, final: Path) -> None:
-    """Move a fully written temporary folder to ``final``: fsync its files, give it the user's usual
-    permissions, rename an older ``final`` aside, rename the new one in, fsync the parent so the renames
-    are durable, and only then delete the old copy."""
-    for file in temporary.iterdir():
-        _fsync_file(file)
-    make_shareable(temporary)
-    recover(final)
-    aside = _aside(final)
-    if final.exists():  # e.g. the same step saved again, or averaging again
-        os.replace(final, aside)
-    os.replace(temporary, final)
-    fsync_dir(final.parent)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def refuse_losses(final: Path, written: Path) -> None:
-    """Refuse to replace ``final`` by the folder ``written`` if that would delete anything the new
-    folder does not write again: ``final`` being a file, a subfolder of it (a whole run directory, given
-    as ``--out``) or a file of another name (the user's own). Replacing an earlier output of the same
-    kind (the same step saved again, averaging or exporting again) loses nothing and goes ahead."""
-    recover(final)
-    if not final.exists():
-        return
-    if not final.is_dir():
-        raise AttnkitError(f"{final} is a file; name a folder to write")
-    names = {path.name for path in written.iterdir()}
-    for path in sorted(final.iterdir(), key=lambda path: (not path.is_dir(), path.name)):  # folders first
-        if path.is_dir() or path.name not in names:
-            held = f"{path.name}/" if path.is_dir() else path.name
-            raise AttnkitError(
-                f"{final} holds {held}, which writing there would delete; name a new or empty folder"
-            )
-
-
-def write_folder(final: Path, write: Any) -> Path:
-    """Write a folder (a checkpoint, an export) with ``write(temporary_folder)`` and publish it (see
-    :func:`refuse_losses` for what it will not replace); a failure leaves no trace and is one line
-    naming the folder."""
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        temporary = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    except OSError as error:
-        raise AttnkitError(f"{final}: cannot write the checkpoint ({error.strerror or error})") from None
-    try:
-        write(temporary)
-        refuse_losses(final, temporary)
-        _publish(temporary, final)
-    except OSError as error:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise AttnkitError(f"{final}: cannot write the checkpoint ({error.strerror or error})") from error
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    return final
 
 
 # --- trainer state: optimizer and random number generators -----------------------------------------
@@ -183,7 +101,7 @@ def _trainer_state_files(
     save_file(tensors, str(folder / "trainer_state.safetensors"))
     python_rng = [[s["python"][0], list(s["python"][1]), s["python"][2]] for s in rng]
     meta = {**trainer_state, "optimizer": optimizer_meta, "world_size": len(rng), "python_rng": python_rng}
-    (folder / "trainer_state.json").write_text(json.dumps(meta))
+    (folder / "trainer_state.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
 # --- saving ---------------------------------------------------------------------------------------
@@ -201,22 +119,28 @@ def save_checkpoint(
     rng: list[dict[str, Any]] | None = None,
     is_best: bool = False,
     keep_last: int = 5,
+    command: str = "attnkit train",
+    source: str | Path | None = None,
 ) -> Path:
     """Write ``run_dir/step-{step}`` atomically, move the pointers, and prune old checkpoints.
 
     With ``optimizer`` and ``trainer_state`` the checkpoint can be resumed; ``rng`` holds every
-    process's :func:`rng_state` (rank order), default this process's only.
+    process's :func:`rng_state` (rank order), default this process's only. ``command`` and ``source``
+    (default: the run directory) are recorded as what made the folder. A step folder already there is
+    replaced: whoever saves into ``run_dir`` holds it (the trainer: :func:`lock_run`, and it refuses a
+    directory holding another run), so a step folder there is this run's own.
     """
 
     def write(folder: Path) -> None:
         save_model(model, str(folder / "model.safetensors"))  # handles the tied embeddings
-        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         if tokenizer_json is not None:  # image models have no tokenizer
-            (folder / "tokenizer.json").write_text(tokenizer_json)
+            (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         if optimizer is not None and trainer_state is not None:
             _trainer_state_files(folder, optimizer, trainer_state, rng or [rng_state()])
 
-    final = write_folder(run_dir / f"{CHECKPOINT_PREFIX}{step:07d}", write)
+    maker = MadeBy.of(command, run_dir if source is None else source)
+    final = write_folder(run_dir / f"{CHECKPOINT_PREFIX}{step:07d}", write, maker, overwrite=True)
     write_text_atomic(run_dir / "last", final.name)
     if is_best:
         write_text_atomic(run_dir / "best", final.name)
@@ -234,7 +158,11 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
-    keep = {(run_dir / name).read_text().strip() for name in ("last", "best") if (run_dir / name).is_file()}
+    keep = {
+        (run_dir / name).read_text(encoding="utf-8").strip()
+        for name in ("last", "best")
+        if (run_dir / name).is_file()
+    }
     checkpoints = list_checkpoints(run_dir)
     for old in checkpoints[: max(len(checkpoints) - keep_last, 0)]:
         if old.name not in keep:
@@ -309,12 +237,14 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
         return path
     for pointer in (prefer, "last", "best"):
         if (path / pointer).is_file():
-            target = path / (path / pointer).read_text().strip()
+            target = path / (path / pointer).read_text(encoding="utf-8").strip()
             recover(target)
             if (target / "model.safetensors").is_file():
                 return target
     if (path / "last").is_file():
-        raise AttnkitError(f"{path}: 'last' names {(path / 'last').read_text().strip()!r}, which is gone")
+        raise AttnkitError(
+            f"{path}: 'last' names {(path / 'last').read_text(encoding='utf-8').strip()!r}, which is gone"
+        )
     if (path / "model.bin").is_file():  # what `attnkit export --to ctranslate2` writes
         from attnkit.models.convert.export import (  # (imports this module)
             CTRANSLATE2_USES,
@@ -460,13 +390,17 @@ def load_for_inference(
     return model, tokenizer, config
 
 
-def average_checkpoints(checkpoints: list[Path], out: Path) -> Path:
+def average_checkpoints(
+    checkpoints: list[Path], out: Path, *, maker: MadeBy | None = None, overwrite: bool = False
+) -> Path:
     """Write the element-wise mean of the checkpoints' weights (Vaswani et al. §6.1 averaged the last
-    5 or 20) as a new checkpoint folder with the first one's config and tokenizer; written atomically."""
+    5 or 20) as a new checkpoint folder with the first one's config and tokenizer; written atomically,
+    ``maker`` recorded as what made it (default: ``attnkit average`` of the first one's run directory;
+    folders.py says what it replaces, with or without ``overwrite``)."""
     if not checkpoints:
         raise AttnkitError("no checkpoints to average")
-    if out.resolve() in {c.resolve() for c in checkpoints}:
-        raise AttnkitError(f"{out}: the output would replace one of the checkpoints being averaged")
+    maker = maker or MadeBy.of("attnkit average", checkpoints[0].parent)
+    refuse_to_replace_a_source(out, checkpoints)
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
         weights = _read_safetensors(path / "model.safetensors")
@@ -487,4 +421,14 @@ def average_checkpoints(checkpoints: list[Path], out: Path) -> Path:
             if (checkpoints[0] / name).exists():  # image models have no tokenizer.json
                 shutil.copyfile(checkpoints[0] / name, folder / name)
 
-    return write_folder(out, write)
+    return write_folder(out, write, maker, overwrite=overwrite)
+
+
+def refuse_to_replace_a_source(out: Path, sources: list[Path]) -> None:
+    """Whatever ``--overwrite`` says, an output never replaces what it is made from: ``out`` must not be
+    one of ``sources`` or a folder that holds one (their run directory)."""
+    target = out.resolve()
+    for source in sources:
+        if source.resolve() == target or target in source.resolve().parents:
+            held = "is" if source.resolve() == target else f"holds {source.name}, which is"
+            raise AttnkitError(f"{out} {held} a checkpoint it would be made from; name another folder")

@@ -157,12 +157,14 @@ class Trainer:
         resume: bool = False,
         overwrite: bool = False,
         echo: Callable = print,
+        command: str = "attnkit train",
     ):
         if resume and overwrite:
             raise AttnkitError("resume and overwrite exclude each other: continue a run or replace it")
         config = _ready_to_train(config)
         t = config.train
         self.config, self.run_dir, self.echo = config, Path(run_dir), echo
+        self.command = command  # recorded in each checkpoint as what made it (folders.py)
         self.device = resolve_device(t.device)
         self.world = init_world(self.device.type)
         if self.device.type == "cuda":
@@ -405,6 +407,7 @@ class Trainer:
             self.run_dir, self.step, model=self.model, config=self.config.to_dict(),
             tokenizer_json=self.tokenizer and self.tokenizer.to_str(), optimizer=self.optimizer,
             trainer_state=state, rng=rng, is_best=is_best, keep_last=self.config.train.keep_last,
+            command=self.command,
         )  # fmt: skip
 
     def _restore(self, checkpoint: Path) -> None:
@@ -428,7 +431,7 @@ class Trainer:
         fields = [*LOG_FIELDS, *scores, "elapsed_s"]
         text_rows = [{k: row.get(k, "") for k in fields} for row in self.history]
         path = self.run_dir / "metrics.csv"
-        with open(path.with_suffix(".csv.tmp"), "w", newline="") as f:
+        with open(path.with_suffix(".csv.tmp"), "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(text_rows)

@@ -70,6 +70,22 @@ def hf_bert_config_kwargs(model: EncoderModel) -> dict[str, Any]:
             "num_labels": c.num_labels}  # fmt: skip
 
 
+_BODY, _LAYER = r"(bert\.)?", r"(bert\.)?encoder\.layer\.\d+\."
+# the sizes BertConfig gives each weight of a BERT folder (common.check_shapes)
+HF_SHAPES = {
+    rf"{_BODY}embeddings\.word_embeddings\.weight": ("vocab_size", "hidden_size"),
+    rf"{_BODY}embeddings\.position_embeddings\.weight": ("max_position_embeddings", "hidden_size"),
+    rf"{_BODY}embeddings\.token_type_embeddings\.weight": ("type_vocab_size", "hidden_size"),
+    rf"{_LAYER}attention\.(self\.(query|key|value)|output\.dense)\.weight": ("hidden_size", "hidden_size"),
+    rf"{_LAYER}intermediate\.dense\.weight": ("intermediate_size", "hidden_size"),
+    rf"{_LAYER}intermediate\.dense\.bias": ("intermediate_size",),
+    rf"{_LAYER}output\.dense\.weight": ("hidden_size", "intermediate_size"),
+    rf"{_BODY}pooler\.dense\.weight": ("hidden_size", "hidden_size"),
+    r"cls\.predictions\.transform\.dense\.weight": ("hidden_size", "hidden_size"),
+    r"cls\.predictions\.decoder\.weight": ("vocab_size", "hidden_size"),
+    r"cls\.predictions\.bias": ("vocab_size",),
+}
+
 _HEAD_KEYS = {  # our head's layers -> HF's
     "mlm": {
         "head.transform": "cls.predictions.transform.dense",

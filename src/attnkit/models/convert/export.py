@@ -30,6 +30,7 @@ from torch import nn
 
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
+from attnkit.folders import MadeBy, write_folder
 from attnkit.models.convert.bert import HF_CLASS, hf_bert_config_kwargs, to_hf_bert
 from attnkit.models.convert.ctranslate2 import ctranslate2_spec
 from attnkit.models.convert.gpt2 import hf_gpt2_config_kwargs, to_hf_gpt2
@@ -37,11 +38,13 @@ from attnkit.models.convert.marian import hf_marian_config_kwargs, to_hf_marian,
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.encoder_only import EncoderModel
 from attnkit.models.seq2seq import EncoderDecoder
-from attnkit.train.checkpoint import write_folder
+from attnkit.utf8 import native_path
 
 DECODE_FILE = "attnkit_decode.json"  # a CTranslate2 folder's decoding settings (the run's decode section)
 MODEL_FILE = "attnkit_model.json"  # and what it holds: {"arch": the model's, "context": its positions}
 # what a CTranslate2 folder of each architecture is, and the attnkit command that runs it
+# what made an export of a model the caller holds rather than a checkpoint's (the CLI names the checkpoint)
+IN_MEMORY = MadeBy("attnkit export")
 CTRANSLATE2_USES = {"encoder-decoder": ("translation model", "translate"),
                     "decoder": ("decoder (GPT-style) model", "generate")}  # fmt: skip
 
@@ -136,10 +139,18 @@ def _tokenizer_config(tokenizer: Tokenizer, max_len: int) -> dict[str, str | int
             **{role: names(i) for role, i in roles.items() if i is not None}}  # fmt: skip
 
 
-def export_hf(model: nn.Module, tokenizer: Tokenizer, out: Path, labels: Sequence[str] = ()) -> Path:
-    """Write the folder ``out`` atomically (an earlier export there is replaced whole; a folder holding
-    anything else is refused, ``write_folder``): a Marian, GPT-2 or
-    BERT folder for an encoder-decoder, decoder or encoder; ``labels``: a classifier's label names."""
+def export_hf(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    out: Path,
+    labels: Sequence[str] = (),
+    *,
+    maker: MadeBy = IN_MEMORY,
+    overwrite: bool = False,
+) -> Path:
+    """Write the folder ``out`` atomically, ``maker`` recorded as what made it (folders.py: what it
+    replaces): a Marian, GPT-2 or BERT folder for an encoder-decoder, decoder or encoder; ``labels``: a
+    classifier's label names."""
     if isinstance(model, EncoderDecoder):
         files = hf_marian_files(model, tokenizer)
     elif isinstance(model, DecoderModel):
@@ -158,7 +169,7 @@ def export_hf(model: nn.Module, tokenizer: Tokenizer, out: Path, labels: Sequenc
             text = content if isinstance(content, str) else json.dumps(content, indent=2)
             (folder / name).write_text(text, encoding="utf-8")
 
-    return write_folder(out, write)
+    return write_folder(out, write, maker, overwrite=overwrite)
 
 
 def export_ctranslate2(
@@ -167,10 +178,13 @@ def export_ctranslate2(
     decode: dict,
     out: Path,
     quantization: str | None = None,
+    *,
+    maker: MadeBy = IN_MEMORY,
+    overwrite: bool = False,
 ) -> Path:
     """Write a CTranslate2 model folder ``out`` atomically (a translation model for an encoder-decoder,
-    a generator for a decoder); ``quantization`` as CTranslate2 names it (``int8``, ``int8_float32``,
-    ...; none: float32 weights)."""
+    a generator for a decoder), ``maker`` recorded as what made it (folders.py: what it replaces);
+    ``quantization`` as CTranslate2 names it (``int8``, ``int8_float32``, ...; none: float32 weights)."""
     try:
         import ctranslate2  # noqa: F401  (the spec below needs it)
     except ImportError:
@@ -182,10 +196,10 @@ def export_ctranslate2(
     spec.optimize(quantization=quantization)
 
     def write(folder: Path) -> None:
-        spec.save(str(folder))
+        spec.save(native_path(folder))
         (folder / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
         (folder / DECODE_FILE).write_text(json.dumps(decode, indent=2), encoding="utf-8")
         held = {"arch": model.config.arch, "context": model.config.max_len}
         (folder / MODEL_FILE).write_text(json.dumps(held, indent=2), encoding="utf-8")
 
-    return write_folder(out, write)
+    return write_folder(out, write, maker, overwrite=overwrite)

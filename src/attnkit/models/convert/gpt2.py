@@ -97,6 +97,22 @@ def _key_map(layers: int) -> dict[str, str]:
     return keys
 
 
+_LAYER = r"(transformer\.)?h\.\d+\."
+# the sizes GPT2Config gives each weight of a GPT-2 folder (common.check_shapes); GPT-2's Conv1D keeps
+# its weights as (in, out), the transpose of nn.Linear's
+HF_SHAPES = {
+    r"(transformer\.)?wte\.weight": ("vocab_size", "n_embd"),
+    r"(transformer\.)?wpe\.weight": ("n_positions", "n_embd"),
+    rf"{_LAYER}attn\.c_attn\.weight": ("n_embd", "3*n_embd"),
+    rf"{_LAYER}attn\.c_attn\.bias": ("3*n_embd",),
+    rf"{_LAYER}attn\.c_proj\.weight": ("n_embd", "n_embd"),
+    rf"{_LAYER}mlp\.c_fc\.weight": ("n_embd", "n_inner|4*n_embd"),
+    rf"{_LAYER}mlp\.c_fc\.bias": ("n_inner|4*n_embd",),
+    rf"{_LAYER}mlp\.c_proj\.weight": ("n_inner|4*n_embd", "n_embd"),
+    r"lm_head\.weight": ("vocab_size", "n_embd"),
+}
+
+
 def from_hf_gpt2(state_dict: Mapping[str, Tensor], hf_config: Any) -> DecoderModel:
     """A DecoderModel holding the weights of a ``GPT2LMHeadModel`` (or ``GPT2Model``) state dict."""
     config = config_from_hf_gpt2(hf_config)

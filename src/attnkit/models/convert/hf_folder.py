@@ -17,12 +17,18 @@ from torch import nn
 
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
-from attnkit.models.convert.bert import HEAD_OF, from_hf_bert
-from attnkit.models.convert.gpt2 import from_hf_gpt2
-from attnkit.models.convert.marian import from_hf_marian
+from attnkit.models.convert import bert, gpt2, marian
+from attnkit.models.convert.common import check_shapes
 
 NEEDED = ("config.json", "model.safetensors", "tokenizer.json")
-SUPPORTED = {"bert": sorted(HEAD_OF), "gpt2": ["GPT2LMHeadModel", "GPT2Model"], "marian": ["MarianMTModel"]}
+SUPPORTED = {
+    "bert": sorted(bert.HEAD_OF),
+    "gpt2": ["GPT2LMHeadModel", "GPT2Model"],
+    "marian": ["MarianMTModel"],
+}
+# each family: the sizes its config gives its weights, and its conversion
+FAMILIES = {"bert": (bert.HF_SHAPES, bert.from_hf_bert), "gpt2": (gpt2.HF_SHAPES, gpt2.from_hf_gpt2),
+            "marian": (marian.HF_SHAPES, marian.from_hf_marian)}  # fmt: skip
 
 
 def from_hf(path: str | Path) -> tuple[nn.Module, Tokenizer]:
@@ -34,7 +40,12 @@ def from_hf(path: str | Path) -> tuple[nn.Module, Tokenizer]:
         raise ConversionError(
             f"{folder}: missing {', '.join(missing)} (an HF model folder holds {', '.join(NEEDED)})"
         )
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConversionError(f"{folder / 'config.json'}: not readable JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ConversionError(f"{folder / 'config.json'}: not a model configuration (a JSON object)")
     kind = config.get("model_type")
     architecture = (config.get("architectures") or ["?"])[0]
     if kind not in SUPPORTED or architecture not in SUPPORTED[kind]:
@@ -44,10 +55,11 @@ def from_hf(path: str | Path) -> tuple[nn.Module, Tokenizer]:
         weights = load_file(str(folder / "model.safetensors"))
     except SafetensorError as error:
         raise ConversionError(f"{folder / 'model.safetensors'}: corrupt or truncated ({error})") from None
+    shapes, convert = FAMILIES[kind]
+    check_shapes(weights, config, shapes, str(folder))  # before anything is built
     tokenizer = Tokenizer.load(folder / "tokenizer.json")
     if kind == "marian":
         _check_marian(folder, config, tokenizer)
-    convert = {"bert": from_hf_bert, "gpt2": from_hf_gpt2, "marian": from_hf_marian}[kind]
     model = convert(weights, config)
     if tokenizer.specials.pad != model.config.pad_id and kind == "bert":
         raise ConversionError(f"{folder}: config.json's pad_token_id differs from tokenizer.json's [PAD]")

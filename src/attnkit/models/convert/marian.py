@@ -134,6 +134,23 @@ def _embedding_keys(share: bool) -> tuple[str, str]:
     return "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
 
 
+_ATTENTION = r"model\.(encoder\.layers\.\d+\.self_attn|decoder\.layers\.\d+\.(self_attn|encoder_attn))"
+# the sizes MarianConfig gives each weight of a Marian folder (common.check_shapes)
+HF_SHAPES = {
+    r"model\.(shared|encoder\.embed_tokens)\.weight": ("vocab_size", "d_model"),
+    r"(model\.decoder\.embed_tokens|lm_head)\.weight": ("decoder_vocab_size|vocab_size", "d_model"),
+    r"final_logits_bias": ("1", "decoder_vocab_size|vocab_size"),
+    r"model\.(encoder|decoder)\.embed_positions\.weight": ("max_position_embeddings", "d_model"),
+    rf"{_ATTENTION}\.(q|k|v|out)_proj\.weight": ("d_model", "d_model"),
+    r"model\.encoder\.layers\.\d+\.fc1\.weight": ("encoder_ffn_dim", "d_model"),
+    r"model\.encoder\.layers\.\d+\.fc1\.bias": ("encoder_ffn_dim",),
+    r"model\.encoder\.layers\.\d+\.fc2\.weight": ("d_model", "encoder_ffn_dim"),
+    r"model\.decoder\.layers\.\d+\.fc1\.weight": ("decoder_ffn_dim", "d_model"),
+    r"model\.decoder\.layers\.\d+\.fc1\.bias": ("decoder_ffn_dim",),
+    r"model\.decoder\.layers\.\d+\.fc2\.weight": ("d_model", "decoder_ffn_dim"),
+}
+
+
 def from_hf_marian(state_dict: Mapping[str, Tensor], hf_config: Any) -> EncoderDecoder:
     """An EncoderDecoder holding the weights of a MarianMTModel ``state_dict`` with ``hf_config``."""
     config = config_from_hf_marian(hf_config)

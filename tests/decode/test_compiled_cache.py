@@ -1,0 +1,70 @@
+"""decode.compile's cache of compiled steps: keyed on the processor too (a step built for AVX-512 is
+never loaded on a machine without it), bounded in age and size, and emptied by ``attnkit cache clear``.
+None of this compiles anything, so it runs without a C++ compiler."""
+
+import os
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnkit import build_transformer
+from attnkit.cli import app
+from attnkit.decode import compiled
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = compiled.cache_folder()
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _step(folder, name: str, megabytes: float, days_ago: float):
+    """A cached step as compiled_step leaves it: the package and its unpacked library, last used then."""
+    package = folder / f"{name}.pt2"
+    package.write_bytes(b"p" * int(megabytes * 2**20 / 2))
+    library = folder / f"{name}.unpacked" / name / "data" / "aotinductor" / "model" / "step.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"s" * int(megabytes * 2**20 / 2))
+    used = time.time() - days_ago * 86400
+    os.utime(package, (used, used))
+    return package
+
+
+def test_the_key_holds_the_processor(monkeypatch):
+    torch.manual_seed(0)
+    model = build_transformer("tiny", 20)
+    here = compiled.cache_key(model, 3)
+    assert compiled.cache_key(model, 3) == here  # the same machine: the same step
+    assert "avx" in compiled.cpu_capabilities().lower() or os.uname().machine != "x86_64"
+    monkeypatch.setattr(compiled, "cpu_capabilities", lambda: "x86_64 sse2 only")
+    assert compiled.cache_key(model, 3) != here  # another instruction set: another step
+
+
+def test_the_cache_drops_old_steps_then_the_least_recently_used_beyond_its_size(cache, monkeypatch):
+    monkeypatch.setattr(compiled, "MAX_CACHE_BYTES", 10 * 2**20)
+    old = _step(cache, "old", 1, days_ago=31)
+    lru = _step(cache, "lru", 4, days_ago=3)
+    mid = _step(cache, "mid", 4, days_ago=2)
+    new = _step(cache, "new", 4, days_ago=0)
+    assert [p for p, _, _ in compiled.cached_steps()] == [old, lru, mid, new]
+    removed = compiled.prune_cache(keep=new)
+    assert removed == [old, lru]  # unused for 31 days; then 12 MiB > 10 MiB: the least recently used
+    assert sorted(p.name for p in cache.iterdir()) == ["mid.pt2", "mid.unpacked", "new.pt2", "new.unpacked"]
+    monkeypatch.setattr(compiled, "MAX_CACHE_BYTES", 1)
+    assert compiled.prune_cache(keep=new) == [mid]  # never the step in hand
+    assert [p for p, _, _ in compiled.cached_steps()] == [new]
+
+
+def test_cache_info_and_clear(cache):
+    _step(cache, "a", 1, days_ago=0)
+    _step(cache, "b", 2, days_ago=1)
+    runner = CliRunner()
+    info = runner.invoke(app, ["cache", "info"])
+    assert info.exit_code == 0 and f"{cache}: 2 compiled step(s), 3.0 MiB" in info.output
+    cleared = runner.invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and "deleted 2 compiled step(s), 3.0 MiB" in cleared.output
+    assert list(cache.iterdir()) == []
