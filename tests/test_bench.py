@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each runs a benchmark script end to end (the slow set)
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 

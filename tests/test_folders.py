@@ -182,6 +182,7 @@ def test_import_hf_replaces_its_own_import_and_nothing_else(runs):
     assert sorted(p.name for p in a.iterdir()) == ["best", "last", "step-0000000"]
 
 
+@pytest.mark.slow
 def test_quickstart_replaces_only_an_earlier_quickstart(tmp_path):
     out = tmp_path / "qs"
     for _ in range(2):  # an earlier quickstart is replaced

@@ -9,7 +9,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from attnkit.data.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.slow  # each command in a fresh process (the slow set)
 
 C_LOCALE = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
             "PYTHONIOENCODING": ""}  # fmt: skip

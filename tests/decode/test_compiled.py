@@ -14,10 +14,13 @@ from attnkit.decode import compiled
 from attnkit.decode.translate import translate, translate_n_best
 from attnkit.models.config import TransformerConfig
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("c++") is None and shutil.which("g++") is None,
-    reason="compiling the step needs a C++ compiler (apt-get install g++)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("c++") is None and shutil.which("g++") is None,
+        reason="compiling the step needs a C++ compiler (apt-get install g++)",
+    ),
+    pytest.mark.slow,  # each compiles a step with a C++ compiler (the slow set)
+]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 
 from attnkit.train.checkpoint import resolve_checkpoint
 
+pytestmark = pytest.mark.slow  # several processes each (the slow set)
+
 needs_distributed = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 
 COMMON = [

@@ -148,9 +148,9 @@ def test_quickstart_twice_in_one_folder_averages_only_its_own_checkpoints(tmp_pa
     small = {**quickstart.RECIPE, "data": {**quickstart.RECIPE["data"], "n_train": 300, "n_valid": 20}}
     monkeypatch.setattr(quickstart, "RECIPE", small)
     out = tmp_path / "qs"
-    quickstart.run_quickstart(out, max_steps=6, minutes=1.0, echo=lambda m: None)
+    quickstart.run_quickstart(out, max_steps=6, echo=lambda m: None)
     assert [p.name for p in list_checkpoints(out)] == ["step-0000006"]
-    quickstart.run_quickstart(out, max_steps=4, minutes=1.0, echo=lambda m: None)
+    quickstart.run_quickstart(out, max_steps=4, echo=lambda m: None)
     assert [p.name for p in list_checkpoints(out)] == ["step-0000004"]
 
 

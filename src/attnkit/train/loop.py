@@ -261,6 +261,7 @@ class Trainer:
         t = self.config.train
         self.started = time.perf_counter() - self.elapsed
         self.out_of_time = self._past_budget()  # from the restored elapsed time: the same in every process
+        self.pace = (self.step, time.perf_counter())  # where this process began: for the time left
         show_bar = self.world.is_main and sys.stderr.isatty()  # no bar in log files; validations still print
         bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
                    dynamic_ncols=True, leave=False)  # fmt: skip
@@ -317,7 +318,17 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", per_s=f"{speed:,.0f}")
         elif self.config.train.log_every and self.step % self.config.train.log_every == 0:
-            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} {self.task.unit}/s")
+            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} {self.task.unit}/s"
+                      + self._time_left())  # fmt: skip
+
+    def _time_left(self) -> str:
+        """``", about 1:05 left"`` with ``train.max_steps``, at this process's pace so far (else "")."""
+        first_step, began = self.pace
+        done, limit = self.step - first_step, self.config.train.max_steps
+        if not limit or done <= 0:
+            return ""
+        seconds = round((limit - self.step) * (time.perf_counter() - began) / done)
+        return f", about {seconds // 60}:{seconds % 60:02d} left"
 
     def _past_budget(self) -> bool:
         """Whether this process's clock has passed ``train.max_minutes``."""
