@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.tasks.image_classification import accuracy, image_batch, split_canvases
-from attnkit.train.checkpoint import load_for_inference
 from attnkit.train.loop import Trainer
 from attnkit.viz.glimpses import plot_glimpse_paths
 

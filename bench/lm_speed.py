@@ -37,7 +37,7 @@ from attnkit.decode.search import argmax, extend
 from attnkit.models import build_model, from_preset
 from attnkit.models.convert import hf_gpt2_config_kwargs, to_hf_gpt2
 from attnkit.models.convert.export import export_ctranslate2
-from attnkit.train.losses import generative_loss
+from attnkit.tasks.losses import generative_loss
 
 
 def ctranslate2_generator(model, vocab: int, folder: Path):

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
+from attnkit.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
 from attnkit.config import load_run_config
 from attnkit.decode.translate import translate
 from attnkit.metrics import bleu, chrf
 from attnkit.tasks.translation import read_split
-from attnkit.train.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
 from attnkit.train.distributed import resolve_device
 from attnkit.train.loop import Trainer
 

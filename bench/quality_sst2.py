@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
+from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.data.readers import read_labelled
 from attnkit.tasks.classification import score_classifier
-from attnkit.train.checkpoint import load_for_inference
 from attnkit.train.distributed import resolve_device
 from attnkit.train.loop import Trainer
 

@@ -20,7 +20,7 @@ from timing import compare, make_parser, resolve_dtype, setup
 from attnkit import build_transformer
 from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.train.losses import generative_loss, label_smoothed_loss
+from attnkit.tasks.losses import generative_loss, label_smoothed_loss
 
 SPECIALS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the random batches below use ids 4 and up
 

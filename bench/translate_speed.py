@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from attnkit.attention.linear import quantize_int8
+from attnkit.checkpoint import load_for_inference
 from attnkit.config import with_decode_overrides
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
@@ -45,7 +46,6 @@ from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.decode.translate import translate
 from attnkit.metrics import bleu
 from attnkit.models.convert.export import export_ctranslate2, export_hf
-from attnkit.train.checkpoint import load_for_inference
 
 
 def hf_translator(

@@ -11,12 +11,12 @@ import torch
 from typer.testing import CliRunner
 
 from attnkit import build_transformer
+from attnkit.checkpoint import save_checkpoint
 from attnkit.cli import app
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.folders import MADE_BY, MadeBy, made_by, write_folder
-from attnkit.train.checkpoint import save_checkpoint
 from tests.cli_checks import one_line_error
 
 runner = CliRunner()

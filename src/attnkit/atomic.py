@@ -2,7 +2,7 @@
 
 A file is written under a hidden temporary name in the same folder, fsync'ed, given the permissions the
 user's umask gives any new file, and renamed over the old one in one step; the folder is fsync'ed too,
-so that the rename survives a crash. Checkpoints (train/checkpoint.py), CLI outputs and prepared data
+so that the rename survives a crash. Checkpoints (checkpoint.py), CLI outputs and prepared data
 sets (data/download.py) are written this way.
 """
 

@@ -254,7 +254,7 @@ def train(
         config, extra = None, [str(config), *extra]
     overrides = parse_overrides(extra) + ([f"data.dir={data}"] if data else [])
     if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
-        from attnkit.train.checkpoint import resolve_checkpoint
+        from attnkit.checkpoint import resolve_checkpoint
 
         if run is not None and run.resolve() != resume.resolve():
             raise AttnkitError(
@@ -525,8 +525,8 @@ def evaluate(
     For translation every pair is scored: an empty source line is translated as an empty line, and the
     counts of empty sources and references are printed. Extra ``decode.field=value`` arguments change
     how a translation model or summariser decodes, as for translate."""
+    from attnkit.checkpoint import a_model, read_run_config, resolve_checkpoint
     from attnkit.config import with_decode_overrides
-    from attnkit.train.checkpoint import a_model, read_run_config, resolve_checkpoint
 
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
@@ -600,7 +600,7 @@ def check_engine(engine: str, int8: bool) -> None:
 
 def _no_decoding(overrides: list[str], int8: bool, arch: str) -> None:
     """A one-line error if decode settings or --int8 were given for a model scored without decoding."""
-    from attnkit.train.checkpoint import a_model
+    from attnkit.checkpoint import a_model
 
     if overrides or int8:
         given = " ".join(overrides + (["--int8"] if int8 else []))
@@ -621,7 +621,7 @@ def _load(ckpt: Path, device: torch.device, archs: str | tuple[str, ...], int8: 
     """``load_for_inference`` of a checkpoint of ``archs``; ``int8``: its linear maps multiply int8 weights
     and inputs (``--int8``, CPU only) instead of packed float32 ones."""
     from attnkit.attention.linear import quantize_int8
-    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.checkpoint import load_for_inference
 
     if int8 and device.type != "cpu":
         raise AttnkitError(f"--int8 is for CPUs; this run would decode on {device.type}")
@@ -698,7 +698,7 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, overrides: lis
 
 def _load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
     """An encoder checkpoint whose head is one of ``heads`` (a one-line error names what it has)."""
-    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.checkpoint import load_for_inference
 
     model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder")
     if config.model.head not in heads:
@@ -748,8 +748,8 @@ def _evaluate_classifier(ckpt: Path, data: Path) -> None:
 
 
 def _evaluate_images(ckpt: Path, plot: Path | None) -> None:
+    from attnkit.checkpoint import load_for_inference
     from attnkit.tasks.image_classification import accuracy, image_batch, split_canvases
-    from attnkit.train.checkpoint import load_for_inference
     from attnkit.train.distributed import resolve_device
 
     if plot is not None:
@@ -826,8 +826,8 @@ def average(
     Averaging the same run again replaces its earlier average; any other folder (a checkpoint, another
     run's average, your own files) is refused unless --overwrite. The folder records what made it
     (made_by.json)."""
+    from attnkit.checkpoint import average_checkpoints, list_checkpoints
     from attnkit.folders import MadeBy
-    from attnkit.train.checkpoint import average_checkpoints, list_checkpoints
 
     at_least("--last", last, 1)
     if not run.is_dir():
@@ -870,7 +870,7 @@ def explore(
     a layers × heads grid, each head's matrix with its tokens, a token view and, for translation, the
     alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page."""
     from attnkit.atomic import write_text_atomic
-    from attnkit.train.checkpoint import load_for_inference
+    from attnkit.checkpoint import load_for_inference
     from attnkit.viz import explorer as page
 
     if not serve:
@@ -902,11 +902,7 @@ def import_hf(
 
     Importing the same folder again replaces the earlier import; a run directory holding anything else
     (a trained run, another import) is refused unless --overwrite, which deletes its checkpoints first."""
-    from attnkit.config import RunConfig
-    from attnkit.folders import MadeBy, made_by
-    from attnkit.models.convert import from_hf
-    from attnkit.models.convert.hf_folder import label_names
-    from attnkit.train.checkpoint import (
+    from attnkit.checkpoint import (
         COMMANDS,
         a_model,
         clear_run,
@@ -914,6 +910,10 @@ def import_hf(
         list_checkpoints,
         save_checkpoint,
     )
+    from attnkit.config import RunConfig
+    from attnkit.folders import MadeBy, made_by
+    from attnkit.models.convert import from_hf
+    from attnkit.models.convert.hf_folder import label_names
 
     maker = MadeBy.of("attnkit import-hf", folder)
     earlier = earlier_run(out)
@@ -967,15 +967,16 @@ def export(
     Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout. Exporting
     the same checkpoint again replaces the earlier export; any other folder is refused unless
     --overwrite, and the checkpoint exported is never replaced."""
-    from attnkit.folders import MadeBy
-    from attnkit.models.convert.bert import HF_CLASS
-    from attnkit.models.convert.export import (
+    from attnkit.checkpoint import (
         CTRANSLATE2_USES,
         ctranslate2_command,
-        export_ctranslate2,
-        export_hf,
+        load_for_inference,
+        refuse_to_replace_a_source,
+        resolve_checkpoint,
     )
-    from attnkit.train.checkpoint import load_for_inference, refuse_to_replace_a_source, resolve_checkpoint
+    from attnkit.folders import MadeBy
+    from attnkit.models.convert.bert import HF_CLASS
+    from attnkit.models.convert.export import export_ctranslate2, export_hf
 
     if to not in ("hf", "ctranslate2"):
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")

@@ -24,9 +24,9 @@ from attnkit.models import PRESETS, config_class
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.glimpse import GlimpseConfig, WholeImageConfig
 from attnkit.models.rnn import RNNConfig
-from attnkit.train.schedules import SCHEDULES
 
 PRECISIONS = ("auto", "fp32", "bf16")
+SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (train/schedules.py)
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from attnkit.checkpoint import average_checkpoints, earlier_run, list_checkpoints, load_for_inference
 from attnkit.config import RunConfig
 from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError
 from attnkit.folders import MadeBy, made_by
 from attnkit.metrics import exact_match
 from attnkit.tasks.translation import read_split
-from attnkit.train.checkpoint import average_checkpoints, earlier_run, list_checkpoints, load_for_inference
 from attnkit.train.loop import Trainer
 from attnkit.viz.attention import plot_translation_attention
 

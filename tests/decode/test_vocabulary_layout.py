@@ -16,7 +16,7 @@ from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode import greedy
 from attnkit.decode.translate import translate
 from attnkit.models.seq2seq import EncoderDecoder
-from attnkit.train.losses import label_smoothed_loss
+from attnkit.tasks.losses import label_smoothed_loss
 
 VOCAB_MATRICES = ("src_embed.lut.weight", "tgt_embed.lut.weight", "generator.proj.weight")
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from attnkit.checkpoint import load_for_inference
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.batching import make_batch
@@ -12,7 +13,6 @@ from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import beam_search, greedy
 from attnkit.models import RNNConfig, build_model
 from attnkit.models.rnn import ATTENTIONS
-from attnkit.train.checkpoint import load_for_inference
 from attnkit.train.loop import Trainer
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)

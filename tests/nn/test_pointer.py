@@ -14,7 +14,7 @@ from attnkit.models.config import TransformerConfig
 from attnkit.models.convert.marian import hf_marian_config_kwargs
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.pointer import PointerGenerator
-from attnkit.train.losses import generative_loss
+from attnkit.tasks.losses import generative_loss
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)
 

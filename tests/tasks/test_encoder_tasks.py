@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from attnkit.checkpoint import resolve_checkpoint
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.batching import encoder_input
@@ -22,7 +23,6 @@ from attnkit.models import build_model
 from attnkit.tasks.classification import ClassificationTask, accuracy_and_f1
 from attnkit.tasks.masked_lm import MaskedLMTask, mask_tokens
 from attnkit.tasks.span_qa import best_spans, encode_question, exact_and_f1
-from attnkit.train.checkpoint import resolve_checkpoint
 from attnkit.train.loop import Trainer
 from tests.cli_checks import one_line_error
 

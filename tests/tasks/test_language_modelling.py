@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from attnkit.checkpoint import resolve_checkpoint
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.errors import ConfigError
 from attnkit.tasks.language_modelling import LanguageModellingTask, read_texts
-from attnkit.train.checkpoint import resolve_checkpoint
 from attnkit.train.loop import Trainer
 from tests.cli_checks import one_line_error
 

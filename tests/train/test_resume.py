@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from attnkit.checkpoint import resolve_checkpoint
 from attnkit.config import load_run_config
-from attnkit.train.checkpoint import resolve_checkpoint
 from attnkit.train.loop import Trainer
 
 SETTINGS = [

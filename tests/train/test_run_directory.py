@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from attnkit import quickstart
+from attnkit.checkpoint import list_checkpoints, lock_run, read_run_config
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.synthetic import copy
 from attnkit.errors import AttnkitError
-from attnkit.train.checkpoint import list_checkpoints, lock_run, read_run_config
 from attnkit.train.loop import Trainer
 from tests.cli_checks import one_line_error
 
@@ -102,7 +102,7 @@ def test_a_run_directory_in_use_by_another_training_is_refused_and_left_as_it_is
 def test_a_killed_training_leaves_its_run_directory_free(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import pathlib, sys, time
-        from attnkit.train.checkpoint import lock_run
+        from attnkit.checkpoint import lock_run
         held = lock_run(pathlib.Path({str(tmp_path / "run")!r}))  # kept open: the lock lives with it
         print("held", flush=True)
         time.sleep(60)
@@ -170,7 +170,7 @@ def test_a_resumed_run_refuses_model_or_vocabulary_changes_but_allows_new_dropou
 
 
 def test_a_file_system_without_locks_trains_unlocked_rather_than_refusing(tmp_path, monkeypatch):
-    from attnkit.train import checkpoint
+    from attnkit import checkpoint
 
     def no_locks_here(*args):
         raise OSError(errno.ENOLCK, "No locks available")  # what some NFS mounts answer

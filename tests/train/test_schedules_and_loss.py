@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnkit.train.losses import label_smoothed_loss
+from attnkit.tasks.losses import label_smoothed_loss
 from attnkit.train.schedules import inverse_sqrt, learning_rate_fn, make_scheduler, noam
 
 

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from attnkit import build_transformer
 from attnkit.attention.masks import padding_mask
 from attnkit.attention.recording import recording
+from attnkit.checkpoint import save_checkpoint
 from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.models import DecoderModelConfig, build_model
-from attnkit.train.checkpoint import save_checkpoint
 from attnkit.viz.explorer import collect_attention, explorer_html
 from tests.cli_checks import one_line_error
 

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from attnkit import build_transformer
 from attnkit.attention.recording import recording
+from attnkit.checkpoint import save_checkpoint
 from attnkit.cli import app
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.train.checkpoint import save_checkpoint
 from attnkit.viz.explorer import AttentionMap, collect_attention, explorer_html, explorer_server
 from tests.cli_checks import one_line_error
 

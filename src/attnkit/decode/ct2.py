@@ -34,15 +34,15 @@ from typing import Any, ClassVar
 
 import torch
 
+from attnkit.checkpoint import CTRANSLATE2_USES, DECODE_FILE, ctranslate2_command, exported_model
 from attnkit.config import DecodeConfig, with_decode_overrides
 from attnkit.data.batching import length_batches
+from attnkit.data.text_blocks import stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
-from attnkit.models.convert.export import CTRANSLATE2_USES, DECODE_FILE, ctranslate2_command, exported_model
-from attnkit.tasks.language_modelling import stream_blocks, text_ids
 from attnkit.utf8 import native_path
 
 

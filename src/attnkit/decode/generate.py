@@ -20,9 +20,10 @@ from torch import Tensor
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import evaluating, extend, sampler
+from attnkit.decode.search import extend, sampler
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.errors import AttnkitError
+from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
 
 OnText = Callable[[int, str], None]

@@ -27,8 +27,7 @@ longer and scored 1.0 BLEU more on Multi30k's test set at the same ``alpha`` (do
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,17 +56,6 @@ class Decoding(Protocol):
     def reorder(self, index: Tensor) -> None: ...
 
     def keep(self, index: Tensor) -> None: ...
-
-
-@contextmanager
-def evaluating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` in eval mode (no dropout) inside the block, back in its former mode after it."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
 
 
 @dataclass

@@ -11,8 +11,9 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
-from attnkit.decode.search import Hypothesis, beam_search, evaluating, greedy
+from attnkit.decode.search import Hypothesis, beam_search, greedy
 from attnkit.decode.streams import fill_by_batch, stream_count
+from attnkit.models import evaluating
 from attnkit.models.seq2seq import EncoderDecoder
 
 

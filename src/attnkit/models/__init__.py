@@ -6,7 +6,8 @@ run's YAML and in a checkpoint's ``config.json``); :func:`build_model` builds an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from torch import Tensor, nn
@@ -63,6 +64,22 @@ def load_weights(model: nn.Module, weights: Mapping[str, Tensor]) -> tuple[list[
     return missing, list(result.unexpected_keys)
 
 
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode (no dropout) inside the block, back in its former mode after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself, also when DDP wraps it (for what the model offers beyond ``forward``)."""
+    return getattr(model, "module", model)
+
+
 __all__ = [
     "ARCHITECTURES",
     "PRESETS",
@@ -78,6 +95,8 @@ __all__ = [
     "build_model",
     "build_transformer",
     "config_class",
+    "evaluating",
     "from_preset",
     "load_weights",
+    "unwrap",
 ]

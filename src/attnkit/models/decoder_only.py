@@ -73,7 +73,7 @@ class DecoderModel(nn.Module):
         ``positions (B, T)`` gives each token's position (default ``start .. start+T-1``); with
         ``caches`` (from :meth:`new_caches`) pass only the new tokens, after those already cached.
         ``project=False`` returns the final states ``(B, T, d_model)`` instead, for a loss that applies
-        :attr:`output_layer` itself (``attnkit.train.losses.projected_loss``).
+        :attr:`output_layer` itself (``attnkit.tasks.losses.projected_loss``).
         """
         start = len(caches[0]) if caches else 0
         x = self.positions(self.embed(ids), start, positions)

@@ -96,7 +96,7 @@ class EncoderDecoder(nn.Module):
         """``src (B, S)``, ``tgt (B, T)`` (the shifted-right target) -> logits ``(B, T, tgt_vocab)``
         (with ``model.copy``: log-probabilities); ``project=False``: the decoder's states
         ``(B, T, d_model)``, for a loss that applies :attr:`output_layer` itself
-        (``attnkit.train.losses.projected_loss``)."""
+        (``attnkit.tasks.losses.projected_loss``)."""
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encode(src, src_mask)

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from attnkit.config import RunConfig
 from attnkit.data.cluttered_digits import N_CLASSES, Canvases, cluttered_digits
+from attnkit.models import unwrap
 from attnkit.tasks.validation import validation_loss
-from attnkit.train.distributed import unwrap
 
 
 @dataclass

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -27,23 +26,12 @@ from torch import Tensor
 
 from attnkit.config import DataConfig, RunConfig
 from attnkit.data.readers import read_text
+from attnkit.data.text_blocks import Blocks, blocks_at, stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import evaluating
 from attnkit.errors import DataError
+from attnkit.models import evaluating
+from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.validation import validation_loss
-from attnkit.train.losses import generative_loss
-
-
-@dataclass
-class Blocks:
-    """A batch of text blocks: the tokens, and the tokens that follow each of them."""
-
-    inputs: Tensor  # (B, T)
-    targets: Tensor  # (B, T)
-    n_tokens: int
-
-    def to(self, device: torch.device | str) -> Blocks:
-        return Blocks(self.inputs.to(device), self.targets.to(device), self.n_tokens)
 
 
 def read_texts(config: DataConfig) -> tuple[str, str]:
@@ -95,7 +83,7 @@ class LanguageModellingTask:
         return [starts[i : i + self.per_batch] for i in range(0, len(starts), self.per_batch)]
 
     def make_batch(self, starts: list[int]) -> Blocks:
-        return _blocks(self.train_ids, starts, min(self.block, len(self.train_ids) - 1))
+        return blocks_at(self.train_ids, starts, min(self.block, len(self.train_ids) - 1))
 
     def loss(self, model: torch.nn.Module, batch: Blocks) -> tuple[Tensor, Tensor]:
         """Summed (label-smoothed) loss and NLL over every predicted token."""
@@ -112,28 +100,6 @@ class LanguageModellingTask:
         """Loss and perplexity per token over the whole validation text."""
         blocks = stream_blocks(self.valid_ids, self.block, self.per_batch)
         return validation_loss(self.loss, model, blocks, device, autocast)
-
-
-def stream_blocks(ids: Tensor, block: int, per_batch: int) -> Iterator[Blocks]:
-    """All of a token stream ``ids`` for evaluation: consecutive blocks of ``block`` tokens, each
-    predicting the tokens one later, so that every token but the first is predicted once, from the
-    tokens before it in its block; ``per_batch`` whole blocks a batch, then the rest, shorter than a
-    block, in a batch of its own."""
-    span = len(ids) - 1  # predicted tokens
-    whole = list(range(0, span - block + 1, block))
-    for i in range(0, len(whole), per_batch):
-        yield _blocks(ids, whole[i : i + per_batch], block)
-    tail = len(whole) * block
-    if tail < span:
-        yield _blocks(ids, [tail], span - tail)
-
-
-def text_ids(tokenizer: Tokenizer, text: str) -> Tensor:
-    """``text`` as one stream of token ids ``(N,)`` to score; an error if it predicts nothing (N < 2)."""
-    ids = torch.tensor(tokenizer.encode(text))
-    if len(ids) < 2:
-        raise DataError(f"the text has {len(ids)} token(s); a language model predicts from the second on")
-    return ids
 
 
 @torch.no_grad()
@@ -158,9 +124,3 @@ def text_perplexity(
         blocks = stream_blocks(ids, model.config.max_len, per_batch)
         scored = validation_loss(nll, model, blocks, torch.device(device), contextlib.nullcontext)
     return {"loss": scored["valid_loss"], "perplexity": scored["valid_ppl"], "tokens": len(ids) - 1}
-
-
-def _blocks(ids: Tensor, starts: list[int], length: int) -> Blocks:
-    """The blocks of ``length`` tokens at ``starts``, with their targets."""
-    rows = torch.stack([ids[s : s + length + 1] for s in starts])  # (B, length + 1)
-    return Blocks(rows[:, :-1], rows[:, 1:], rows.size(0) * length)

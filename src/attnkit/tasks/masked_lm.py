@@ -28,8 +28,8 @@ from attnkit.data.readers import read_labelled, read_lines
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import DataError
 from attnkit.tasks.classification import encode_sentences
+from attnkit.tasks.losses import label_smoothed_loss
 from attnkit.tasks.validation import validation_loss
-from attnkit.train.losses import label_smoothed_loss
 
 MASK_RATE, REPLACE_WITH_MASK, REPLACE_WITH_RANDOM = 0.15, 0.8, 0.1  # BERT's 15%, and its 80/10/10
 

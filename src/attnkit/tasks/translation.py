@@ -28,9 +28,9 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 from attnkit.metrics import bleu, exact_match, rouge
+from attnkit.models import unwrap
+from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.validation import validation_loss
-from attnkit.train.distributed import unwrap
-from attnkit.train.losses import generative_loss
 
 
 @dataclass

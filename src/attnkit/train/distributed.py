@@ -78,11 +78,6 @@ def init_world(device_kind: str) -> World:
     return world
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model itself, also when DDP wraps it (for what the model offers beyond ``forward``)."""
-    return getattr(model, "module", model)
-
-
 def shard(group: list[list[int]], world: World) -> list[list[int]]:
     """This rank's share of one optimizer step's batches."""
     return group[world.rank :: world.size]

@@ -30,12 +30,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from attnkit import checkpoint as ckpt
 from attnkit.config import RunConfig, TrainConfig
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.metrics import perplexity
+from attnkit.models import unwrap
 from attnkit.tasks import make_task
-from attnkit.train import checkpoint as ckpt
-from attnkit.train.distributed import close_world, init_world, resolve_device, shard, unwrap
+from attnkit.train.distributed import close_world, init_world, resolve_device, shard
 from attnkit.train.pretrained import read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 

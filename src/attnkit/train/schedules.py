@@ -17,9 +17,8 @@ from collections.abc import Callable
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from attnkit.config import SCHEDULES
 from attnkit.errors import ConfigError
-
-SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")
 
 
 def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

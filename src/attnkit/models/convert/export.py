@@ -28,6 +28,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from torch import nn
 
+from attnkit.checkpoint import DECODE_FILE, MODEL_FILE
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
 from attnkit.folders import MadeBy, write_folder
@@ -40,25 +41,8 @@ from attnkit.models.encoder_only import EncoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.utf8 import native_path
 
-DECODE_FILE = "attnkit_decode.json"  # a CTranslate2 folder's decoding settings (the run's decode section)
-MODEL_FILE = "attnkit_model.json"  # and what it holds: {"arch": the model's, "context": its positions}
-# what a CTranslate2 folder of each architecture is, and the attnkit command that runs it
 # what made an export of a model the caller holds rather than a checkpoint's (the CLI names the checkpoint)
 IN_MEMORY = MadeBy("attnkit export")
-CTRANSLATE2_USES = {"encoder-decoder": ("translation model", "translate"),
-                    "decoder": ("decoder (GPT-style) model", "generate")}  # fmt: skip
-
-
-def ctranslate2_command(folder: Path, arch: str) -> str:
-    """The attnkit command that runs ``folder``, a CTranslate2 folder of an ``arch`` model."""
-    return f"attnkit {CTRANSLATE2_USES[arch][1]} --engine ctranslate2 --ckpt {folder}"
-
-
-def exported_model(folder: Path) -> dict:
-    """What a CTranslate2 folder from ``export_ctranslate2`` holds (``MODEL_FILE``): ``arch`` and, for a
-    decoder, ``context``. Folders exported before that file existed held translation models."""
-    held = folder / MODEL_FILE
-    return json.loads(held.read_text(encoding="utf-8")) if held.is_file() else {"arch": "encoder-decoder"}
 
 
 def hf_marian_files(model: EncoderDecoder, tokenizer: Tokenizer) -> dict[str, str | dict]:

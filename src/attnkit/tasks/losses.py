@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from attnkit.attention.linear import linear
-from attnkit.train.distributed import unwrap
+from attnkit.models import unwrap
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from attnkit import build_transformer
+from attnkit import checkpoint as ckpt
 from attnkit.errors import AttnkitError
-from attnkit.train import checkpoint as ckpt
 
 
 def _save(run, step, model, optimizer=None, **kw):
@@ -66,7 +66,7 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_intact(tmp
     script = textwrap.dedent(f"""
         import os
         from attnkit import build_transformer
-        from attnkit.train import checkpoint as ckpt
+        from attnkit import checkpoint as ckpt
         def die_mid_save(src, dst):  # the files are written; the process dies before the rename
             os._exit(9)
         ckpt.os.replace = die_mid_save
@@ -127,7 +127,7 @@ def _replace_in_a_process_that_dies(tmp_path, kill_at: str, average: bool = Fals
     script = textwrap.dedent(f"""
         import os, pathlib, torch
         from attnkit import build_transformer
-        from attnkit.train import checkpoint as ckpt
+        from attnkit import checkpoint as ckpt
         run = pathlib.Path({str(tmp_path)!r})
         renames = []
         real_replace = os.replace

@@ -226,6 +226,27 @@ def clear_run(run_dir: Path) -> None:
             path.unlink()
 
 
+# --- the other model folder attnkit writes: a CTranslate2 export ---------------------------------------
+
+DECODE_FILE = "attnkit_decode.json"  # a CTranslate2 folder's decoding settings (the run's decode section)
+MODEL_FILE = "attnkit_model.json"  # and what it holds: {"arch": the model's, "context": its positions}
+# what a CTranslate2 folder of each architecture is, and the attnkit command that runs it
+CTRANSLATE2_USES = {"encoder-decoder": ("translation model", "translate"),
+                    "decoder": ("decoder (GPT-style) model", "generate")}  # fmt: skip
+
+
+def ctranslate2_command(folder: Path, arch: str) -> str:
+    """The attnkit command that runs ``folder``, a CTranslate2 folder of an ``arch`` model."""
+    return f"attnkit {CTRANSLATE2_USES[arch][1]} --engine ctranslate2 --ckpt {folder}"
+
+
+def exported_model(folder: Path) -> dict:
+    """What a CTranslate2 folder from ``attnkit export --to ctranslate2`` holds (``MODEL_FILE``): ``arch``
+    and, for a decoder, ``context``. Folders exported before that file existed held translation models."""
+    held = folder / MODEL_FILE
+    return json.loads(held.read_text(encoding="utf-8")) if held.is_file() else {"arch": "encoder-decoder"}
+
+
 # --- loading --------------------------------------------------------------------------------------
 
 
@@ -246,12 +267,6 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
             f"{path}: 'last' names {(path / 'last').read_text(encoding='utf-8').strip()!r}, which is gone"
         )
     if (path / "model.bin").is_file():  # what `attnkit export --to ctranslate2` writes
-        from attnkit.models.convert.export import (  # (imports this module)
-            CTRANSLATE2_USES,
-            ctranslate2_command,
-            exported_model,
-        )
-
         arch = exported_model(path)["arch"]
         raise AttnkitError(
             f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; {CTRANSLATE2_USES[arch][1]} "

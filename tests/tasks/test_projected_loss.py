@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.models import build_model, from_preset
-from attnkit.train.losses import generative_loss, label_smoothed_loss, projected_loss, token_losses
+from attnkit.tasks.losses import generative_loss, label_smoothed_loss, projected_loss, token_losses
 
 PAD = 1
 
