@@ -30,7 +30,7 @@ from attnkit.tasks.image_classification import ImageClassificationTask
 from attnkit.tasks.language_modelling import LanguageModellingTask
 from attnkit.tasks.masked_lm import MaskedLMTask
 from attnkit.tasks.span_qa import SpanQATask
-from attnkit.tasks.translation import SummarisationTask, TranslationTask
+from attnkit.tasks.translation import SummarisationTask, Translate, TranslationTask
 
 Task = (
     TranslationTask
@@ -52,6 +52,13 @@ TASK_CLASSES: dict[str, type] = {
 }
 
 
-def make_task(config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> Task:
-    """The task that ``data.task`` names, with its data read (and a tokenizer learned if none is given)."""
-    return TASK_CLASSES[config.data.task](config, tokenizer, echo)
+def make_task(
+    config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None], translate: Translate
+) -> Task:
+    """The task that ``data.task`` names, with its data read (and a tokenizer learned if none is given);
+    ``translate`` is how a translation or summarisation task decodes for its validation scores
+    (decode/translate.py's: tasks sit below decoding, so the search is handed to them)."""
+    task = TASK_CLASSES[config.data.task]
+    if issubclass(task, TranslationTask):
+        return task(config, tokenizer, echo, translate=translate)
+    return task(config, tokenizer, echo)

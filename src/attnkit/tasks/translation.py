@@ -25,7 +25,6 @@ from attnkit.data.batching import Batch, make_batch, token_batches
 from attnkit.data.readers import ParallelText, Records, read_jsonl, read_parallel
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 from attnkit.metrics import bleu, exact_match, rouge
 from attnkit.models import unwrap
@@ -113,8 +112,14 @@ def prepare_data(
     return PreparedData(tokenizer, [src[i] for i in keep], [tgt[i] for i in keep], valid)
 
 
+# how validation decodes: ``translate(model, tokenizer, texts, decode_config, beam_size=, device=)`` -> the
+# texts' outputs, decode/translate.py's; handed to the task, which sits below decoding
+Translate = Callable[..., list[str]]
+
+
 class TranslationTask:
-    """The trainer's view of translation: batches, loss and validation (see the module docstring)."""
+    """The trainer's view of translation: batches, loss and validation (see the module docstring);
+    ``translate`` decodes the validation sources for their scores."""
 
     unit: ClassVar[str] = "target tokens"  # what the loss is summed over (the speed shown is target tokens/s)
     metrics: ClassVar[dict[str, str]] = {
@@ -123,8 +128,15 @@ class TranslationTask:
         "loss": "valid_loss",
     }
 
-    def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
-        self.config = config
+    def __init__(
+        self,
+        config: RunConfig,
+        tokenizer: Tokenizer | None,
+        echo: Callable[[str], None],
+        *,
+        translate: Translate,
+    ) -> None:
+        self.config, self.translate = config, translate
         self.data = prepare_data(config.data, config.train.seed, tokenizer, echo)
         self.tokenizer = self.data.tokenizer
         self.lengths = [len(s) + 1 for s in self.data.train_src], [len(t) + 1 for t in self.data.train_tgt]
@@ -168,7 +180,7 @@ class TranslationTask:
     def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
         """BLEU and exact-match accuracy of the greedy translations of the first ``n`` sources."""
         valid = self.data.valid
-        hypotheses = translate(
+        hypotheses = self.translate(
             model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1, device=device
         )
         return {
@@ -188,8 +200,15 @@ class SummarisationTask(TranslationTask):
         "loss": "valid_loss",
     }
 
-    def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
-        super().__init__(config, tokenizer, echo)
+    def __init__(
+        self,
+        config: RunConfig,
+        tokenizer: Tokenizer | None,
+        echo: Callable[[str], None],
+        *,
+        translate: Translate,
+    ) -> None:
+        super().__init__(config, tokenizer, echo, translate=translate)
         src, tgt = self.valid_ids
         self.valid_ids = cut_sources(src, config.data.source_limit)[0], tgt  # as the training sources
 
@@ -197,6 +216,8 @@ class SummarisationTask(TranslationTask):
         """ROUGE-1/2/L F1 of the greedy summaries of the first ``n`` sources (as cut for training)."""
         valid = self.data.valid
         texts = [self.tokenizer.decode(ids) for ids in self.valid_ids[0][:n]]
-        hypotheses = translate(model, self.tokenizer, texts, self.config.decode, beam_size=1, device=device)
+        hypotheses = self.translate(
+            model, self.tokenizer, texts, self.config.decode, beam_size=1, device=device
+        )
         r1, r2, rl = rouge(hypotheses, (valid.references or [[t] for t in valid.tgt])[:n])
         return {"valid_rouge1": r1.score, "valid_rouge2": r2.score, "valid_rougeL": rl.score}

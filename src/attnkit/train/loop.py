@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from attnkit import checkpoint as ckpt
 from attnkit.config import RunConfig, TrainConfig
+from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.metrics import perplexity
 from attnkit.models import unwrap
@@ -196,7 +197,7 @@ class Trainer:
         tokenizer = ckpt.read_tokenizer(resume_from, config) if resume_from else None
         if pretrained:
             tokenizer = pretrained.tokenizer
-        self.task = make_task(config, tokenizer, self._say)
+        self.task = make_task(config, tokenizer, self._say, translate)
         self.tokenizer = self.task.tokenizer
         self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
         if pretrained:
