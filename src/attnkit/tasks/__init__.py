@@ -10,13 +10,9 @@ trainer calls the task's methods and never branches on which task it is.
 | ``qa`` | extractive question answering (``span_qa.py``) | ``encoder``, ``span`` |
 | ``cluttered-digits`` | image classification (``image_classification.py``) | ``glimpse``, ``whole-image`` |
 
-A task offers ``tokenizer``, ``metrics`` (``train.eval_metric`` name -> validation score; ``loss`` is
-better lower, the others higher), ``epoch_batches(epoch)`` (cheap descriptions of the epoch's batches,
-the same for the same seed and epoch, so a run resumes mid-epoch), ``make_batch(description)``,
-``loss(model, batch)`` (summed loss and NLL, and the batch's ``n_tokens``: how many predictions the
-sums are over) and ``validate(model, device, autocast)``. A task may fill in what only its data can say
-(a classifier's labels) in the run config it is given, which is then saved with the checkpoints. An
-image task's ``tokenizer`` is ``None``: its checkpoints hold no tokenizer.json.
+Every task offers what ``protocol.py``'s :class:`Task` lists (batches, loss, validation). A task may fill
+in what only its data can say (a classifier's labels) in the run config it is given, which is then saved
+with the checkpoints.
 """
 
 from __future__ import annotations
@@ -29,18 +25,10 @@ from attnkit.tasks.classification import ClassificationTask
 from attnkit.tasks.image_classification import ImageClassificationTask
 from attnkit.tasks.language_modelling import LanguageModellingTask
 from attnkit.tasks.masked_lm import MaskedLMTask
+from attnkit.tasks.protocol import Task
 from attnkit.tasks.span_qa import SpanQATask
 from attnkit.tasks.translation import SummarisationTask, Translate, TranslationTask
 
-Task = (
-    TranslationTask
-    | SummarisationTask
-    | LanguageModellingTask
-    | ClassificationTask
-    | MaskedLMTask
-    | SpanQATask
-    | ImageClassificationTask
-)
 TASK_CLASSES: dict[str, type] = {
     **dict.fromkeys(TRANSLATION_TASKS, TranslationTask),
     SUMMARY_TASK: SummarisationTask,
