@@ -38,7 +38,7 @@ from attnkit.config import IMAGE_ARCHS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import MadeBy, recover, write_folder
-from attnkit.models import build_model, load_weights
+from attnkit.models import ARCHITECTURES, build_model, load_weights
 
 CHECKPOINT_PREFIX = "step-"
 RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
@@ -231,13 +231,12 @@ def clear_run(run_dir: Path) -> None:
 DECODE_FILE = "attnkit_decode.json"  # a CTranslate2 folder's decoding settings (the run's decode section)
 MODEL_FILE = "attnkit_model.json"  # and what it holds: {"arch": the model's, "context": its positions}
 # what a CTranslate2 folder of each architecture is, and the attnkit command that runs it
-CTRANSLATE2_USES = {"encoder-decoder": ("translation model", "translate"),
-                    "decoder": ("decoder (GPT-style) model", "generate")}  # fmt: skip
 
 
 def ctranslate2_command(folder: Path, arch: str) -> str:
-    """The attnkit command that runs ``folder``, a CTranslate2 folder of an ``arch`` model."""
-    return f"attnkit {CTRANSLATE2_USES[arch][1]} --engine ctranslate2 --ckpt {folder}"
+    """The attnkit command that runs ``folder``, a CTranslate2 folder of an ``arch`` model (its main
+    command, as the architecture's record says)."""
+    return f"attnkit {ARCHITECTURES[arch].commands[0]} --engine ctranslate2 --ckpt {folder}"
 
 
 def exported_model(folder: Path) -> dict:
@@ -268,9 +267,10 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
         )
     if (path / "model.bin").is_file():  # what `attnkit export --to ctranslate2` writes
         arch = exported_model(path)["arch"]
+        command = ARCHITECTURES[arch].commands[0]
         raise AttnkitError(
-            f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; {CTRANSLATE2_USES[arch][1]} "
-            f"with it by {ctranslate2_command(path, arch)}"
+            f"{path}: a CTranslate2 model folder, not an attnkit checkpoint; {command} with it by "
+            f"{ctranslate2_command(path, arch)}"
         )
     raise AttnkitError(
         f"{path}: no checkpoint here (expected model.safetensors, or a run directory with 'last')"
@@ -361,10 +361,9 @@ def read_tokenizer(checkpoint: Path, config: RunConfig) -> Tokenizer | None:
     return None if config.model.arch in IMAGE_ARCHS else Tokenizer.load(checkpoint / "tokenizer.json")
 
 
-COMMANDS = {"encoder-decoder": "attnkit translate / evaluate", "rnn": "attnkit translate / evaluate",
-            "decoder": "attnkit generate / evaluate",
-            "encoder": "attnkit predict / evaluate --data",
-            "glimpse": "attnkit evaluate", "whole-image": "attnkit evaluate"}  # fmt: skip
+def commands_for(arch: str) -> str:
+    """The commands that use a trained ``arch`` model: ``"attnkit translate / evaluate"``."""
+    return "attnkit " + " / ".join(ARCHITECTURES[arch].commands)
 
 
 def a_model(arch: str) -> str:
@@ -389,7 +388,7 @@ def load_for_inference(
     if arch is not None and config.model.arch not in ((arch,) if isinstance(arch, str) else arch):
         raise AttnkitError(
             f"{checkpoint} holds {a_model(config.model.arch)}, which this command cannot use; "
-            f"use {COMMANDS[config.model.arch]}"
+            f"use {commands_for(config.model.arch)}"
         )
     tokenizer = read_tokenizer(checkpoint, config)
     if tokenizer is not None and config.model.pad_id != tokenizer.specials.pad:

@@ -22,7 +22,7 @@ import typer
 
 from attnkit.config import IMAGE_ARCHS
 from attnkit.errors import AttnkitError
-from attnkit.models import PRESETS, build_model, from_preset
+from attnkit.models import ARCHITECTURES, PRESETS, archs, build_model, from_preset
 from attnkit.utf8 import command_line_text, native_path, use_utf8_streams
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ def summary(
         typer.echo(f"  {name:<10} {count:>14,} parameters" + ("  (shared)" if shared else ""))
     total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
     typer.echo(f"  {'total':<10} {total:>14,} parameters ({total / 1e6:.1f}M)")
-    n_inputs = 2 if config.arch in ("encoder-decoder", "rnn") else 1  # (source, target) or the tokens
+    n_inputs = 2 if config.arch in archs(using="translate") else 1  # (source, target) or the tokens
     inputs = [torch.randint(1, vocab, (batch, length)) for _ in range(n_inputs)]  # any id but padding (0)
     if images:
         inputs = [torch.rand(batch, 1, config.image_size, config.image_size)]
@@ -462,7 +462,7 @@ def generate(
         from attnkit.config import with_decode_overrides
 
         device = resolve_device()
-        model, tokenizer, config = _load(ckpt, device, "decoder", int8)
+        model, tokenizer, config = _load(ckpt, device, archs(using="generate"), int8)
         decode = _with_options(
             given, lambda changes: replace(with_decode_overrides(config.decode, overrides), **changes)
         )
@@ -612,20 +612,20 @@ def _load_translator(ckpt: Path, device: torch.device, overrides: list[str], int
     its decode settings changed by ``overrides`` (``decode.field=value``); ``int8``: see :func:`_load`."""
     from attnkit.config import with_decode_overrides
 
-    model, tokenizer, config = _load(ckpt, device, ("encoder-decoder", "rnn"), int8)
+    model, tokenizer, config = _load(ckpt, device, archs(using="translate"), int8)
     config.decode = with_decode_overrides(config.decode, overrides)
     return model, tokenizer, config
 
 
-def _load(ckpt: Path, device: torch.device, archs: str | tuple[str, ...], int8: bool = False):
-    """``load_for_inference`` of a checkpoint of ``archs``; ``int8``: its linear maps multiply int8 weights
-    and inputs (``--int8``, CPU only) instead of packed float32 ones."""
+def _load(ckpt: Path, device: torch.device, accepted: str | tuple[str, ...], int8: bool = False):
+    """``load_for_inference`` of a checkpoint of the ``accepted`` architectures; ``int8``: its linear
+    maps multiply int8 weights and inputs (``--int8``, CPU only) instead of packed float32 ones."""
     from attnkit.attention.linear import quantize_int8
     from attnkit.checkpoint import load_for_inference
 
     if int8 and device.type != "cpu":
         raise AttnkitError(f"--int8 is for CPUs; this run would decode on {device.type}")
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=archs, pack=not int8)
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=accepted, pack=not int8)
     if int8:
         quantize_int8(model)
     return model, tokenizer, config
@@ -700,7 +700,7 @@ def _load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
     """An encoder checkpoint whose head is one of ``heads`` (a one-line error names what it has)."""
     from attnkit.checkpoint import load_for_inference
 
-    model, tokenizer, config = load_for_inference(ckpt, device, arch="encoder")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="predict"))
     if config.model.head not in heads:
         what = {"mlm": "a masked-LM model: pre-training, to fine-tune with train.init_from",
                 "none": "an encoder without a head"}.get(config.model.head, config.model.head)  # fmt: skip
@@ -723,7 +723,7 @@ def _evaluate_text(ckpt: Path, data: Path, int8: bool, engine: str, overrides: S
         scored, context = generator.perplexity(read_text(data)), generator.context
     else:
         device = resolve_device()
-        model, tokenizer, config = _load(ckpt, device, "decoder", int8)
+        model, tokenizer, config = _load(ckpt, device, archs(using="generate"), int8)
         per_batch = max(1, config.train.max_tokens // config.model.max_len)  # as training's validation
         scored = text_perplexity(model, tokenizer, read_text(data), per_batch, device)
         context = config.model.max_len
@@ -903,9 +903,9 @@ def import_hf(
     Importing the same folder again replaces the earlier import; a run directory holding anything else
     (a trained run, another import) is refused unless --overwrite, which deletes its checkpoints first."""
     from attnkit.checkpoint import (
-        COMMANDS,
         a_model,
         clear_run,
+        commands_for,
         earlier_run,
         list_checkpoints,
         save_checkpoint,
@@ -935,7 +935,7 @@ def import_hf(
     written = save_checkpoint(out, 0, model=model, config=config, tokenizer_json=tokenizer.to_str(),
                               is_best=True, command=maker.command, source=maker.source)  # fmt: skip
     typer.echo(
-        f"{written}: {a_model(model.config.arch)}; use it with {COMMANDS[model.config.arch]} --ckpt {out}"
+        f"{written}: {a_model(model.config.arch)}; use it with {commands_for(model.config.arch)} --ckpt {out}"
     )
 
 
@@ -968,7 +968,6 @@ def export(
     the same checkpoint again replaces the earlier export; any other folder is refused unless
     --overwrite, and the checkpoint exported is never replaced."""
     from attnkit.checkpoint import (
-        CTRANSLATE2_USES,
         ctranslate2_command,
         load_for_inference,
         refuse_to_replace_a_source,
@@ -982,8 +981,8 @@ def export(
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")
     if quantization is not None and to != "ctranslate2":
         raise AttnkitError("--quantization is for --to ctranslate2")
-    archs = ("encoder-decoder", "decoder", "encoder") if to == "hf" else ("encoder-decoder", "decoder")
-    model, tokenizer, config = load_for_inference(ckpt, "cpu", arch=archs, pack=False)
+    exported = archs(exporting=to)
+    model, tokenizer, config = load_for_inference(ckpt, "cpu", arch=exported, pack=False)
     checkpoint = resolve_checkpoint(ckpt)
     refuse_to_replace_a_source(out, [checkpoint])
     maker = MadeBy.of(f"attnkit export --to {to}", checkpoint)
@@ -991,7 +990,7 @@ def export(
         written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization,
                                      maker=maker, overwrite=overwrite)  # fmt: skip
         arch = config.model.arch
-        typer.echo(f"{written}: {CTRANSLATE2_USES[arch][1]} with {ctranslate2_command(written, arch)}")
+        typer.echo(f"{written}: {ARCHITECTURES[arch].commands[0]} with {ctranslate2_command(written, arch)}")
         if arch == "encoder-decoder" and config.decode.length_penalty != "length":
             typer.echo(f"note: CTranslate2 ranks beams by log P / length^{config.decode.alpha}; this run's "
                        f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",

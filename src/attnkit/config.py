@@ -20,7 +20,7 @@ import yaml
 from attnkit.data.synthetic import TASKS
 from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
-from attnkit.models import PRESETS, config_class
+from attnkit.models import ARCHITECTURES, PRESETS, archs, config_class
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.glimpse import GlimpseConfig, WholeImageConfig
 from attnkit.models.rnn import RNNConfig
@@ -33,19 +33,23 @@ BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (de
 TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
 SUMMARY_TASK = "summarise"  # JSON Lines of long texts and their short summaries (AESLC: email -> subject)
-SEQ2SEQ = ("encoder-decoder", "rnn")  # the architectures that translate
 IMAGE_TASK = "cluttered-digits"  # generated images (data/cluttered_digits.py)
-IMAGE_ARCHS = ("glimpse", "whole-image")  # the architectures that read images: no tokenizer
-# data.task -> (the architectures that do it, their head for encoders, the train.eval_metric choices:
-# the first is the default)
+SEQ2SEQ = archs(using="translate")  # the architectures that translate (models/__init__.py's records)
+IMAGE_ARCHS = archs(reading="images")  # the architectures that read images: no tokenizer
+# data.task -> (the head an encoder needs for it, the train.eval_metric choices: the first is the default)
+_TASK_RULES = {
+    **{task: (None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
+    SUMMARY_TASK: (None, ("rouge1", "rouge2", "rougeL", "loss")),
+    TEXT_TASK: (None, ("loss",)),
+    "classify": ("classify", ("accuracy", "f1", "loss")),
+    "mlm": ("mlm", ("loss", "accuracy")),
+    "qa": ("span", ("f1", "accuracy", "loss")),
+    IMAGE_TASK: (None, ("accuracy", "loss")),
+}
+# data.task -> (the architectures it trains, as their records say; the head; the metrics)
 TASKS_OF = {
-    **{task: (SEQ2SEQ, None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
-    SUMMARY_TASK: (SEQ2SEQ, None, ("rouge1", "rouge2", "rougeL", "loss")),
-    TEXT_TASK: (("decoder",), None, ("loss",)),
-    "classify": (("encoder",), "classify", ("accuracy", "f1", "loss")),
-    "mlm": (("encoder",), "mlm", ("loss", "accuracy")),
-    "qa": (("encoder",), "span", ("f1", "accuracy", "loss")),
-    IMAGE_TASK: (IMAGE_ARCHS, None, ("accuracy", "loss")),
+    task: (tuple(a.name for a in ARCHITECTURES.values() if task in a.tasks), head, metrics)
+    for task, (head, metrics) in _TASK_RULES.items()
 }
 EVAL_METRICS = ("bleu", "accuracy", "f1", "rouge1", "rouge2", "rougeL", "loss")
 FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1, SUMMARY_TASK: 1}  # per split (generated: 0)
@@ -254,11 +258,11 @@ class RunConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        archs, head, metrics = TASKS_OF[self.data.task]
-        if self.model.arch not in archs:
+        trained, head, metrics = TASKS_OF[self.data.task]
+        if self.model.arch not in trained:
             fitting = ", ".join(sorted(task for task, (a, _, _) in TASKS_OF.items() if self.model.arch in a))
             raise ConfigError(
-                f"data.task={self.data.task!r} trains a model.arch={' or '.join(map(repr, archs))} model, "
+                f"data.task={self.data.task!r} trains a model.arch={' or '.join(map(repr, trained))} model, "
                 f"not {self.model.arch!r} (model.arch={self.model.arch!r} does data.task {fitting})"
             )
         if head is not None and self.model.head != head:
@@ -285,8 +289,8 @@ class RunConfig:
         """The run configuration of an imported model (``model`` its model config): the first task its
         architecture and head do, judged by that task's first metric."""
         head = getattr(model, "head", None)
-        for task, (archs, task_head, metrics) in TASKS_OF.items():
-            if model.arch in archs and task_head in (None, head):
+        for task, (trained, task_head, metrics) in TASKS_OF.items():
+            if model.arch in trained and task_head in (None, head):
                 return cls(model=model, data=DataConfig(task=task), train=TrainConfig(eval_metric=metrics[0]))
         raise ConfigError(f"a model.arch={model.arch!r} model with model.head={head!r} does no task by "
                           "itself; fine-tune it with train.init_from")  # fmt: skip

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from attnkit.checkpoint import CTRANSLATE2_USES, DECODE_FILE, ctranslate2_command, exported_model
+from attnkit.checkpoint import DECODE_FILE, ctranslate2_command, exported_model
 from attnkit.config import DecodeConfig, with_decode_overrides
 from attnkit.data.batching import length_batches
 from attnkit.data.text_blocks import stream_blocks, text_ids
@@ -43,6 +43,7 @@ from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
+from attnkit.models import ARCHITECTURES
 from attnkit.utf8 import native_path
 
 
@@ -68,7 +69,7 @@ class _ExportedFolder:
             raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
         held = exported_model(folder)
         if held["arch"] != self.ARCH:
-            what, _ = CTRANSLATE2_USES[held["arch"]]
+            what = ARCHITECTURES[held["arch"]].kind.split(" ", 1)[1]  # "a translation model": its noun
             raise AttnkitError(
                 f"{folder}: a CTranslate2 {what}; use it with {ctranslate2_command(folder, held['arch'])}"
             )

@@ -1,13 +1,17 @@
 """Complete models, each readable top to bottom, and the one table of architectures.
 
 An architecture is a config dataclass plus a model class, named by the config's ``arch`` field (in a
-run's YAML and in a checkpoint's ``config.json``); :func:`build_model` builds any of them.
+run's YAML and in a checkpoint's ``config.json``); :func:`build_model` builds any of them. Its record
+(:class:`Architecture`) also says what it reads, which tasks train it, which commands use it and what
+it exports to: every other place (the run config's checks, the command line, the checkpoint loader's
+advice, export) reads it from here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
@@ -20,21 +24,63 @@ from attnkit.models.glimpse import GlimpseClassifier, GlimpseConfig, WholeImageC
 from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
 from attnkit.models.seq2seq import EncoderDecoder, Generator, build_transformer
 
-ARCHITECTURES: dict[str, tuple[type, type]] = {
-    "encoder-decoder": (TransformerConfig, EncoderDecoder),
-    "decoder": (DecoderModelConfig, DecoderModel),
-    "encoder": (EncoderModelConfig, EncoderModel),
-    "rnn": (RNNConfig, RNNSeq2Seq),
-    "glimpse": (GlimpseConfig, GlimpseClassifier),  # images: vocab_size is None
-    "whole-image": (WholeImageConfig, WholeImageClassifier),
-}
-PRESETS: dict[str, type] = {name: cls for cls, _ in ARCHITECTURES.values() for name in cls.PRESETS}
+
+@dataclass(frozen=True)
+class Architecture:
+    """What an architecture is and what it can do."""
+
+    config: type  # its config dataclass (``config.ARCH`` is its name)
+    model: type  # its model class, built from (config, vocabulary size)
+    kind: str  # what it is, in a sentence: "a translation model"
+    reads: str  # "text" (through a tokenizer) or "images" (pixels: no vocabulary, no tokenizer.json)
+    tasks: tuple[str, ...]  # the data.task values that train it
+    commands: tuple[str, ...]  # the attnkit commands that use a trained one, its main use first
+    exports: tuple[str, ...] = ()  # what attnkit export --to writes it as
+
+    @property
+    def name(self) -> str:
+        return self.config.ARCH
+
+
+_TRANSLATION = ("parallel", "dates", "copy", "summarise")  # files, generated pairs, summaries
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        Architecture(TransformerConfig, EncoderDecoder, "a translation model", "text", _TRANSLATION,
+                     ("translate", "evaluate"), ("hf", "ctranslate2")),
+        Architecture(DecoderModelConfig, DecoderModel, "a decoder (GPT-style) model", "text", ("text",),
+                     ("generate", "evaluate"), ("hf", "ctranslate2")),
+        Architecture(EncoderModelConfig, EncoderModel, "an encoder (BERT-style) model", "text",
+                     ("classify", "mlm", "qa"), ("predict", "evaluate --data"), ("hf",)),
+        Architecture(RNNConfig, RNNSeq2Seq, "an RNN translation model", "text", _TRANSLATION,
+                     ("translate", "evaluate")),
+        Architecture(GlimpseConfig, GlimpseClassifier, "a glimpse classifier", "images",
+                     ("cluttered-digits",), ("evaluate",)),
+        Architecture(WholeImageConfig, WholeImageClassifier, "a whole-image classifier", "images",
+                     ("cluttered-digits",), ("evaluate",)),
+    )
+}  # fmt: skip
+
+
+def archs(*, using: str | None = None, exporting: str | None = None, reading: str | None = None) -> tuple:
+    """The names of the architectures that a command uses (``using="translate"``), that export to a
+    format (``exporting="hf"``) or that read ``"text"`` or ``"images"``: each as its record says."""
+    return tuple(
+        a.name
+        for a in ARCHITECTURES.values()
+        if (using is None or using in a.commands)
+        and (exporting is None or exporting in a.exports)
+        and (reading is None or a.reads == reading)
+    )
+
+
+PRESETS: dict[str, type] = {name: a.config for a in ARCHITECTURES.values() for name in a.config.PRESETS}
 
 
 def config_class(arch: str) -> type:
     """The config dataclass of architecture ``arch``."""
     require_one_of("model.arch", arch, tuple(ARCHITECTURES))
-    return ARCHITECTURES[arch][0]
+    return ARCHITECTURES[arch].config
 
 
 def from_preset(name: str, **overrides: Any):
@@ -49,7 +95,7 @@ def build_model(config: Any, vocab_size: int | None) -> nn.Module:
     for the image models, which read pixels)."""
     if isinstance(config, TransformerConfig):
         return build_transformer(config, vocab_size)
-    return ARCHITECTURES[config.arch][1](config, vocab_size)
+    return ARCHITECTURES[config.arch].model(config, vocab_size)
 
 
 def load_weights(model: nn.Module, weights: Mapping[str, Tensor]) -> tuple[list[str], list[str]]:
@@ -83,6 +129,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 __all__ = [
     "ARCHITECTURES",
     "PRESETS",
+    "Architecture",
     "DecoderModel",
     "DecoderModelConfig",
     "EncoderDecoder",
@@ -92,6 +139,7 @@ __all__ = [
     "RNNConfig",
     "RNNSeq2Seq",
     "TransformerConfig",
+    "archs",
     "build_model",
     "build_transformer",
     "config_class",

@@ -1,0 +1,36 @@
+"""The one record per architecture (models/__init__.py): each builds its model from its config, the
+tasks the records name are exactly the tasks a run config knows, and the commands they name exist."""
+
+import pytest
+import typer.main
+
+from attnkit.cli import app
+from attnkit.config import TASKS_OF, RunConfig
+from attnkit.models import ARCHITECTURES, archs, build_model
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_each_record_builds_its_model_and_trains_on_its_tasks(name):
+    record = ARCHITECTURES[name]
+    assert record.name == name and name == record.config.ARCH
+    config = record.config()
+    model = build_model(config, None if record.reads == "images" else 20)
+    assert isinstance(model, record.model)
+    for task in record.tasks:  # a run config accepts each (an encoder taking the head the task needs)
+        model = {key: value for key, value in config.to_dict().items() if key != "head"}
+        assert RunConfig.from_dict({"model": model, "data": {"task": task}}).model.arch == name
+
+
+def test_the_records_name_every_task_and_only_those():
+    named = {task for record in ARCHITECTURES.values() for task in record.tasks}
+    assert named == set(TASKS_OF)
+    assert all(trained for trained, _, _ in TASKS_OF.values())
+
+
+def test_the_commands_the_records_name_exist():
+    commands = typer.main.get_command(app).commands
+    for record in ARCHITECTURES.values():
+        for command in record.commands:
+            assert command.split()[0] in commands, (record.name, command)
+        assert set(record.exports) <= {"hf", "ctranslate2"}
+    assert archs(reading="images") == tuple(a.name for a in ARCHITECTURES.values() if a.reads == "images")
