@@ -250,7 +250,7 @@ def test_a_large_input_is_translated_a_part_at_a_time_as_it_would_be_whole(run, 
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     whole = runner.invoke(app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt")])
     counted = CountingBar.install(monkeypatch)
-    monkeypatch.setattr("attnkit.cli.PART_LINES", 3)
+    monkeypatch.setattr("attnkit.cli.decoding.PART_LINES", 3)
     out = tmp_path / "out.txt"
     parts = runner.invoke(
         app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
@@ -264,7 +264,9 @@ def test_a_failure_halfway_leaves_the_output_file_as_it_was(run, tmp_path, monke
     (tmp_path / "in.txt").write_bytes(b"1 2\n3 4\n5 \xff\n")
     out = tmp_path / "out.txt"
     out.write_text("an earlier translation\n", encoding="utf-8")
-    monkeypatch.setattr("attnkit.cli.PART_LINES", 2)  # the first part is translated, the second fails
+    monkeypatch.setattr(
+        "attnkit.cli.decoding.PART_LINES", 2
+    )  # the first part is translated, the second fails
     result = runner.invoke(
         app, ["translate", "--ckpt", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
     )

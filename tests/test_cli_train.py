@@ -132,7 +132,7 @@ def test_translate_writes_n_best_lists_with_the_line_of_each(trained, tmp_path, 
     read in, best first, the first the translation itself; none for an empty line."""
     source = tmp_path / "in.txt"
     source.write_text("1 2 3\n\n4 5\n2 2 1\n", encoding="utf-8")
-    monkeypatch.setattr("attnkit.cli.PART_LINES", 3)
+    monkeypatch.setattr("attnkit.cli.decoding.PART_LINES", 3)
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(source), "--n-best", "2"])
     assert result.exit_code == 0, result.output
     rows = [line.split(" ||| ") for line in result.stdout.splitlines()]

@@ -259,7 +259,7 @@ def test_generate_reads_a_file_of_prompts_in_parts_with_the_same_seeds(text_dir,
     sample = ["generate", "--ckpt", str(run), "-i", str(prompts), "--max-new-tokens", "8", "--seed", "5",
               "--temperature", "1.0"]  # fmt: skip
     whole = runner.invoke(app, sample)
-    monkeypatch.setattr("attnkit.cli.PART_LINES", 2)
+    monkeypatch.setattr("attnkit.cli.decoding.PART_LINES", 2)
     parts = runner.invoke(app, sample)
     assert whole.exit_code == parts.exit_code == 0, parts.output
     rows = [json.loads(line) for line in parts.stdout.splitlines()]

@@ -140,8 +140,11 @@ class TranslationTask:
         self.data = prepare_data(config.data, config.train.seed, tokenizer, echo)
         self.tokenizer = self.data.tokenizer
         self.lengths = [len(s) + 1 for s in self.data.train_src], [len(t) + 1 for t in self.data.train_tgt]
-        valid = self.data.valid
-        self.valid_ids = self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
+        self.valid_ids = self.validation_ids(self.data.valid)
+
+    def validation_ids(self, valid: ParallelText) -> tuple[list[list[int]], list[list[int]]]:
+        """The validation sources' and targets' token ids."""
+        return self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This epoch's batches of pair indices, the same for the same (seed, epoch)."""
@@ -200,17 +203,10 @@ class SummarisationTask(TranslationTask):
         "loss": "valid_loss",
     }
 
-    def __init__(
-        self,
-        config: RunConfig,
-        tokenizer: Tokenizer | None,
-        echo: Callable[[str], None],
-        *,
-        translate: Translate,
-    ) -> None:
-        super().__init__(config, tokenizer, echo, translate=translate)
-        src, tgt = self.valid_ids
-        self.valid_ids = cut_sources(src, config.data.source_limit)[0], tgt  # as the training sources
+    def validation_ids(self, valid: ParallelText) -> tuple[list[list[int]], list[list[int]]]:
+        """The sources cut as the training sources are (``data.max_source_len``)."""
+        src, tgt = super().validation_ids(valid)
+        return cut_sources(src, self.config.data.source_limit)[0], tgt
 
     def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
         """ROUGE-1/2/L F1 of the greedy summaries of the first ``n`` sources (as cut for training)."""

@@ -1,0 +1,287 @@
+"""``attnkit translate``, ``generate`` and ``predict``: a trained model on new inputs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from attnkit.cli.app import (
+    EXTRA_ARGS,
+    Engine,
+    Int8,
+    OutputFile,
+    app,
+    as_sent,
+    at_least,
+    decode_overrides,
+    note,
+    one_line_errors,
+    progress_bar,
+    read_input,
+    stream_out,
+    writable_file,
+    write_output,
+)
+from attnkit.cli.loading import (
+    check_engine,
+    ctranslate2_translator,
+    load_encoder,
+    load_model,
+    load_translator,
+    with_options,
+)
+from attnkit.errors import AttnkitError
+from attnkit.models import archs
+
+if TYPE_CHECKING:
+    pass
+
+
+@app.command(context_settings=EXTRA_ARGS)
+@one_line_errors
+def translate(
+    ctx: typer.Context,
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory (its best checkpoint).")],
+    beam: Annotated[
+        int | None, typer.Option(help="Beam size; 1 = greedy. Default: the run's decode.beam_size.")
+    ] = None,
+    input: Annotated[Path | None, typer.Option("-i", "--input", help="Source file (default: stdin).")] = None,
+    output: OutputFile = None,
+    engine: Engine = "attnkit",
+    int8: Int8 = False,
+    streams: Annotated[
+        int | None,
+        typer.Option(
+            help="CPU: batches translated at a time, each on its share of the threads; 0 = one "
+            "per thread. Default: the run's decode.streams."
+        ),
+    ] = None,
+    n_best: Annotated[
+        int,
+        typer.Option(
+            help="Write each line's N best translations with their scores, 'LINE ||| TRANSLATION ||| "
+            "SCORE' (LINE from 0, best first; beam search, --beam at least N; the score is log P / "
+            "length^alpha; CTranslate2 scores its own way); 0 = the best alone."
+        ),
+    ] = 0,
+) -> None:
+    """Translate one sentence per line (an empty line gives an empty line).
+
+    The input is read and translated a part at a time (50,000 lines, each part's batches made of
+    sentences of similar length), so that an input of any size fits in memory; stdout gets each part's
+    lines as they are done, an output file all of them at the end. A progress bar shows on a terminal.
+    Extra ``decode.field=value`` arguments change the run's decoding settings, e.g. ``decode.alpha=0.6``
+    (an α chosen on validation data) or ``decode.batch_size=128``."""
+    from attnkit.decode.translate import translate as translate_texts
+    from attnkit.decode.translate import translate_n_best
+    from attnkit.train.distributed import resolve_device
+
+    at_least("--beam", beam, 1)
+    at_least("--streams", streams, 0)
+    at_least("--n-best", n_best, 0)
+    overrides = decode_overrides(ctx, streams)
+    check_engine(engine, int8)
+    if output is not None:
+        writable_file(output)
+    if engine == "ctranslate2":
+        ct2 = ctranslate2_translator(ckpt, overrides)
+        check_n_best(n_best, beam or ct2.decode.beam_size)
+
+        def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+            if not n_best:
+                return ct2.translate(texts, beam, progress)
+            return n_best_lines(ct2.translate_n_best(texts, n_best, beam, progress), first)
+
+        by_parts(input, output, translate_part)
+        return
+    device = resolve_device()
+    model, tokenizer, config = load_translator(ckpt, device, overrides, int8)
+    check_n_best(n_best, beam or config.decode.beam_size)
+    source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
+    settings = dict(beam_size=beam, device=device, warn=note, source_limit=source_limit)
+
+    def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+        if not n_best:
+            return translate_texts(model, tokenizer, texts, config.decode, progress=progress,
+                                   first_line=first, **settings)  # fmt: skip
+        found = translate_n_best(model, tokenizer, texts, config.decode, n_best, progress=progress,
+                                 first_line=first, **settings)  # fmt: skip
+        return n_best_lines(found, first)
+
+    by_parts(input, output, translate_part)
+
+
+def check_n_best(n_best: int, beam: int) -> None:
+    if n_best > beam:
+        raise AttnkitError(f"--n-best {n_best} needs a beam at least as wide: give --beam {n_best} or more")
+
+
+def n_best_lines(found: list[list[tuple[str, float]]], first: int) -> list[str]:
+    """``LINE ||| TRANSLATION ||| SCORE`` for each hypothesis of each line (LINE from 0; ``first`` is the
+    number of the part's first line, from 1)."""
+    return [f"{first - 1 + i} ||| {text} ||| {score:.4f}" for i, best in enumerate(found)
+            for text, score in best]  # fmt: skip
+
+
+PART_LINES = 50_000  # lines translate and generate read at a time: memory bounded whatever the input's size
+
+
+def by_parts(
+    input: Path | None, output: Path | None, do_part: Callable[[list[str], int, Callable], list[str]]
+) -> None:
+    """Turn the lines of ``input`` (a file, or stdin) into the lines of ``output`` (a file, written
+    atomically, or stdout) a part of ``PART_LINES`` lines at a time: ``do_part(lines, number of the
+    first, progress)``, with a progress bar of lines done on a terminal."""
+    from itertools import islice
+
+    from attnkit.atomic import atomic_writer
+    from attnkit.data.readers import iter_lines
+
+    lines = iter_lines(input)
+    with progress_bar() as bar, contextlib.ExitStack() as files:
+        write = stream_out if output is None else files.enter_context(atomic_writer(output)).write
+        first = 1
+        while part := list(islice(lines, PART_LINES)):
+            write("".join(line + "\n" for line in do_part(part, first, bar.update)))
+            first += len(part)
+
+
+@app.command(context_settings=EXTRA_ARGS)
+@one_line_errors
+def generate(
+    ctx: typer.Context,
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a decoder model.")],
+    prompt: Annotated[
+        str | None,
+        typer.Option(
+            help="Text to continue, streamed as it is written (default: a newline).", callback=as_sent
+        ),
+    ] = None,
+    input: Annotated[
+        Path | None,
+        typer.Option(
+            "-i", "--input", help="Prompts, one per line (- for stdin); writes JSON Lines {prompt, text}."
+        ),
+    ] = None,
+    output: OutputFile = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="At most this many new tokens.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy; higher = more varied.")] = None,
+    top_k: Annotated[
+        int | None, typer.Option(help="Sample among the k most probable tokens; 0 = all.")
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option(help="... and the smallest set holding this probability.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Prompt i samples with seed + i.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="End where this text appears (repeatable).")] = None,
+    streams: Annotated[
+        int | None, typer.Option(help="CPU, with -i: batches at a time, each on its share of the threads.")
+    ] = None,
+    engine: Engine = "attnkit",
+    int8: Int8 = False,
+) -> None:
+    """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden (by
+    the options, or by extra ``decode.field=value`` arguments).
+
+    One prompt's continuation streams to stdout as it is written. A file of prompts (-i) is read and
+    continued 50,000 lines at a time, as translate reads its input, with a progress bar on a
+    terminal; prompt i samples with seed + i whichever part it falls in."""
+    import json
+
+    from attnkit.decode.generate import generate as generate_texts
+    from attnkit.train.distributed import resolve_device
+
+    if prompt is not None and input is not None:
+        raise AttnkitError("give --prompt TEXT or -i FILE, not both")
+    check_engine(engine, int8)
+    if output is not None:
+        writable_file(output)
+    given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+             "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
+    overrides = decode_overrides(ctx)
+    if engine == "ctranslate2":
+        from attnkit.decode.ct2 import CTranslate2Generator
+
+        generator = with_options(given, lambda changes: CTranslate2Generator(ckpt, overrides, changes))
+
+        def run(texts: list[str], on_text=None, **part) -> list[str]:
+            return generator.generate(texts, on_text=on_text, **part)
+    else:
+        from dataclasses import replace
+
+        from attnkit.config import with_decode_overrides
+
+        device = resolve_device()
+        model, tokenizer, config = load_model(ckpt, device, archs(using="generate"), int8)
+        decode = with_options(
+            given, lambda changes: replace(with_decode_overrides(config.decode, overrides), **changes)
+        )
+
+        def run(texts: list[str], on_text=None, **part) -> list[str]:
+            return generate_texts(model, tokenizer, texts, decode, device=device, on_text=on_text, **part)
+
+    if input is None:  # one prompt: stream its continuation to stdout, or write it to the output file
+        text = "\n" if prompt is None else prompt
+        streaming = output is None
+        if streaming:
+            stream_out(text)
+        (continuation,) = run([text], on_text=(lambda _, piece: stream_out(piece)) if streaming else None)
+        write_output(output, "\n" if streaming else text + continuation + "\n")
+        return
+
+    def generate_part(prompts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+        texts = run(prompts, progress=progress, first=first - 1)
+        return [
+            json.dumps({"prompt": p, "text": t}, ensure_ascii=False)
+            for p, t in zip(prompts, texts, strict=True)
+        ]
+
+    by_parts(input, output, generate_part)
+
+
+@app.command()
+@one_line_errors
+def predict(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of an encoder model.")],
+    text: Annotated[
+        str | None, typer.Option(help="One input (default: lines of -i or stdin).", callback=as_sent)
+    ] = None,
+    input: Annotated[
+        Path | None, typer.Option("-i", "--input", help="One input per line (default: stdin).")
+    ] = None,
+    output: OutputFile = None,
+) -> None:
+    """Run an encoder model on each input line. A classifier prints ``label<TAB>probability``; a
+    question-answering model reads ``question<TAB>passage`` and prints the answer span."""
+    from attnkit.tasks.classification import classify
+    from attnkit.tasks.span_qa import answer
+    from attnkit.train.distributed import resolve_device
+
+    if text is not None and input is not None:
+        raise AttnkitError("give --text TEXT or -i FILE, not both")
+    if output is not None:
+        writable_file(output)
+    device = resolve_device()
+    model, tokenizer, config = load_encoder(ckpt, ("classify", "span"), device)
+    lines = [text] if text is not None else read_input(input)
+    size = config.decode.batch_size
+    if config.model.head == "classify":
+        probabilities = classify(model, tokenizer, lines, size, device)
+        best, label = probabilities.max(-1)
+        rows = [
+            f"{config.data.labels[i]}\t{p:.4f}" for p, i in zip(best.tolist(), label.tolist(), strict=True)
+        ]
+    else:
+        where = "--text" if text is not None else (input or "stdin")
+        pairs = [line.split("\t", 1) for line in lines]
+        for number, pair in enumerate(pairs, start=1):
+            if len(pair) != 2:
+                raise AttnkitError(
+                    f"{where}:{number}: no tab; a question-answering input is question<TAB>passage"
+                )
+        rows = answer(model, tokenizer, [q for q, _ in pairs], [p for _, p in pairs], size, device)
+    write_output(output, "".join(row + "\n" for row in rows))

@@ -1,0 +1,119 @@
+"""``attnkit explore``, ``data get`` and ``cache``: the attention explorer, the standard data sets and
+the compiled decoding steps' cache."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from attnkit.cli.app import app, as_sent, one_line_errors, writable_file
+from attnkit.errors import AttnkitError
+from attnkit.utf8 import native_path
+
+if TYPE_CHECKING:
+    pass
+
+
+@app.command()
+@one_line_errors
+def explore(
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a Transformer.")],
+    text: Annotated[
+        str, typer.Option(help="The sentence (source, prompt or text) to look at.", callback=as_sent)
+    ] = "",
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="Encoder-decoder: the output to look at (default: its own translation).", callback=as_sent
+        ),
+    ] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML page to write.")] = Path(
+        "attention.html"
+    ),
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Serve the page on 127.0.0.1 with a text box instead.")
+    ] = False,
+    port: Annotated[int, typer.Option(help="--serve: the port.")] = 8000,
+) -> None:
+    """Write one self-contained HTML page with every layer and head of the model's attention on TEXT:
+    a layers × heads grid, each head's matrix with its tokens, a token view and, for translation, the
+    alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page."""
+    from attnkit.atomic import write_text_atomic
+    from attnkit.checkpoint import load_for_inference
+    from attnkit.viz import explorer as page
+
+    if not serve:
+        writable_file(output)
+    model, tokenizer, _ = load_for_inference(ckpt, "cpu")
+    if serve:
+        page.serve(model, tokenizer, native_path(ckpt), text, port)
+        return
+    if not text.strip():
+        raise AttnkitError("--text is empty: give a sentence to look at (or --serve to type them)")
+    maps, translation = page.collect_attention(model, tokenizer, text, target)
+    title = f"attention of {native_path(ckpt)} on: {text}"  # the page is UTF-8 text, whatever the locale
+    write_text_atomic(output, page.explorer_html(maps, title, translation))
+    layers, heads = len(maps[0].weights), len(maps[0].weights[0])
+    typer.echo(f"{output}: {len(maps)} attention(s) × {layers} layers × {heads} heads; open it in a browser")
+
+
+data_app = typer.Typer(no_args_is_help=True, help="The standard data sets, laid out as the recipes expect.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("get")
+@one_line_errors
+def data_get(
+    name: Annotated[str, typer.Argument(help="multi30k, iwslt14, sst2 or tinyshakespeare.")],
+    folder: Annotated[Path, typer.Argument(help="Where to put the files (made if needed).")],
+    mirror: Annotated[
+        str | None, typer.Option(help="Fetch MIRROR/NAME/FILE instead of from the publishers.")
+    ] = None,
+) -> None:
+    """Download a data set with its checksum checked; a broken download resumes when run again, and
+    files already there (and right) are not fetched again."""
+    from attnkit.data.download import ALGORITHM_NAMES, DATASETS, get_dataset
+
+    checked = {file.name: ALGORITHM_NAMES[file.algorithm] for file in DATASETS.get(name, [])}
+    for path in get_dataset(name, folder, mirror, progress=sys.stderr.isatty()):
+        how = f"{checked[path.name]} checked" if path.name in checked else "made from it"
+        typer.echo(f"{path}: {path.stat().st_size:,} bytes, {how}")
+    recipe = {
+        "multi30k": "multi30k_de_en",
+        "iwslt14": "iwslt14_de_en",
+        "sst2": "sst2_from_scratch",
+        "tinyshakespeare": "shakespeare_char",
+    }
+    typer.echo(f"ready: attnkit train configs/{recipe[name]}.yaml --data {folder} --run-dir runs/{name}")
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="The compiled decoding steps decode.compile keeps.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+@one_line_errors
+def cache_info() -> None:
+    """Where the compiled steps are kept, how many, and how much room they take (at most 2 GiB: beyond
+    that, and after 30 days unused, steps are deleted)."""
+    from attnkit.decode.compiled import cache_folder, cached_steps
+
+    steps = cached_steps()
+    size = sum(bytes_ for _, bytes_, _ in steps)
+    typer.echo(f"{cache_folder()}: {len(steps)} compiled step(s), {size / 2**20:.1f} MiB")
+
+
+@cache_app.command("clear")
+@one_line_errors
+def cache_clear() -> None:
+    """Delete every compiled step (each is compiled again when next needed)."""
+    from attnkit.decode.compiled import cache_folder, cached_steps, remove_step
+
+    steps = cached_steps()
+    for package, _, _ in steps:
+        remove_step(package)
+    size = sum(bytes_ for _, bytes_, _ in steps)
+    typer.echo(f"{cache_folder()}: deleted {len(steps)} compiled step(s), {size / 2**20:.1f} MiB")

@@ -1,0 +1,168 @@
+"""``attnkit summary``, ``quickstart``, ``train`` and ``average``: building, training and averaging models."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import torch
+import typer
+
+from attnkit.cli.app import EXTRA_ARGS, Overwrite, app, at_least, one_line_errors, parse_overrides
+from attnkit.config import IMAGE_ARCHS
+from attnkit.errors import AttnkitError
+from attnkit.models import PRESETS, archs, build_model, from_preset
+
+if TYPE_CHECKING:
+    pass
+
+
+@app.command()
+@one_line_errors
+def summary(
+    preset: Annotated[str, typer.Option(help=f"Model preset: {', '.join(PRESETS)}.")] = "paper-base",
+    vocab: Annotated[int, typer.Option(help="Vocabulary size (shared by source and target).")] = 37000,
+    batch: Annotated[int, typer.Option(help="Sequences in the forward pass.")] = 2,
+    length: Annotated[int, typer.Option(help="Tokens per sequence in the forward pass.")] = 16,
+) -> None:
+    """Build a model from a preset, print its parts and size, and time one forward pass on CPU."""
+    at_least("--vocab", vocab, 5)
+    at_least("--batch", batch, 1)
+    at_least("--length", length, 1)
+    config = from_preset(preset)
+    torch.manual_seed(0)
+    images = config.arch in IMAGE_ARCHS  # they read pixels: no vocabulary
+    model = build_model(config, None if images else vocab).eval()
+    reads = f"{config.image_size}×{config.image_size} images" if images else f"vocabulary {vocab}"
+    typer.echo(f"attnkit {type(model).__name__} ({config.arch}), preset {preset!r}, {reads}")
+    typer.echo("  " + ", ".join(f"{k}={v}" for k, v in config.to_dict().items()))
+    seen: set[int] = set()
+    for name, child in model.named_modules(remove_duplicate=False):
+        if not name or "." in name:  # the model's direct parts only, a shared one under each of its names
+            continue
+        parameters = list(child.parameters())
+        shared = any(id(p) in seen for p in parameters)
+        seen.update(id(p) for p in parameters)
+        count = sum(p.numel() for p in parameters)
+        typer.echo(f"  {name:<10} {count:>14,} parameters" + ("  (shared)" if shared else ""))
+    total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+    typer.echo(f"  {'total':<10} {total:>14,} parameters ({total / 1e6:.1f}M)")
+    n_inputs = 2 if config.arch in archs(using="translate") else 1  # (source, target) or the tokens
+    inputs = [torch.randint(1, vocab, (batch, length)) for _ in range(n_inputs)]  # any id but padding (0)
+    if images:
+        inputs = [torch.rand(batch, 1, config.image_size, config.image_size)]
+    with torch.inference_mode():
+        began = time.perf_counter()
+        logits = model(*inputs)
+        seconds = time.perf_counter() - began
+    shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
+    what = "hidden states" if getattr(config, "head", "") == "none" else "logits"
+    typer.echo(f"forward pass: {shapes} -> {what} {tuple(logits.shape)} in {seconds * 1000:.0f} ms")
+
+
+@app.command()
+@one_line_errors
+def quickstart(
+    out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/quickstart"),
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 1500,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a run in --out that is not an earlier quickstart's.")
+    ] = False,
+) -> None:
+    """Train on generated dates -> ISO dates, report held-out accuracy, save an attention heat map.
+
+    Training runs a fixed number of steps from a fixed seed, so any machine trains as much (about two
+    minutes on 2 cores; a progress bar shows the time left). Each quickstart starts afresh: an earlier
+    quickstart in the same --out folder is replaced, and nothing else is deleted (a folder holding
+    another run is refused unless --overwrite)."""
+    from attnkit.quickstart import run_quickstart
+
+    at_least("--steps", steps, 1)
+    run_quickstart(out, steps, echo=typer.echo, overwrite=overwrite)
+
+
+@app.command(context_settings=EXTRA_ARGS)
+@one_line_errors
+def train(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="YAML recipe (configs/*.yaml).")] = None,
+    run: Annotated[
+        Path | None, typer.Option("--run-dir", help="Run directory for checkpoints and logs.")
+    ] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue the run in this directory.")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data directory (sets data.dir).")] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Delete an earlier run's checkpoints in --run-dir and start afresh.")
+    ] = False,
+) -> None:
+    """Train a model; extra ``--section.field value`` arguments override the recipe.
+
+    A new run needs a --run-dir without an earlier run in it: continue that one with --resume, or
+    replace it with --overwrite."""
+    from attnkit.config import load_run_config
+    from attnkit.train.loop import Trainer
+
+    extra = ctx.args
+    if config is not None and "=" in config.name and not config.exists():  # an override, not a file
+        config, extra = None, [str(config), *extra]
+    overrides = parse_overrides(extra) + ([f"data.dir={data}"] if data else [])
+    if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
+        from attnkit.checkpoint import resolve_checkpoint
+
+        if run is not None and run.resolve() != resume.resolve():
+            raise AttnkitError(
+                f"--run-dir {run} and --resume {resume} differ: --resume DIR alone continues DIR"
+            )
+        if overwrite:
+            raise AttnkitError("--resume continues a run and --overwrite replaces it: give one of them")
+        config = config or resolve_checkpoint(resume, prefer="last") / "config.json"
+        run = resume
+    if run is None:
+        raise AttnkitError("give --run-dir DIR for a new run, or --resume DIR to continue one")
+    run_config = load_run_config(config, overrides)
+    trainer = Trainer(run_config, run, resume=resume is not None, overwrite=overwrite, echo=typer.echo)
+    try:
+        scores = trainer.fit()
+    except KeyboardInterrupt:
+        saved = (run / "last").read_text(encoding="utf-8").strip() if (run / "last").is_file() else None
+        where = f"the last checkpoint is {run / saved}; continue with: attnkit train --resume {run}"
+        message = where if saved else "no checkpoint was written yet"
+        typer.echo(f"attnkit: interrupted at step {trainer.step}; {message}", err=True)
+        raise typer.Exit(code=130) from None
+    if trainer.world.is_main:  # one line, not one per process
+        typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+
+
+@app.command()
+@one_line_errors
+def average(
+    run: Annotated[Path, typer.Option("--run-dir", help="Run directory whose checkpoints to average.")],
+    last: Annotated[int, typer.Option(help="How many of the latest checkpoints.")] = 5,
+    out: Annotated[
+        Path | None, typer.Option(help="Output checkpoint folder (default: RUN/averaged).")
+    ] = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Average the weights of the last N checkpoints into a new checkpoint folder.
+
+    Averaging the same run again replaces its earlier average; any other folder (a checkpoint, another
+    run's average, your own files) is refused unless --overwrite. The folder records what made it
+    (made_by.json)."""
+    from attnkit.checkpoint import average_checkpoints, list_checkpoints
+    from attnkit.folders import MadeBy
+
+    at_least("--last", last, 1)
+    if not run.is_dir():
+        raise AttnkitError(f"{run}: no such run directory")
+    available = list_checkpoints(run)
+    if not available:
+        raise AttnkitError(f"{run}: no checkpoints to average (expected step-* folders)")
+    checkpoints = available[-last:]
+    maker = MadeBy.of("attnkit average", run)
+    written = average_checkpoints(checkpoints, out or run / "averaged", maker=maker, overwrite=overwrite)
+    fewer = f" (only {len(available)} exist)" if len(available) < last else ""
+    typer.echo(
+        f"averaged {len(checkpoints)} checkpoints{fewer} ({', '.join(c.name for c in checkpoints)}) "
+        f"into {written}"
+    )
