@@ -38,7 +38,7 @@ from attnkit.config import IMAGE_ARCHS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import MadeBy, recover, write_folder
-from attnkit.models import ARCHITECTURES, build_model, load_weights
+from attnkit.models import ARCHITECTURES, TransformerConfig, build_model, load_weights
 
 CHECKPOINT_PREFIX = "step-"
 RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
@@ -243,7 +243,9 @@ def exported_model(folder: Path) -> dict:
     """What a CTranslate2 folder from ``attnkit export --to ctranslate2`` holds (``MODEL_FILE``): ``arch``
     and, for a decoder, ``context``. Folders exported before that file existed held translation models."""
     held = folder / MODEL_FILE
-    return json.loads(held.read_text(encoding="utf-8")) if held.is_file() else {"arch": "encoder-decoder"}
+    return (
+        json.loads(held.read_text(encoding="utf-8")) if held.is_file() else {"arch": TransformerConfig.ARCH}
+    )
 
 
 # --- loading --------------------------------------------------------------------------------------
@@ -369,7 +371,7 @@ def commands_for(arch: str) -> str:
 def a_model(arch: str) -> str:
     """``"an encoder-decoder model"``, ``"a decoder model"``, ``"an rnn model"``: an architecture's name
     in a sentence."""
-    return f"{'an' if arch[0] in 'aeiou' or arch == 'rnn' else 'a'} {arch} model"  # "an RNN": ar-en-en
+    return f"{'an' if arch[0] in 'aeiour' else 'a'} {arch} model"  # 'r': "an rnn", read ar-en-en
 
 
 def load_for_inference(

@@ -275,7 +275,7 @@ class RunConfig:
                 f"one of {list(metrics)}"
             )
         if (
-            self.model.arch == "encoder-decoder"
+            isinstance(self.model, TransformerConfig)
             and self.model.positions == "learned"
             and self.model.max_len < self.data.max_len
         ):
@@ -321,15 +321,14 @@ class RunConfig:
         checked = _checked(model_class, model_values, "model")
         model = model_class.from_preset(preset, **checked) if preset is not None else model_class(**checked)
         data, train = dict(_mapping(values.get("data"), "data")), dict(_mapping(values.get("train"), "train"))
-        if model.arch == "decoder":  # a decoder's default task: language modelling
-            data.setdefault("task", TEXT_TASK)
-        if model.arch in IMAGE_ARCHS:
-            data.setdefault("task", IMAGE_TASK)
+        trains_on = ARCHITECTURES[model.arch].tasks
+        if len(trains_on) == 1:  # an architecture with one task (GPT's text, the images') defaults to it
+            data.setdefault("task", trains_on[0])
         task = data.get("task", DataConfig.task)
         if task in TASKS_OF:  # the task's own default metric (an unknown task is reported by DataConfig)
             train.setdefault("eval_metric", TASKS_OF[task][2][0])
             head = TASKS_OF[task][1]
-            if head is not None and "head" not in model_values and model.arch == "encoder":
+            if head is not None and "head" not in model_values and isinstance(model, EncoderModelConfig):
                 model.head = head  # an encoder's head follows from its task unless set
         return cls(
             model=model,

@@ -1,6 +1,9 @@
 """The one record per architecture (models/__init__.py): each builds its model from its config, the
 tasks the records name are exactly the tasks a run config knows, and the commands they name exist."""
 
+import ast
+from pathlib import Path
+
 import pytest
 import typer.main
 
@@ -34,3 +37,31 @@ def test_the_commands_the_records_name_exist():
             assert command.split()[0] in commands, (record.name, command)
         assert set(record.exports) <= {"hf", "ctranslate2"}
     assert archs(reading="images") == tuple(a.name for a in ARCHITECTURES.values() if a.reads == "images")
+
+
+def test_no_architecture_name_is_written_outside_its_record():
+    """Only models/ names architectures (their config classes and records); everything else asks the
+    record (``archs(using=...)``, ``scored_on``) or the config class (``TransformerConfig.ARCH``), so a
+    new architecture is one record, not a hunt for tuples. (An attribute named like one, as
+    ``getattr(model, "encoder")``, is not a name.)"""
+    package = Path(__file__).resolve().parents[2] / "src" / "attnkit"
+    names = set(ARCHITECTURES)
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        inside = path.relative_to(package).parts
+        if inside[0] == "models" and inside[1] != "convert":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        attributes = {
+            id(node.args[1])
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") in ("getattr", "hasattr")
+            and len(node.args) > 1
+        }
+        found += [
+            f"{'/'.join(inside)}:{node.lineno} {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in attributes
+        ]
+    assert found == []

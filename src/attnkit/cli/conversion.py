@@ -9,7 +9,7 @@ import typer
 
 from attnkit.cli.app import Overwrite, app, one_line_errors
 from attnkit.errors import AttnkitError
-from attnkit.models import ARCHITECTURES, archs
+from attnkit.models import ARCHITECTURES, TransformerConfig, archs
 
 if TYPE_CHECKING:
     pass
@@ -101,8 +101,7 @@ def export(
         resolve_checkpoint,
     )
     from attnkit.folders import MadeBy
-    from attnkit.models.convert.bert import HF_CLASS
-    from attnkit.models.convert.export import export_ctranslate2, export_hf
+    from attnkit.models.convert.export import export_ctranslate2, export_hf, hf_class_and_inputs
 
     if to not in ("hf", "ctranslate2"):
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")
@@ -118,17 +117,11 @@ def export(
                                      maker=maker, overwrite=overwrite)  # fmt: skip
         arch = config.model.arch
         typer.echo(f"{written}: {ARCHITECTURES[arch].commands[0]} with {ctranslate2_command(written, arch)}")
-        if arch == "encoder-decoder" and config.decode.length_penalty != "length":
+        if arch == TransformerConfig.ARCH and config.decode.length_penalty != "length":
             typer.echo(f"note: CTranslate2 ranks beams by log P / length^{config.decode.alpha}; this run's "
                        f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",
                        err=True)  # fmt: skip
         return
     written = export_hf(model, tokenizer, out, config.data.labels, maker=maker, overwrite=overwrite)
-    arch = config.model.arch
-    if arch == "encoder-decoder":
-        kind, inputs = "MarianMTModel", "append </s> to each source's ids, as attnkit does"
-    elif arch == "decoder":
-        kind, inputs = "GPT2LMHeadModel", "a prompt is its tokens, as in attnkit generate"
-    else:
-        kind, inputs = HF_CLASS[config.model.head], "a sentence is [CLS] + its tokens + [SEP], as in attnkit"
+    kind, inputs = hf_class_and_inputs(model)
     typer.echo(f"{written}: load it with transformers.{kind}.from_pretrained({str(written)!r}); {inputs}")

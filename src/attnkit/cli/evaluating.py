@@ -29,9 +29,9 @@ from attnkit.cli.loading import (
     load_translator,
     no_decoding,
 )
-from attnkit.config import IMAGE_ARCHS
 from attnkit.errors import AttnkitError
-from attnkit.models import archs
+from attnkit.models import ARCHITECTURES, archs
+from attnkit.models.glimpse import GlimpseConfig
 
 if TYPE_CHECKING:
     pass
@@ -92,21 +92,22 @@ def evaluate(
     run_config = read_run_config(resolve_checkpoint(ckpt))
     with_decode_overrides(run_config.decode, overrides)  # checked before any work
     arch = run_config.model.arch
-    if plot is not None and arch != "glimpse":
+    scored_on = ARCHITECTURES[arch].scored_on
+    if plot is not None and arch != GlimpseConfig.ARCH:
         raise AttnkitError(f"--plot draws a glimpse model's glimpses; {ckpt} holds {a_model(arch)}")
-    if arch in IMAGE_ARCHS:
+    if scored_on == "images":
         if data is not None or src is not None or ref is not None:
             raise AttnkitError(
                 f"{ckpt} holds {a_model(arch)}: it is evaluated on its own generated test images"
             )
         no_decoding(overrides, int8, arch)
         _evaluate_images(ckpt, plot)
-    elif arch == "encoder":
+    elif scored_on == "labelled":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds an encoder model: evaluate it with --data FILE.tsv")
         no_decoding(overrides, int8, arch)
         _evaluate_classifier(ckpt, data)
-    elif arch == "decoder":
+    elif scored_on == "text":
         if data is None or src is not None or ref is not None:
             raise AttnkitError(f"{ckpt} holds a decoder model: evaluate its perplexity with --data FILE.txt")
         no_decoding(overrides, False, arch)
@@ -226,7 +227,7 @@ def _evaluate_images(ckpt: Path, plot: Path | None) -> None:
     if plot is not None:
         writable_file(plot)
     device = resolve_device()
-    model, _, config = load_for_inference(ckpt, device, arch=IMAGE_ARCHS)
+    model, _, config = load_for_inference(ckpt, device, arch=archs(reading="images"))
     test = split_canvases(config, "test")
     began = time.perf_counter()
     score = accuracy(model, test, config.train.batch_size, device)

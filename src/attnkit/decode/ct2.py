@@ -43,7 +43,7 @@ from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
-from attnkit.models import ARCHITECTURES
+from attnkit.models import ARCHITECTURES, DecoderModelConfig, TransformerConfig
 from attnkit.utf8 import native_path
 
 
@@ -101,7 +101,7 @@ class CTranslate2Translator(_ExportedFolder):
     """A translation model's folder (see the module docstring); ``translate`` as often as needed. ``warn``
     hears of a decoding setting CTranslate2 cannot follow."""
 
-    ARCH = "encoder-decoder"
+    ARCH = TransformerConfig.ARCH
 
     def __init__(
         self, folder: Path, overrides: Sequence[str] = (), warn: Callable[[str], None] | None = None
@@ -189,7 +189,7 @@ class CTranslate2Translator(_ExportedFolder):
 class CTranslate2Generator(_ExportedFolder):
     """A decoder (GPT-style) model's folder (see the module docstring); ``generate`` as often as needed."""
 
-    ARCH = "decoder"
+    ARCH = DecoderModelConfig.ARCH
 
     def _load(self, ctranslate2: Any, folder: str, **threads: int) -> Any:
         ctranslate2.set_random_seed(self.decode.seed)  # CTranslate2 seeds its threads' generators now

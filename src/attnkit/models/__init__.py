@@ -33,8 +33,9 @@ class Architecture:
     model: type  # its model class, built from (config, vocabulary size)
     kind: str  # what it is, in a sentence: "a translation model"
     reads: str  # "text" (through a tokenizer) or "images" (pixels: no vocabulary, no tokenizer.json)
-    tasks: tuple[str, ...]  # the data.task values that train it
+    tasks: tuple[str, ...]  # the data.task values that train it (one: a run's default task)
     commands: tuple[str, ...]  # the attnkit commands that use a trained one, its main use first
+    scored_on: str  # what attnkit evaluate scores it on: "pairs", "text", "labelled" sentences, "images"
     exports: tuple[str, ...] = ()  # what attnkit export --to writes it as
 
     @property
@@ -47,17 +48,17 @@ ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
         Architecture(TransformerConfig, EncoderDecoder, "a translation model", "text", _TRANSLATION,
-                     ("translate", "evaluate"), ("hf", "ctranslate2")),
+                     ("translate", "evaluate"), "pairs", ("hf", "ctranslate2")),
         Architecture(DecoderModelConfig, DecoderModel, "a decoder (GPT-style) model", "text", ("text",),
-                     ("generate", "evaluate"), ("hf", "ctranslate2")),
+                     ("generate", "evaluate"), "text", ("hf", "ctranslate2")),
         Architecture(EncoderModelConfig, EncoderModel, "an encoder (BERT-style) model", "text",
-                     ("classify", "mlm", "qa"), ("predict", "evaluate --data"), ("hf",)),
+                     ("classify", "mlm", "qa"), ("predict", "evaluate --data"), "labelled", ("hf",)),
         Architecture(RNNConfig, RNNSeq2Seq, "an RNN translation model", "text", _TRANSLATION,
-                     ("translate", "evaluate")),
+                     ("translate", "evaluate"), "pairs"),
         Architecture(GlimpseConfig, GlimpseClassifier, "a glimpse classifier", "images",
-                     ("cluttered-digits",), ("evaluate",)),
+                     ("cluttered-digits",), ("evaluate",), "images"),
         Architecture(WholeImageConfig, WholeImageClassifier, "a whole-image classifier", "images",
-                     ("cluttered-digits",), ("evaluate",)),
+                     ("cluttered-digits",), ("evaluate",), "images"),
     )
 }  # fmt: skip
 

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConfigError
-from attnkit.models import load_weights
+from attnkit.models import EncoderModelConfig, TransformerConfig, load_weights
 
 # What a fine-tuning run sets itself; every other model field comes from the pretrained model.
 RUN_FIELDS = ("head", "pooling", "num_labels", "dropout", "attention_dropout", "activation_dropout")
@@ -69,7 +69,7 @@ class Pretrained:
                                                     if hasattr(run_model, name)})  # fmt: skip
 
     def _warm_starts_encoder(self, run_model: object) -> bool:
-        return self.config.arch == "encoder" and run_model.arch == "encoder-decoder"
+        return isinstance(self.config, EncoderModelConfig) and isinstance(run_model, TransformerConfig)
 
     def _encoder_decoder_shape(self, run_model: object) -> object:
         """The encoder's shape and BERT's embedding (unscaled, layer-normalised), the run's decoder."""
@@ -98,7 +98,7 @@ class Pretrained:
         new, and the source's head is left out."""
         weights, new_parts, what = self.weights, ("head.",), "head"
         if self._warm_starts_encoder(model.config):
-            weights, new_parts, what = self._as_encoder_decoder(), NEW_UNDER_ENCODER, "decoder"
+            weights, new_parts, what = self._as_encoder_decoder(), NEW_UNDER_ENCODER, "new decoder"
         missing, unexpected = load_weights(model, weights)
         body_missing = [name for name in missing if not name.startswith(new_parts)]
         if body_missing:

@@ -27,6 +27,7 @@ from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import greedy
 from attnkit.errors import AttnkitError
+from attnkit.models import DecoderModel, EncoderDecoder, EncoderModel
 
 DIGITS = 4  # weights are written with this many decimals: the page stays small, the picture the same
 
@@ -53,12 +54,11 @@ def collect_attention(
 ) -> tuple[list[AttentionMap], str | None]:
     """Every attention of ``model`` on ``text``: the maps, and for an encoder-decoder the output they
     belong to (``target`` if given, else the model's greedy translation)."""
-    arch = getattr(model.config, "arch", None)
     ids, s = tokenizer.encode(text), tokenizer.specials
     if not ids:
         raise AttnkitError("--text is empty: give a sentence to look at")
     model.eval()
-    if arch == "encoder-decoder":
+    if isinstance(model, EncoderDecoder):
         limit = model.config.max_len - 1
         src = torch.tensor([[*ids[:limit], s.eos]])
         out = (
@@ -77,20 +77,21 @@ def collect_attention(
             _maps("cross-attention", cross, recorded, output, source),
         ]
         return maps, tokenizer.decode(out)
-    if arch == "decoder":
+    if isinstance(model, DecoderModel):
         tokens = torch.tensor([ids[: model.config.max_len]])
         modules = [layer.self_attn for layer in model.decoder.layers]
         with recording(modules) as recorded:
             model(tokens)
         labels = tokenizer.tokens(tokens[0].tolist())
         return [_maps("self-attention", modules, recorded, labels, labels)], None
-    if arch == "encoder":
+    if isinstance(model, EncoderModel):
         tokens = torch.tensor([[s.bos, *ids[: model.config.max_len - 2], s.eos]])  # [CLS] text [SEP]
         modules = [layer.self_attn for layer in model.encoder.layers]
         with recording(modules) as recorded:
             model.encode(tokens)
         labels = tokenizer.tokens(tokens[0].tolist())
         return [_maps("self-attention", modules, recorded, labels, labels)], None
+    arch = getattr(model.config, "arch", None)
     raise AttnkitError(
         f"the explorer shows Transformer attention (encoder-decoder, encoder, decoder); this is a "
         f"model.arch={arch!r} model: see its attention with attnkit evaluate --plot"

@@ -123,6 +123,15 @@ def _tokenizer_config(tokenizer: Tokenizer, max_len: int) -> dict[str, str | int
             **{role: names(i) for role, i in roles.items() if i is not None}}  # fmt: skip
 
 
+def hf_class_and_inputs(model: nn.Module) -> tuple[str, str]:
+    """The HF class that loads ``model``'s export, and how its inputs are made (as attnkit makes them)."""
+    if isinstance(model, EncoderDecoder):
+        return "MarianMTModel", "append </s> to each source's ids, as attnkit does"
+    if isinstance(model, DecoderModel):
+        return "GPT2LMHeadModel", "a prompt is its tokens, as in attnkit generate"
+    return HF_CLASS[model.config.head], "a sentence is [CLS] + its tokens + [SEP], as in attnkit"
+
+
 def export_hf(
     model: nn.Module,
     tokenizer: Tokenizer,
