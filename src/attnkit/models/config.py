@@ -1,9 +1,12 @@
-"""Model configurations as dataclasses, one per architecture, with named presets.
+"""The Transformers' configurations as dataclasses, one per architecture, with named presets, on one
+base (:class:`BaseTransformerConfig`: the fields they share, the paper's defaults, the checks).
 
 - :class:`TransformerConfig` (``arch: encoder-decoder``), the paper's model: ``paper-base`` and
   ``paper-big`` are Table 3 of Vaswani et al. (2017); ``small`` and ``tiny`` are for CPU work and tests.
 - :class:`DecoderModelConfig` (``arch: decoder``), GPT-style: ``gpt2`` is GPT-2 small's shape (Radford et
   al., 2019); ``shakespeare-char`` nanoGPT's character-level recipe; ``tiny-decoder`` for tests.
+- :class:`EncoderModelConfig` (``arch: encoder``), BERT-style: ``bert-base``, ``minilm-l6``,
+  ``tiny-encoder``.
 
 The ``arch`` field names the architecture in a run's YAML and in a checkpoint's ``config.json``.
 Unknown fields are errors that name the field (a misspelt key must never be silently dropped).
@@ -71,13 +74,14 @@ class _Presets:
 
 
 @dataclass
-class TransformerConfig(_Presets):
-    """The encoder-decoder Transformer's hyper-parameters; defaults are the paper's base model."""
+class BaseTransformerConfig(_Presets):
+    """What every Transformer's config holds: the encoder-decoder's, GPT's decoder's and BERT's
+    encoder's. The defaults here are the paper's; each architecture declares again the fields whose
+    defaults are its own (a field declared again keeps its place and takes the new default)."""
 
-    ARCH: ClassVar[str] = "encoder-decoder"
-    arch: str = "encoder-decoder"
-    encoder_layers: int = 6  # N (encoder)
-    decoder_layers: int = 6  # N (decoder)
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("layers",)  # the fields that count layers
+
+    arch: str = ""  # the architecture's name: its class's ARCH
     d_model: int = 512
     d_ff: int = 2048
     h: int = 8  # heads; d_k = d_v = d_model / h
@@ -90,12 +94,26 @@ class TransformerConfig(_Presets):
     positions: str = "sinusoidal"  # "sinusoidal" (paper) or "learned"
     sinusoid_layout: str = "interleaved"  # "interleaved" (paper) or "concatenated" (fairseq, Marian)
     max_len: int = 1024  # longest sequence the model handles: learned positions stop here, decoding cuts here
-    share_embeddings: bool = True  # one embedding for source and target (needs a shared vocabulary)
-    tie_output: bool = True  # target embedding = pre-softmax projection (§3.4)
-    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     pad_id: int = 0  # set from the tokenizer's <pad> when a model is trained or loaded
     attention_normaliser: str = "softmax"  # scores -> weights: "softmax" (paper), "relu", "gelu", "sigmoid"
     attention_window: int = 0  # > 0: self-attention sees only keys within this many positions (local)
+
+    def __post_init__(self) -> None:
+        check_transformer_fields(self, self.LAYER_FIELDS)
+
+
+@dataclass
+class TransformerConfig(BaseTransformerConfig):
+    """The encoder-decoder Transformer's hyper-parameters; defaults are the paper's base model."""
+
+    ARCH: ClassVar[str] = "encoder-decoder"
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("encoder_layers", "decoder_layers")
+    arch: str = "encoder-decoder"
+    encoder_layers: int = 6  # N (encoder)
+    decoder_layers: int = 6  # N (decoder)
+    share_embeddings: bool = True  # one embedding for source and target (needs a shared vocabulary)
+    tie_output: bool = True  # target embedding = pre-softmax projection (§3.4)
+    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     copy: bool = False  # pointer-generator output (See et al., 2017): also copy source tokens; one vocabulary
     # BERT's embedding, for an encoder warm-started from one (train.init_from): no ×√d_model, and
     # LayerNorm(token + position) before the dropout, on both sides
@@ -114,7 +132,7 @@ class TransformerConfig(_Presets):
     }
 
     def __post_init__(self) -> None:
-        check_transformer_fields(self, ("encoder_layers", "decoder_layers"))
+        super().__post_init__()
         if self.copy and not self.share_embeddings:
             raise ConfigError(
                 "model.copy points at source tokens as output tokens: it needs one vocabulary for both "
@@ -123,31 +141,23 @@ class TransformerConfig(_Presets):
 
 
 @dataclass
-class DecoderModelConfig(_Presets):
+class DecoderModelConfig(BaseTransformerConfig):
     """A GPT-style decoder-only Transformer; defaults are GPT-2 small's (Radford et al., 2019):
     pre-LN, learned positions, GELU, a final LayerNorm, the output tied to the token embedding."""
 
     ARCH: ClassVar[str] = "decoder"
     arch: str = "decoder"
-    layers: int = 12  # N
     d_model: int = 768
     d_ff: int = 3072
     h: int = 12
-    dropout: float = 0.1  # on embedding sums and residual sub-layer outputs (GPT-2's embd/resid_pdrop)
-    attention_dropout: float = 0.1  # on attention weights (GPT-2's attn_pdrop)
-    activation_dropout: float = 0.0  # inside the FFN (GPT-2 has none)
+    attention_dropout: float = 0.1  # GPT-2's attn_pdrop (dropout: its embd/resid_pdrop)
     activation: str = "gelu_tanh"  # GPT-2's "gelu_new"
     norm_first: bool = True  # pre-LN (GPT-2); False = post-LN (the first GPT)
-    layer_norm_eps: float = 1e-5
     positions: str = "learned"  # or "sinusoidal"
-    sinusoid_layout: str = "interleaved"
-    max_len: int = 1024  # the context: the longest prompt + generated text
+    layers: int = 12  # N
     scale_embeddings: bool = False  # × √d_model as in the paper; GPT does not scale
     tie_output: bool = True  # output projection = token embedding
     output_bias: bool = False
-    pad_id: int = 0  # set from the tokenizer's <pad>; padded positions are never attended to
-    attention_normaliser: str = "softmax"  # scores -> weights: "softmax" (paper), "relu", "gelu", "sigmoid"
-    attention_window: int = 0  # > 0: self-attention sees only keys within this many positions (local)
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # GPT-2 small: 12 layers, 768 wide, 12 heads, 1024 positions (124M parameters with its vocabulary).
@@ -162,15 +172,12 @@ class DecoderModelConfig(_Presets):
         ),
     }
 
-    def __post_init__(self) -> None:
-        check_transformer_fields(self, ("layers",))
-
 
 HEADS = ("none", "mlm", "classify", "span")
 
 
 @dataclass
-class EncoderModelConfig(_Presets):
+class EncoderModelConfig(BaseTransformerConfig):
     """A BERT-style encoder-only Transformer; defaults are BERT-base's (Devlin et al., 2019): post-LN,
     learned positions and token types, a LayerNorm on the embedding sum, GELU, no embedding scaling.
 
@@ -180,23 +187,16 @@ class EncoderModelConfig(_Presets):
 
     ARCH: ClassVar[str] = "encoder"
     arch: str = "encoder"
-    layers: int = 12  # N
     d_model: int = 768
     d_ff: int = 3072
     h: int = 12
-    dropout: float = 0.1  # on the embedding sum and residual sub-layer outputs (BERT's hidden_dropout)
-    attention_dropout: float = 0.1  # BERT's attention_probs_dropout
-    activation_dropout: float = 0.0
-    activation: str = "gelu"
-    norm_first: bool = False  # post-LN, as BERT (and the paper)
+    attention_dropout: float = 0.1  # BERT's attention_probs_dropout (dropout: its hidden_dropout)
+    activation: str = "gelu"  # post-LN (norm_first: False), as BERT and the paper
     layer_norm_eps: float = 1e-12
     positions: str = "learned"
-    sinusoid_layout: str = "interleaved"
     max_len: int = 512
+    layers: int = 12  # N
     type_vocab_size: int = 2  # segments (sentence A / B); 0 = none
-    pad_id: int = 0  # set from the tokenizer's [PAD]
-    attention_normaliser: str = "softmax"  # scores -> weights: "softmax" (paper), "relu", "gelu", "sigmoid"
-    attention_window: int = 0  # > 0: self-attention sees only keys within this many positions (local)
     head: str = "none"
     pooling: str = "cls"  # classify: "cls" (BERT's pooler, tanh(W h_[CLS])) or "mean" over real tokens
     num_labels: int = 2  # classify: how many classes
@@ -213,7 +213,7 @@ class EncoderModelConfig(_Presets):
     }
 
     def __post_init__(self) -> None:
-        check_transformer_fields(self, ("layers",))
+        super().__post_init__()
         require_one_of("model.head", self.head, HEADS)
         require_one_of("model.pooling", self.pooling, ("cls", "mean"))
         require_at_least("model.type_vocab_size", self.type_vocab_size, 0)
