@@ -14,16 +14,12 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from attnkit.errors import AttnkitError
 from attnkit.utf8 import command_line_text
-
-if TYPE_CHECKING:
-    pass
-
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)  # help: describe() below
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}

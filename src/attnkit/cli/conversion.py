@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from attnkit.cli.app import Overwrite, app, one_line_errors
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, TransformerConfig, archs
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command("import-hf")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -36,9 +36,6 @@ from attnkit.cli.loading import (
 )
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command(context_settings=EXTRA_ARGS)

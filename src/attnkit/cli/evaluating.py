@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -32,9 +32,6 @@ from attnkit.cli.loading import (
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, archs
 from attnkit.models.glimpse import GlimpseConfig
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command(context_settings=EXTRA_ARGS)

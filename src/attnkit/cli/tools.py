@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from attnkit.cli.app import app, as_sent, one_line_errors, writable_file
 from attnkit.errors import AttnkitError
 from attnkit.utf8 import native_path
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import torch
 import typer
@@ -13,9 +13,6 @@ from attnkit.cli.app import EXTRA_ARGS, Overwrite, app, at_least, one_line_error
 from attnkit.config import IMAGE_ARCHS
 from attnkit.errors import AttnkitError
 from attnkit.models import PRESETS, archs, build_model, from_preset
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command()
