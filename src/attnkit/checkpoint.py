@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file, save_model
 
 from attnkit.atomic import write_text_atomic
 from attnkit.attention.linear import pack_for_inference
-from attnkit.config import IMAGE_ARCHS, RunConfig
+from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import MadeBy, recover, write_folder
@@ -230,7 +230,6 @@ def clear_run(run_dir: Path) -> None:
 
 DECODE_FILE = "attnkit_decode.json"  # a CTranslate2 folder's decoding settings (the run's decode section)
 MODEL_FILE = "attnkit_model.json"  # and what it holds: {"arch": the model's, "context": its positions}
-# what a CTranslate2 folder of each architecture is, and the attnkit command that runs it
 
 
 def ctranslate2_command(folder: Path, arch: str) -> str:
@@ -360,7 +359,8 @@ def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer | None) -> torch
 
 def read_tokenizer(checkpoint: Path, config: RunConfig) -> Tokenizer | None:
     """The checkpoint's tokenizer; ``None`` for an image model, which has none."""
-    return None if config.model.arch in IMAGE_ARCHS else Tokenizer.load(checkpoint / "tokenizer.json")
+    reads_images = ARCHITECTURES[config.model.arch].reads == "images"
+    return None if reads_images else Tokenizer.load(checkpoint / "tokenizer.json")
 
 
 def commands_for(arch: str) -> str:
@@ -445,6 +445,7 @@ def refuse_to_replace_a_source(out: Path, sources: list[Path]) -> None:
     one of ``sources`` or a folder that holds one (their run directory)."""
     target = out.resolve()
     for source in sources:
-        if source.resolve() == target or target in source.resolve().parents:
-            held = "is" if source.resolve() == target else f"holds {source.name}, which is"
+        resolved = source.resolve()
+        if resolved == target or target in resolved.parents:
+            held = "is" if resolved == target else f"holds {source.name}, which is"
             raise AttnkitError(f"{out} {held} a checkpoint it would be made from; name another folder")

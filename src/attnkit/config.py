@@ -20,7 +20,7 @@ import yaml
 from attnkit.data.synthetic import TASKS
 from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
-from attnkit.models import ARCHITECTURES, PRESETS, archs, config_class
+from attnkit.models import ARCHITECTURES, PRESETS, config_class
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.glimpse import GlimpseConfig, WholeImageConfig
 from attnkit.models.rnn import RNNConfig
@@ -34,8 +34,6 @@ TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
 SUMMARY_TASK = "summarise"  # JSON Lines of long texts and their short summaries (AESLC: email -> subject)
 IMAGE_TASK = "cluttered-digits"  # generated images (data/cluttered_digits.py)
-SEQ2SEQ = archs(using="translate")  # the architectures that translate (models/__init__.py's records)
-IMAGE_ARCHS = archs(reading="images")  # the architectures that read images: no tokenizer
 # data.task -> (the head an encoder needs for it, the train.eval_metric choices: the first is the default)
 _TASK_RULES = {
     **{task: (None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},

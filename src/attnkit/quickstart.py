@@ -5,7 +5,7 @@ download. The recipe below is the paper's model, only smaller (2+2 layers, d_mod
 level: 1,500 steps (about two minutes on two CPU cores), then the last three checkpoints are averaged
 as in the paper (§6.1), which reaches ≥ 99% exact match on held-out dates. Training is bound by its
 steps and seed, not by a clock, so a slower or busier machine takes longer but trains as much and
-reports the same kind of result (one core: about four minutes). Each quickstart starts
+reports the same kind of result (pinned to one core: about 100 s). Each quickstart starts
 afresh: an earlier quickstart's checkpoints in the same folder are deleted first, so that only this
 run's checkpoints are averaged. Nothing else is ever deleted: a folder holding another run (or a
 quickstart's from before checkpoints recorded what made them) is refused unless ``overwrite``.

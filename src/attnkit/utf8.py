@@ -32,8 +32,6 @@ def command_line_text(text: str) -> str:
 
 
 def native_path(path: str | Path) -> str:
-    """``path`` as plain text for a library that takes a path as UTF-8 (tokenizers, CTranslate2)."""
-    try:
-        return os.fsencode(path).decode("utf-8")
-    except UnicodeError:
-        return str(path)
+    """``path`` as plain text for a library that takes a path as UTF-8 (tokenizers, CTranslate2): the
+    same decoding as :func:`command_line_text`, a file name being the bytes the system holds."""
+    return command_line_text(os.fspath(path))

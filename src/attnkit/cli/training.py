@@ -10,9 +10,8 @@ import torch
 import typer
 
 from attnkit.cli.app import EXTRA_ARGS, Overwrite, app, at_least, one_line_errors, parse_overrides
-from attnkit.config import IMAGE_ARCHS
 from attnkit.errors import AttnkitError
-from attnkit.models import PRESETS, archs, build_model, from_preset
+from attnkit.models import ARCHITECTURES, PRESETS, archs, build_model, from_preset
 
 
 @app.command()
@@ -29,7 +28,7 @@ def summary(
     at_least("--length", length, 1)
     config = from_preset(preset)
     torch.manual_seed(0)
-    images = config.arch in IMAGE_ARCHS  # they read pixels: no vocabulary
+    images = ARCHITECTURES[config.arch].reads == "images"  # they read pixels: no vocabulary
     model = build_model(config, None if images else vocab).eval()
     reads = f"{config.image_size}×{config.image_size} images" if images else f"vocabulary {vocab}"
     typer.echo(f"attnkit {type(model).__name__} ({config.arch}), preset {preset!r}, {reads}")
