@@ -19,6 +19,7 @@ from torch import nn
 
 from attnkit.attention import MultiHeadAttention, attend, causal_mask, padding_mask
 from attnkit.attention.masks import to_torch_attn_mask
+from attnkit.cpu import speed_up
 
 
 def _mask(kind: str, batch: int, length: int, device: str) -> torch.Tensor | None:
@@ -56,6 +57,7 @@ def bench_attend(args, dtype) -> list[float]:
 def _mha_pair(d_model: int, heads: int, device: str, dtype: torch.dtype):
     peer = nn.MultiheadAttention(d_model, heads, batch_first=True).to(device, dtype)
     ours = MultiHeadAttention(d_model, heads).to(device, dtype)
+    speed_up(ours)  # on a CPU, as attnkit's trainer and loader do (attnkit.cpu)
     with torch.no_grad():
         ours.in_proj.weight.copy_(peer.in_proj_weight)
         ours.in_proj.bias.copy_(peer.in_proj_bias)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from timing import compare, make_parser, resolve_dtype, setup
 
+from attnkit.cpu import speed_up
 from attnkit.models.convert import from_hf
 
 WORDS = "the a movie film story actor plot was is very quite not really good bad great dull funny long"
@@ -42,6 +43,7 @@ def main() -> None:
     ours, tokenizer = from_hf(folder)
     peer = BertModel.from_pretrained(folder, local_files_only=True, attn_implementation="sdpa")
     ours, peer = ours.to(args.device, dtype).eval(), peer.to(args.device, dtype).eval()
+    speed_up(ours, inference=True)  # on a CPU, as attnkit's loader does (attnkit.cpu)
     g = torch.Generator().manual_seed(0)
     words = WORDS.split()
     lengths = torch.randint(args.words // 2, args.words + 1, (args.batch,), generator=g).tolist()

@@ -21,6 +21,7 @@ from torch import nn
 
 from attnkit import TransformerConfig, build_transformer
 from attnkit.attention.masks import causal_mask, to_torch_attn_mask
+from attnkit.cpu import speed_up
 from attnkit.nn import Embeddings, PositionalEncoding
 
 
@@ -89,6 +90,7 @@ def main() -> None:
     print(setup(args), f"preset {args.preset}, vocab {args.vocab}, {describe_dropout(config)}")
     torch.manual_seed(0)
     ours = build_transformer(config, args.vocab).to(args.device, dtype)
+    speed_up(ours)  # on a CPU, as attnkit's trainer and loader do (attnkit.cpu)
     peer = TorchTransformerPeer(config, args.vocab).to(args.device, dtype)
     ratios = []
     for shape in args.shapes.split(","):

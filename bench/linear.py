@@ -1,4 +1,4 @@
-"""The linear map alone: ``attnkit.attention.linear`` (oneDNN on CPU) against torch's ``F.linear``.
+"""The linear map alone: ``attnkit.cpu.linear`` (oneDNN on CPU) against torch's ``F.linear``.
 
 The shapes are the projections of the models the other benchmarks time: GPT-2 small (d_model 768,
 d_ff 3,072, Q/K/V stacked into 2,304 rows, 50,257 output tokens), all-MiniLM-L6-v2 (384, 1,536,
@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from timing import compare, make_parser, setup
 
-from attnkit.attention.linear import Linear, linear, onednn_applies
+from attnkit.cpu.linear import OneDNNLinear as Linear
+from attnkit.cpu.linear import linear, onednn_applies
 
 # (d_out, d_in) of the projections named in the docstring
 SHAPES = {

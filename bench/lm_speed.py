@@ -31,7 +31,7 @@ from timing import compare, make_parser, resolve_dtype, setup
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 
-from attnkit.attention.linear import pack_for_inference
+from attnkit.cpu import speed_up
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.search import argmax, extend
 from attnkit.models import build_model, from_preset
@@ -74,6 +74,7 @@ def main() -> None:
     peer = GPT2LMHeadModel(GPT2Config(**hf_gpt2_config_kwargs(ours)))
     peer.load_state_dict(to_hf_gpt2(ours), strict=True)
     ours, peer = ours.to(args.device, dtype), peer.to(args.device, dtype)
+    speed_up(ours)  # on a CPU, as attnkit's trainer and loader do (attnkit.cpu)
     c, size = ours.config, sum(p.numel() for p in ours.parameters()) / 1e6
     dropout = f"dropout {c.dropout} (embeddings, residuals), {c.attention_dropout} (attention)"
     print(setup(args), f"preset {args.preset} ({size:.1f}M), vocab {args.vocab}, {dropout}, fused AdamW")
@@ -118,7 +119,8 @@ def generation_speed(ours, peer, end: int, dtype: torch.dtype, args) -> None:
     on_cpu = args.device == "cpu" and dtype == torch.float32  # CTranslate2 gets float32 weights on a CPU
     ct2 = ctranslate2_generator(ours, args.vocab, Path(scratch.name) / "ct2") if on_cpu else None
     if not args.no_pack:
-        print(f"generation: {pack_for_inference(ours)} linear layers of ours with packed weights")
+        packed = speed_up(ours, inference=True).packed_weights  # as attnkit's loader does
+        print(f"generation: {packed} linear layers of ours with packed weights")
     for batch in (int(b) for b in args.gen_batch.split(",")):
         prompts = torch.randint(0, end, (batch, args.prompt_len), device=args.device)
         valid = torch.ones_like(prompts, dtype=torch.bool)

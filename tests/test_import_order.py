@@ -13,6 +13,7 @@ ORDER = [
     ("attention", ["attnkit.attention"]),
     ("nn", ["attnkit.nn"]),
     ("models", ["attnkit.models", "attnkit"]),  # "attnkit" alone: the package root, the paper's parts
+    ("cpu", ["attnkit.cpu"]),  # the CPU fast path, applied to built models from above
     ("data", ["attnkit.data"]),
     ("config", ["attnkit.config"]),
     ("checkpoint", ["attnkit.checkpoint"]),

@@ -1,16 +1,15 @@
 """Private torch interfaces (``torch._int_mm``, ``torch.ops.mkldnn.*``, ``torch._C._aoti``, ...) and
-``ctypes`` may change with any torch release, so they live in few, named places, each behind a probe
-with a tested fallback; this test finds every use in the package and fails on one anywhere else. The
-places are the CPU fast paths, which are to move into one CPU package (then this list is that package)."""
+``ctypes`` may change with any torch release, so they live in one package, the CPU fast path
+(``attnkit.cpu``), each behind a probe with a tested fallback; this test finds every use in attnkit and
+fails on one anywhere else."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 ALLOWED = {
-    "attention/linear.py": "oneDNN's linear and packed weights, int8 products (F.linear without them)",
-    "decode/compiled.py": "AOTInductor's compiled step through ctypes (the eager step without it)",
-    "train/distributed.py": "imports torch._dynamo before the process group exists (no interface used)",
+    "cpu/linear.py": "oneDNN's linear and packed weights, int8 products (F.linear without them)",
+    "cpu/compiled.py": "AOTInductor's compiled step through ctypes (the eager step without it)",
 }
 
 
@@ -65,3 +64,7 @@ def test_the_check_finds_each_kind(tmp_path):
         "a.py": ["torch._int_mm", "torch.ops", "torch.ops.mkldnn", "torch.ops.mkldnn._linear_pointwise"],
         "b.py": ["ctypes", "torch._inductor"],
     }
+
+
+def test_the_places_are_the_cpu_package():
+    assert all(path.startswith("cpu/") for path in ALLOWED)

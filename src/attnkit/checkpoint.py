@@ -33,8 +33,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
 from attnkit.atomic import write_text_atomic
-from attnkit.attention.linear import pack_for_inference
 from attnkit.config import RunConfig
+from attnkit.cpu import speed_up
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import MadeBy, recover, write_folder
@@ -381,10 +381,11 @@ def load_for_inference(
     arch: str | tuple[str, ...] | None = None,
     pack: bool = True,
 ):
-    """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode;
-    with ``arch``, a checkpoint of another architecture is an error that says which command fits it.
-    ``pack``: on a CPU, also keep the linear layers' weights in oneDNN's layout for faster inference
-    (``attention/linear.py``; one more copy of those weights in memory)."""
+    """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode, with
+    the CPU fast path applied on a CPU (``attnkit.cpu.speed_up``); with ``arch``, a checkpoint of
+    another architecture is an error that says which command fits it. ``pack``: on a CPU, also keep
+    the linear layers' weights in oneDNN's layout for faster inference (one more copy of them in
+    memory)."""
     checkpoint = resolve_checkpoint(path, prefer)
     config = read_run_config(checkpoint)
     if arch is not None and config.model.arch not in ((arch,) if isinstance(arch, str) else arch):
@@ -401,8 +402,7 @@ def load_for_inference(
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
     model = model.to(device).eval()
-    if pack:
-        pack_for_inference(model)
+    speed_up(model, inference=pack)
     return model, tokenizer, config
 
 

@@ -218,7 +218,7 @@ class DecodeConfig:
     batch_size: int = 64  # sentences (or prompts) per decoding batch
     # on a CPU, batches translated at a time, each on its share of the threads; 0 = one per thread
     streams: int = 0
-    # translation on a CPU: the decoding step compiled ahead of time (decode/compiled.py; same outputs)
+    # translation on a CPU: the decoding step compiled ahead of time (cpu/compiled.py; same outputs)
     compile: bool = False
     # generation (decoder-only): sampling; the defaults are nanoGPT's sample.py
     max_new_tokens: int = 256

@@ -64,8 +64,10 @@ def test_unscaled_dot_fast_path_equals_reference(case):
     q, k, v, mask = case
     fast, _ = attend(q, k, v, mask, score="dot")
     reference, _ = attend_reference(q, k, v, mask, score="dot")
-    torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fast.double(), oracle_float64(q, k, v, mask, scale=1.0), atol=1e-5, rtol=1e-5)
+    # unscaled scores reach ~100 here, and float32 softmax errs by about score × 2^-23 per weight: 1e-5
+    # of the output, so the bound is 1e-4 (the scaled case above stays within 1e-5)
+    torch.testing.assert_close(fast, reference, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fast.double(), oracle_float64(q, k, v, mask, scale=1.0), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("normaliser", ["softmax", "relu", "gelu", "sigmoid"])

@@ -8,17 +8,18 @@ normaliser as choices). Two paths compute it:
   computes the same thing: dot or scaled-dot scores, softmax, and no request for the weights (fused
   kernels never materialise them). Tests prove the two paths equal. With dropout on a CPU, the fused
   kernels do not apply and ``F.scaled_dot_product_attention`` computes the reference path's steps
-  itself; attnkit then takes the reference path, whose dropout draws its random numbers more cheaply
-  (dropout.py).
+  itself; attnkit then takes the reference path, where the caller may bring its own dropout (the CPU
+  fast path brings one that draws its random numbers more cheaply).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.attention.dropout import dropout
 from attnkit.attention.masks import causal_mask, combine_masks
 from attnkit.attention.normalisers import get_normaliser
 from attnkit.attention.scores import ScoreFn, resolve_score
@@ -36,6 +37,7 @@ def attend(
     score: str | ScoreFn = "scaled_dot",
     normaliser: str = "softmax",
     dropout_p: float = 0.0,
+    dropout_fn: Callable[[Tensor, float], Tensor] = F.dropout,
     need_weights: bool = False,
     causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
@@ -49,6 +51,8 @@ def attend(
         score: ``"scaled_dot"`` (the paper), ``"dot"``, or a score module such as ``LuongGeneral``.
         normaliser: ``"softmax"``, ``"relu"``, ``"gelu"`` or ``"sigmoid"`` (normalisers.py).
         dropout_p: dropout on the weights; pass 0.0 at evaluation time (as with F.sdpa).
+        dropout_fn: how the reference path drops weights, ``dropout_fn(weights, dropout_p)``:
+            ``F.dropout``, or another with its contract.
         need_weights: also return the weights ``(..., T_q, T_k)``; forces the reference path.
         causal: each query also sees only keys up to its own position (queries aligned to the end of
             the keys, as :func:`causal_mask`), without a mask tensor: the fused kernels then skip the
@@ -82,8 +86,9 @@ def attend(
         )
         return out, None
     return attend_reference(
-        q, k, v, mask, score=score, normaliser=normaliser, dropout_p=dropout_p, need_weights=need_weights
-    )
+        q, k, v, mask, score=score, normaliser=normaliser, dropout_p=dropout_p, dropout_fn=dropout_fn,
+        need_weights=need_weights,
+    )  # fmt: skip
 
 
 def attend_reference(
@@ -95,12 +100,13 @@ def attend_reference(
     score: str | ScoreFn = "scaled_dot",
     normaliser: str = "softmax",
     dropout_p: float = 0.0,
+    dropout_fn: Callable[[Tensor, float], Tensor] = F.dropout,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """The reference path of :func:`attend`, step by step as in the paper; same arguments."""
     scores = resolve_score(score)(q, k)  # (..., T_q, T_k)
     weights = get_normaliser(normaliser)(scores, mask)  # masked keys get exactly 0
     if dropout_p > 0.0:
-        weights = dropout(weights, dropout_p)
+        weights = dropout_fn(weights, dropout_p)
     out = weights @ v  # (..., T_q, d_v)
     return out, (weights if need_weights else None)

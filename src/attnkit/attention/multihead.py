@@ -15,13 +15,12 @@ Longformer and Mistral when combined with a causal mask). Cross-attention always
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention.functional import attend
-from attnkit.attention.linear import Linear, linear
 from attnkit.attention.local import attend_local
 from attnkit.attention.masks import local_window_mask
-from attnkit.attention.packing import Packing
 from attnkit.attention.recording import recording_of
 
 
@@ -100,6 +99,12 @@ class MultiHeadAttention(nn.Module):
     ``(B, T_q, T_k)``, ``True`` = may attend; the same mask applies to every head.
     """
 
+    # The two functions it applies itself (everything else is a module): the linear map of a slice of
+    # in_proj (cross-attention's W^Q, and W^K, W^V together), and dropout on the attention weights. A
+    # subclass may bring others with the same arithmetic, as attnkit.cpu does for CPUs.
+    project = staticmethod(F.linear)
+    drop_weights = staticmethod(F.dropout)
+
     def __init__(
         self,
         d_model: int,
@@ -120,8 +125,8 @@ class MultiHeadAttention(nn.Module):
         if window < 0:
             raise ValueError(f"window must be >= 0 (0 = attend to every key), got {window}")
         self.window = window  # self-attention only: each query sees the keys within `window` positions
-        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
-        self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
 
     def forward(
         self,
@@ -132,21 +137,18 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         causal: bool = False,
-        packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend; returns ``(output (B, T_q, d_model), per-head weights (B, h, T_q, T_k) or None)``.
 
-        ``causal``: also hide later positions, without a mask tensor (see :func:`attend`). ``packing``
-        (self-attention): ``query`` and the output are the real tokens' rows of a padded batch,
-        ``(rows, d_model)`` (see packing.py); the projections run on those rows only."""
-        q, k, v = self._project(query, memory, cache, packing)
+        ``causal``: also hide later positions, without a mask tensor (see :func:`attend`)."""
+        q, k, v = self._project(query, memory, cache)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(-3)  # (B, T_q, T_k) -> (B, 1, T_q, T_k): same mask for every head
         recorder = recording_of(self)  # a plot or the explorer wants this call's weights (recording.py)
         weights_wanted = need_weights or recorder is not None
         if k.size(0) != q.size(0):  # a cache shared by groups of consecutive query rows (see _shared)
             if not weights_wanted:
-                return self._merge_heads(self._shared(q, k, v, mask), packing), None
+                return self._merge_heads(self._shared(q, k, v, mask)), None
             groups = q.size(0) // k.size(0)  # weights per row wanted: the ordinary path, keys repeated
             k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
         if self.window and memory is None:  # local self-attention: a band of keys around each query
@@ -159,7 +161,7 @@ class MultiHeadAttention(nn.Module):
                 )
             out = self._local(q, k, v, mask, causal) if not weights_wanted else None
             if out is not None:
-                return self._merge_heads(out, packing), None
+                return self._merge_heads(out), None
             band = local_window_mask(q.size(-2), k.size(-2), window=self.window, device=q.device)
             mask = band if mask is None else mask & band
         out, weights = attend(
@@ -170,12 +172,13 @@ class MultiHeadAttention(nn.Module):
             score=self.score,
             normaliser=self.normaliser,
             dropout_p=self.dropout if self.training else 0.0,
+            dropout_fn=self.drop_weights,
             need_weights=weights_wanted,
             causal=causal,
         )
         if recorder is not None:
             recorder.keep(self, weights)
-        return self._merge_heads(out, packing), (weights if need_weights else None)
+        return self._merge_heads(out), (weights if need_weights else None)
 
     def _shared(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Cross-attention whose cached keys and values hold one row per group of ``G`` consecutive query
@@ -189,16 +192,15 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             mask = mask[::G]  # (N, 1, T_q or 1, T_k): each group's own
             mask = mask.repeat(1, 1, G, 1) if mask.size(-2) > 1 else mask  # query g·T + t: row t's
+        dropout = self.dropout if self.training else 0.0
         out, _ = attend(grouped, k, v, mask, score=self.score, normaliser=self.normaliser,
-                        dropout_p=self.dropout if self.training else 0.0)  # fmt: skip
+                        dropout_p=dropout, dropout_fn=self.drop_weights)  # fmt: skip
         return out.view(-1, h, G, T, d_k).transpose(1, 2).reshape(B, h, T, d_k)
 
-    def _merge_heads(self, out: Tensor, packing: Packing | None = None) -> Tensor:
-        """Concat(head_1..h) W^O: ``(B, h, T_q, d_k) -> (B, T_q, d_model)``, or ``(rows, d_model)``
-        with a packing."""
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        """Concat(head_1..h) W^O: ``(B, h, T_q, d_k) -> (B, T_q, d_model)``."""
         B, _, T_q, _ = out.shape
-        out = out.transpose(1, 2).reshape(B, T_q, self.d_model)
-        return self.out_proj(out if packing is None else packing.pack(out))
+        return self.out_proj(out.transpose(1, 2).reshape(B, T_q, self.d_model))
 
     def _local(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor | None:
         """Windowed self-attention in blocks (attention/local.py) when it computes what the banded mask
@@ -213,20 +215,17 @@ class MultiHeadAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         return attend_local(q, k, v, self.window, key_valid, causal=causal, dropout_p=dropout)
 
-    def _project(
-        self, query: Tensor, memory: Tensor | None, cache: KVCache | None, packing: Packing | None = None
-    ) -> tuple[Tensor, ...]:
+    def _project(self, query: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, ...]:
         """Queries, keys and values split into heads, ``(B, h, T, d_k)`` each, using the cache if given."""
         if memory is None:  # self-attention: one matmul for Q, K and V
-            qkv = self.in_proj(query)  # (B, T, 3·d_model), or (rows, 3·d_model) packed
-            q, k, v = (qkv if packing is None else packing.unpack(qkv)).chunk(3, dim=-1)
+            q, k, v = self.in_proj(query).chunk(3, dim=-1)  # (B, T, d_model) each
             k, v = self._split_heads(k), self._split_heads(v)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:  # cross-attention: keys and values come from the memory, computed once per sequence
             W, b = self.in_proj.weight, self.in_proj.bias
             d = self.d_model
-            q = linear(query, W[:d], None if b is None else b[:d])
+            q = self.project(query, W[:d], None if b is None else b[:d])
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value
             else:
@@ -239,7 +238,7 @@ class MultiHeadAttention(nn.Module):
         """Cross-attention's keys and values of ``memory (B, S, d_model)``: ``(B, h, S, d_k)`` each, laid
         out as the attention kernel reads them (a decoder cache keeps them for every step)."""
         W, b, d = self.in_proj.weight, self.in_proj.bias, self.d_model
-        k, v = linear(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
+        k, v = self.project(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
         return self._split_heads(k).contiguous(), self._split_heads(v).contiguous()
 
     def _split_heads(self, x: Tensor) -> Tensor:

@@ -20,8 +20,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.linear import Linear
-
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -54,7 +52,7 @@ class LuongGeneral(nn.Module):
 
     def __init__(self, d_q: int, d_k: int | None = None) -> None:
         super().__init__()
-        self.W_a = Linear(d_k or d_q, d_q, bias=False)
+        self.W_a = nn.Linear(d_k or d_q, d_q, bias=False)
 
     def project_keys(self, k: Tensor) -> Tensor:
         return self.W_a(k)
@@ -76,8 +74,8 @@ class LuongConcat(nn.Module):
     def __init__(self, d_q: int, d_k: int | None = None, d_attn: int | None = None) -> None:
         super().__init__()
         self.d_q = d_q
-        self.W_a = Linear(d_q + (d_k or d_q), d_attn or d_q, bias=False)
-        self.v_a = Linear(d_attn or d_q, 1, bias=False)
+        self.W_a = nn.Linear(d_q + (d_k or d_q), d_attn or d_q, bias=False)
+        self.v_a = nn.Linear(d_attn or d_q, 1, bias=False)
 
     def project_keys(self, k: Tensor) -> Tensor:
         return k @ self.W_a.weight[:, self.d_q :].T
@@ -100,9 +98,9 @@ class BahdanauAdditive(nn.Module):
     def __init__(self, d_q: int, d_k: int | None = None, d_attn: int | None = None) -> None:
         super().__init__()
         d_attn = d_attn or d_q
-        self.W_a = Linear(d_q, d_attn, bias=False)
-        self.U_a = Linear(d_k or d_q, d_attn, bias=True)
-        self.v_a = Linear(d_attn, 1, bias=False)
+        self.W_a = nn.Linear(d_q, d_attn, bias=False)
+        self.U_a = nn.Linear(d_k or d_q, d_attn, bias=True)
+        self.v_a = nn.Linear(d_attn, 1, bias=False)
 
     def project_keys(self, k: Tensor) -> Tensor:
         return self.U_a(k)

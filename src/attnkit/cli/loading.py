@@ -66,8 +66,8 @@ def load_translator(ckpt: Path, device: torch.device, overrides: list[str], int8
 def load_model(ckpt: Path, device: torch.device, accepted: str | tuple[str, ...], int8: bool = False):
     """``load_for_inference`` of a checkpoint of the ``accepted`` architectures; ``int8``: its linear
     maps multiply int8 weights and inputs (``--int8``, CPU only) instead of packed float32 ones."""
-    from attnkit.attention.linear import quantize_int8
     from attnkit.checkpoint import load_for_inference
+    from attnkit.cpu import quantize_int8
 
     if int8 and device.type != "cpu":
         raise AttnkitError(f"--int8 is for CPUs; this run would decode on {device.type}")

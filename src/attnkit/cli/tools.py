@@ -96,7 +96,7 @@ app.add_typer(cache_app, name="cache")
 def cache_info() -> None:
     """Where the compiled steps are kept, how many, and how much room they take (at most 2 GiB: beyond
     that, and after 30 days unused, steps are deleted)."""
-    from attnkit.decode.compiled import cache_folder, cached_steps
+    from attnkit.cpu.compiled import cache_folder, cached_steps
 
     steps = cached_steps()
     size = sum(bytes_ for _, bytes_, _ in steps)
@@ -107,7 +107,7 @@ def cache_info() -> None:
 @one_line_errors
 def cache_clear() -> None:
     """Delete every compiled step (each is compiled again when next needed)."""
-    from attnkit.decode.compiled import cache_folder, cached_steps, remove_step
+    from attnkit.cpu.compiled import cache_folder, cached_steps, remove_step
 
     steps = cached_steps()
     for package, _, _ in steps:

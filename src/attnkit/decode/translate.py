@@ -8,11 +8,11 @@ from functools import partial
 import torch
 
 from attnkit.config import DecodeConfig
+from attnkit.cpu.compiled import compiled_decoding
+from attnkit.cpu.streams import fill_by_batch, stream_count
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.search import Hypothesis, beam_search, greedy
-from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import evaluating
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -31,7 +31,7 @@ def translate(
     first_line: int = 1,
 ) -> list[str]:
     """Translate ``texts``; ``beam_size`` 1 is greedy search, default ``decode.beam_size``. On a CPU the
-    batches are searched ``decode.streams`` at a time (streams.py).
+    batches are searched ``decode.streams`` at a time (cpu/streams.py).
 
     An empty (or all-space) input line gives an empty output line without running the model. The model
     handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is

@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.dropout import Dropout
-from attnkit.attention.linear import Linear
 from attnkit.models.config import EncoderModelConfig
 from attnkit.models.layers import encoder_layer
 from attnkit.nn.embedding import Embeddings, positional_encoding
@@ -35,7 +33,7 @@ class EncoderEmbeddings(nn.Module):
         self.positions = positional_encoding(c.positions, c.d_model, 0.0, c.max_len, c.sinusoid_layout)
         self.token_types = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:
         x = self.positions(self.words(ids))
@@ -49,10 +47,10 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, c: EncoderModelConfig, vocab_size: int) -> None:
         super().__init__()
-        self.transform = Linear(c.d_model, c.d_model)
+        self.transform = nn.Linear(c.d_model, c.d_model)
         self.activation = ACTIVATIONS[c.activation]
         self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.proj = Linear(c.d_model, vocab_size)  # its weight is the token embedding (tied below)
+        self.proj = nn.Linear(c.d_model, vocab_size)  # its weight is the token embedding (tied below)
 
     def forward(self, hidden: Tensor, valid: Tensor) -> Tensor:
         return self.proj(self.norm(self.activation(self.transform(hidden))))
@@ -64,9 +62,9 @@ class ClassificationHead(nn.Module):
     def __init__(self, c: EncoderModelConfig) -> None:
         super().__init__()
         self.pooling = c.pooling
-        self.pooler = Linear(c.d_model, c.d_model) if c.pooling == "cls" else None
-        self.dropout = Dropout(c.dropout)
-        self.classifier = Linear(c.d_model, c.num_labels)
+        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooling == "cls" else None
+        self.dropout = nn.Dropout(c.dropout)
+        self.classifier = nn.Linear(c.d_model, c.num_labels)
 
     def forward(self, hidden: Tensor, valid: Tensor) -> Tensor:
         if self.pooler is not None:  # BERT's pooler reads the [CLS] position
@@ -81,7 +79,7 @@ class SpanHead(nn.Module):
 
     def __init__(self, c: EncoderModelConfig) -> None:
         super().__init__()
-        self.proj = Linear(c.d_model, 2)
+        self.proj = nn.Linear(c.d_model, 2)
 
     def forward(self, hidden: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         start, end = self.proj(hidden).unbind(-1)

@@ -38,7 +38,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.attention.linear import Linear
 from attnkit.errors import require_at_least
 from attnkit.models.config import _Presets
 from attnkit.nn.reinforce import reinforce_loss
@@ -122,16 +121,16 @@ class GlimpseClassifier(nn.Module):
     def __init__(self, config: GlimpseConfig, vocab_size: int | None = None) -> None:
         super().__init__()
         c = self.config = config
-        self.what = Linear(c.scales * c.patch**2, c.d_glimpse)  # W_ρ
-        self.where = Linear(2, c.d_glimpse)  # W_ℓ
+        self.what = nn.Linear(c.scales * c.patch**2, c.d_glimpse)  # W_ρ
+        self.where = nn.Linear(2, c.d_glimpse)  # W_ℓ
         self.glimpse_what, self.glimpse_where = (
-            Linear(c.d_glimpse, c.d_hidden),
-            Linear(c.d_glimpse, c.d_hidden),
+            nn.Linear(c.d_glimpse, c.d_hidden),
+            nn.Linear(c.d_glimpse, c.d_hidden),
         )
         self.core = nn.RNNCell(c.d_hidden, c.d_hidden, nonlinearity="relu")  # ReLU(W_i g_t + W_h h_{t-1})
-        self.locate = Linear(c.d_hidden, 2)  # μ_t = tanh(W_μ h_t)
-        self.baseline = Linear(c.d_hidden, 1)  # b_t = W_b h_t
-        self.classify = Linear(c.d_hidden, c.num_labels)
+        self.locate = nn.Linear(c.d_hidden, 2)  # μ_t = tanh(W_μ h_t)
+        self.baseline = nn.Linear(c.d_hidden, 1)  # b_t = W_b h_t
+        self.classify = nn.Linear(c.d_hidden, c.num_labels)
         self.locations: Tensor | None = None  # (B, T, 2) of the last forward: where each glimpse was
         self._choices: tuple[Tensor, Tensor] | None = None  # training: (log π(l_t), b_t), each (B, T - 1)
 
@@ -190,8 +189,8 @@ class WholeImageClassifier(nn.Module):
         super().__init__()
         self.config = config
         w = config.width
-        self.layers = nn.Sequential(nn.Flatten(), Linear(config.image_size**2, w), nn.ReLU(),
-                                    Linear(w, w), nn.ReLU(), Linear(w, config.num_labels))  # fmt: skip
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(config.image_size**2, w), nn.ReLU(),
+                                    nn.Linear(w, w), nn.ReLU(), nn.Linear(w, config.num_labels))  # fmt: skip
 
     def forward(self, images: Tensor) -> Tensor:
         return self.layers(images)

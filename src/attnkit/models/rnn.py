@@ -34,8 +34,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.dropout import Dropout
-from attnkit.attention.linear import Linear
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models.config import _Presets
 from attnkit.models.rnn_attention import Alignment, Source, SourceAttention, make_source
@@ -104,9 +102,9 @@ class RNNSeq2Seq(nn.Module):
         self.vocab_size = vocab_size
         rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[c.cell]
         self.embed = nn.Embedding(vocab_size, c.d_embed, padding_idx=c.pad_id)  # shared by both sides
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.encoder = rnn(c.d_embed, c.d_hidden // 2, c.layers, batch_first=True, bidirectional=True)
-        self.bridge = Linear(c.d_hidden, c.d_hidden)  # s_0 = tanh(W [→h_S; ←h_1]) per layer
+        self.bridge = nn.Linear(c.d_hidden, c.d_hidden)  # s_0 = tanh(W [→h_S; ←h_1]) per layer
         self.luong = c.attention in ("dot", "general", "concat")
         feed = c.d_hidden if c.attention == "bahdanau" or (self.luong and c.input_feeding) else 0
         self.decoder = rnn(c.d_embed + feed, c.d_hidden, c.layers, batch_first=True)
@@ -116,11 +114,11 @@ class RNNSeq2Seq(nn.Module):
         if c.hard:
             self.baseline = MovingAverageBaseline()
         if self.luong:
-            self.combine = Linear(2 * c.d_hidden, c.d_hidden, bias=False)  # W_c [c_t; h_t]
+            self.combine = nn.Linear(2 * c.d_hidden, c.d_hidden, bias=False)  # W_c [c_t; h_t]
             out = c.d_hidden
         else:  # Bahdanau's output layer reads [s_i; c_i; y_{i-1}] (no context without attention)
             out = c.d_hidden + (c.d_hidden if c.attention == "bahdanau" else 0) + c.d_embed
-        self.output = Linear(out, vocab_size)
+        self.output = nn.Linear(out, vocab_size)
         self._choices: tuple[Tensor, Tensor] | None = None  # hard attention's (log p, entropy), training
 
     # --- encoder ---------------------------------------------------------------------------------------

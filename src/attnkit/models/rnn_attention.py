@@ -36,7 +36,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.linear import Linear
 from attnkit.attention.masks import keys_near, padding_mask
 from attnkit.attention.normalisers import softmax
 from attnkit.attention.scores import BahdanauAdditive, LuongConcat, LuongGeneral, dot, split_score
@@ -92,8 +91,8 @@ class SourceAttention(nn.Module):
         if hard:  # training batches seen, so that the first soft_batches are soft (saved: resumes exactly)
             self.register_buffer("batches", torch.zeros((), dtype=torch.long))
         if local == "local-p":  # p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))
-            self.W_p = Linear(d_hidden, d_hidden, bias=False)
-            self.v_p = Linear(d_hidden, 1, bias=False)
+            self.W_p = nn.Linear(d_hidden, d_hidden, bias=False)
+            self.v_p = nn.Linear(d_hidden, 1, bias=False)
 
     def prepare(self, annotations: Tensor, src: Tensor, pad_id: int) -> Source:
         project_keys, _ = split_score(self.score)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.linear import Linear
 from attnkit.attention.masks import causal_mask, padding_mask
 from attnkit.errors import ConfigError
 from attnkit.models.config import TransformerConfig
@@ -33,7 +32,7 @@ class Generator(nn.Module):
 
     def __init__(self, d_model: int, vocab_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.proj = Linear(d_model, vocab_size, bias=bias)
+        self.proj = nn.Linear(d_model, vocab_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(x)

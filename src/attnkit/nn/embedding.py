@@ -12,8 +12,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.dropout import Dropout
-
 
 class Embeddings(nn.Module):
     """Token ids ``(B, T)`` to vectors ``(B, T, d_model)``, scaled by √d_model as in the paper.
@@ -68,7 +66,7 @@ class PositionalEncoding(nn.Module):
     ) -> None:
         super().__init__()
         self.d_model, self.layout = d_model, layout
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoid_table(max_len, d_model, layout), persistent=False)
 
     def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
@@ -89,7 +87,7 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x (B, T, d_model)`` holding positions ``start .. start+T-1``, or ``positions (B, T)``."""
@@ -108,7 +106,7 @@ class EmbeddingNorm(nn.Module):
     def __init__(self, d_model: int, dropout: float, eps: float) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.norm(x))

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.attention.functional import attend
-from attnkit.attention.linear import Linear
 
 _TINY = 1e-30  # log(P) for a token that neither softmax (underflowed) nor the pointer gives anything
 
@@ -31,9 +30,9 @@ class PointerGenerator(nn.Module):
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
-        self.query = Linear(d_model, d_model)  # h_t -> the pointer's query
-        self.key = Linear(d_model, d_model)  # memory -> the pointer's keys (computed once per source)
-        self.switch = Linear(2 * d_model, 1)  # [h_t; c_t] -> the logit of p_gen
+        self.query = nn.Linear(d_model, d_model)  # h_t -> the pointer's query
+        self.key = nn.Linear(d_model, d_model)  # memory -> the pointer's keys (computed once per source)
+        self.switch = nn.Linear(2 * d_model, 1)  # [h_t; c_t] -> the logit of p_gen
 
     def keys(self, memory: Tensor) -> Tensor:
         """The pointer's keys ``(B, S, d_model)`` for the memory ``(B, S, d_model)``."""

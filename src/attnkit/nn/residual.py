@@ -1,7 +1,7 @@
 """The residual connection around every sub-layer (Vaswani et al., 2017, §3.1 and §5.4).
 
-The paper computes ``LayerNorm(x + Dropout(Sublayer(x)))`` ("post-LN"). The Annotated Transformer
-computes ``x + Dropout(Sublayer(LayerNorm(x)))`` ("pre-LN", Xiong et al., 2020) while citing the paper;
+The paper computes ``LayerNorm(x + nn.Dropout(Sublayer(x)))`` ("post-LN"). The Annotated Transformer
+computes ``x + nn.Dropout(Sublayer(LayerNorm(x)))`` ("pre-LN", Xiong et al., 2020) while citing the paper;
 here post-LN is the default and pre-LN an explicit option. A pre-LN stack needs one more LayerNorm after
 its last layer, which Encoder and Decoder add.
 """
@@ -12,8 +12,6 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from attnkit.attention.dropout import Dropout
-
 
 class SublayerConnection(nn.Module):
     """Residual connection, dropout and layer normalisation around one sub-layer."""
@@ -23,7 +21,7 @@ class SublayerConnection(nn.Module):
     ) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:

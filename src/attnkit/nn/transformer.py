@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from attnkit.attention.multihead import KVCache, MultiHeadAttention
-from attnkit.attention.packing import Packing
 from attnkit.nn.feedforward import PositionwiseFeedForward
 from attnkit.nn.residual import SublayerConnection
 
@@ -45,14 +44,9 @@ class EncoderLayer(nn.Module):
         mask: Tensor | None,
         cache: KVCache | None = None,
         causal: bool = False,
-        packing: Packing | None = None,
     ) -> Tensor:
-        """``causal``: each position attends only to itself and earlier ones (a GPT layer). ``packing``:
-        ``x`` and the output are the real tokens' rows ``(rows, d_model)`` of a padded batch (see
-        attention/packing.py); everything but the attention between positions runs on them alone."""
-        x = self.sublayer[0](
-            x, lambda y: self.self_attn(y, mask=mask, cache=cache, causal=causal, packing=packing)[0]
-        )
+        """``causal``: each position attends only to itself and earlier ones (a GPT layer)."""
+        x = self.sublayer[0](x, lambda y: self.self_attn(y, mask=mask, cache=cache, causal=causal)[0])
         return self.sublayer[1](x, self.feed_forward)
 
 
@@ -114,16 +108,11 @@ class Encoder(nn.Module):
     ) -> Tensor:
         """``caches``: one self-attention KV cache per layer, for step-by-step causal use (GPT);
         ``causal``: every layer attends causally (see :func:`attnkit.attention.attend`). ``valid (B, T)``
-        marks the real tokens: with padding, the layers work on the real tokens' rows only (a batch of
-        sentences of 10 to 18 tokens is a fifth padding) and padded positions' outputs are zeros; real
-        positions' outputs are those of a full pass. ``mask`` must then hide the padded keys."""
-        packing = None if valid is None or bool(valid.all()) or caches is not None else Packing(valid)
-        if packing is not None:
-            x = packing.pack(x)  # (B, T, d_model) -> (rows, d_model)
+        marks the real tokens, which ``mask`` lets attend: the stack computes every position, and what it
+        gives at padding is read by nothing; a stack that skips padding may use it (attnkit.cpu's)."""
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, None if caches is None else caches[i], causal, packing)
-        x = self.norm(x)
-        return x if packing is None else packing.unpack(x)
+            x = layer(x, mask, None if caches is None else caches[i], causal)
+        return self.norm(x)
 
 
 class DecoderCache:

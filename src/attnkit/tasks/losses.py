@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from attnkit.attention.linear import linear
+from attnkit.cpu.linear import linear
 from attnkit.models import unwrap
 
 

@@ -66,10 +66,11 @@ def init_world(device_kind: str) -> World:
         return World()
     backend = "nccl" if device_kind == "cuda" else "gloo"
     if not dist.is_initialized():
-        # Importing torch._dynamo (DistributedDataParallel does) keeps references to a process group
+        # Importing torch's compiler (DistributedDataParallel does) keeps references to a process group
         # that exists by then, so close_world could not end it: it would be torn down at interpreter
-        # exit, where gloo's threads can abort the process (SIGABRT after a finished run). Import first.
-        import torch._dynamo
+        # exit, where gloo's threads can abort the process (SIGABRT after a finished run). So load it
+        # first, by its public reset (which has nothing to clear yet).
+        torch.compiler.reset()
 
         dist.init_process_group(backend)
     world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))

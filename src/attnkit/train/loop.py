@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from attnkit import checkpoint as ckpt
 from attnkit.config import RunConfig, TrainConfig
+from attnkit.cpu import speed_up
 from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.metrics import perplexity
@@ -205,6 +206,7 @@ class Trainer:
         if t.freeze:
             self._say(f"frozen: {freeze(self.model, t.freeze):,} parameters ({', '.join(t.freeze)})")
         self.model.to(self.device)
+        speed_up(self.model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
         torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
         self.optimizer = make_optimizer(self.model, t, self.device)
         rate = learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model,

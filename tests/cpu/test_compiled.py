@@ -1,4 +1,4 @@
-"""decode.compile (decode/compiled.py): the decoding step compiled ahead of time translates exactly as the
+"""decode.compile (cpu/compiled.py): the decoding step compiled ahead of time translates exactly as the
 eager step, is kept and loaded again, follows changed weights, and steps aside where it cannot work."""
 
 import shutil
@@ -8,9 +8,9 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.config import DecodeConfig
+from attnkit.cpu import compiled
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode import compiled
 from attnkit.decode.translate import translate, translate_n_best
 from attnkit.models.config import TransformerConfig
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from attnkit import build_transformer
 from attnkit.cli import app
-from attnkit.decode import compiled
+from attnkit.cpu import compiled
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""Dropout (Srivastava et al., 2014) with cheaper random numbers on CPU.
+"""Dropout (Srivastava et al., 2014) with cheaper random numbers on CPU: :class:`FastDropout`, which
+:func:`attnkit.cpu.speed_up` swaps in for every ``nn.Dropout`` of a model, and :func:`dropout`, which it
+gives multi-head attention for its weights.
 
 ``dropout(x, p)`` zeroes each entry with probability p and scales the rest by 1/(1-p), as
 ``F.dropout``. On a CPU, ``F.dropout`` draws one random float per entry (``bernoulli_``), which was
@@ -51,8 +53,16 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return torch.where(keep_mask(x.shape, p, x.device), x, 0.0).mul_(scale)
 
 
-class Dropout(nn.Dropout):
+class FastDropout(nn.Dropout):
     """``nn.Dropout`` whose forward is :func:`dropout`."""
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
+
+
+def as_fast_dropout(model: nn.Module) -> int:
+    """Make every plain ``nn.Dropout`` of ``model`` a :class:`FastDropout`, in place; returns how many."""
+    layers = [module for module in model.modules() if type(module) is nn.Dropout]
+    for layer in layers:
+        layer.__class__ = FastDropout
+    return len(layers)

@@ -1,4 +1,5 @@
-"""The linear map ``y = x Wᵀ + b`` of every projection, multiplied by oneDNN on CPU.
+"""The linear map ``y = x Wᵀ + b`` multiplied by oneDNN on CPU: :class:`OneDNNLinear`, which
+:func:`attnkit.cpu.speed_up` swaps in for every ``nn.Linear`` of a model.
 
 Why not plain ``F.linear``: on CPU, PyTorch's float32 ``F.linear`` multiplies through its BLAS, which is
 MKL in the official wheels, and on AMD processors (most cloud machines) MKL runs a slower code path. The
@@ -14,8 +15,8 @@ and whenever ``torch.backends.mkldnn`` is unavailable or switched off
 (``with torch.backends.mkldnn.flags(enabled=False):``), and for multiplies too small to pay: a oneDNN
 call costs about 15 µs more, and it was never faster for weights under 2^17 numbers (256 × 256 and
 smaller); from there it is taken from 2^22 multiply-adds, or from 2^19 weights (2 MiB, read from memory
-at every call: the few-row case). :class:`Linear` is ``nn.Linear`` with that
-forward: the same parameters and state-dict keys, so checkpoints and conversions do not change.
+at every call: the few-row case). :class:`OneDNNLinear` is ``nn.Linear`` with that forward: the same
+parameters and state-dict keys, so checkpoints and conversions do not change.
 
 For inference, :func:`pack_for_inference` also keeps each weight in oneDNN's own blocked layout, as
 ``torch.compile``'s frozen CPU graphs and CTranslate2 do, so that oneDNN does not rearrange it at every
@@ -23,19 +24,43 @@ call: the same products, 1.1-1.2x faster for 32-160 rows and 1.5-3x for 2-16 row
 Packed, oneDNN pays for any number of rows from two, so a packed weight is taken for few rows too (a
 beam search over one sentence, the last steps of a batch), where the plain one is left to ``F.linear``;
 a single row keeps the plain weight, which is as fast or faster there.
+
+The private operations (``torch.ops.mkldnn._linear_pointwise``, ``_reorder_linear_weight``,
+``torch._int_mm``) may change with any torch release, so each is tried once on a small example
+against its public equivalent before it is used (:func:`_probe_linear`,
+:func:`_packing_works`, :func:`_probe_int_mm`); where one is missing or differs, the public path
+serves instead.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-# oneDNN's fused linear, the op torch.compile's CPU backend calls (None in builds without oneDNN).
-_onednn_linear = (
-    getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
-)
+# Small examples for the probes: deterministic, so that probing draws nothing from torch's generator.
+_X = torch.linspace(-1.0, 1.0, 3 * 8).view(3, 8)  # (rows, d_in)
+_W = torch.linspace(1.0, -0.5, 5 * 8).view(5, 8)  # (d_out, d_in)
+_B = torch.linspace(0.0, 0.4, 5)
+
+
+def _probe_linear():
+    """oneDNN's fused linear, the op ``torch.compile``'s CPU backend calls, if this build has it and it
+    gives ``F.linear``'s product on a small example; None otherwise (``F.linear`` then serves)."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        works = torch.allclose(op(_X, _W, _B, "none", [], ""), F.linear(_X, _W, _B), atol=1e-5)
+    except (AttributeError, RuntimeError, TypeError):  # not in this build, or its signature changed
+        return None
+    return op if works else None
+
+
+_onednn_linear = _probe_linear()  # None: F.linear everywhere
 # below these F.linear is as fast or faster (bench/linear.py): see the module docstring
 MIN_WEIGHTS, MIN_MULTIPLY_ADDS, ENOUGH_WEIGHTS = 2**17, 2**22, 2**19
 
@@ -122,9 +147,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return _multiply(x, weight, bias)
 
 
-class Linear(nn.Linear):
+class OneDNNLinear(nn.Linear):
     """``nn.Linear`` (same parameters, initialisation and state-dict keys) whose forward is :func:`linear`;
-    after :meth:`quantize_int8`, int8 weights for CPU inference."""
+    after :meth:`pack_for_inference`, a packed weight, and after :meth:`quantize_int8`, int8 weights for
+    CPU inference. :func:`attnkit.cpu.speed_up` makes a model's ``nn.Linear`` layers this class."""
 
     # int8 weights, transposed (d_in, d_out), and their per-output scales (d_out,): quantize_int8
     int8_weight: Tensor | None = None
@@ -148,7 +174,7 @@ class Linear(nn.Linear):
         the weight is unchanged (any in-place update, as an optimizer step or ``load_state_dict``,
         retires it), without gradients, and for inputs of more than one row."""
         weight = self.weight
-        if _onednn_linear is None or not weight.is_cpu or weight.dtype != torch.float32:
+        if not _packing_works() or not weight.is_cpu or weight.dtype != torch.float32:
             return False
         if weight.numel() < MIN_WEIGHTS:
             return False
@@ -176,7 +202,8 @@ class Linear(nn.Linear):
         """Multiply by int8 weights from now on, in CPU inference, by dynamic quantisation (as
         ``torch.ao.quantization.quantize_dynamic`` and torchao's int8 weights and activations): each
         output row's weights scaled to [-127, 127] once, each input row per call, products summed in
-        int32 (``torch._int_mm``: VNNI instructions where the CPU has them), then scaled back to
+        int32 (``torch._int_mm``, VNNI instructions where the CPU has them; where it does not work, the
+        same sum by public operations, slower), then scaled back to
         float32. About 2.6x fewer cycles than float32 for the output layer of the Multi30k model,
         ~1% error per output. The float32 weights stay: training, tied embeddings and the state dict
         use them, as do gradients and other devices."""
@@ -184,26 +211,69 @@ class Linear(nn.Linear):
         scale = (weight.abs().amax(1) / 127).clamp(min=1e-12)  # (d_out,)
         self.int8_weight = (weight / scale[:, None]).round().to(torch.int8).t()  # (d_in, d_out)
         self.int8_scale = scale
+        self.int8_product = torch._int_mm if _probe_int_mm() else _int32_product
 
     def _int8_forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, x.size(-1))  # (N, d_in)
         x_scale = (rows.abs().amax(1, keepdim=True) / 127).clamp(min=1e-12)  # (N, 1)
         quantised = (rows / x_scale).round_().to(torch.int8)
-        out = torch._int_mm(quantised, self.int8_weight).float().mul_(x_scale).mul_(self.int8_scale)
+        out = self.int8_product(quantised, self.int8_weight).float().mul_(x_scale).mul_(self.int8_scale)
         if self.bias is not None:
             out.add_(self.bias)
         return out.view(*x.shape[:-1], -1)  # (..., d_out)
 
 
-def quantize_int8(model: nn.Module) -> int:
-    """:meth:`Linear.quantize_int8` for every :class:`Linear` of ``model``; returns how many."""
-    layers = [module for module in model.modules() if isinstance(module, Linear)]
+def _int32_product(a: Tensor, b: Tensor) -> Tensor:
+    """``torch._int_mm``'s product of two int8 matrices, in int32 by public operations (slower)."""
+    return a.to(torch.int32) @ b.to(torch.int32)
+
+
+@functools.cache
+def _probe_int_mm() -> bool:
+    """Whether ``torch._int_mm`` multiplies int8 matrices on this CPU as the int32 product does."""
+    a = torch.arange(-12, 12, dtype=torch.int8).view(3, 8)
+    b = torch.arange(-20, 20, dtype=torch.int8).view(8, 5)
+    try:
+        return bool(torch.equal(torch._int_mm(a, b), _int32_product(a, b)))
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+@functools.cache
+def _packing_works() -> bool:
+    """Whether oneDNN's blocked weights (``_reorder_linear_weight``) give ``F.linear``'s product here."""
+    if _onednn_linear is None:
+        return False
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(_W, 128)
+        return torch.allclose(_onednn_linear(_X, packed, _B, "none", [], ""), F.linear(_X, _W, _B), atol=1e-5)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+def as_onednn(model: nn.Module) -> int:
+    """Make every plain ``nn.Linear`` of ``model`` a :class:`OneDNNLinear`, in place (the same parameters,
+    only the forward changes); returns how many. Nothing where this build has no oneDNN linear."""
+    if _onednn_linear is None:
+        return 0
+    layers = [module for module in model.modules() if type(module) is nn.Linear]
     for layer in layers:
+        layer.__class__ = OneDNNLinear
+    return len(layers)
+
+
+def quantize_int8(model: nn.Module) -> int:
+    """:meth:`OneDNNLinear.quantize_int8` for every linear layer of ``model`` (plain ``nn.Linear``
+    layers become :class:`OneDNNLinear` first); returns how many."""
+    layers = [module for module in model.modules() if type(module) in (nn.Linear, OneDNNLinear)]
+    for layer in layers:
+        layer.__class__ = OneDNNLinear
         layer.quantize_int8()
     return len(layers)
 
 
 def pack_for_inference(model: nn.Module) -> int:
-    """:meth:`Linear.pack_for_inference` for every :class:`Linear` of ``model``; returns how many took
-    it (layers too small for oneDNN keep ``F.linear``)."""
-    return sum(module.pack_for_inference() for module in model.modules() if isinstance(module, Linear))
+    """:meth:`OneDNNLinear.pack_for_inference` for every :class:`OneDNNLinear` of ``model``; returns how
+    many took it (layers too small for oneDNN keep ``F.linear``)."""
+    layers = [module for module in model.modules() if isinstance(module, OneDNNLinear)]
+    return sum(layer.pack_for_inference() for layer in layers)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from attnkit.attention.linear import Linear, quantize_int8
+from attnkit.cpu.linear import OneDNNLinear as Linear
+from attnkit.cpu.linear import quantize_int8
 
 
 def _fake_quantised(t: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import attnkit.attention.linear as linear_module
-from attnkit.attention.linear import Linear, pack_for_inference
+import attnkit.cpu.linear as linear_module
+from attnkit.cpu.linear import OneDNNLinear as Linear
+from attnkit.cpu.linear import pack_for_inference
 
 pytestmark = pytest.mark.skipif(linear_module._onednn_linear is None, reason="this torch has no oneDNN")
 
@@ -22,6 +23,7 @@ def weights_seen(monkeypatch) -> list[bool]:
     """Whether each oneDNN call got a packed (oneDNN-layout) weight."""
     seen: list[bool] = []
     real = linear_module._onednn_linear
+    linear_module._packing_works()  # probed before the spy: its own call is not the layer's
 
     def spy(x, weight, *args):
         seen.append(weight.is_mkldnn)

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.attention.linear import ENOUGH_WEIGHTS, Linear, linear, onednn_applies
+from attnkit.cpu.linear import ENOUGH_WEIGHTS, linear, onednn_applies
+from attnkit.cpu.linear import OneDNNLinear as Linear
 
 onednn = pytest.mark.skipif(
     not (torch.backends.mkldnn.is_available() and onednn_applies(torch.ones(1, 512), torch.ones(1024, 512))),
