@@ -18,8 +18,8 @@ ORDER = [
     ("config", ["attnkit.config"]),
     ("checkpoint", ["attnkit.checkpoint"]),
     ("convert", ["attnkit.models.convert"]),  # above the checkpoint format it reads and writes
+    ("decode", ["attnkit.decode"]),  # searches and text in, text out: what tasks infer and score with
     ("tasks", ["attnkit.tasks"]),
-    ("decode", ["attnkit.decode"]),
     ("train", ["attnkit.train"]),
     ("viz", ["attnkit.viz"]),
     ("quickstart", ["attnkit.quickstart"]),

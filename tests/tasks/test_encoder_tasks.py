@@ -250,8 +250,7 @@ def test_encoder_commands_refuse_what_they_cannot_do_in_one_line(tsv_dir, tmp_pa
                         "data.task=mlm", "data.train=[train.tsv]", "train.max_steps=2"])  # fmt: skip
     (tmp_path / "bad.tsv").write_text("a line without a label\n", encoding="utf-8")
     cases = [
-        (["predict", "--ckpt", str(tmp_path / "mlm"), "--text", "x"],
-         r"holds a masked-LM model: pre-training, to fine-tune with train\.init_from; this command needs"),
+        (["predict", "--ckpt", str(tmp_path / "mlm"), "--text", "x"], r"--text:1: no <mask> to fill"),
         (["evaluate", "--ckpt", str(tmp_path / "mlm"), "--src", "a", "--ref", "b"],
          r"holds an encoder model: evaluate it with --data FILE\.tsv"),
         (["translate", "--ckpt", str(tmp_path / "mlm")], r"use attnkit predict / evaluate --data"),
@@ -263,6 +262,12 @@ def test_encoder_commands_refuse_what_they_cannot_do_in_one_line(tsv_dir, tmp_pa
     for args, message in cases:
         result = runner.invoke(app, args)
         one_line_error(result, message)
+    filled = runner.invoke(
+        app, ["predict", "--ckpt", str(tmp_path / "mlm"), "--text", "the <mask> was <mask> ."]
+    )
+    assert filled.exit_code == 0, filled.output
+    token, p, token2, p2 = filled.output.rstrip("\n").split("\t")  # one token and probability per mask
+    assert token and token2 and 0.0 < float(p) <= 1.0 and 0.0 < float(p2) <= 1.0
 
 
 def test_tasks_and_architectures_must_go_together():

@@ -6,8 +6,8 @@ import torch
 
 from attnkit.config import load_run_config
 from attnkit.errors import AttnkitError, ConfigError
+from attnkit.tasks import translation
 from attnkit.tasks.translation import prepare_data
-from attnkit.train import loop
 from attnkit.train.loop import Trainer
 
 TINY = ["model.preset=tiny", "data.task=dates", "data.tokenizer=char", "data.n_train=80", "data.n_valid=8",
@@ -68,7 +68,7 @@ def test_valid_bleu_sentences_decodes_only_a_prefix_but_scores_loss_on_all(tmp_p
         decoded.append(list(texts))
         return list(texts)  # "perfect" translations of the source: scores are computed on these
 
-    monkeypatch.setattr(loop, "translate", recording_translate)  # the search the trainer hands the task
+    monkeypatch.setattr(translation, "translate", recording_translate)  # the search the task decodes with
     full, _ = _trainer(tmp_path / "full", "train.max_steps=1")
     limited, _ = _trainer(tmp_path / "limited", "train.max_steps=1", "train.valid_bleu_sentences=3")
     full_scores, limited_scores = full.validate(), limited.validate()

@@ -75,6 +75,7 @@ def translate(
     (an α chosen on validation data) or ``decode.batch_size=128``."""
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.decode.translate import translate_n_best
+    from attnkit.tasks import task_of
     from attnkit.train.distributed import resolve_device
 
     at_least("--beam", beam, 1)
@@ -98,7 +99,7 @@ def translate(
     device = resolve_device()
     model, tokenizer, config = load_translator(ckpt, device, overrides, int8)
     check_n_best(n_best, beam or config.decode.beam_size)
-    source_limit = config.data.source_limit if config.data.task == "summarise" else None  # as in training
+    source_limit = config.data.source_limit if task_of(config).cuts_sources else None  # as in training
     settings = dict(beam_size=beam, device=device, warn=note, source_limit=source_limit)
 
     def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
@@ -253,9 +254,10 @@ def predict(
     output: OutputFile = None,
 ) -> None:
     """Run an encoder model on each input line. A classifier prints ``label<TAB>probability``; a
-    question-answering model reads ``question<TAB>passage`` and prints the answer span."""
-    from attnkit.tasks.classification import classify
-    from attnkit.tasks.span_qa import answer
+    question-answering model reads ``question<TAB>passage`` and prints the answer span; a masked-LM
+    model fills each mask token of a sentence (``[MASK]`` or ``<mask>``, as its tokenizer writes it),
+    printing ``token<TAB>probability`` for each."""
+    from attnkit.tasks import task_of
     from attnkit.train.distributed import resolve_device
 
     if text is not None and input is not None:
@@ -263,22 +265,8 @@ def predict(
     if output is not None:
         writable_file(output)
     device = resolve_device()
-    model, tokenizer, config = load_encoder(ckpt, ("classify", "span"), device)
+    model, tokenizer, config = load_encoder(ckpt, ("classify", "span", "mlm"), device)
     lines = [text] if text is not None else read_input(input)
-    size = config.decode.batch_size
-    if config.model.head == "classify":
-        probabilities = classify(model, tokenizer, lines, size, device)
-        best, label = probabilities.max(-1)
-        rows = [
-            f"{config.data.labels[i]}\t{p:.4f}" for p, i in zip(best.tolist(), label.tolist(), strict=True)
-        ]
-    else:
-        where = "--text" if text is not None else (input or "stdin")
-        pairs = [line.split("\t", 1) for line in lines]
-        for number, pair in enumerate(pairs, start=1):
-            if len(pair) != 2:
-                raise AttnkitError(
-                    f"{where}:{number}: no tab; a question-answering input is question<TAB>passage"
-                )
-        rows = answer(model, tokenizer, [q for q, _ in pairs], [p for _, p in pairs], size, device)
+    where = "--text" if text is not None else str(input or "stdin")
+    rows = task_of(config).infer(model, tokenizer, config, lines, device, where=where)
     write_output(output, "".join(row + "\n" for row in rows))

@@ -90,7 +90,7 @@ def load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
 
     model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="predict"))
     if config.model.head not in heads:
-        what = {"mlm": "a masked-LM model: pre-training, to fine-tune with train.init_from",
+        what = {"mlm": "a masked-LM model (attnkit predict fills its masks; to fine-tune: train.init_from)",
                 "none": "an encoder without a head"}.get(config.model.head, config.model.head)  # fmt: skip
         raise AttnkitError(f"{ckpt} holds {what}; this command needs a {' or '.join(heads)} head")
     return model, tokenizer, config

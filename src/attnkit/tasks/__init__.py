@@ -1,5 +1,5 @@
-"""Tasks: how a batch is made from data, the loss, the validation metrics. One module per task; the
-trainer calls the task's methods and never branches on which task it is.
+"""Tasks: how a batch is made from data, the loss, the validation metrics, inference. One module per task;
+the trainer calls the task's methods and never branches on which task it is.
 
 | ``data.task`` | task | model (``model.arch``, ``model.head``) |
 |---|---|---|
@@ -10,7 +10,8 @@ trainer calls the task's methods and never branches on which task it is.
 | ``qa`` | extractive question answering (``span_qa.py``) | ``encoder``, ``span`` |
 | ``cluttered-digits`` | image classification (``image_classification.py``) | ``glimpse``, ``whole-image`` |
 
-Every task offers what ``protocol.py``'s :class:`Task` lists (batches, loss, validation). A task may fill
+Every task offers what ``protocol.py``'s :class:`Task` lists (batches, loss, validation, and ``infer``:
+what a model trained on it makes of new inputs). A task may fill
 in what only its data can say (a classifier's labels) in the run config it is given, which is then saved
 with the checkpoints.
 """
@@ -27,7 +28,7 @@ from attnkit.tasks.language_modelling import LanguageModellingTask
 from attnkit.tasks.masked_lm import MaskedLMTask
 from attnkit.tasks.protocol import Task
 from attnkit.tasks.span_qa import SpanQATask
-from attnkit.tasks.translation import SummarisationTask, Translate, TranslationTask
+from attnkit.tasks.translation import SummarisationTask, TranslationTask
 
 TASK_CLASSES: dict[str, type] = {
     **dict.fromkeys(TRANSLATION_TASKS, TranslationTask),
@@ -40,13 +41,12 @@ TASK_CLASSES: dict[str, type] = {
 }
 
 
-def make_task(
-    config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None], translate: Translate
-) -> Task:
-    """The task that ``data.task`` names, with its data read (and a tokenizer learned if none is given);
-    ``translate`` is how a translation or summarisation task decodes for its validation scores
-    (decode/translate.py's: tasks sit below decoding, so the search is handed to them)."""
-    task = TASK_CLASSES[config.data.task]
-    if issubclass(task, TranslationTask):
-        return task(config, tokenizer, echo, translate=translate)
-    return task(config, tokenizer, echo)
+def make_task(config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> Task:
+    """The task that ``data.task`` names, with its data read (and a tokenizer learned if none is given)."""
+    return TASK_CLASSES[config.data.task](config, tokenizer, echo)
+
+
+def task_of(config: RunConfig) -> type[Task]:
+    """The task class a run of ``config`` trained on, whose :meth:`Task.infer` says what its model does
+    with new inputs (nothing is read)."""
+    return TASK_CLASSES[config.data.task]

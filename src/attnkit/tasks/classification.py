@@ -13,7 +13,7 @@ label's F1, so that a rare label counts as much as a common one).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
@@ -164,3 +164,19 @@ class ClassificationTask:
         gold = [self.valid_labels[i] for group in groups for i in group]  # in batch order, as predicted
         accuracy, f1 = accuracy_and_f1(torch.cat(predicted).tolist(), gold, self.n_labels)
         return {"valid_loss": scores["valid_loss"], "valid_accuracy": accuracy, "valid_f1": f1}
+
+    @classmethod
+    def infer(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        inputs: Sequence[str],
+        device: torch.device | str,
+        where: str = "input",
+    ) -> list[str]:
+        """Each sentence's most probable label and its probability, ``label<TAB>probability``."""
+        probabilities = classify(model, tokenizer, list(inputs), config.decode.batch_size, device)
+        best, label = probabilities.max(-1)
+        labels = config.data.labels
+        return [f"{labels[i]}\t{p:.4f}" for p, i in zip(best.tolist(), label.tolist(), strict=True)]

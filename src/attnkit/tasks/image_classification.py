@@ -13,7 +13,7 @@ weights and config.json only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,7 +23,8 @@ from torch import Tensor
 
 from attnkit.config import RunConfig
 from attnkit.data.cluttered_digits import N_CLASSES, Canvases, cluttered_digits
-from attnkit.models import unwrap
+from attnkit.errors import AttnkitError
+from attnkit.models import evaluating, unwrap
 from attnkit.tasks.validation import validation_loss
 
 
@@ -125,3 +126,27 @@ class ImageClassificationTask:
             "valid_loss": scores["valid_loss"],
             "valid_accuracy": torch.stack(right).sum().item() / len(self.valid),
         }
+
+    @classmethod
+    def infer(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: None,
+        config: RunConfig,
+        inputs: Sequence[Tensor],
+        device: torch.device | str,
+        where: str = "input",
+    ) -> list[str]:
+        """Each image's digit, as the model names it (evaluation mode: no sampled glimpses); an image is
+        ``(canvas, canvas)`` 8-bit grey levels, 0 = black, as the task's canvases."""
+        size = config.model.image_size
+        for number, image in enumerate(inputs, start=1):
+            if tuple(image.shape) != (size, size):
+                raise AttnkitError(f"{where}:{number}: an image of {tuple(image.shape)}; this model reads "
+                                   f"({size}, {size})")  # fmt: skip
+        digits = []
+        with evaluating(model), torch.no_grad():
+            for group in consecutive(len(inputs), config.train.batch_size):
+                images = torch.stack([inputs[i] for i in group]).unsqueeze(1).float().to(device) / 255
+                digits += model(images).argmax(-1).tolist()  # (B, 1, H, W) -> (B,)
+        return [str(digit) for digit in digits]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
@@ -28,6 +28,7 @@ from attnkit.config import DataConfig, RunConfig
 from attnkit.data.readers import read_text
 from attnkit.data.text_blocks import Blocks, blocks_at, stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.generate import generate
 from attnkit.errors import DataError
 from attnkit.models import evaluating
 from attnkit.tasks.losses import generative_loss
@@ -100,6 +101,20 @@ class LanguageModellingTask:
         """Loss and perplexity per token over the whole validation text."""
         blocks = stream_blocks(self.valid_ids, self.block, self.per_batch)
         return validation_loss(self.loss, model, blocks, device, autocast)
+
+    @classmethod
+    def infer(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        inputs: Sequence[str],
+        device: torch.device | str,
+        where: str = "input",
+    ) -> list[str]:
+        """Each prompt's continuation (without the prompt), by the run's decode settings (as ``attnkit
+        generate``)."""
+        return generate(model, tokenizer, list(inputs), config.decode, device=device)
 
 
 @torch.no_grad()

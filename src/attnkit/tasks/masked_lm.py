@@ -15,18 +15,20 @@ Validation reports the loss and perplexity of the chosen tokens and the masked-t
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from attnkit.config import RunConfig
-from attnkit.data.batching import EncoderBatch, pad, token_batches
+from attnkit.data.batching import EncoderBatch, encoder_input, length_batches, pad, token_batches
 from attnkit.data.readers import read_labelled, read_lines
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.errors import DataError
+from attnkit.errors import AttnkitError, DataError
+from attnkit.models import evaluating
 from attnkit.tasks.classification import encode_sentences
 from attnkit.tasks.losses import label_smoothed_loss
 from attnkit.tasks.validation import validation_loss
@@ -135,3 +137,61 @@ class MaskedLMTask:
         scores = validation_loss(loss_and_hits, model, batches, device, autocast)
         hits = int(torch.stack(correct).sum()) if correct else 0
         return {**scores, "valid_accuracy": hits / sum(b.n_tokens for b in batches)}
+
+    @classmethod
+    def infer(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        inputs: Sequence[str],
+        device: torch.device | str,
+        where: str = "input",
+    ) -> list[str]:
+        """The most probable token at each mask of each sentence, and its probability:
+        ``token<TAB>probability`` per mask (BERT's fill-the-blank), written as the tokenizer writes its
+        mask token (``[MASK]`` or ``<mask>``)."""
+        mask = tokenizer.specials.mask
+        if mask is None:
+            raise AttnkitError("this model's tokenizer has no mask token to fill")
+        written, longest = tokenizer.hf.id_to_token(mask), config.model.max_len  # "[MASK]", "<mask>"
+        rows = []
+        for number, line in enumerate(inputs, start=1):
+            if written not in line:
+                raise AttnkitError(f"{where}:{number}: no {written} to fill")
+            row = _with_masks(tokenizer, line, written, mask)
+            row = row if len(row) <= longest else [*row[: longest - 1], row[-1]]  # cut as in training
+            if mask not in row:
+                raise AttnkitError(f"{where}:{number}: its {written} is beyond the model's {longest} tokens")
+            rows.append(row)
+        filled = [""] * len(rows)
+        with evaluating(model), torch.no_grad():
+            for group in length_batches(range(len(rows)), [len(r) for r in rows], config.decode.batch_size):
+                ids = pad([rows[i] for i in group], tokenizer.specials.pad).to(device)  # (B, T)
+                chosen = ids == mask
+                best, token = model(ids, select=chosen).float().softmax(-1).max(-1)  # (masks in the batch,)
+                pairs = zip(best.tolist(), token.tolist(), strict=True)
+                found = (f"{_written(tokenizer, t)}\t{p:.4f}" for p, t in pairs)
+                for i, n in zip(group, chosen.sum(-1).tolist(), strict=True):  # row by row, in order
+                    filled[i] = "\t".join(itertools.islice(found, n))
+        return filled
+
+
+def _with_masks(tokenizer: Tokenizer, line: str, written: str, mask: int) -> list[int]:
+    """``[CLS] line [SEP]`` ids with the mask id wherever ``line`` has ``written``: the text between
+    masks is encoded piece by piece (a tokenizer need not read its mask token in text), each piece
+    before a mask without its trailing spaces, each after one with its leading space (a byte-level
+    BPE's word starts)."""
+    pieces = line.split(written)
+    ids: list[int] = []
+    for k, piece in enumerate(pieces):
+        if k:
+            ids.append(mask)
+        text = piece if k == len(pieces) - 1 else piece.rstrip()
+        ids += tokenizer.encode(text) if text.strip() else []
+    return encoder_input(ids, tokenizer.specials)[0]
+
+
+def _written(tokenizer: Tokenizer, token: int) -> str:
+    """A predicted token as text (``paris``; a special token as the vocabulary writes it, ``<unk>``)."""
+    return tokenizer.decode([token]).strip() or tokenizer.hf.id_to_token(token)

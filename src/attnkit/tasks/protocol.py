@@ -1,19 +1,22 @@
-"""What every task offers the trainer, written down once: the trainer calls these and never asks which
-task it has (tests/tasks/test_protocol.py checks each task against it)."""
+"""What every task offers, written down once: the trainer calls its batches, loss and validation and
+never asks which task it has, and a trained model's commands call its ``infer``
+(tests/tasks/test_protocol.py checks each task against it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
+from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 
 
 class Task(Protocol):
-    """A task: its data, how a batch is made, the loss, and the validation scores."""
+    """A task: its data, how a batch is made, the loss, the validation scores, and what a trained model
+    does with new inputs."""
 
     unit: ClassVar[str]  # what the loss is summed over, for the speed shown ("target tokens", "images")
     metrics: ClassVar[dict[str, str]]  # train.eval_metric name -> validation score ("loss" lower is better)
@@ -34,4 +37,20 @@ class Task(Protocol):
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """The validation scores (``valid_loss`` and the task's own, as ``metrics`` names them)."""
+        ...
+
+    @classmethod
+    def infer(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        inputs: Sequence[Any],
+        device: torch.device | str,
+        where: str = "input",
+    ) -> list[str]:
+        """What a model trained on this task makes of new inputs, one line of text per input (a
+        translation, a continuation, a label and its probability, ...), with the run's ``config``
+        (its decode settings); it reads no data. A bad input is an ``AttnkitError`` naming
+        ``where:number`` (``where``: a file's name, say)."""
         ...

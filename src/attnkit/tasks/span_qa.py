@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -30,6 +30,7 @@ from attnkit.config import RunConfig
 from attnkit.data.batching import EncoderBatch, encoder_input, length_batches, pad, token_batches
 from attnkit.data.questions import QAExample, people_questions
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import AttnkitError
 from attnkit.tasks.validation import validation_loss
 
 MAX_ANSWER_TOKENS = 30
@@ -220,3 +221,24 @@ class SpanQATask:
             exact, f1 = exact + e, f1 + f
         n = max(len(self.valid), 1)
         return {"valid_loss": scores["valid_loss"], "valid_exact": exact / n, "valid_f1": f1 / n}
+
+    @classmethod
+    def infer(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        inputs: Sequence[str],
+        device: torch.device | str,
+        where: str = "input",
+    ) -> list[str]:
+        """Each ``question<TAB>passage`` input's answer, the passage's own text of the span the model
+        finds most likely."""
+        pairs = [line.split("\t", 1) for line in inputs]
+        for number, pair in enumerate(pairs, start=1):
+            if len(pair) != 2:
+                raise AttnkitError(
+                    f"{where}:{number}: no tab; a question-answering input is question<TAB>passage"
+                )
+        questions, passages = [q for q, _ in pairs], [p for _, p in pairs]
+        return answer(model, tokenizer, questions, passages, config.decode.batch_size, device)

@@ -12,7 +12,7 @@ summaries: ROUGE-1/2/L F1 against every reference, the best one counting).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -25,6 +25,7 @@ from attnkit.data.batching import Batch, make_batch, token_batches
 from attnkit.data.readers import ParallelText, Records, read_jsonl, read_parallel
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 from attnkit.metrics import bleu, exact_match, rouge
 from attnkit.models import unwrap
@@ -112,16 +113,12 @@ def prepare_data(
     return PreparedData(tokenizer, [src[i] for i in keep], [tgt[i] for i in keep], valid)
 
 
-# how validation decodes: ``translate(model, tokenizer, texts, decode_config, beam_size=, device=)`` -> the
-# texts' outputs, decode/translate.py's; handed to the task, which sits below decoding
-Translate = Callable[..., list[str]]
-
-
 class TranslationTask:
-    """The trainer's view of translation: batches, loss and validation (see the module docstring);
-    ``translate`` decodes the validation sources for their scores."""
+    """Translation: batches, loss, validation by greedy translations' scores (see the module docstring),
+    and inference: translating."""
 
     unit: ClassVar[str] = "target tokens"  # what the loss is summed over (the speed shown is target tokens/s)
+    cuts_sources: ClassVar[bool] = False  # sources cut to data.max_source_len, in training and inference
     metrics: ClassVar[dict[str, str]] = {
         "bleu": "valid_bleu",
         "accuracy": "valid_accuracy",
@@ -133,10 +130,8 @@ class TranslationTask:
         config: RunConfig,
         tokenizer: Tokenizer | None,
         echo: Callable[[str], None],
-        *,
-        translate: Translate,
     ) -> None:
-        self.config, self.translate = config, translate
+        self.config = config
         self.data = prepare_data(config.data, config.train.seed, tokenizer, echo)
         self.tokenizer = self.data.tokenizer
         self.lengths = [len(s) + 1 for s in self.data.train_src], [len(t) + 1 for t in self.data.train_tgt]
@@ -183,7 +178,7 @@ class TranslationTask:
     def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
         """BLEU and exact-match accuracy of the greedy translations of the first ``n`` sources."""
         valid = self.data.valid
-        hypotheses = self.translate(
+        hypotheses = translate(
             model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1, device=device
         )
         return {
@@ -191,11 +186,27 @@ class TranslationTask:
             "valid_accuracy": exact_match(hypotheses, valid.tgt[:n]),
         }
 
+    @classmethod
+    def infer(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        inputs: Sequence[str],
+        device: torch.device | str,
+        where: str = "input",
+    ) -> list[str]:
+        """Each input's translation, by the run's decode settings (as ``attnkit translate``); a
+        summariser's sources are cut to the length it was trained on (``data.max_source_len``)."""
+        limit = config.data.source_limit if cls.cuts_sources else None
+        return translate(model, tokenizer, list(inputs), config.decode, device=device, source_limit=limit)
+
 
 class SummarisationTask(TranslationTask):
     """Summarisation: translation's batches and loss; validation by ROUGE of greedy summaries against
     every reference (the best one counting), on sources cut as in training."""
 
+    cuts_sources: ClassVar[bool] = True  # an email's beginning: all a summariser has ever read
     metrics: ClassVar[dict[str, str]] = {
         "rouge1": "valid_rouge1",
         "rouge2": "valid_rouge2",
@@ -212,8 +223,6 @@ class SummarisationTask(TranslationTask):
         """ROUGE-1/2/L F1 of the greedy summaries of the first ``n`` sources (as cut for training)."""
         valid = self.data.valid
         texts = [self.tokenizer.decode(ids) for ids in self.valid_ids[0][:n]]
-        hypotheses = self.translate(
-            model, self.tokenizer, texts, self.config.decode, beam_size=1, device=device
-        )
+        hypotheses = translate(model, self.tokenizer, texts, self.config.decode, beam_size=1, device=device)
         r1, r2, rl = rouge(hypotheses, (valid.references or [[t] for t in valid.tgt])[:n])
         return {"valid_rouge1": r1.score, "valid_rouge2": r2.score, "valid_rougeL": rl.score}

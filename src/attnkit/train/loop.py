@@ -33,7 +33,6 @@ from tqdm import tqdm
 from attnkit import checkpoint as ckpt
 from attnkit.config import RunConfig, TrainConfig
 from attnkit.cpu import speed_up
-from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.metrics import perplexity
 from attnkit.models import unwrap
@@ -198,7 +197,7 @@ class Trainer:
         tokenizer = ckpt.read_tokenizer(resume_from, config) if resume_from else None
         if pretrained:
             tokenizer = pretrained.tokenizer
-        self.task = make_task(config, tokenizer, self._say, translate)
+        self.task = make_task(config, tokenizer, self._say)
         self.tokenizer = self.task.tokenizer
         self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
         if pretrained:
