@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from timing import compare, make_parser, resolve_dtype, setup
 
+from attnkit.convert import from_hf
 from attnkit.cpu import speed_up
-from attnkit.models.convert import from_hf
 
 WORDS = "the a movie film story actor plot was is very quite not really good bad great dull funny long"
 

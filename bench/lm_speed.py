@@ -31,12 +31,12 @@ from timing import compare, make_parser, resolve_dtype, setup
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 
+from attnkit.convert import hf_gpt2_config_kwargs, to_hf_gpt2
+from attnkit.convert.export import export_ctranslate2
 from attnkit.cpu import speed_up
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.search import argmax, extend
 from attnkit.models import build_model, from_preset
-from attnkit.models.convert import hf_gpt2_config_kwargs, to_hf_gpt2
-from attnkit.models.convert.export import export_ctranslate2
 from attnkit.tasks.losses import generative_loss
 
 

@@ -38,6 +38,7 @@ import torch
 
 from attnkit.checkpoint import load_for_inference
 from attnkit.config import with_decode_overrides
+from attnkit.convert.export import export_ctranslate2, export_hf
 from attnkit.cpu import quantize_int8
 from attnkit.cpu.streams import fill_by_batch, stream_count
 from attnkit.data.batching import length_batches, pad
@@ -45,7 +46,6 @@ from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Translator
 from attnkit.decode.translate import translate
 from attnkit.metrics import bleu
-from attnkit.models.convert.export import export_ctranslate2, export_hf
 
 
 def hf_translator(

@@ -17,7 +17,7 @@ ORDER = [
     ("data", ["attnkit.data"]),
     ("config", ["attnkit.config"]),
     ("checkpoint", ["attnkit.checkpoint"]),
-    ("convert", ["attnkit.models.convert"]),  # above the checkpoint format it reads and writes
+    ("convert", ["attnkit.convert"]),  # above the checkpoint format it reads and writes
     ("decode", ["attnkit.decode"]),  # searches and text in, text out: what tasks infer and score with
     ("tasks", ["attnkit.tasks"]),
     ("train", ["attnkit.train"]),

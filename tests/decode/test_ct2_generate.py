@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from attnkit.cli import app
 from attnkit.config import DecodeConfig
+from attnkit.convert.export import export_ctranslate2
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import generate
 from attnkit.errors import ConversionError
 from attnkit.models import build_model, from_preset
-from attnkit.models.convert.export import export_ctranslate2
 
 pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
 from attnkit.decode.ct2 import CTranslate2Generator

@@ -79,8 +79,8 @@ def test_ctranslate2s_n_best_scores_follow_its_own_formula(model_and_tokenizer, 
     and <s> (CTranslate2 takes them out before the softmax), Y ending in </s>, or cut at the length bound
     without it; recomputed here from a teacher-forced pass."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
+    from attnkit.convert.export import export_ctranslate2
     from attnkit.decode.ct2 import CTranslate2Translator
-    from attnkit.models.convert.export import export_ctranslate2
 
     model, tokenizer = model_and_tokenizer
     s = tokenizer.specials

@@ -83,7 +83,7 @@ def test_a_model_with_another_vocabulary_layout_has_the_same_loss():
 
 def test_greedy_on_a_marian_vocabulary_layout_equals_hf_generate():
     transformers = pytest.importorskip("transformers", reason="HF transformers is the parity reference")
-    from attnkit.models.convert import from_hf_marian
+    from attnkit.convert import from_hf_marian
 
     V, pad, eos = 40, 39, 0  # Marian's layout: </s> first, <pad> last and also the decoder start
     torch.manual_seed(0)

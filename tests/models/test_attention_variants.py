@@ -6,9 +6,9 @@ import torch
 
 from attnkit.attention.multihead import MultiHeadAttention
 from attnkit.config import load_run_config
+from attnkit.convert import to_hf_bert, to_hf_gpt2, to_hf_marian
 from attnkit.errors import ConfigError, ConversionError
 from attnkit.models import DecoderModelConfig, EncoderModelConfig, TransformerConfig, build_model
-from attnkit.models.convert import to_hf_bert, to_hf_gpt2, to_hf_marian
 from attnkit.train.loop import Trainer
 from tests.models.test_decoder_only import cached_pass
 

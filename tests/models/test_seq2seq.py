@@ -112,8 +112,8 @@ def test_pre_ln_stacks_end_in_a_layer_norm_and_post_ln_stacks_do_not():
 
 
 def test_bert_style_embeddings_layer_normalise_the_unscaled_sum_and_are_not_exported():
+    from attnkit.convert import to_hf_marian
     from attnkit.errors import ConversionError
-    from attnkit.models.convert import to_hf_marian
 
     model = _model(scale_embeddings=False, embedding_norm=True, positions="learned")
     src, tgt = _batch()

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from attnkit.convert.marian import hf_marian_config_kwargs
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import beam_search, greedy
 from attnkit.errors import ConfigError, ConversionError
 from attnkit.models.config import TransformerConfig
-from attnkit.models.convert.marian import hf_marian_config_kwargs
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.pointer import PointerGenerator
 from attnkit.tasks.losses import generative_loss

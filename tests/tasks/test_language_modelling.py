@@ -222,9 +222,9 @@ def test_text_perplexity_is_hf_gpt2s_on_the_same_blocks():
     cross-entropy of HF's logits on consecutive blocks of the model's context, each predicting the
     tokens one later."""
     transformers = pytest.importorskip("transformers", reason="HF transformers is the reference")
+    from attnkit.convert import hf_gpt2_config_kwargs, to_hf_gpt2
     from attnkit.data.tokenizer import Tokenizer
     from attnkit.models import build_model, from_preset
-    from attnkit.models.convert import hf_gpt2_config_kwargs, to_hf_gpt2
     from attnkit.tasks.language_modelling import text_perplexity
 
     tokenizer = Tokenizer.train("char", [VERSE])

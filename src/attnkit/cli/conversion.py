@@ -35,9 +35,9 @@ def import_hf(
         save_checkpoint,
     )
     from attnkit.config import RunConfig
+    from attnkit.convert import from_hf
+    from attnkit.convert.hf_folder import label_names
     from attnkit.folders import MadeBy, made_by
-    from attnkit.models.convert import from_hf
-    from attnkit.models.convert.hf_folder import label_names
 
     maker = MadeBy.of("attnkit import-hf", folder)
     earlier = earlier_run(out)
@@ -97,8 +97,8 @@ def export(
         refuse_to_replace_a_source,
         resolve_checkpoint,
     )
+    from attnkit.convert.export import export_ctranslate2, export_hf, hf_class_and_inputs
     from attnkit.folders import MadeBy
-    from attnkit.models.convert.export import export_ctranslate2, export_hf, hf_class_and_inputs
 
     if to not in ("hf", "ctranslate2"):
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")

@@ -133,9 +133,9 @@ class Pretrained:
 
 def read_pretrained(path: str | Path) -> Pretrained:
     """The model at ``path``: an HF model folder (its ``config.json`` has a ``model_type``) through
-    :func:`attnkit.models.convert.from_hf`, otherwise an attnkit checkpoint or run directory."""
+    :func:`attnkit.convert.from_hf`, otherwise an attnkit checkpoint or run directory."""
     from attnkit.checkpoint import load_for_inference
-    from attnkit.models.convert import from_hf
+    from attnkit.convert import from_hf
 
     folder = Path(path)
     if not folder.exists():

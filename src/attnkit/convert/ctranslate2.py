@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from attnkit.data.tokenizer import Tokenizer
-from attnkit.errors import ConversionError
-from attnkit.models.convert.common import (
+from attnkit.convert.common import (
     require_full_softmax_attention,
     require_paper_embeddings,
     require_plain_output,
 )
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import ConversionError
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.embedding import sinusoid_table

@@ -17,8 +17,8 @@ from transformers import (  # noqa: E402
     BertModel,
 )
 
+from attnkit.convert import from_hf, from_hf_bert, hf_bert_config_kwargs, to_hf_bert  # noqa: E402
 from attnkit.errors import ConversionError  # noqa: E402
-from attnkit.models.convert import from_hf, from_hf_bert, hf_bert_config_kwargs, to_hf_bert  # noqa: E402
 
 V = 60
 HF_CLASSES = {"none": BertModel, "mlm": BertForMaskedLM, "classify": BertForSequenceClassification,

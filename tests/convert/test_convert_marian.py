@@ -6,8 +6,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="HF transformers is the parity reference")
 from transformers import MarianConfig, MarianMTModel  # noqa: E402
 
+from attnkit.convert import from_hf_marian, hf_marian_config_kwargs, to_hf_marian  # noqa: E402
 from attnkit.errors import ConversionError  # noqa: E402
-from attnkit.models.convert import from_hf_marian, hf_marian_config_kwargs, to_hf_marian  # noqa: E402
 
 V = 60
 

@@ -13,7 +13,7 @@ adds no special tokens, so inputs are built as attnkit builds them.
 - An encoder (BERT-style) becomes the ``Bert...`` class of its head (``BertForSequenceClassification``
   with the run's label names as ``id2label``, ...); a sentence is ``[CLS]`` + its tokens + ``[SEP]``.
 
-``--to ctranslate2``: a CTranslate2 model folder (``models/convert/ctranslate2.py``; the optional extra
+``--to ctranslate2``: a CTranslate2 model folder (``convert/ctranslate2.py``; the optional extra
 ``ctranslate2``) plus attnkit's ``tokenizer.json`` and the run's decoding settings
 (``attnkit_decode.json``): a translation model for ``attnkit translate --engine ctranslate2``, a
 GPT-style decoder for ``attnkit generate --engine ctranslate2``.
@@ -29,13 +29,13 @@ from safetensors.torch import save_file
 from torch import nn
 
 from attnkit.checkpoint import DECODE_FILE, MODEL_FILE
+from attnkit.convert.bert import HF_CLASS, hf_bert_config_kwargs, to_hf_bert
+from attnkit.convert.ctranslate2 import ctranslate2_spec
+from attnkit.convert.gpt2 import hf_gpt2_config_kwargs, to_hf_gpt2
+from attnkit.convert.marian import hf_marian_config_kwargs, to_hf_marian, with_concatenated_sinusoids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
 from attnkit.folders import MadeBy, write_folder
-from attnkit.models.convert.bert import HF_CLASS, hf_bert_config_kwargs, to_hf_bert
-from attnkit.models.convert.ctranslate2 import ctranslate2_spec
-from attnkit.models.convert.gpt2 import hf_gpt2_config_kwargs, to_hf_gpt2
-from attnkit.models.convert.marian import hf_marian_config_kwargs, to_hf_marian, with_concatenated_sinusoids
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.encoder_only import EncoderModel
 from attnkit.models.seq2seq import EncoderDecoder

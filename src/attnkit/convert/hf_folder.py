@@ -15,10 +15,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from attnkit.convert import bert, gpt2, marian
+from attnkit.convert.common import check_shapes
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import ConversionError
-from attnkit.models.convert import bert, gpt2, marian
-from attnkit.models.convert.common import check_shapes
 
 NEEDED = ("config.json", "model.safetensors", "tokenizer.json")
 SUPPORTED = {

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnkit.convert.common import hf_field, load_mapped, require_full_softmax_attention
 from attnkit.errors import ConversionError
 from attnkit.models.config import EncoderModelConfig
-from attnkit.models.convert.common import hf_field, load_mapped, require_full_softmax_attention
 from attnkit.models.encoder_only import EncoderModel
 
 HEAD_OF = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForSequenceClassification": "classify",

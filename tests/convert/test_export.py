@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 from attnkit.checkpoint import load_for_inference
 from attnkit.cli import app
 from attnkit.config import load_run_config
+from attnkit.convert.marian import with_concatenated_sinusoids
 from attnkit.decode.translate import translate
 from attnkit.models import TransformerConfig, build_model
-from attnkit.models.convert.marian import with_concatenated_sinusoids
 from attnkit.train.loop import Trainer
 
 
@@ -221,7 +221,7 @@ def test_evaluate_scores_the_ctranslate2_export_as_it_scores_the_checkpoint(trai
 def test_exporting_to_ctranslate2_leaves_the_model_untouched(trained, tmp_path):
     """CTranslate2 quantises its arrays in place; they must be copies, not views of the model's weights."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
-    from attnkit.models.convert.export import export_ctranslate2
+    from attnkit.convert.export import export_ctranslate2
 
     model, tokenizer, config = load_for_inference(trained)
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}

@@ -18,15 +18,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnkit.errors import ConversionError
-from attnkit.models.config import TransformerConfig
-from attnkit.models.convert.common import (
+from attnkit.convert.common import (
     hf_field,
     load_mapped,
     require_full_softmax_attention,
     require_paper_embeddings,
     require_plain_output,
 )
+from attnkit.errors import ConversionError
+from attnkit.models.config import TransformerConfig
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.nn.embedding import sinusoid_table
 

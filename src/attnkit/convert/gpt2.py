@@ -14,9 +14,9 @@ from typing import Any
 
 from torch import Tensor
 
+from attnkit.convert.common import hf_field, load_mapped, require_full_softmax_attention
 from attnkit.errors import ConversionError
 from attnkit.models.config import DecoderModelConfig
-from attnkit.models.convert.common import hf_field, load_mapped, require_full_softmax_attention
 from attnkit.models.decoder_only import DecoderModel
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}

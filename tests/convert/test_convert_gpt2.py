@@ -6,11 +6,11 @@ import torch
 transformers = pytest.importorskip("transformers", reason="HF transformers is the parity reference")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
+from attnkit.convert import from_hf_gpt2, hf_gpt2_config_kwargs, to_hf_gpt2  # noqa: E402
 from attnkit.data.tokenizer import SpecialIds  # noqa: E402
 from attnkit.decode.search import argmax, extend  # noqa: E402
 from attnkit.errors import ConversionError  # noqa: E402
 from attnkit.models import DecoderModel, build_model, from_preset  # noqa: E402
-from attnkit.models.convert import from_hf_gpt2, hf_gpt2_config_kwargs, to_hf_gpt2  # noqa: E402
 
 V = 50
 END = V - 1  # GPT-2's <|endoftext|>: start, end and padding at once
