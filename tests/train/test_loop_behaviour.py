@@ -107,3 +107,23 @@ def test_a_resumed_run_keeps_what_it_froze(tmp_path):
     config = load_run_config(None, [*TINY, "train.max_steps=4", "train.freeze=[]"])
     with pytest.raises(ConfigError, match=r"train.freeze=\[\] \(the run has \['src_embed'\]\)"):
         Trainer(config, tmp_path / "run", resume=True, echo=lambda m: None)
+
+
+def test_the_trainer_trains_the_task_it_is_handed(tmp_path):
+    """A task of the user's own (here translation with its loss doubled) trains through the same loop:
+    the trainer calls what it is handed, and the data.task table is only the default."""
+    calls = []
+
+    class DoubledLoss(translation.TranslationTask):
+        def loss(self, model, batch):
+            calls.append(batch.n_tokens)
+            loss, nll = super().loss(model, batch)
+            return 2 * loss, nll
+
+    config = load_run_config(None, [*TINY, "train.max_steps=2", "train.eval_every=2"])
+    trainer = Trainer(config, tmp_path / "run", echo=lambda m: None, task=DoubledLoss)
+    assert type(trainer.task) is DoubledLoss
+    trainer.fit()
+    assert len(calls) >= 2 and trainer.step == 2
+    default, _ = _trainer(tmp_path / "default", "train.max_steps=1")
+    assert type(default.task) is translation.TranslationTask

@@ -13,6 +13,9 @@ from torch import Tensor
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 
+# what makes a run's task: (the run config, the tokenizer to use or None to learn one, echo) -> the task
+TaskFactory = Callable[[RunConfig, Tokenizer | None, Callable[[str], None]], "Task"]
+
 
 class Task(Protocol):
     """A task: its data, how a batch is made, the loss, the validation scores, and what a trained model

@@ -37,6 +37,7 @@ from attnkit.errors import AttnkitError, ConfigError
 from attnkit.metrics import perplexity
 from attnkit.models import unwrap
 from attnkit.tasks import make_task
+from attnkit.tasks.protocol import TaskFactory
 from attnkit.train.distributed import close_world, init_world, resolve_device, shard
 from attnkit.train.pretrained import read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
@@ -149,7 +150,12 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device)
 
 
 class Trainer:
-    """One training run in ``run_dir``; ``fit()`` runs it and returns the final validation scores."""
+    """One training run in ``run_dir``; ``fit()`` runs it and returns the final validation scores.
+
+    The trainer is handed its task: ``task`` makes it from the run config, the tokenizer (a resumed
+    run's, a pretrained model's, or None to learn one) and ``echo``. By default it is the task that
+    ``data.task`` names (``attnkit.tasks.make_task``); any object with the protocol of
+    ``attnkit.tasks.protocol.Task`` trains the same way, e.g. a task subclass with another loss."""
 
     def __init__(
         self,
@@ -160,6 +166,7 @@ class Trainer:
         overwrite: bool = False,
         echo: Callable = print,
         command: str = "attnkit train",
+        task: TaskFactory = make_task,
     ):
         if resume and overwrite:
             raise AttnkitError("resume and overwrite exclude each other: continue a run or replace it")
@@ -167,6 +174,7 @@ class Trainer:
         t = config.train
         self.config, self.run_dir, self.echo = config, Path(run_dir), echo
         self.command = command  # recorded in each checkpoint as what made it (folders.py)
+        self.make_task = task  # the run's task is made from its config and tokenizer in _set_up
         self.device = resolve_device(t.device)
         self.world = init_world(self.device.type)
         if self.device.type == "cuda":
@@ -197,7 +205,7 @@ class Trainer:
         tokenizer = ckpt.read_tokenizer(resume_from, config) if resume_from else None
         if pretrained:
             tokenizer = pretrained.tokenizer
-        self.task = make_task(config, tokenizer, self._say)
+        self.task = self.make_task(config, tokenizer, self._say)
         self.tokenizer = self.task.tokenizer
         self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
         if pretrained:
