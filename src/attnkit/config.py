@@ -71,6 +71,7 @@ class DataConfig:
     tokenizer: str = "bpe"  # "bpe" (joint, byte-level), "char" or "word"
     vocab_size: int = 8000  # bpe and word; char keeps every character seen
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
+    store: str = ""  # parallel: where prepared token stores are kept ("" = $XDG_CACHE_HOME/attnkit/stores)
     n_train: int = 20000  # synthetic tasks: generated training pairs
     n_valid: int = 500  # synthetic tasks: generated held-out pairs (cluttered-digits: images, and test)
     canvas: int = 40  # cluttered-digits: the image's side in pixels (a digit is 16)

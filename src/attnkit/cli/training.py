@@ -80,6 +80,32 @@ def quickstart(
 
 @app.command(context_settings=EXTRA_ARGS)
 @one_line_errors
+def prepare(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="YAML recipe (configs/*.yaml).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data directory (sets data.dir).")] = None,
+) -> None:
+    """Encode a recipe's parallel training files once into a token store, which every later run of the
+    same files and settings (each process of it too) maps instead of reading and encoding them again;
+    ``attnkit train`` does the same on first use. Prints where the store is. The store is kept under
+    ``data.store`` (default: $XDG_CACHE_HOME/attnkit/stores)."""
+    from attnkit.config import load_run_config
+    from attnkit.tasks.translation import prepare_data
+
+    extra = ctx.args
+    if config is not None and "=" in config.name and not config.exists():  # an override, not a file
+        config, extra = None, [str(config), *extra]
+    run_config = load_run_config(config, parse_overrides(extra) + ([f"data.dir={data}"] if data else []))
+    if run_config.data.task != "parallel":
+        raise AttnkitError(
+            f"data.task={run_config.data.task}: attnkit prepare encodes parallel files (data.task=parallel); "
+            "other tasks read their data as they train"
+        )
+    prepare_data(run_config.data, run_config.train.seed, echo=typer.echo)
+
+
+@app.command(context_settings=EXTRA_ARGS)
+@one_line_errors
 def train(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Argument(help="YAML recipe (configs/*.yaml).")] = None,

@@ -23,10 +23,11 @@ from torch import Tensor
 from attnkit.config import SUMMARY_TASK, DataConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
 from attnkit.data.readers import ParallelText, Records, read_jsonl, read_parallel
+from attnkit.data.store import StoreColumn, prepared, store_root
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, DataError
 from attnkit.metrics import bleu, exact_match, rouge
 from attnkit.models import unwrap
 from attnkit.tasks.losses import generative_loss
@@ -36,9 +37,16 @@ from attnkit.tasks.validation import validation_loss
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    train_src: list[list[int]]
-    train_tgt: list[list[int]]
+    train_src: Sequence[list[int]]  # lists, or a prepared store's columns (data/store.py)
+    train_tgt: Sequence[list[int]]
     valid: ParallelText
+
+    def train_lengths(self) -> tuple[list[int], list[int]]:
+        """Each training pair's source and target length, as batched (with ``</s>``, ``<s>``/``</s>``):
+        from a store's offsets without reading a token."""
+        if isinstance(self.train_src, StoreColumn) and isinstance(self.train_tgt, StoreColumn):
+            return (self.train_src.lengths() + 1).tolist(), (self.train_tgt.lengths() + 1).tolist()
+        return [len(s) + 1 for s in self.train_src], [len(t) + 1 for t in self.train_tgt]
 
 
 def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = True) -> ParallelText:
@@ -86,31 +94,78 @@ def cut_sources(sources: list[list[int]], limit: int) -> tuple[list[list[int]], 
 def prepare_data(
     config: DataConfig, seed: int, tokenizer: Tokenizer | None = None, echo: Callable[[str], None] = print
 ) -> PreparedData:
-    """Read (or generate), learn the tokeniser if none is given, encode, and drop over-long pairs."""
-    train, valid = read_split(config, "train", seed), read_split(config, "valid", seed)
-    for name, split in (("training", train), ("validation", valid)):
-        if split.dropped_empty:
-            echo(f"dropped {split.dropped_empty} {name} pairs with an empty side")
+    """Read (or generate), learn the tokeniser if none is given, encode, and drop over-long pairs.
+    Parallel files are prepared once into a token store (data/store.py) that later runs find again."""
+    valid = read_split(config, "valid", seed)
+    if valid.dropped_empty:
+        echo(f"dropped {valid.dropped_empty} validation pairs with an empty side")
+    if config.task == "parallel":
+        return _from_store(config, valid, tokenizer, echo)
+    train = read_split(config, "train", seed)
+    tokenizer, src, tgt, report = _encoded_training_pairs(config, train, tokenizer)
+    _say_report(report, echo)
+    echo(f"training pairs: {len(src):,}; validation: {len(valid):,}; vocabulary: {tokenizer.vocab_size:,}")
+    return PreparedData(tokenizer, src, tgt, valid)
+
+
+def _from_store(
+    config: DataConfig, valid: ParallelText, tokenizer: Tokenizer | None, echo: Callable[[str], None]
+) -> PreparedData:
+    """Parallel training files through their token store: built (and the tokenizer learned) the first
+    time, found afterwards without reading the training text."""
+    files = [config.path(name) for name in config.train]
+    if len(files) != 2:
+        raise ConfigError("data.train is not set: it must list two files [source, target]")
+    for path in files:
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+    settings = {"task": config.task, "tokenizer": config.tokenizer, "vocab_size": config.vocab_size,
+                "max_len": config.max_len}  # fmt: skip
+
+    def build(given: Tokenizer | None):
+        train = read_split(config, "train", 0)
+        made_with, src, tgt, report = _encoded_training_pairs(config, train, given)
+        return made_with, {"src": src, "tgt": tgt}, report
+
+    store = prepared(store_root(config.store), files, settings, tokenizer, build, echo)
+    _say_report(store.report, echo)
+    tokenizer = store.tokenizer
+    echo(f"training pairs: {len(store):,}; validation: {len(valid):,}; vocabulary: {tokenizer.vocab_size:,}")
+    return PreparedData(tokenizer, store.columns["src"], store.columns["tgt"], valid)
+
+
+def _say_report(report: dict, echo: Callable[[str], None]) -> None:
+    """What preparing the training pairs dropped or cut (the same whether just built or found)."""
+    if report.get("dropped_empty"):
+        echo(f"dropped {report['dropped_empty']} training pairs with an empty side")
+    if report.get("cut"):
+        echo(f"cut {report['cut']:,} of {report['pairs']:,} training sources to data.max_source_len="
+             f"{report['source_limit']} tokens")  # fmt: skip
+    if report.get("dropped_long"):
+        echo(f"dropped {report['dropped_long']} training pairs longer than data.max_len="
+             f"{report['max_len']} tokens")  # fmt: skip
+
+
+def _encoded_training_pairs(
+    config: DataConfig, train: ParallelText, tokenizer: Tokenizer | None
+) -> tuple[Tokenizer, list[list[int]], list[list[int]], dict]:
+    """The tokenizer (learned if none is given), the kept training pairs' ids, and a report of what
+    was dropped or cut."""
+    report = {"dropped_empty": train.dropped_empty, "max_len": config.max_len}
     if tokenizer is None:
         tokenizer = Tokenizer.train(config.tokenizer, train.src + train.tgt, config.vocab_size)
     src, tgt = tokenizer.encode_batch(train.src), tokenizer.encode_batch(train.tgt)
     if config.task == SUMMARY_TASK:  # a long email is still worth its first tokens
         src, cut = cut_sources(src, config.source_limit)
-        if cut:
-            echo(f"cut {cut:,} of {len(src):,} training sources to data.max_source_len="
-                 f"{config.source_limit} tokens")  # fmt: skip
+        report.update(cut=cut, pairs=len(src), source_limit=config.source_limit)
     # +1 for </s> (source) or <s>/</s> (target); pairs are dropped together to keep alignment.
     keep = [
         i for i in range(len(src)) if len(src[i]) + 1 <= config.max_len and len(tgt[i]) + 1 <= config.max_len
     ]
-    if len(keep) < len(src):
-        echo(
-            f"dropped {len(src) - len(keep)} training pairs longer than data.max_len={config.max_len} tokens"
-        )
+    report["dropped_long"] = len(src) - len(keep)
     if not keep:
         raise ConfigError(f"data.max_len={config.max_len} leaves no training pair")
-    echo(f"training pairs: {len(keep):,}; validation: {len(valid):,}; vocabulary: {tokenizer.vocab_size:,}")
-    return PreparedData(tokenizer, [src[i] for i in keep], [tgt[i] for i in keep], valid)
+    return tokenizer, [src[i] for i in keep], [tgt[i] for i in keep], report
 
 
 class TranslationTask:
@@ -134,7 +189,7 @@ class TranslationTask:
         self.config = config
         self.data = prepare_data(config.data, config.train.seed, tokenizer, echo)
         self.tokenizer = self.data.tokenizer
-        self.lengths = [len(s) + 1 for s in self.data.train_src], [len(t) + 1 for t in self.data.train_tgt]
+        self.lengths = self.data.train_lengths()
         self.valid_ids = self.validation_ids(self.data.valid)
 
     def validation_ids(self, valid: ParallelText) -> tuple[list[list[int]], list[list[int]]]:

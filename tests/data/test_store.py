@@ -1,0 +1,161 @@
+"""The prepared token store (data/store.py): built once from parallel files, found again by later runs
+without reading the training text, rebuilt when an input or a setting changes or when its files no
+longer match what was written, and giving the same training data as encoding the files directly."""
+
+import os
+
+import numpy as np
+import pytest
+
+import attnkit.tasks.translation as translation
+from attnkit.config import load_run_config
+from attnkit.data.readers import read_parallel
+from attnkit.data.store import StoreColumn, open_store, store_root, write_store
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import DataError
+
+
+def _data_config(copy_data, tmp_path, *extra):
+    return load_run_config(None, [
+        "data.task=parallel", f"data.dir={copy_data}", "data.train=[train.src, train.tgt]",
+        "data.valid=[valid.src, valid.tgt]", "data.tokenizer=char", "data.max_len=6",
+        f"data.store={tmp_path / 'stores'}", *extra,
+    ]).data  # fmt: skip
+
+
+def _reads_of_training_text(monkeypatch) -> list:
+    """Counts each read of the training files (the validation files are read every run)."""
+    reads = []
+    real = translation.read_split
+
+    def counting(config, split, seed, drop_empty=True):
+        if split == "train":
+            reads.append(split)
+        return real(config, split, seed, drop_empty)
+
+    monkeypatch.setattr(translation, "read_split", counting)
+    return reads
+
+
+def test_a_store_gives_the_pairs_encoding_the_files_gives(copy_data, tmp_path):
+    config = _data_config(copy_data, tmp_path)
+    messages = []
+    data = translation.prepare_data(config, 0, echo=messages.append)
+    assert isinstance(data.train_src, StoreColumn) and any("built now" in m for m in messages)
+    pairs = read_parallel(copy_data / "train.src", copy_data / "train.tgt")
+    tokenizer = Tokenizer.train("char", pairs.src + pairs.tgt, config.vocab_size)
+    src, tgt = tokenizer.encode_batch(pairs.src), tokenizer.encode_batch(pairs.tgt)
+    kept = [i for i in range(len(src)) if len(src[i]) + 1 <= 6 and len(tgt[i]) + 1 <= 6]  # data.max_len
+    assert 0 < len(kept) < len(src)  # the setting drops some pairs: the store keeps the same ones
+    assert data.tokenizer.to_str() == tokenizer.to_str()
+    assert [data.train_src[i] for i in range(len(data.train_src))] == [src[i] for i in kept]
+    assert [data.train_tgt[i] for i in range(len(data.train_tgt))] == [tgt[i] for i in kept]
+    assert data.train_lengths() == ([len(src[i]) + 1 for i in kept], [len(tgt[i]) + 1 for i in kept])
+    assert any(f"dropped {len(src) - len(kept)} training pairs longer" in m for m in messages)
+
+
+def test_a_later_run_finds_the_store_without_reading_the_training_text(copy_data, tmp_path, monkeypatch):
+    config = _data_config(copy_data, tmp_path)
+    reads = _reads_of_training_text(monkeypatch)
+    first_messages, second_messages = [], []
+    first = translation.prepare_data(config, 0, echo=first_messages.append)
+    second = translation.prepare_data(config, 0, echo=second_messages.append)
+    assert reads == ["train"]  # built once; found the second time
+    assert any("built before" in m for m in second_messages)
+    assert [m for m in first_messages if "token store" not in m] == [
+        m for m in second_messages if "token store" not in m
+    ]  # the same report either way (pairs dropped, counts)
+    assert second.tokenizer.to_str() == first.tokenizer.to_str()
+    assert list(second.train_src) == list(first.train_src)
+    # a resumed run hands its own tokenizer: the same one finds the same store
+    translation.prepare_data(config, 0, first.tokenizer, echo=lambda m: None)
+    assert reads == ["train"]
+
+
+def test_a_changed_setting_or_input_builds_another_store(copy_data, tmp_path, monkeypatch):
+    reads = _reads_of_training_text(monkeypatch)
+    translation.prepare_data(_data_config(copy_data, tmp_path), 0, echo=lambda m: None)
+    translation.prepare_data(_data_config(copy_data, tmp_path, "data.max_len=8"), 0, echo=lambda m: None)
+    assert len(reads) == 2 and len(list((tmp_path / "stores").iterdir())) == 2
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for name in ("train.src", "train.tgt", "valid.src", "valid.tgt"):
+        (changed / name).write_bytes((copy_data / name).read_bytes())
+    with (
+        (changed / "train.src").open("a", encoding="utf-8") as f,
+        (changed / "train.tgt").open("a", encoding="utf-8") as g,
+    ):
+        f.write("1 2\n"), g.write("1 2\n")
+    data = translation.prepare_data(_data_config(changed, tmp_path), 0, echo=lambda m: None)
+    assert len(reads) == 3 and data.train_src[len(data.train_src) - 1] == data.tokenizer.encode("1 2")
+
+
+@pytest.mark.parametrize("damage", ["truncate ids", "lose tokenizer", "change offsets", "garble meta"])
+def test_a_damaged_store_is_built_again_with_a_note(copy_data, tmp_path, monkeypatch, damage):
+    config = _data_config(copy_data, tmp_path)
+    reads = _reads_of_training_text(monkeypatch)
+    first = translation.prepare_data(config, 0, echo=lambda m: None)
+    pairs = list(first.train_src), list(first.train_tgt)  # read now: the damage below is to these files
+    folder = next((tmp_path / "stores").iterdir())
+    if damage == "truncate ids":
+        with (folder / "src.ids").open("r+b") as f:
+            f.truncate(os.path.getsize(folder / "src.ids") - 2)
+    elif damage == "lose tokenizer":
+        (folder / "tokenizer.json").unlink()
+    elif damage == "change offsets":
+        offsets = np.load(folder / "tgt.offsets.npy")
+        offsets[3] += 1
+        np.save(folder / "tgt.offsets.npy", offsets)
+    else:
+        (folder / "meta.json").write_text("{", encoding="utf-8")
+    messages = []
+    again = translation.prepare_data(config, 0, echo=messages.append)
+    assert reads == ["train", "train"]
+    assert any("building it again" in m and str(folder) in m for m in messages), messages
+    assert (list(again.train_src), list(again.train_tgt)) == pairs
+    open_store(folder)  # whole again
+
+
+def test_a_missing_training_file_is_a_one_line_error(copy_data, tmp_path):
+    config = _data_config(copy_data, tmp_path, "data.train=[nothing.src, train.tgt]")
+    with pytest.raises(DataError, match=r"nothing\.src: file not found"):
+        translation.prepare_data(config, 0, echo=lambda m: None)
+
+
+def test_two_writers_of_one_store_leave_one_whole_store(tmp_path):
+    """The second writer of a key finds the first's store in place and returns it; no temporary
+    folder is left behind."""
+    tokenizer = Tokenizer.train("char", ["abc", "cab"], 100)
+    rows = [[4, 5], [6], []]
+    first = write_store(tmp_path / "key", tokenizer, {"src": rows})
+    second = write_store(tmp_path / "key", tokenizer, {"src": [[7, 7, 7]]})
+    assert list(first.columns["src"]) == list(second.columns["src"]) == rows
+    assert [p.name for p in tmp_path.iterdir()] == ["key"]
+    assert first.columns["src"].ids.dtype == np.uint16  # a small vocabulary: two bytes a token
+
+
+def test_the_default_store_root_is_the_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert store_root("") == tmp_path / "attnkit" / "stores"
+    assert store_root("~/stores").name == "stores"
+
+
+def test_attnkit_prepare_builds_the_store_a_run_then_finds(copy_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from attnkit.cli import app
+    from tests.cli_checks import one_line_error
+
+    runner = CliRunner()
+    args = ["prepare", "--data", str(copy_data), "data.train=[train.src, train.tgt]",
+            "data.valid=[valid.src, valid.tgt]", "data.tokenizer=char", f"data.store={tmp_path}"]  # fmt: skip
+    first, second = runner.invoke(app, args), runner.invoke(app, args)
+    assert first.exit_code == 0 and "built now" in first.output, first.output
+    assert second.exit_code == 0 and "built before" in second.output, second.output
+    messages = []
+    config = _data_config(copy_data, tmp_path, f"data.store={tmp_path}", "data.max_len=128")
+    translation.prepare_data(config, 0, echo=messages.append)
+    assert any("built before" in m for m in messages)  # what a run with the same settings finds
+    one_line_error(
+        runner.invoke(app, ["prepare", "data.task=dates"]), r"attnkit prepare encodes parallel files"
+    )
