@@ -130,6 +130,9 @@ def test_two_writers_of_one_store_leave_one_whole_store(tmp_path):
     first = write_store(tmp_path / "key", tokenizer, {"src": rows})
     second = write_store(tmp_path / "key", tokenizer, {"src": [[7, 7, 7]]})
     assert list(first.columns["src"]) == list(second.columns["src"]) == rows
+    assert first.columns["src"][-1] == [] and first.columns["src"][-3] == [4, 5]
+    with pytest.raises(IndexError):
+        first.columns["src"][3]
     assert [p.name for p in tmp_path.iterdir()] == ["key"]
     assert first.columns["src"].ids.dtype == np.uint16  # a small vocabulary: two bytes a token
 

@@ -75,6 +75,9 @@ class StoreColumn(Sequence):
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> list[int]:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"row {i} of {len(self)}")
+        i %= len(self)
         return self.ids[self.offsets[i] : self.offsets[i + 1]].tolist()
 
     def lengths(self) -> np.ndarray:
