@@ -89,6 +89,16 @@ def writable_file(path: Path) -> Path:
     return path
 
 
+def recipe_and_overrides(
+    config: Path | None, args: list[str], data: Path | None
+) -> tuple[Path | None, list[str]]:
+    """A command's recipe and its ``section.field=value`` overrides: a first argument holding ``=`` that
+    names no file is an override, not a recipe; ``--data DIR`` sets ``data.dir``."""
+    if config is not None and "=" in config.name and not config.exists():
+        config, args = None, [str(config), *args]
+    return config, parse_overrides(args) + ([f"data.dir={data}"] if data else [])
+
+
 def parse_overrides(args: list[str], example: str = "--train.lr 5e-4") -> list[str]:
     """``--train.lr 5e-4`` and ``train.lr=5e-4`` both become ``train.lr=5e-4``."""
     overrides, i = [], 0

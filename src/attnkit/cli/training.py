@@ -9,7 +9,7 @@ from typing import Annotated
 import torch
 import typer
 
-from attnkit.cli.app import EXTRA_ARGS, Overwrite, app, at_least, one_line_errors, parse_overrides
+from attnkit.cli.app import EXTRA_ARGS, Overwrite, app, at_least, one_line_errors, recipe_and_overrides
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, PRESETS, archs, build_model, from_preset
 
@@ -92,10 +92,8 @@ def prepare(
     from attnkit.config import load_run_config
     from attnkit.tasks.translation import prepare_data
 
-    extra = ctx.args
-    if config is not None and "=" in config.name and not config.exists():  # an override, not a file
-        config, extra = None, [str(config), *extra]
-    run_config = load_run_config(config, parse_overrides(extra) + ([f"data.dir={data}"] if data else []))
+    config, overrides = recipe_and_overrides(config, ctx.args, data)
+    run_config = load_run_config(config, overrides)
     if run_config.data.task != "parallel":
         raise AttnkitError(
             f"data.task={run_config.data.task}: attnkit prepare encodes parallel files (data.task=parallel); "
@@ -125,10 +123,7 @@ def train(
     from attnkit.config import load_run_config
     from attnkit.train.loop import Trainer
 
-    extra = ctx.args
-    if config is not None and "=" in config.name and not config.exists():  # an override, not a file
-        config, extra = None, [str(config), *extra]
-    overrides = parse_overrides(extra) + ([f"data.dir={data}"] if data else [])
+    config, overrides = recipe_and_overrides(config, ctx.args, data)
     if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
         from attnkit.checkpoint import resolve_checkpoint
 
