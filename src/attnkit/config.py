@@ -72,6 +72,7 @@ class DataConfig:
     vocab_size: int = 8000  # bpe and word; char keeps every character seen
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
     store: str = ""  # parallel: where prepared token stores are kept ("" = $XDG_CACHE_HOME/attnkit/stores)
+    tokenizer_sample: int = 1_000_000  # parallel: pairs the tokenizer learns from (a larger corpus: a sample)
     n_train: int = 20000  # synthetic tasks: generated training pairs
     n_valid: int = 500  # synthetic tasks: generated held-out pairs (cluttered-digits: images, and test)
     canvas: int = 40  # cluttered-digits: the image's side in pixels (a digit is 16)
@@ -90,6 +91,7 @@ class DataConfig:
         require_at_least("data.max_len", self.max_len, 2)
         require_at_least("data.n_train", self.n_train, 1)
         require_at_least("data.n_valid", self.n_valid, 1)
+        require_at_least("data.tokenizer_sample", self.tokenizer_sample, 1)
         require_at_least("data.canvas", self.canvas, 16)
         require_at_least("data.clutter", self.clutter, 0)
         if not 0.0 < self.valid_fraction < 1.0:

@@ -24,16 +24,16 @@ def _data_config(copy_data, tmp_path, *extra):
 
 
 def _reads_of_training_text(monkeypatch) -> list:
-    """Counts each read of the training files (the validation files are read every run)."""
+    """Records each pass over the training files (a build reads them twice: the tokenizer's sample,
+    then the encoding; the validation files are read every run)."""
     reads = []
-    real = translation.read_split
+    real = translation.iter_pairs
 
-    def counting(config, split, seed, drop_empty=True):
-        if split == "train":
-            reads.append(split)
-        return real(config, split, seed, drop_empty)
+    def counting(src, tgt, skipped):
+        reads.append(src.name)
+        return real(src, tgt, skipped)
 
-    monkeypatch.setattr(translation, "read_split", counting)
+    monkeypatch.setattr(translation, "iter_pairs", counting)
     return reads
 
 
@@ -60,7 +60,7 @@ def test_a_later_run_finds_the_store_without_reading_the_training_text(copy_data
     first_messages, second_messages = [], []
     first = translation.prepare_data(config, 0, echo=first_messages.append)
     second = translation.prepare_data(config, 0, echo=second_messages.append)
-    assert reads == ["train"]  # built once; found the second time
+    assert reads == ["train.src", "train.src"]  # built once (sample, encode); found the second time
     assert any("built before" in m for m in second_messages)
     assert [m for m in first_messages if "token store" not in m] == [
         m for m in second_messages if "token store" not in m
@@ -69,14 +69,14 @@ def test_a_later_run_finds_the_store_without_reading_the_training_text(copy_data
     assert list(second.train_src) == list(first.train_src)
     # a resumed run hands its own tokenizer: the same one finds the same store
     translation.prepare_data(config, 0, first.tokenizer, echo=lambda m: None)
-    assert reads == ["train"]
+    assert len(reads) == 2
 
 
 def test_a_changed_setting_or_input_builds_another_store(copy_data, tmp_path, monkeypatch):
     reads = _reads_of_training_text(monkeypatch)
     translation.prepare_data(_data_config(copy_data, tmp_path), 0, echo=lambda m: None)
     translation.prepare_data(_data_config(copy_data, tmp_path, "data.max_len=8"), 0, echo=lambda m: None)
-    assert len(reads) == 2 and len(list((tmp_path / "stores").iterdir())) == 2
+    assert len(reads) == 4 and len(list((tmp_path / "stores").iterdir())) == 2
     changed = tmp_path / "changed"
     changed.mkdir()
     for name in ("train.src", "train.tgt", "valid.src", "valid.tgt"):
@@ -87,7 +87,7 @@ def test_a_changed_setting_or_input_builds_another_store(copy_data, tmp_path, mo
     ):
         f.write("1 2\n"), g.write("1 2\n")
     data = translation.prepare_data(_data_config(changed, tmp_path), 0, echo=lambda m: None)
-    assert len(reads) == 3 and data.train_src[len(data.train_src) - 1] == data.tokenizer.encode("1 2")
+    assert len(reads) == 6 and data.train_src[len(data.train_src) - 1] == data.tokenizer.encode("1 2")
 
 
 @pytest.mark.parametrize("damage", ["truncate ids", "lose tokenizer", "change offsets", "garble meta"])
@@ -110,7 +110,7 @@ def test_a_damaged_store_is_built_again_with_a_note(copy_data, tmp_path, monkeyp
         (folder / "meta.json").write_text("{", encoding="utf-8")
     messages = []
     again = translation.prepare_data(config, 0, echo=messages.append)
-    assert reads == ["train", "train"]
+    assert len(reads) == 4
     assert any("building it again" in m and str(folder) in m for m in messages), messages
     assert (list(again.train_src), list(again.train_tgt)) == pairs
     open_store(folder)  # whole again
@@ -127,8 +127,8 @@ def test_two_writers_of_one_store_leave_one_whole_store(tmp_path):
     folder is left behind."""
     tokenizer = Tokenizer.train("char", ["abc", "cab"], 100)
     rows = [[4, 5], [6], []]
-    first = write_store(tmp_path / "key", tokenizer, {"src": rows})
-    second = write_store(tmp_path / "key", tokenizer, {"src": [[7, 7, 7]]})
+    first = write_store(tmp_path / "key", tokenizer, ["src"], [(row,) for row in rows])
+    second = write_store(tmp_path / "key", tokenizer, ["src"], [([7, 7, 7],)])
     assert list(first.columns["src"]) == list(second.columns["src"]) == rows
     assert first.columns["src"][-1] == [] and first.columns["src"][-3] == [4, 5]
     with pytest.raises(IndexError):
@@ -162,3 +162,32 @@ def test_attnkit_prepare_builds_the_store_a_run_then_finds(copy_data, tmp_path):
     one_line_error(
         runner.invoke(app, ["prepare", "data.task=dates"]), r"attnkit prepare encodes parallel files"
     )
+
+
+def test_the_tokenizer_learns_from_a_bounded_sample_in_file_order(tmp_path):
+    files = [tmp_path / "train.src", tmp_path / "train.tgt"]
+    files[0].write_text("".join(f"s{i}\n" for i in range(100)), encoding="utf-8")
+    files[1].write_text("".join(f"t{i}\n" for i in range(100)), encoding="utf-8")
+    everything = [f"s{i}" for i in range(100)] + [f"t{i}" for i in range(100)]
+    assert translation._sample(files, 1_000) == everything  # a smaller corpus: all of it, in order
+    sample = translation._sample(files, 7)
+    index = [int(s[1:]) for s in sample[:7]]
+    assert sample[7:] == [f"t{i}" for i in index] and index == sorted(index) and len(set(index)) == 7
+    assert index != list(range(7))  # drawn from the whole file, not its beginning
+    assert translation._sample(files, 7) == sample  # the same sample every time
+
+
+def test_streamed_pairs_give_read_parallels_errors(tmp_path):
+    from attnkit.data.readers import iter_pairs
+
+    (tmp_path / "a").write_text("x\ny\n\nz\n", encoding="utf-8")
+    (tmp_path / "b").write_text("1\n2\n3\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"a has 4 lines but .*b has 3: parallel files must align"):
+        list(iter_pairs(tmp_path / "a", tmp_path / "b", {}))
+    (tmp_path / "c").write_text("1\n2\n3\n4\n", encoding="utf-8")
+    skipped = {}
+    assert list(iter_pairs(tmp_path / "a", tmp_path / "c", skipped)) == [("x", "1"), ("y", "2"), ("z", "4")]
+    assert skipped == {"dropped_empty": 1}
+    (tmp_path / "blank").write_text("\n \n\n\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"blank: file is empty"):
+        list(iter_pairs(tmp_path / "blank", tmp_path / "c", {}))

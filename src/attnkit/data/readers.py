@@ -11,6 +11,7 @@ Windows editors write before UTF-8) is not text and is dropped, as are line endi
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -116,6 +117,30 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path, drop_empty: bool =
     pairs = enumerate(zip(src, tgt, strict=True))
     keep = [i for i, (s, t) in pairs if not drop_empty or (s.strip() and t.strip())]
     return ParallelText([src[i].strip() for i in keep], [tgt[i].strip() for i in keep], len(src) - len(keep))
+
+
+def iter_pairs(src_path: Path, tgt_path: Path, skipped: dict) -> Iterator[tuple[str, str]]:
+    """The stripped line pairs of two aligned files, streamed (as :func:`read_parallel` reads them, without
+    holding them): pairs with an empty side are skipped and counted in ``skipped["dropped_empty"]``. A
+    line-count mismatch is an error giving both counts; so is a file without a non-empty line."""
+    seen_src = seen_tgt = False
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    n = 0
+    for n, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), start=1):
+        if s is None or t is None:
+            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
+            counts = (n - 1, n - 1 + rest) if s is None else (n - 1 + rest, n - 1)
+            raise DataError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}: "
+                            "parallel files must align line by line")  # fmt: skip
+        s, t = s.strip(), t.strip()
+        seen_src, seen_tgt = seen_src or bool(s), seen_tgt or bool(t)
+        if s and t:
+            yield s, t
+        else:
+            skipped["dropped_empty"] = skipped.get("dropped_empty", 0) + 1
+    for path, seen in ((src_path, seen_src), (tgt_path, seen_tgt)):
+        if not seen:
+            raise DataError(f"{path}: file is empty")
 
 
 @dataclass

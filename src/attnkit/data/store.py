@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,23 +135,39 @@ def open_store(folder: Path) -> TokenStore:
 
 
 def write_store(
-    folder: Path, tokenizer: Tokenizer, columns: dict[str, Iterable[list[int]]], report: dict | None = None
+    folder: Path,
+    tokenizer: Tokenizer,
+    columns: Sequence[str],
+    rows: Iterable[tuple[list[int], ...]],
+    report: dict | None = None,
 ) -> TokenStore:
-    """Write the rows of each column (any iterable: they are streamed to disk) as the store ``folder``,
-    atomically; returns it opened. If another process wrote ``folder`` first, that store is returned."""
+    """Write ``rows`` (one tuple of ids per row, one list per column; any iterable: they are streamed to
+    disk a block at a time, never held whole) as the store ``folder``, atomically, and return it
+    opened. ``report`` is saved as it is once the rows are used up, so the rows' producer may fill it.
+    If another process wrote ``folder`` first, that store is returned."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
     work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
+        outs = [(work / f"{name}.ids").open("wb") for name in columns]
+        offsets = [array("q", [0]) for _ in columns]
+        try:
+            for block in _blocks(rows, 65536):
+                for k, out in enumerate(outs):
+                    column = [row[k] for row in block]
+                    total = sum(map(len, column))
+                    out.write(
+                        np.fromiter(itertools.chain.from_iterable(column), dtype, count=total).tobytes()
+                    )
+                    start = offsets[k][-1]
+                    offsets[k].extend(start + end for end in itertools.accumulate(map(len, column)))
+        finally:
+            for out in outs:
+                out.close()
         meta = {"format": FORMAT, "dtype": dtype.name, "columns": list(columns), "sizes": {},
                 "offsets_sha256": {}, "report": report or {}}  # fmt: skip
-        for name, rows in columns.items():
-            offsets = [0]
-            with (work / f"{name}.ids").open("wb") as out:
-                for row in rows:
-                    out.write(np.asarray(row, dtype=dtype).tobytes())
-                    offsets.append(offsets[-1] + len(row))
-            np.save(work / f"{name}.offsets.npy", np.asarray(offsets, dtype=np.int64))
+        for name, ends in zip(columns, offsets, strict=True):
+            np.save(work / f"{name}.offsets.npy", np.frombuffer(ends, dtype=np.int64))  # (rows + 1,)
             meta["offsets_sha256"][name] = _sha256(work / f"{name}.offsets.npy")
         tokenizer.save(work / "tokenizer.json")
         for path in work.iterdir():
@@ -164,16 +182,25 @@ def write_store(
     return open_store(folder)
 
 
+def _blocks(rows: Iterable, size: int) -> Iterator[list]:
+    """``rows`` in lists of ``size`` (the last one shorter)."""
+    iterator = iter(rows)
+    while block := list(itertools.islice(iterator, size)):
+        yield block
+
+
 def prepared(
     root: Path,
     inputs: Sequence[Path],
     settings: dict,
     tokenizer: Tokenizer | None,
-    build: Callable[[Tokenizer | None], tuple[Tokenizer, dict[str, Iterable[list[int]]], dict]],
+    build: Callable[
+        [Tokenizer | None], tuple[Tokenizer, Sequence[str], Iterable[tuple[list[int], ...]], dict]
+    ],
     echo: Callable[[str], None],
 ) -> TokenStore:
     """The store of ``inputs`` with ``settings``: found under ``root``, or made by ``build(tokenizer)``
-    (``-> (tokenizer, columns, report)``) and written there.
+    (``-> (tokenizer, column names, rows, report)``: see :func:`write_store`) and written there.
 
     Without a tokenizer (a new run) the key is the inputs and settings, and the store brings the
     tokenizer its build learned. With one (a resumed or fine-tuned run), a store of the same key whose
@@ -196,7 +223,7 @@ def prepared(
             echo(f"token store: {folder} ({len(store):,} rows, built before)")
             return store
     folder = candidates[-1]
-    made_with, columns, report = build(tokenizer)
-    store = write_store(folder, made_with, columns, report)
+    made_with, columns, rows, report = build(tokenizer)
+    store = write_store(folder, made_with, columns, rows, report)
     echo(f"token store: {folder} ({len(store):,} rows, built now)")
     return store

@@ -12,7 +12,9 @@ summaries: ROUGE-1/2/L F1 against every reference, the best one counting).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -22,7 +24,7 @@ from torch import Tensor
 
 from attnkit.config import SUMMARY_TASK, DataConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
-from attnkit.data.readers import ParallelText, Records, read_jsonl, read_parallel
+from attnkit.data.readers import ParallelText, Records, iter_pairs, read_jsonl, read_parallel
 from attnkit.data.store import StoreColumn, prepared, store_root
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
@@ -123,15 +125,48 @@ def _from_store(
                 "max_len": config.max_len}  # fmt: skip
 
     def build(given: Tokenizer | None):
-        train = read_split(config, "train", 0)
-        made_with, src, tgt, report = _encoded_training_pairs(config, train, given)
-        return made_with, {"src": src, "tgt": tgt}, report
+        report = {"dropped_empty": 0, "dropped_long": 0, "max_len": config.max_len}
+        made_with = given or Tokenizer.train(config.tokenizer, _sample(files, config.tokenizer_sample),
+                                             config.vocab_size)  # fmt: skip
+        return made_with, ("src", "tgt"), _encoded_pairs(files, made_with, config.max_len, report), report
 
     store = prepared(store_root(config.store), files, settings, tokenizer, build, echo)
     _say_report(store.report, echo)
     tokenizer = store.tokenizer
     echo(f"training pairs: {len(store):,}; validation: {len(valid):,}; vocabulary: {tokenizer.vocab_size:,}")
     return PreparedData(tokenizer, store.columns["src"], store.columns["tgt"], valid)
+
+
+def _sample(files: list[Path], size: int) -> list[str]:
+    """The lines of up to ``size`` training pairs, sources then targets, for learning the tokenizer: all
+    of a smaller corpus, a uniform sample of a larger one (in file order), read without holding it."""
+    rng, kept = random.Random(0), []  # (pair number, source, target)
+    for n, (s, t) in enumerate(iter_pairs(*files, {})):
+        if n < size:
+            kept.append((n, s, t))
+        elif (k := rng.randrange(n + 1)) < size:  # reservoir sampling (Vitter's algorithm R)
+            kept[k] = (n, s, t)
+    kept.sort()
+    return [s for _, s, _ in kept] + [t for _, _, t in kept]
+
+
+def _encoded_pairs(files: list[Path], tokenizer: Tokenizer, max_len: int, report: dict) -> Iterator[tuple]:
+    """The training pairs' ids, encoded a block at a time as the files are read; pairs with a side
+    longer than ``max_len`` (with ``</s>``, or ``<s>``/``</s>``) are left out, and counted in ``report``,
+    as are pairs with an empty side. None kept is an error."""
+    kept = 0
+    pairs = iter_pairs(*files, report)
+    while block := list(itertools.islice(pairs, 20_000)):
+        src = tokenizer.encode_batch([s for s, _ in block])
+        tgt = tokenizer.encode_batch([t for _, t in block])
+        for s, t in zip(src, tgt, strict=True):
+            if len(s) + 1 <= max_len and len(t) + 1 <= max_len:
+                kept += 1
+                yield s, t
+            else:
+                report["dropped_long"] += 1
+    if not kept:
+        raise ConfigError(f"data.max_len={max_len} leaves no training pair")
 
 
 def _say_report(report: dict, echo: Callable[[str], None]) -> None:
