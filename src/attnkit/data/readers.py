@@ -104,43 +104,42 @@ class ParallelText:
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path, drop_empty: bool = True) -> ParallelText:
-    """Read two aligned files; a line-count mismatch is an error giving both counts.
-
-    ``drop_empty`` drops (and counts) pairs with an empty side; without it every pair is kept.
-    """
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
-            "parallel files must align line by line"
-        )
-    pairs = enumerate(zip(src, tgt, strict=True))
-    keep = [i for i, (s, t) in pairs if not drop_empty or (s.strip() and t.strip())]
-    return ParallelText([src[i].strip() for i in keep], [tgt[i].strip() for i in keep], len(src) - len(keep))
+    """Read two aligned files (:func:`iter_pairs`, held): a line-count mismatch is an error giving both
+    counts; ``drop_empty`` drops (and counts) pairs with an empty side, without it every pair is kept."""
+    skipped: dict = {}
+    pairs = list(iter_pairs(Path(src_path), Path(tgt_path), skipped, drop_empty))
+    return ParallelText([s for s, _ in pairs], [t for _, t in pairs], skipped.get("dropped_empty", 0))
 
 
-def iter_pairs(src_path: Path, tgt_path: Path, skipped: dict) -> Iterator[tuple[str, str]]:
-    """The stripped line pairs of two aligned files, streamed (as :func:`read_parallel` reads them, without
-    holding them): pairs with an empty side are skipped and counted in ``skipped["dropped_empty"]``. A
-    line-count mismatch is an error giving both counts; so is a file without a non-empty line."""
-    seen_src = seen_tgt = False
-    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
-    n = 0
-    for n, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), start=1):
-        if s is None or t is None:
-            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
-            counts = (n - 1, n - 1 + rest) if s is None else (n - 1 + rest, n - 1)
-            raise DataError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}: "
-                            "parallel files must align line by line")  # fmt: skip
+def iter_pairs(
+    src_path: Path, tgt_path: Path, skipped: dict, drop_empty: bool = True
+) -> Iterator[tuple[str, str]]:
+    """The stripped line pairs of two aligned files, streamed, without holding them. With ``drop_empty``,
+    pairs with an empty side are skipped and counted in ``skipped["dropped_empty"]``. A file without a
+    non-empty line is an error, the source's first; so is a line-count mismatch, giving both counts."""
+    seen = [False, False]  # a non-empty line in the source, in the target
+    lines = (iter_lines(Path(src_path)), iter_lines(Path(tgt_path)))
+    counts = [0, 0]
+    for s, t in itertools.zip_longest(*lines):
+        if s is None or t is None:  # one file ended: count the rest of the other
+            longer = 0 if t is None else 1
+            for line in itertools.chain([s if t is None else t], lines[longer]):
+                counts[longer] += 1
+                seen[longer] = seen[longer] or bool(line.strip())
+            break
+        counts[0], counts[1] = counts[0] + 1, counts[1] + 1
         s, t = s.strip(), t.strip()
-        seen_src, seen_tgt = seen_src or bool(s), seen_tgt or bool(t)
-        if s and t:
+        seen[0], seen[1] = seen[0] or bool(s), seen[1] or bool(t)
+        if (s and t) or not drop_empty:
             yield s, t
         else:
             skipped["dropped_empty"] = skipped.get("dropped_empty", 0) + 1
-    for path, seen in ((src_path, seen_src), (tgt_path, seen_tgt)):
-        if not seen:
+    for path, any_line in zip((src_path, tgt_path), seen, strict=True):
+        if not any_line:
             raise DataError(f"{path}: file is empty")
+    if counts[0] != counts[1]:
+        raise DataError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}: "
+                        "parallel files must align line by line")  # fmt: skip
 
 
 @dataclass

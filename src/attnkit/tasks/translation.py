@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -151,20 +151,31 @@ def _sample(files: list[Path], size: int) -> list[str]:
 
 
 def _encoded_pairs(files: list[Path], tokenizer: Tokenizer, max_len: int, report: dict) -> Iterator[tuple]:
-    """The training pairs' ids, encoded a block at a time as the files are read; pairs with a side
-    longer than ``max_len`` (with ``</s>``, or ``<s>``/``</s>``) are left out, and counted in ``report``,
-    as are pairs with an empty side. None kept is an error."""
+    """The kept training pairs' ids (:func:`_short_enough`), encoded a block at a time as the files are
+    read; pairs with an empty side are counted in ``report``."""
+
+    def encoded() -> Iterator[tuple[list[int], list[int]]]:
+        pairs = iter_pairs(*files, report)
+        while block := list(itertools.islice(pairs, 20_000)):
+            src = tokenizer.encode_batch([s for s, _ in block])
+            yield from zip(src, tokenizer.encode_batch([t for _, t in block]), strict=True)
+
+    return _short_enough(encoded(), max_len, report)
+
+
+def _short_enough(
+    pairs: Iterable[tuple[list[int], list[int]]], max_len: int, report: dict
+) -> Iterator[tuple]:
+    """The encoded pairs both of whose sides fit ``max_len`` with their specials (``</s>``, or
+    ``<s>``/``</s>``), dropped together to keep alignment and counted in ``report["dropped_long"]``;
+    none kept is an error."""
     kept = 0
-    pairs = iter_pairs(*files, report)
-    while block := list(itertools.islice(pairs, 20_000)):
-        src = tokenizer.encode_batch([s for s, _ in block])
-        tgt = tokenizer.encode_batch([t for _, t in block])
-        for s, t in zip(src, tgt, strict=True):
-            if len(s) + 1 <= max_len and len(t) + 1 <= max_len:
-                kept += 1
-                yield s, t
-            else:
-                report["dropped_long"] += 1
+    for s, t in pairs:
+        if len(s) + 1 <= max_len and len(t) + 1 <= max_len:
+            kept += 1
+            yield s, t
+        else:
+            report["dropped_long"] = report.get("dropped_long", 0) + 1
     if not kept:
         raise ConfigError(f"data.max_len={max_len} leaves no training pair")
 
@@ -193,14 +204,8 @@ def _encoded_training_pairs(
     if config.task == SUMMARY_TASK:  # a long email is still worth its first tokens
         src, cut = cut_sources(src, config.source_limit)
         report.update(cut=cut, pairs=len(src), source_limit=config.source_limit)
-    # +1 for </s> (source) or <s>/</s> (target); pairs are dropped together to keep alignment.
-    keep = [
-        i for i in range(len(src)) if len(src[i]) + 1 <= config.max_len and len(tgt[i]) + 1 <= config.max_len
-    ]
-    report["dropped_long"] = len(src) - len(keep)
-    if not keep:
-        raise ConfigError(f"data.max_len={config.max_len} leaves no training pair")
-    return tokenizer, [src[i] for i in keep], [tgt[i] for i in keep], report
+    kept = list(_short_enough(zip(src, tgt, strict=True), config.max_len, report))
+    return tokenizer, [s for s, _ in kept], [t for _, t in kept], report
 
 
 class TranslationTask:
