@@ -215,3 +215,29 @@ def test_the_aeslc_quality_benchmark_trains_and_scores_rouge_on_tiny_records(tmp
     assert "against 'annotations'" in result.stdout and "40 records" in result.stdout
     # "the budget report" against "budget report": unigrams P = 2/3, R = 1; bigrams P = 1/2, R = 1
     assert "LEAD-3 (the first 3 words) against 'subject': ROUGE-1 80.00, ROUGE-2 66.67" in result.stdout
+
+
+def test_the_data_scale_benchmark_prepares_trains_on_one_and_two_ranks_and_compares_speed(tmp_path):
+    import gzip
+
+    words = ["ein", "Mann", "eine", "Frau", "Hund", "läuft", "sitzt", "im", "Park", "auf", "der", "Straße"]
+    for split, n in (("train", 60), ("val", 10)):
+        for side, shift in (("de", 0), ("en", 3)):
+            lines = [
+                " ".join(words[(k + j + shift) % len(words)] for j in range(3 + k % 5)) for k in range(n)
+            ]
+            with gzip.open(tmp_path / f"{split}.{side}.gz", "wt", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "data_scale.py"), "--data", str(tmp_path), "--sizes", "0.001",
+         "--speed-steps", "2", "--rounds", "1", "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=600, check=False, encoding="utf-8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = re.search(r"^\| 1,000 \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+|-) \| ([\d.]+) \| "
+                    r"([\d.]+) \+ ([\d.]+) \| ([\d.]+|-) \|$", result.stdout, re.M)  # fmt: skip
+    assert row, result.stdout
+    assert 0.05 < float(row[2]) < 8 and 0.05 < float(row[4]) < 8  # peak RSS in GB, read from each process
+    assert re.search(r"store/lists tok/s = \d+\.\d\d", result.stdout), result.stdout
+    corpus = (tmp_path / "work" / "1000" / "train.de").read_text(encoding="utf-8").splitlines()
+    assert len(corpus) == 1000 and corpus[60].endswith(" 1") and len(set(corpus)) == 1000

@@ -300,3 +300,113 @@ def test_iwslt14_never_replaces_a_file_it_did_not_make(server, tmp_path, monkeyp
     one_line_error(result, r"valid\.en: already there, and not what attnkit makes of de-en\.tgz")
     assert (folder / "valid.en").read_text(encoding="utf-8") == "my own validation set\n"
     assert (folder / "train.de").stat().st_mtime_ns == before  # nothing written
+
+
+def _tgz(path: Path, files: dict[str, str]) -> bytes:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            body = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    return path.read_bytes()
+
+
+def _sgm(lines: list[str]) -> str:
+    segs = "".join(f'<seg id="{i}">{line}</seg>\n' for i, line in enumerate(lines, 1))
+    return f'<srcset setid="newstest" srclang="any">\n<doc docid="1" genre="news">\n{segs}</doc>\n</srcset>\n'
+
+
+def _wmt14_archives(tmp_path: Path, europarl_en: list[str] | None = None) -> tuple[dict, dict]:
+    """Small archives laid out as WMT's (each corpus's German-English files among other languages' and
+    sets'); returns {name: bytes} and what attnkit makes of them."""
+    corpora = {
+        "europarl": ([f"Sitzung {i} ." for i in range(5)], [f"Session {i} ." for i in range(5)]),
+        "commoncrawl": (["Hallo Welt", "Ein Ü-Ei"], ["Hello world", "A surprise egg"]),
+        "nc": (["Die Börse fiel ."], ["The stock market fell ."]),
+    }
+    de, en = corpora["europarl"]
+    en = europarl_en if europarl_en is not None else en
+    archives = {
+        "de-en.tgz": {"europarl-v7.de-en.de": "\n".join(de) + "\n", "europarl-v7.de-en.en": "\n".join(en)},
+        "training-parallel-commoncrawl.tgz": {
+            "commoncrawl.fr-en.fr": "Bonjour\n",
+            "commoncrawl.de-en.de": "\n".join(corpora["commoncrawl"][0]) + "\n",
+            "commoncrawl.de-en.en": "\n".join(corpora["commoncrawl"][1]) + "\n",
+        },
+        "training-parallel-nc-v9.tgz": {
+            "training/news-commentary-v9.de-en.de": corpora["nc"][0][0] + "\n",
+            "training/news-commentary-v9.de-en.en": corpora["nc"][1][0] + "\n",
+            "training/news-commentary-v9.cs-en.cs": "Ahoj\n",
+        },
+        "test.tgz": {
+            "test/newstest2012-src.de.sgm": _sgm(["alt"]),
+            "test/newstest2013-src.en.sgm": _sgm(["A dog runs .", "It's late & dark ."]),
+            "test/newstest2013-src.de.sgm": _sgm(["Ein Hund läuft .", "Es ist spät & dunkel ."]),
+        },
+        "test-full.tgz": {
+            "test-full/newstest2014-deen-src.de.sgm": _sgm(["Guten Morgen ."]),
+            "test-full/newstest2014-deen-ref.en.sgm": _sgm(["Good morning ."]),
+            "test-full/newstest2014-deen-src.en.sgm": _sgm(["Good night ."]),
+            "test-full/newstest2014-deen-ref.de.sgm": _sgm(["Gute Nacht ."]),
+        },
+    }
+    bodies = {name: _tgz(tmp_path / name, files) for name, files in archives.items()}
+    want = {
+        "train.de": de + corpora["commoncrawl"][0] + corpora["nc"][0],
+        "train.en": en + corpora["commoncrawl"][1] + corpora["nc"][1],
+        "valid.en": ["A dog runs .", "It's late & dark ."],
+        "valid.de": ["Ein Hund läuft .", "Es ist spät & dunkel ."],
+        "test.en": ["Good night ."], "test.de": ["Gute Nacht ."],
+    }  # fmt: skip
+    return bodies, want
+
+
+def _serve_wmt14(server, monkeypatch, bodies: dict) -> None:
+    files = []
+    for file in DATASETS["wmt14-en-de"]:
+        body = bodies[file.name]
+        server.files[f"/wmt14-en-de/{file.name}"] = body
+        files.append(
+            DataFile(file.name, "unused", hashlib.new(file.algorithm, body).hexdigest(), file.algorithm)
+        )
+    monkeypatch.setitem(DATASETS, "wmt14-en-de", files)
+
+
+def test_data_get_wmt14_joins_the_three_corpora_and_takes_newstest2013_and_2014(
+    server, tmp_path, monkeypatch
+):
+    bodies, want = _wmt14_archives(tmp_path)
+    _serve_wmt14(server, monkeypatch, bodies)
+    folder = tmp_path / "wmt14"
+    result = CliRunner().invoke(app, ["data", "get", "wmt14-en-de", str(folder), "--mirror", server.url])
+    assert result.exit_code == 0, result.output
+    assert "SHA-1 checked" in result.stdout and "MD5 checked" in result.stdout
+    for name, lines in want.items():
+        assert (folder / name).read_text(encoding="utf-8").splitlines() == lines, name
+    assert not list(folder.glob("*.part"))
+    assert "ready: attnkit train configs/wmt14_en_de_base.yaml --data" in result.stdout
+    again = CliRunner().invoke(app, ["data", "get", "wmt14-en-de", str(folder), "--mirror", server.url])
+    assert again.exit_code == 0, again.output  # made again, the same: fine
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "wmt14_en_de_base.yaml")
+    small = ["model.preset=tiny", "data.vocab_size=300", "train.max_tokens=400", "train.update_freq=1",
+             "train.max_steps=1", "train.eval_every=1", "train.warmup=1", "decode.beam_size=1"]  # fmt: skip
+    trained = CliRunner().invoke(
+        app, ["train", recipe, "--data", str(folder), "--run-dir", str(tmp_path / "run"), *small]
+    )  # the recipe reads the files made
+    assert trained.exit_code == 0, trained.output
+    assert "training pairs: 8; validation: 2;" in trained.output
+
+
+def test_a_wmt14_corpus_with_uneven_sides_is_a_one_line_error_and_nothing_is_kept(
+    server, tmp_path, monkeypatch
+):
+    bodies, _ = _wmt14_archives(tmp_path, europarl_en=["Session 0 ."])
+    _serve_wmt14(server, monkeypatch, bodies)
+    folder = tmp_path / "wmt14"
+    result = CliRunner().invoke(app, ["data", "get", "wmt14-en-de", str(folder), "--mirror", server.url])
+    one_line_error(result, r"de-en\.tgz: europarl-v7\.de-en has 1 English and 5 German lines")
+    assert not (folder / "train.de").exists() and not list(folder.glob("*.part"))

@@ -50,7 +50,9 @@ def test_a_store_gives_the_pairs_encoding_the_files_gives(copy_data, tmp_path):
     assert data.tokenizer.to_str() == tokenizer.to_str()
     assert [data.train_src[i] for i in range(len(data.train_src))] == [src[i] for i in kept]
     assert [data.train_tgt[i] for i in range(len(data.train_tgt))] == [tgt[i] for i in kept]
-    assert data.train_lengths() == ([len(src[i]) + 1 for i in kept], [len(tgt[i]) + 1 for i in kept])
+    src_lengths, tgt_lengths = data.train_lengths()
+    assert src_lengths.tolist() == [len(src[i]) + 1 for i in kept]
+    assert tgt_lengths.tolist() == [len(tgt[i]) + 1 for i in kept]
     assert any(f"dropped {len(src) - len(kept)} training pairs longer" in m for m in messages)
 
 

@@ -1,9 +1,11 @@
 """Tokenisers round-trip text with fixed special ids; token batches are complete, bounded, repeatable."""
 
 import os
+import random
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
@@ -130,14 +132,19 @@ def test_token_batches_cover_every_example_once_within_the_budget():
 
 def test_token_batches_are_reproducible_per_seed_and_epoch_and_reshuffled_across_epochs():
     src, tgt = _lengths()
-    first = token_batches(src, tgt, 200, seed=1, epoch=0)
-    assert token_batches(src, tgt, 200, seed=1, epoch=0) == first
-    assert token_batches(src, tgt, 200, seed=1, epoch=1) != first
-    assert token_batches(src, tgt, 200, seed=2, epoch=0) != first
+
+    def batches(seed, epoch):
+        return [b.tolist() for b in token_batches(src, tgt, 200, seed=seed, epoch=epoch)]
+
+    first = batches(seed=1, epoch=0)
+    assert batches(seed=1, epoch=0) == first
+    assert batches(seed=1, epoch=1) != first
+    assert batches(seed=2, epoch=0) != first
 
 
 def test_an_example_longer_than_the_budget_gets_its_own_batch():
-    assert token_batches([5, 50, 5], [5, 50, 5], 20, seed=0, epoch=0, shuffle=False) == [[0, 2], [1]]
+    batches = token_batches([5, 50, 5], [5, 50, 5], 20, seed=0, epoch=0, shuffle=False)
+    assert [b.tolist() for b in batches] == [[0, 2], [1]]
 
 
 def test_make_batch_adds_specials_and_shifts_the_target():
@@ -167,3 +174,39 @@ def test_a_tokenizer_file_that_pads_and_truncates_by_itself_gives_all_tokens_and
     loaded = Tokenizer.load(tmp_path / "tokenizer.json")
     assert loaded.decode(loaded.encode("a b c d e")) == "a b c d e"
     assert len(loaded.encode("a b c d e")) == 5
+
+
+def _greedy(order, src, tgt, max_tokens):
+    """The rule as stated: take the examples in order, each joining the current batch while
+    ``count × longest`` still fits the budget, else starting the next one."""
+    batches, current = [], []
+    for i in order:
+        longest = max([max(src[j], tgt[j]) for j in current] + [max(src[i], tgt[i])])
+        if current and longest * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return [*batches, current]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_token_batches_cut_the_length_sorted_examples_greedily(seed):
+    r = random.Random(seed)
+    n, budget = r.randrange(1, 300), r.randrange(1, 400)
+    src = [r.randrange(1, 90) for _ in range(n)]
+    tgt = [r.randrange(1, 90) for _ in range(n)]
+    in_order = token_batches(src, tgt, budget, seed=0, epoch=0, shuffle=False)
+    by_length = sorted(range(n), key=lambda i: (src[i], tgt[i]))
+    assert [b.tolist() for b in in_order] == _greedy(by_length, src, tgt, budget)
+    # shuffled: equal lengths in a random order, then the same greedy cut of that order
+    batches = token_batches(src, tgt, budget, seed=seed, epoch=1)
+    realised = [i for b in sorted(batches, key=lambda b: (src[b[0]], tgt[b[0]], b[0])) for i in b.tolist()]
+    assert [(src[i], tgt[i]) for i in realised] == [(src[i], tgt[i]) for i in by_length]
+    assert sorted(map(len, batches)) == sorted(map(len, _greedy(realised, src, tgt, budget)))
+
+
+def test_token_batches_of_a_million_examples_take_numpy_arrays():
+    lengths = np.random.default_rng(0).integers(1, 100, 1_000_000)
+    batches = token_batches(lengths, lengths, 4096, seed=0, epoch=0)
+    assert sum(map(len, batches)) == 1_000_000
+    assert all(b.dtype == np.int64 for b in batches[:10])

@@ -91,18 +91,26 @@ def test_an_attentional_rnn_learns_to_copy_and_translates_from_the_command_line(
     run = tmp_path / "run"
     settings = ["model.arch=rnn", "model.preset=rnn-tiny", *f"model.attention={attention}".split(),
                 "data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]",
-                f"data.dir={copy_data}", "data.tokenizer=word", "train.max_steps=250", "train.eval_every=250",
+                f"data.dir={copy_data}", "data.tokenizer=word", "train.max_steps=300", "train.eval_every=300",
                 "train.schedule=constant", "train.warmup=0", "train.lr=1e-2", "train.max_tokens=512",
                 "train.label_smoothing=0", "train.clip_norm=1"]  # fmt: skip
     scores = Trainer(load_run_config(None, settings), run, echo=lambda m: None).fit()
-    # 250 steps: at 150 the exact match of the 20 held-out strings ranged 0.75-1.0 over training seeds
-    assert scores["valid_accuracy"] >= 0.8, scores
-    source = tmp_path / "source.txt"
-    source.write_text("1 2 3\n7 7 5 9\n", encoding="utf-8")
+    # over training seeds, the exact match of the 20 held-out strings was 0.75-0.9 at 250 steps, 0.8-0.85
+    # at 300 (dot, the slowest to learn; the command line's beam search: 16-17 of 20)
+    assert scores["valid_accuracy"] >= 0.7, scores
+    assert _copied_by_the_command_line(run, copy_data) >= 14
+
+
+def _copied_by_the_command_line(run, copy_data) -> int:
+    """How many of the 20 held-out strings ``attnkit translate --beam 3`` copies exactly (over training
+    seeds, the wrong ones were mostly a repeated digit too many or too few, "1 2 3" as "1 2 3 3")."""
+    source = copy_data / "valid.src"
     result = CliRunner().invoke(app, ["translate", "--ckpt", str(run), "--beam", "3", "-i", str(source)])
     assert result.exit_code == 0, result.output
     outputs = result.stdout.splitlines()
-    assert len(outputs) == 2 and outputs[0] == "1 2 3"  # (accuracy on held-out data is checked above)
+    expected = (copy_data / "valid.tgt").read_text(encoding="utf-8").splitlines()
+    assert len(outputs) == len(expected) == 20
+    return sum(o == e for o, e in zip(outputs, expected, strict=True))
 
 
 def _copy_settings(copy_data, *extra: str) -> list[str]:
@@ -144,5 +152,4 @@ def test_hard_attention_learns_to_align_with_reinforce(copy_data, tmp_path):
     assert _diagonal_share(trained, tokenizer, sentences) >= 0.7
     assert scores["valid_accuracy"] >= 0.7, scores
     assert trained.baseline.value < 0  # the baseline (a mean log-likelihood) came back with the weights
-    result = CliRunner().invoke(app, ["translate", "--ckpt", str(run), "--beam", "3"], input="1 2 3\n")
-    assert result.exit_code == 0 and result.stdout == "1 2 3\n", result.output
+    assert _copied_by_the_command_line(run, copy_data) >= 14

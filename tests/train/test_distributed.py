@@ -2,6 +2,7 @@
 dropout from their own seeds, and resume exactly; too little data for the processes is an error."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -130,3 +131,69 @@ def test_a_finished_run_ends_its_process_group_and_gloo_threads_before_exit(tmp_
     for report in reports:
         assert any("gloo" in name for name in report["during"])  # the probe sees gloo's threads at all
         assert not [name for name in report["after"] if "gloo" in name]
+
+
+STORE_PROBE = """
+import os, sys
+from pathlib import Path
+from attnkit.config import load_run_config
+from attnkit.tasks import make_task
+from attnkit.train.loop import Trainer
+
+def logged_task(config, tokenizer, echo):  # every rank's preparation messages, into a file of its own
+    with open(Path(sys.argv[2]) / f"rank{os.environ['RANK']}.txt", "w", encoding="utf-8") as log:
+        return make_task(config, tokenizer, lambda message: log.write(message + "\\n"))
+
+Trainer(load_run_config(None, sys.argv[3:]), sys.argv[1], echo=lambda *a: None, task=logged_task).fit()
+"""
+
+
+STORE_SETTINGS = ["model.preset=tiny", "data.train=[train.src, train.tgt]",
+                  "data.valid=[valid.src, valid.tgt]",
+                  "data.tokenizer=word", "train.max_tokens=512", "train.max_steps=3", "train.eval_every=3",
+                  "model.dropout=0.1"]  # fmt: skip
+
+
+def _probe_run(tmp_path, name, launcher, copy_data, launches=1):
+    """The store probe under ``launcher`` (``launches`` copies of it at once: one per "machine"); returns
+    each rank's preparation messages and the run's final weights."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(STORE_PROBE, encoding="utf-8")
+    logs = tmp_path / f"{name}-logs"
+    logs.mkdir()
+    settings = [*STORE_SETTINGS, f"data.dir={copy_data}", f"data.store={tmp_path / name / 'stores'}"]
+    command = [*launcher, str(probe), str(tmp_path / name / "run"), str(logs), *settings]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  encoding="utf-8") for _ in range(launches)]  # fmt: skip
+    for process in processes:
+        output = process.communicate(timeout=300)[0]
+        assert process.returncode == 0, output
+    messages = [(logs / f"rank{rank}.txt").read_text(encoding="utf-8") for rank in range(2)]
+    return messages, _weights(tmp_path / name / "run")
+
+
+@needs_distributed
+def test_one_rank_builds_the_token_store_and_the_other_finds_it(copy_data, tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    logs, _ = _probe_run(tmp_path, "one-machine", launcher, copy_data)
+    assert "rows, built now)" in logs[0] and "built now" not in logs[1]
+    assert "rows, built before)" in logs[1]
+    assert len(list((tmp_path / "one-machine" / "stores").iterdir())) == 1
+
+
+@needs_distributed
+def test_two_machines_of_one_process_train_as_one_machine_of_two(copy_data, tmp_path):
+    """Two launches of torchrun (two "machines", here both on 127.0.0.1) meeting through c10d
+    rendezvous: the second machine's process finds the first's store (one file system here) and the
+    run ends with the weights of one machine running two processes."""
+    one = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    _, expected = _probe_run(tmp_path, "one-machine", one, copy_data)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    two = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=attnkit-test"]  # fmt: skip
+    logs, weights = _probe_run(tmp_path, "two-machines", two, copy_data, launches=2)
+    assert "rows, built now)" in logs[0] and "rows, built before)" in logs[1]
+    for name in expected:
+        torch.testing.assert_close(weights[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)

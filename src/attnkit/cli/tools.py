@@ -64,7 +64,7 @@ app.add_typer(data_app, name="data")
 @data_app.command("get")
 @one_line_errors
 def data_get(
-    name: Annotated[str, typer.Argument(help="multi30k, iwslt14, sst2 or tinyshakespeare.")],
+    name: Annotated[str, typer.Argument(help="multi30k, iwslt14, wmt14-en-de, sst2 or tinyshakespeare.")],
     folder: Annotated[Path, typer.Argument(help="Where to put the files (made if needed).")],
     mirror: Annotated[
         str | None, typer.Option(help="Fetch MIRROR/NAME/FILE instead of from the publishers.")
@@ -81,6 +81,7 @@ def data_get(
     recipe = {
         "multi30k": "multi30k_de_en",
         "iwslt14": "iwslt14_de_en",
+        "wmt14-en-de": "wmt14_en_de_base",
         "sst2": "sst2_from_scratch",
         "tinyshakespeare": "shakespeare_char",
     }

@@ -8,10 +8,10 @@ a run is reproducible and a resumed run sees exactly the batches it would have s
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -19,36 +19,51 @@ from attnkit.data.tokenizer import SpecialIds
 
 
 def token_batches(
-    src_lengths: list[int],
-    tgt_lengths: list[int],
+    src_lengths: Sequence[int] | np.ndarray,
+    tgt_lengths: Sequence[int] | np.ndarray,
     max_tokens: int,
     *,
     seed: int,
     epoch: int,
     shuffle: bool = True,
-) -> list[list[int]]:
+) -> list[np.ndarray]:
     """Indices of examples grouped into batches whose padded size ``count × longest`` fits ``max_tokens``.
 
-    A single example longer than ``max_tokens`` still gets a batch of its own.
+    Examples are sorted by (source, target) length, equal lengths in a random order, and cut greedily
+    into batches; a single example longer than ``max_tokens`` still gets a batch of its own. All of it
+    is numpy on the lengths arrays, so that millions of examples (a prepared store's) cost a second
+    and a few bytes each, not a Python object each.
     """
-    rng = random.Random(seed * 1_000_003 + epoch)
-    order = list(range(len(src_lengths)))
+    src = np.asarray(src_lengths, dtype=np.int64)
+    tgt = np.asarray(tgt_lengths, dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(src)) if shuffle else np.arange(len(src))
+    order = order[np.lexsort((tgt[order], src[order]))]  # stable: equal lengths keep their random order
+    size = np.maximum(np.maximum(src, tgt)[order], 1)  # (N,) each example's padded length, in order
+    ends = _greedy_cuts(size, max_tokens)
+    batches = np.split(order, ends[:-1])
     if shuffle:
-        rng.shuffle(order)  # random order among equal lengths
-    order.sort(key=lambda i: (src_lengths[i], tgt_lengths[i]))
-    batches, current, longest = [], [], 0
-    for i in order:
-        size = max(src_lengths[i], tgt_lengths[i])
-        if current and max(longest, size) * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, size)
-    if current:
-        batches.append(current)
-    if shuffle:
-        rng.shuffle(batches)
+        batches = [batches[k] for k in rng.permutation(len(batches))]
     return batches
+
+
+def _greedy_cuts(size: np.ndarray, max_tokens: int) -> list[int]:
+    """Where each batch ends when examples of padded lengths ``size`` are taken in order while
+    ``count × longest`` fits ``max_tokens``.
+
+    A batch that starts at an example of length ``s`` holds at most ``max_tokens // s`` examples (its
+    longest is at least ``s``), so each cut looks at one window that long, in numpy: the Python loop
+    runs once per batch, not once per example."""
+    ends, start, n = [], 0, len(size)
+    while start < n:
+        window = size[start : start + max(1, max_tokens // int(size[start]))]
+        longest = np.maximum.accumulate(window)  # the batch's longest if it ended at each example
+        fits = longest * np.arange(1, len(window) + 1) <= max_tokens
+        fits[0] = True  # one example always makes a batch
+        count = len(window) if fits.all() else int(np.argmin(fits))
+        start += count
+        ends.append(start)
+    return ends
 
 
 def length_batches(indices: Iterable[int], lengths: Sequence[int], size: int) -> list[list[int]]:

@@ -22,11 +22,9 @@ BPE reads raw text): ``train``/``valid`` from the TED training transcripts (ever
 from __future__ import annotations
 
 import hashlib
-import re
 import tarfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
@@ -34,6 +32,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from attnkit.atomic import write_text_atomic
+from attnkit.data.readers import segments
+from attnkit.data.wmt14 import prepare_wmt14
 from attnkit.errors import DataError
 
 CHUNK = 1 << 16
@@ -47,13 +47,15 @@ class DataFile:
     algorithm: str = "sha256"  # a hashlib name
 
 
-ALGORITHM_NAMES = {"sha256": "SHA-256", "md5": "MD5"}
+ALGORITHM_NAMES = {"sha256": "SHA-256", "sha1": "SHA-1", "md5": "MD5"}
 
 
 MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw"
 SST2 = "https://raw.githubusercontent.com/eyalbd2/Reproducing-AutoPrompt/6288fb5bec9c572f2492875ae0111df5b6daed11/glue_data/SST-2"
 CHAR_RNN = "https://raw.githubusercontent.com/karpathy/char-rnn/6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data"
 IWSLT14 = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14"  # fairseq's prepare-iwslt14.sh fetches it
+STATMT = "https://www.statmt.org"  # WMT's publisher, which gives no checksums: GluonNLP's SHA-1 (training
+# archives) and sacreBLEU's MD5 (test sets) of the files they fetch from there
 
 # The layout each recipe expects (docs/data.md); checksums of the published bytes.
 DATASETS: dict[str, list[DataFile]] = {
@@ -86,6 +88,31 @@ DATASETS: dict[str, list[DataFile]] = {
         ),
     ],
     "iwslt14": [DataFile("de-en.tgz", f"{IWSLT14}/de-en.tgz", "10936dfdf616504ddbd844e91b94ef4a", "md5")],
+    "wmt14-en-de": [
+        DataFile(name, url, digest, algorithm)
+        for name, url, digest, algorithm in (
+            (
+                "de-en.tgz",
+                f"{STATMT}/europarl/v7/de-en.tgz",
+                "53bb5408d22977c89284bd755717e6bbb5b12bc5",
+                "sha1",
+            ),
+            (
+                "training-parallel-commoncrawl.tgz",
+                f"{STATMT}/wmt13/training-parallel-commoncrawl.tgz",
+                "1c0ad85f0ebaf1d543acb009607205f5dae6627d",
+                "sha1",
+            ),
+            (
+                "training-parallel-nc-v9.tgz",
+                f"{STATMT}/wmt14/training-parallel-nc-v9.tgz",
+                "c7ae7f50cd45c2f3014d78ddba25a4a8a851e27a",
+                "sha1",
+            ),
+            ("test.tgz", f"{STATMT}/wmt13/test.tgz", "48eca5d02f637af44e85186847141f67", "md5"),
+            ("test-full.tgz", f"{STATMT}/wmt14/test-full.tgz", "a8cd784e006feb32ac6f3d9ec7eb389a", "md5"),
+        )
+    ],
 }
 
 
@@ -111,6 +138,8 @@ def get_dataset(name: str, folder: Path, mirror: str | None = None, progress: bo
         paths.append(fetch(DataFile(file.name, url, file.digest, file.algorithm), folder, progress))
     if name == "iwslt14":
         paths += prepare_iwslt14(paths[0], folder)
+    if name == "wmt14-en-de":
+        paths += prepare_wmt14(folder)
     return paths
 
 
@@ -174,7 +203,6 @@ def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
 IWSLT14_TEST = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
                 "IWSLT14.TED.tst2012"]  # fmt: skip
 IWSLT14_NOT_TEXT = ("<url>", "<talkid>", "<keywords>")
-SEGMENT = re.compile(r"<seg id=\"?\d+\"?>\s*(.*?)\s*</seg>")
 
 
 def prepare_iwslt14(archive: Path, folder: Path) -> list[Path]:
@@ -195,7 +223,8 @@ def prepare_iwslt14(archive: Path, folder: Path) -> list[Path]:
                 return tar.extractfile(members[name]).read().decode("utf-8").splitlines()
 
             train = {lang: read(f"train.tags.de-en.{lang}") for lang in ("de", "en")}
-            test = {lang: _segments(line for t in IWSLT14_TEST for line in read(f"{t}.de-en.{lang}.xml"))
+            test = {lang: [s.replace("\u2019", "'") for s in
+                           segments(line for t in IWSLT14_TEST for line in read(f"{t}.de-en.{lang}.xml"))]
                     for lang in ("de", "en")}  # fmt: skip
     except (tarfile.TarError, OSError, EOFError, UnicodeDecodeError) as error:
         raise DataError(f"{archive}: not a readable IWSLT14 .tgz archive ({error})") from None
@@ -241,7 +270,3 @@ def _clean_pair(de: str, en: str) -> bool:
     """fairseq's ``clean-corpus-n.perl -ratio 1.5 ... 1 175`` on words."""
     a, b = len(de.split()), len(en.split())
     return 1 <= a <= 175 and 1 <= b <= 175 and a <= 1.5 * b and b <= 1.5 * a
-
-
-def _segments(lines: Iterable[str]) -> list[str]:
-    return [match.group(1).replace("\u2019", "'") for line in lines if (match := SEGMENT.search(line))]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -223,3 +224,12 @@ def read_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Reco
     if not sources:
         raise DataError(f"{path}: no records")
     return Records(sources, references)
+
+
+SEGMENT = re.compile(r"<seg id=\"?\d+\"?>\s*(.*?)\s*</seg>")
+
+
+def segments(lines: Iterable[str]) -> list[str]:
+    """The text of each ``<seg id="N">`` line of an evaluation set's XML or SGML file (IWSLT's, WMT's),
+    in order, without the space around it."""
+    return [match.group(1) for line in lines if (match := SEGMENT.search(line))]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -126,12 +127,12 @@ class ClassificationTask:
         echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; labels: "
              f"{', '.join(labels)}; vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This epoch's batches of sentence indices, the same for the same (seed, epoch)."""
         lengths = [len(row) for row in self.rows]
         return token_batches(lengths, lengths, self.max_tokens, seed=self.seed, epoch=epoch)
 
-    def make_batch(self, indices: list[int]) -> EncoderBatch:
+    def make_batch(self, indices: Sequence[int]) -> EncoderBatch:
         return sentence_batch([self.rows[i] for i in indices], self.tokenizer.specials.pad,
                               [self.train_labels[i] for i in indices])  # fmt: skip
 

@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -93,14 +94,14 @@ class MaskedLMTask:
         echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; "
              f"vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
 
-    def epoch_batches(self, epoch: int) -> list[tuple[list[int], int]]:
+    def epoch_batches(self, epoch: int) -> list[tuple[np.ndarray, int]]:
         """This epoch's batches: sentence indices and the seed that masks them."""
         lengths = [len(row) for row in self.rows]
         groups = token_batches(lengths, lengths, self.max_tokens, seed=self.seed, epoch=epoch)
         seeds = random.Random(self.seed * 1_000_003 + epoch)
         return [(group, seeds.randrange(2**62)) for group in groups]
 
-    def make_batch(self, description: tuple[list[int], int]) -> EncoderBatch:
+    def make_batch(self, description: tuple[Sequence[int], int]) -> EncoderBatch:
         indices, seed = description
         return self._masked([self.rows[i] for i in indices], seed)
 

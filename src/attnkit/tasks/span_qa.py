@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -181,11 +182,11 @@ class SpanQATask:
         echo(f"training questions: {len(self.train):,}; validation: {len(self.valid):,}; "
              f"vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         lengths = [len(e.ids) for e in self.train]
         return token_batches(lengths, lengths, self.max_tokens, seed=self.seed, epoch=epoch)
 
-    def make_batch(self, indices: list[int]) -> EncoderBatch:
+    def make_batch(self, indices: Sequence[int]) -> EncoderBatch:
         return question_batch([self.train[i] for i in indices], self.tokenizer.specials.pad)
 
     def loss(self, model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,12 +44,13 @@ class PreparedData:
     train_tgt: Sequence[list[int]]
     valid: ParallelText
 
-    def train_lengths(self) -> tuple[list[int], list[int]]:
-        """Each training pair's source and target length, as batched (with ``</s>``, ``<s>``/``</s>``):
-        from a store's offsets without reading a token."""
+    def train_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each training pair's source and target length, as batched (with ``</s>``, ``<s>``/``</s>``),
+        ``(pairs,)`` each: from a store's offsets without reading a token."""
         if isinstance(self.train_src, StoreColumn) and isinstance(self.train_tgt, StoreColumn):
-            return (self.train_src.lengths() + 1).tolist(), (self.train_tgt.lengths() + 1).tolist()
-        return [len(s) + 1 for s in self.train_src], [len(t) + 1 for t in self.train_tgt]
+            return self.train_src.lengths() + 1, self.train_tgt.lengths() + 1
+        return (np.fromiter(map(len, self.train_src), np.int64, len(self.train_src)) + 1,
+                np.fromiter(map(len, self.train_tgt), np.int64, len(self.train_tgt)) + 1)  # fmt: skip
 
 
 def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = True) -> ParallelText:
@@ -236,12 +238,12 @@ class TranslationTask:
         """The validation sources' and targets' token ids."""
         return self.tokenizer.encode_batch(valid.src), self.tokenizer.encode_batch(valid.tgt)
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This epoch's batches of pair indices, the same for the same (seed, epoch)."""
         t = self.config.train
         return token_batches(*self.lengths, t.max_tokens, seed=t.seed, epoch=epoch)
 
-    def make_batch(self, indices: list[int]) -> Batch:
+    def make_batch(self, indices: Sequence[int]) -> Batch:
         data = self.data
         return make_batch([data.train_src[i] for i in indices], [data.train_tgt[i] for i in indices],
                           self.tokenizer.specials)  # fmt: skip

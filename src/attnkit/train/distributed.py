@@ -10,7 +10,10 @@ the averaged gradient is the same too. NCCL on GPUs, gloo on CPUs (used by the t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,11 +31,16 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+PREPARE_MINUTES = 120  # how long processes wait for those preparing the data (World.in_turns)
+T = TypeVar("T")
+
+
 @dataclass
 class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    preparing: Any = None  # a gloo group whose barrier waits PREPARE_MINUTES (see init_world)
 
     @property
     def is_main(self) -> bool:
@@ -50,6 +58,20 @@ class World:
         """Wait until every process arrives here (nothing for one process)."""
         if self.size > 1:
             dist.barrier()
+
+    def in_turns(self, prepare: Callable[[], T]) -> T:
+        """``prepare()`` in every process, in three turns: rank 0; then the first process of every other
+        machine (which finds rank 0's token store on a shared file system, or builds its machine's own);
+        then all the others, which find what their machine's first process left. A process that waits
+        does so in the long-waiting group of :func:`init_world`."""
+        turn = 0 if self.rank == 0 else 1 if self.local_rank == 0 else 2
+        result = None
+        for now in range(3 if self.size > 1 else 1):
+            if now == turn:
+                result = prepare()
+            if self.size > 1:
+                dist.barrier(group=self.preparing)
+        return result
 
     def all_gather(self, value: object) -> list[object]:
         """Every process's ``value``, in rank order (``[value]`` for one process)."""
@@ -73,13 +95,17 @@ def init_world(device_kind: str) -> World:
         torch.compiler.reset()
 
         dist.init_process_group(backend)
-    world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    # Preparing the data (a token store) can take many minutes, longer than NCCL's default timeout of
+    # 10: the processes that wait for it wait in a gloo group of their own, so that the training
+    # collectives keep their short timeout.
+    preparing = dist.new_group(backend="gloo", timeout=timedelta(minutes=PREPARE_MINUTES))
+    world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), preparing)
     if device_kind == "cuda":
         torch.cuda.set_device(world.local_rank)
     return world
 
 
-def shard(group: list[list[int]], world: World) -> list[list[int]]:
+def shard(group: list[Any], world: World) -> list[Any]:
     """This rank's share of one optimizer step's batches."""
     return group[world.rank :: world.size]
 
@@ -87,5 +113,6 @@ def shard(group: list[list[int]], world: World) -> list[list[int]]:
 def close_world(world: World) -> None:
     """End the process group now, with its threads, while the interpreter is whole (nothing else may
     hold it then: drop the DistributedDataParallel wrapper first)."""
+    world.preparing = None  # our reference would keep that group's threads alive
     if world.size > 1 and dist.is_initialized():
         dist.destroy_process_group()

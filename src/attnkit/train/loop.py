@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -205,7 +206,9 @@ class Trainer:
         tokenizer = ckpt.read_tokenizer(resume_from, config) if resume_from else None
         if pretrained:
             tokenizer = pretrained.tokenizer
-        self.task = self.make_task(config, tokenizer, self._say)
+        # One process prepares the data first (a token store is built once: data/store.py) and the
+        # others then find what it left, instead of all building the same store at the same time.
+        self.task = self.world.in_turns(lambda: self.make_task(config, tokenizer, self._say))
         self.tokenizer = self.task.tokenizer
         self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
         if pretrained:
@@ -352,7 +355,7 @@ class Trainer:
         enough_steps = bool(t.max_steps and self.step >= t.max_steps)
         return enough_steps or bool(t.max_epochs and self.epoch >= t.max_epochs) or self.out_of_time
 
-    def _train_step(self, batches: list[list[int]]) -> tuple[float, float, float]:
+    def _train_step(self, batches: list[Any]) -> tuple[float, float, float]:
         """One optimizer update over this rank's batches; returns global (loss, nll, tokens) sums."""
         self.ddp.train()
         self.optimizer.zero_grad(set_to_none=True)
