@@ -26,6 +26,10 @@ from attnkit.models.glimpse import GlimpseConfig, WholeImageConfig
 from attnkit.models.rnn import RNNConfig
 
 PRECISIONS = ("auto", "fp32", "bf16")
+LOGS = (
+    "csv",
+    "tensorboard",
+)  # train.log: metrics.csv at validations; TensorBoard events (train/tensorboard.py)
 SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (train/schedules.py)
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
@@ -164,7 +168,8 @@ class TrainConfig:
     valid_bleu_sentences: int = 0  # validation decodes (for BLEU, accuracy) only the first N; 0 = all
     patience: int = 0  # validations without improvement before stopping early; 0 = never
     keep_last: int = 5  # checkpoints kept besides the best (for averaging)
-    log_every: int = 50
+    log_every: int = 50  # steps between progress lines (without a terminal) and TensorBoard's training points
+    log: list[str] = field(default_factory=lambda: ["csv"])  # also "tensorboard": RUN/tensorboard event files
     precision: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "fp32" or "bf16"
     device: str = "auto"  # "auto" (the GPU if there is one), "cpu", "cuda", "cuda:1", ...
 
@@ -195,6 +200,10 @@ class TrainConfig:
                 "train.precision 'fp16' needs loss scaling, which attnkit does not do; use 'bf16'"
             )
         require_one_of("train.precision", self.precision, PRECISIONS)
+        if not isinstance(self.log, list):
+            raise ConfigError(f"train.log must be a list such as [csv, tensorboard]; got {self.log!r}")
+        for kind in self.log:
+            require_one_of("train.log", kind, LOGS)
         if self.device != "auto":
             try:
                 torch.device(self.device)

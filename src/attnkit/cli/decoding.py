@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -36,6 +36,9 @@ from attnkit.cli.loading import (
 )
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
+
+if TYPE_CHECKING:
+    from attnkit.train.distributed import World
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -73,11 +76,6 @@ def translate(
     lines as they are done, an output file all of them at the end. A progress bar shows on a terminal.
     Extra ``decode.field=value`` arguments change the run's decoding settings, e.g. ``decode.alpha=0.6``
     (an α chosen on validation data) or ``decode.batch_size=128``."""
-    from attnkit.decode.translate import translate as translate_texts
-    from attnkit.decode.translate import translate_n_best
-    from attnkit.tasks import task_of
-    from attnkit.train.distributed import resolve_device
-
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
     at_least("--n-best", n_best, 0)
@@ -85,17 +83,27 @@ def translate(
     check_engine(engine, int8)
     if output is not None:
         writable_file(output)
-    if engine == "ctranslate2":
-        ct2 = ctranslate2_translator(ckpt, overrides)
-        check_n_best(n_best, beam or ct2.decode.beam_size)
+    with processes(input) as world:
+        if engine == "ctranslate2":
+            ct2 = ctranslate2_translator(ckpt, overrides)
+            check_n_best(n_best, beam or ct2.decode.beam_size)
 
-        def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
-            if not n_best:
-                return ct2.translate(texts, beam, progress)
-            return n_best_lines(ct2.translate_n_best(texts, n_best, beam, progress), first)
+            def ct2_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+                if not n_best:
+                    return ct2.translate(texts, beam, progress)
+                return n_best_lines(ct2.translate_n_best(texts, n_best, beam, progress), first)
 
-        by_parts(input, output, translate_part)
-        return
+            by_parts(input, output, ct2_part, world)
+        else:
+            _translate_with_attnkit(ckpt, beam, input, output, int8, n_best, overrides, world)
+
+
+def _translate_with_attnkit(ckpt, beam, input, output, int8, n_best, overrides, world) -> None:
+    from attnkit.decode.translate import translate as translate_texts
+    from attnkit.decode.translate import translate_n_best
+    from attnkit.tasks import task_of
+    from attnkit.train.distributed import resolve_device
+
     device = resolve_device()
     model, tokenizer, config = load_translator(ckpt, device, overrides, int8)
     check_n_best(n_best, beam or config.decode.beam_size)
@@ -110,7 +118,7 @@ def translate(
                                  first_line=first, **settings)  # fmt: skip
         return n_best_lines(found, first)
 
-    by_parts(input, output, translate_part)
+    by_parts(input, output, translate_part, world)
 
 
 def check_n_best(n_best: int, beam: int) -> None:
@@ -129,23 +137,54 @@ PART_LINES = 50_000  # lines translate and generate read at a time: memory bound
 
 
 def by_parts(
-    input: Path | None, output: Path | None, do_part: Callable[[list[str], int, Callable], list[str]]
+    input: Path | None,
+    output: Path | None,
+    do_part: Callable[[list[str], int, Callable], list[str]],
+    world: World | None = None,
 ) -> None:
     """Turn the lines of ``input`` (a file, or stdin) into the lines of ``output`` (a file, written
     atomically, or stdout) a part of ``PART_LINES`` lines at a time: ``do_part(lines, number of the
-    first, progress)``, with a progress bar of lines done on a terminal."""
+    first, progress)``, with a progress bar of lines done on a terminal.
+
+    Under torchrun (``world`` of several processes), every process reads the input, does its own
+    contiguous share of each part, and the first process gathers the shares in order and writes them:
+    one output, in input order, the same as one process writes."""
     from itertools import islice
 
     from attnkit.atomic import atomic_writer
     from attnkit.data.readers import iter_lines
+    from attnkit.train.distributed import World, share
 
+    world = world or World()
     lines = iter_lines(input)
     with progress_bar() as bar, contextlib.ExitStack() as files:
-        write = stream_out if output is None else files.enter_context(atomic_writer(output)).write
+        write = None
+        if world.is_main:
+            write = stream_out if output is None else files.enter_context(atomic_writer(output)).write
         first = 1
         while part := list(islice(lines, PART_LINES)):
-            write("".join(line + "\n" for line in do_part(part, first, bar.update)))
+            mine = share(len(part), world)
+            done = world.all_gather(do_part(part[mine], first + mine.start, bar.update))
+            if write is not None:
+                write("".join(line + "\n" for lines_done in done for line in lines_done))
             first += len(part)
+
+
+@contextlib.contextmanager
+def processes(input: Path | None) -> Iterator[World]:
+    """This process's place among those torchrun started (one process otherwise), for the length of a
+    command; every process reads the input itself, so under torchrun it must be a file."""
+    from attnkit.train.distributed import close_world, init_world, resolve_device
+
+    world = init_world(resolve_device().type)
+    try:
+        if world.size > 1 and (input is None or str(input) == "-"):
+            raise AttnkitError(
+                "under torchrun every process reads the input: give it as -i FILE (not stdin, not --prompt)"
+            )
+        yield world
+    finally:
+        close_world(world)
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -188,11 +227,6 @@ def generate(
     One prompt's continuation streams to stdout as it is written. A file of prompts (-i) is read and
     continued 50,000 lines at a time, as translate reads its input, with a progress bar on a
     terminal; prompt i samples with seed + i whichever part it falls in."""
-    import json
-
-    from attnkit.decode.generate import generate as generate_texts
-    from attnkit.train.distributed import resolve_device
-
     if prompt is not None and input is not None:
         raise AttnkitError("give --prompt TEXT or -i FILE, not both")
     check_engine(engine, int8)
@@ -201,6 +235,16 @@ def generate(
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
              "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
     overrides = decode_overrides(ctx)
+    with processes(input) as world:
+        _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world)
+
+
+def _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world) -> None:
+    import json
+
+    from attnkit.decode.generate import generate as generate_texts
+    from attnkit.train.distributed import resolve_device
+
     if engine == "ctranslate2":
         from attnkit.decode.ct2 import CTranslate2Generator
 
@@ -238,7 +282,7 @@ def generate(
             for p, t in zip(prompts, texts, strict=True)
         ]
 
-    by_parts(input, output, generate_part)
+    by_parts(input, output, generate_part, world)
 
 
 @app.command()

@@ -34,8 +34,8 @@ def token_batches(
     is numpy on the lengths arrays, so that millions of examples (a prepared store's) cost a second
     and a few bytes each, not a Python object each.
     """
-    src = np.asarray(src_lengths, dtype=np.int64)
-    tgt = np.asarray(tgt_lengths, dtype=np.int64)
+    src = np.asarray(src_lengths, dtype=np.int32)  # (N,): 4 bytes an example (lengths are short)
+    tgt = np.asarray(tgt_lengths, dtype=np.int32)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(src)) if shuffle else np.arange(len(src))
     order = order[np.lexsort((tgt[order], src[order]))]  # stable: equal lengths keep their random order

@@ -124,7 +124,7 @@ def open_store(folder: Path) -> TokenStore:
         offsets_path = folder / f"{column}.offsets.npy"
         if _sha256(offsets_path) != meta["offsets_sha256"][column]:
             raise StoreError(f"{offsets_path.name} changed since it was written")
-        offsets = np.load(offsets_path)
+        offsets = np.load(offsets_path, mmap_mode="r")  # shared by the processes of a machine, as the ids
         ids_path = folder / f"{column}.ids"
         dtype = np.dtype(meta["dtype"])
         if offsets[-1] * dtype.itemsize != ids_path.stat().st_size:

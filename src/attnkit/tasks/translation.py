@@ -48,9 +48,16 @@ class PreparedData:
         """Each training pair's source and target length, as batched (with ``</s>``, ``<s>``/``</s>``),
         ``(pairs,)`` each: from a store's offsets without reading a token."""
         if isinstance(self.train_src, StoreColumn) and isinstance(self.train_tgt, StoreColumn):
-            return self.train_src.lengths() + 1, self.train_tgt.lengths() + 1
-        return (np.fromiter(map(len, self.train_src), np.int64, len(self.train_src)) + 1,
-                np.fromiter(map(len, self.train_tgt), np.int64, len(self.train_tgt)) + 1)  # fmt: skip
+            return _plus_one(self.train_src.lengths()), _plus_one(self.train_tgt.lengths())
+        return (_plus_one(np.fromiter(map(len, self.train_src), np.int32, len(self.train_src))),
+                _plus_one(np.fromiter(map(len, self.train_tgt), np.int32, len(self.train_tgt))))  # fmt: skip
+
+
+def _plus_one(lengths: np.ndarray) -> np.ndarray:
+    """Lengths with one special token more, as int32 (4 bytes a pair: 18 MB for 4.5M pairs)."""
+    lengths = lengths.astype(np.int32)
+    lengths += 1
+    return lengths
 
 
 def read_split(config: DataConfig, split: str, seed: int, drop_empty: bool = True) -> ParallelText:

@@ -105,6 +105,12 @@ def init_world(device_kind: str) -> World:
     return world
 
 
+def share(n: int, world: World) -> slice:
+    """This process's contiguous share of ``n`` items (inference under torchrun): near-equal slices in
+    rank order, so that the shares put together in rank order are the items in order."""
+    return slice(n * world.rank // world.size, n * (world.rank + 1) // world.size)
+
+
 def shard(group: list[Any], world: World) -> list[Any]:
     """This rank's share of one optimizer step's batches."""
     return group[world.rank :: world.size]

@@ -42,6 +42,7 @@ from attnkit.tasks.protocol import TaskFactory
 from attnkit.train.distributed import close_world, init_world, resolve_device, shard
 from attnkit.train.pretrained import read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
+from attnkit.train.tensorboard import TensorBoardLog, memory_used, require_tensorboard
 
 LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s"]  # then the task's scores
 
@@ -62,6 +63,8 @@ def _ready_to_train(config: RunConfig) -> RunConfig:
         raise ConfigError("train.schedule='cosine' decays over train.decay_steps or train.max_steps: set one")
     config.data.check_files_given()
     config.data.dir = str(Path(config.data.dir).resolve())
+    if "tensorboard" in t.log:
+        require_tensorboard()
     return config
 
 
@@ -226,6 +229,8 @@ class Trainer:
         self.best, self.bad_evals, self.history, self.scores = None, 0, [], {}
         if resume_from:
             self._restore(resume_from)
+        self.grad_norm: float | None = None  # the last step's, when it was measured (_train_step)
+        self.board = None  # TensorBoard's events (train.log), opened by fit() in the process that saves
         self.ddp = (
             DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
@@ -280,6 +285,8 @@ class Trainer:
         bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
                    dynamic_ncols=True, leave=False)  # fmt: skip
         self.window = _new_window()
+        if "tensorboard" in t.log and self.world.is_main:
+            self.board = TensorBoardLog(self.run_dir / "tensorboard", first_step=self.step + 1)
         try:
             stopped_early = False
             while not stopped_early and not self._finished():
@@ -290,6 +297,8 @@ class Trainer:
             return self.scores
         finally:
             bar.close()
+            if self.board is not None:
+                self.board.close()
             self.ddp = self.model  # DDP's reducer holds the process group: let go, so close_world ends it
             close_world(self.world)
             self._let_go()
@@ -325,15 +334,26 @@ class Trainer:
         return False
 
     def _report_progress(self, bar: tqdm, show_bar: bool, loss: float) -> None:
-        """The bar's loss, lr and tokens/s; without a terminal, a line every ``log_every`` steps instead."""
+        """The bar's loss, lr and tokens/s; without a terminal, a line every ``log_every`` steps instead
+        (with the gradient norm and the time left); and TensorBoard's training points every ``log_every``."""
         lr = max(self.scheduler.get_last_lr())  # the full rate (train.layer_decay slows lower layers)
         speed = self.window["tokens"] / max(time.perf_counter() - self.window["began"], 1e-9)
+        due = self._logs(self.step)
+        if due and self.board is not None:
+            self.board.add(self.step, {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": speed,
+                                       "train/grad_norm": self.grad_norm})  # fmt: skip
         if show_bar:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", per_s=f"{speed:,.0f}")
-        elif self.config.train.log_every and self.step % self.config.train.log_every == 0:
-            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}, {speed:,.0f} {self.task.unit}/s"
+        elif due:
+            norm = f", gradient norm {self.grad_norm:.3g}" if self.grad_norm is not None else ""
+            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}{norm}, {speed:,.0f} {self.task.unit}/s"
                       + self._time_left())  # fmt: skip
+
+    def _logs(self, step: int) -> bool:
+        """Whether step ``step`` is one that ``train.log_every`` reports."""
+        every = self.config.train.log_every
+        return bool(every and step % every == 0)
 
     def _time_left(self) -> str:
         """``", about 1:05 left"`` with ``train.max_steps``, at this process's pace so far (else "")."""
@@ -381,8 +401,10 @@ class Trainer:
             raise AttnkitError(
                 f"loss became {loss_sum} at step {self.step + 1}; lower train.lr or add train.clip_norm"
             )
-        if self.config.train.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.train.clip_norm)
+        clip = self.config.train.clip_norm
+        if clip > 0 or self._logs(self.step + 1):  # the norm is measured when clipping or reporting it
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)
+            self.grad_norm = float(norm)
         self.optimizer.step()
         self.scheduler.step()
         return loss_sum, nll_sum, global_tokens
@@ -415,6 +437,9 @@ class Trainer:
                "tokens_per_s": window["tokens"] / train_seconds,
                **scores, "elapsed_s": self.elapsed}  # fmt: skip
         self.history.append(row)
+        if self.board is not None:
+            self.board.add(self.step, {**{f"valid/{k.removeprefix('valid_')}": v for k, v in scores.items()},
+                                       **memory_used(self.device)})  # fmt: skip
         shown = ", ".join(f"{name.removeprefix('valid_')} {value:.4g}" for name, value in scores.items())
         self._say(f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid {shown}"
                   + ("  (best)" if is_best else ""))  # fmt: skip
