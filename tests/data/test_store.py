@@ -9,7 +9,7 @@ import pytest
 
 import attnkit.tasks.translation as translation
 from attnkit.config import load_run_config
-from attnkit.data.readers import read_parallel
+from attnkit.data.readers import iter_pairs, read_parallel
 from attnkit.data.store import StoreColumn, open_store, store_root, write_store
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import DataError
@@ -171,12 +171,16 @@ def test_the_tokenizer_learns_from_a_bounded_sample_in_file_order(tmp_path):
     files[0].write_text("".join(f"s{i}\n" for i in range(100)), encoding="utf-8")
     files[1].write_text("".join(f"t{i}\n" for i in range(100)), encoding="utf-8")
     everything = [f"s{i}" for i in range(100)] + [f"t{i}" for i in range(100)]
-    assert translation._sample(files, 1_000) == everything  # a smaller corpus: all of it, in order
-    sample = translation._sample(files, 7)
+
+    def pairs():
+        return iter_pairs(*files, {})
+
+    assert translation._sample(pairs(), 1_000) == everything  # a smaller corpus: all of it, in order
+    sample = translation._sample(pairs(), 7)
     index = [int(s[1:]) for s in sample[:7]]
     assert sample[7:] == [f"t{i}" for i in index] and index == sorted(index) and len(set(index)) == 7
     assert index != list(range(7))  # drawn from the whole file, not its beginning
-    assert translation._sample(files, 7) == sample  # the same sample every time
+    assert translation._sample(pairs(), 7) == sample  # the same sample every time
 
 
 def test_streamed_pairs_give_read_parallels_errors(tmp_path):
@@ -193,3 +197,30 @@ def test_streamed_pairs_give_read_parallels_errors(tmp_path):
     (tmp_path / "blank").write_text("\n \n\n\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"blank: file is empty"):
         list(iter_pairs(tmp_path / "blank", tmp_path / "c", {}))
+
+
+def test_summaries_are_prepared_once_into_a_store_with_their_sources_cut(tmp_path):
+    import json
+
+    records = [{"email": " ".join(f"w{i}{j}" for j in range(3 + i % 9)), "subject": f"s{i} re"}
+               for i in range(40)]  # fmt: skip
+    for name, rows in (("train.jsonl", records), ("dev.jsonl", records[:5])):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = load_run_config(None, [
+        "data.task=summarise", f"data.dir={tmp_path}", "data.train=[train.jsonl]", "data.valid=[dev.jsonl]",
+        "data.fields=[email, subject]", "data.tokenizer=word", "data.max_source_len=5",
+        f"data.store={tmp_path / 'stores'}",
+    ]).data  # fmt: skip
+    first_messages, second_messages = [], []
+    first = translation.prepare_data(config, 0, echo=first_messages.append)
+    second = translation.prepare_data(config, 0, echo=second_messages.append)
+    assert isinstance(first.train_src, StoreColumn)
+    assert any("built now" in m for m in first_messages) and any("built before" in m for m in second_messages)
+    tokenizer = Tokenizer.train("word", [r["email"] for r in records] + [r["subject"] for r in records], 8000)
+    sources = [ids[:4] for ids in tokenizer.encode_batch([r["email"] for r in records])]  # 5 with </s>
+    assert first.tokenizer.to_str() == tokenizer.to_str()
+    assert list(second.train_src) == sources
+    assert list(second.train_tgt) == tokenizer.encode_batch([r["subject"] for r in records])
+    cut = sum(3 + i % 9 > 4 for i in range(40))
+    said = f"cut {cut:,} of 40 training sources to data.max_source_len=5 tokens"
+    assert said in first_messages and said in second_messages  # the store remembers what its build cut

@@ -85,8 +85,9 @@ def prepare(
     config: Annotated[Path | None, typer.Argument(help="YAML recipe (configs/*.yaml).")] = None,
     data: Annotated[Path | None, typer.Option(help="Data directory (sets data.dir).")] = None,
 ) -> None:
-    """Encode a recipe's parallel training files once into a token store, which every later run of the
-    same files and settings (each process of it too) maps instead of reading and encoding them again;
+    """Encode a recipe's parallel training files (or JSON Lines of summaries) once into a token store,
+    which every later run of the same files and settings (each process of it too) maps instead of
+    reading and encoding them again;
     ``attnkit train`` does the same on first use. Prints where the store is. The store is kept under
     ``data.store`` (default: $XDG_CACHE_HOME/attnkit/stores)."""
     from attnkit.config import load_run_config
@@ -94,10 +95,10 @@ def prepare(
 
     config, overrides = recipe_and_overrides(config, ctx.args, data)
     run_config = load_run_config(config, overrides)
-    if run_config.data.task != "parallel":
+    if run_config.data.task not in ("parallel", "summarise"):
         raise AttnkitError(
-            f"data.task={run_config.data.task}: attnkit prepare encodes parallel files (data.task=parallel); "
-            "other tasks read their data as they train"
+            f"data.task={run_config.data.task}: attnkit prepare encodes parallel files (data.task=parallel) "
+            "and summaries (data.task=summarise); other tasks read their data as they train"
         )
     prepare_data(run_config.data, run_config.train.seed, echo=typer.echo)
 

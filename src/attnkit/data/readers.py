@@ -191,12 +191,12 @@ class Records:
         return len(self.src)
 
 
-def read_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Records:
-    """A JSON Lines file (gzip-compressed if it ends in .gz) of objects; ``source_field`` holds the
-    input text, each of ``target_fields`` its reference (a string) or references (a list of strings). A
-    line that is not a JSON object, or lacks a field, is an error naming the file, the line and the
-    field."""
-    sources, references = [], {field: [] for field in target_fields}
+def iter_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Iterator[tuple[str, dict]]:
+    """The records of a JSON Lines file (gzip-compressed if it ends in .gz), streamed: each record's
+    ``source_field`` text and, per target field, its references (a string, or a list of strings, in
+    the file), stripped. A line that is not a JSON object, or lacks a field, is an error naming the
+    file, the line and the field; a file without a record is an error."""
+    any_record = False
     for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
@@ -209,6 +209,7 @@ def read_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Reco
         for field in (source_field, *target_fields):
             if field not in record:
                 raise DataError(f"{path}:{number}: no field {field!r} (fields: {', '.join(record)})")
+        references = {}
         for field in target_fields:
             target = record[field]
             targets = [target] if isinstance(target, str) else target
@@ -219,10 +220,20 @@ def read_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Reco
                     f"{path}:{number}: {source_field!r} must be a string and {field!r} a string or a "
                     "non-empty list of strings"
                 )
-            references[field].append([t.strip() for t in targets])
-        sources.append(record[source_field].strip())
-    if not sources:
+            references[field] = [t.strip() for t in targets]
+        any_record = True
+        yield record[source_field].strip(), references
+    if not any_record:
         raise DataError(f"{path}: no records")
+
+
+def read_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Records:
+    """:func:`iter_jsonl`'s records, held: the sources, and per target field each record's references."""
+    sources, references = [], {field: [] for field in target_fields}
+    for source, record_references in iter_jsonl(path, source_field, *target_fields):
+        sources.append(source)
+        for field, texts in record_references.items():
+            references[field].append(texts)
     return Records(sources, references)
 
 

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from attnkit.config import SUMMARY_TASK, DataConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
-from attnkit.data.readers import ParallelText, Records, iter_pairs, read_jsonl, read_parallel
+from attnkit.data.readers import ParallelText, Records, iter_jsonl, iter_pairs, read_jsonl, read_parallel
 from attnkit.data.store import StoreColumn, prepared, store_root
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
@@ -110,7 +110,7 @@ def prepare_data(
     valid = read_split(config, "valid", seed)
     if valid.dropped_empty:
         echo(f"dropped {valid.dropped_empty} validation pairs with an empty side")
-    if config.task == "parallel":
+    if config.task in ("parallel", SUMMARY_TASK):
         return _from_store(config, valid, tokenizer, echo)
     train = read_split(config, "train", seed)
     tokenizer, src, tgt, report = _encoded_training_pairs(config, train, tokenizer)
@@ -122,22 +122,26 @@ def prepare_data(
 def _from_store(
     config: DataConfig, valid: ParallelText, tokenizer: Tokenizer | None, echo: Callable[[str], None]
 ) -> PreparedData:
-    """Parallel training files through their token store: built (and the tokenizer learned) the first
-    time, found afterwards without reading the training text."""
+    """Training files (parallel text, or JSON Lines of summaries) through their token store: built (and
+    the tokenizer learned) the first time, found afterwards without reading the training text."""
     files = [config.path(name) for name in config.train]
-    if len(files) != 2:
-        raise ConfigError("data.train is not set: it must list two files [source, target]")
+    wanted = "one JSON Lines file" if config.task == SUMMARY_TASK else "two files [source, target]"
+    if not files:  # (a list of the wrong length is refused with the config)
+        raise ConfigError(f"data.train is not set: it must list {wanted}")
     for path in files:
         if not path.is_file():
             raise DataError(f"{path}: file not found")
     settings = {"task": config.task, "tokenizer": config.tokenizer, "vocab_size": config.vocab_size,
                 "max_len": config.max_len}  # fmt: skip
+    if config.task == SUMMARY_TASK:
+        settings.update(fields=config.fields, source_limit=config.source_limit)
 
     def build(given: Tokenizer | None):
         report = {"dropped_empty": 0, "dropped_long": 0, "max_len": config.max_len}
-        made_with = given or Tokenizer.train(config.tokenizer, _sample(files, config.tokenizer_sample),
-                                             config.vocab_size)  # fmt: skip
-        return made_with, ("src", "tgt"), _encoded_pairs(files, made_with, config.max_len, report), report
+        sample = _sample(_training_texts(config, files, {}), config.tokenizer_sample)
+        made_with = given or Tokenizer.train(config.tokenizer, sample, config.vocab_size)
+        rows = _encoded_pairs(_training_texts(config, files, report), made_with, config, report)
+        return made_with, ("src", "tgt"), rows, report
 
     store = prepared(store_root(config.store), files, settings, tokenizer, build, echo)
     _say_report(store.report, echo)
@@ -146,11 +150,20 @@ def _from_store(
     return PreparedData(tokenizer, store.columns["src"], store.columns["tgt"], valid)
 
 
-def _sample(files: list[Path], size: int) -> list[str]:
-    """The lines of up to ``size`` training pairs, sources then targets, for learning the tokenizer: all
-    of a smaller corpus, a uniform sample of a larger one (in file order), read without holding it."""
+def _training_texts(config: DataConfig, files: list[Path], report: dict) -> Iterator[tuple[str, str]]:
+    """The training pairs' texts, streamed: aligned lines of parallel files (pairs with an empty side
+    counted in ``report`` and dropped), or each JSON Lines record's source and first target."""
+    if config.task != SUMMARY_TASK:
+        return iter_pairs(*files, report)
+    source, target = config.fields
+    return ((text, references[target][0]) for text, references in iter_jsonl(files[0], source, target))
+
+
+def _sample(pairs: Iterable[tuple[str, str]], size: int) -> list[str]:
+    """The texts of up to ``size`` training pairs, sources then targets, for learning the tokenizer:
+    all of a smaller corpus, a uniform sample of a larger one (in file order), read without holding it."""
     rng, kept = random.Random(0), []  # (pair number, source, target)
-    for n, (s, t) in enumerate(iter_pairs(*files, {})):
+    for n, (s, t) in enumerate(pairs):
         if n < size:
             kept.append((n, s, t))
         elif (k := rng.randrange(n + 1)) < size:  # reservoir sampling (Vitter's algorithm R)
@@ -159,17 +172,26 @@ def _sample(files: list[Path], size: int) -> list[str]:
     return [s for _, s, _ in kept] + [t for _, _, t in kept]
 
 
-def _encoded_pairs(files: list[Path], tokenizer: Tokenizer, max_len: int, report: dict) -> Iterator[tuple]:
+def _encoded_pairs(
+    pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, config: DataConfig, report: dict
+) -> Iterator[tuple]:
     """The kept training pairs' ids (:func:`_short_enough`), encoded a block at a time as the files are
-    read; pairs with an empty side are counted in ``report``."""
+    read; a summary's source cut to ``data.max_source_len`` tokens first (counted in ``report``)."""
+    summaries = config.task == SUMMARY_TASK
+    if summaries:
+        report.update(cut=0, pairs=0, source_limit=config.source_limit)
 
     def encoded() -> Iterator[tuple[list[int], list[int]]]:
-        pairs = iter_pairs(*files, report)
-        while block := list(itertools.islice(pairs, 20_000)):
+        iterator = iter(pairs)
+        while block := list(itertools.islice(iterator, 20_000)):
             src = tokenizer.encode_batch([s for s, _ in block])
+            if summaries:  # a long email is still worth its first tokens
+                src, cut = cut_sources(src, config.source_limit)
+                report["cut"] += cut
+                report["pairs"] += len(src)
             yield from zip(src, tokenizer.encode_batch([t for _, t in block]), strict=True)
 
-    return _short_enough(encoded(), max_len, report)
+    return _short_enough(encoded(), config.max_len, report)
 
 
 def _short_enough(
@@ -204,15 +226,12 @@ def _say_report(report: dict, echo: Callable[[str], None]) -> None:
 def _encoded_training_pairs(
     config: DataConfig, train: ParallelText, tokenizer: Tokenizer | None
 ) -> tuple[Tokenizer, list[list[int]], list[list[int]], dict]:
-    """The tokenizer (learned if none is given), the kept training pairs' ids, and a report of what
-    was dropped or cut."""
+    """A generated task's tokenizer (learned if none is given), its kept training pairs' ids, and a
+    report of what was dropped."""
     report = {"dropped_empty": train.dropped_empty, "max_len": config.max_len}
     if tokenizer is None:
         tokenizer = Tokenizer.train(config.tokenizer, train.src + train.tgt, config.vocab_size)
     src, tgt = tokenizer.encode_batch(train.src), tokenizer.encode_batch(train.tgt)
-    if config.task == SUMMARY_TASK:  # a long email is still worth its first tokens
-        src, cut = cut_sources(src, config.source_limit)
-        report.update(cut=cut, pairs=len(src), source_limit=config.source_limit)
     kept = list(_short_enough(zip(src, tgt, strict=True), config.max_len, report))
     return tokenizer, [s for s, _ in kept], [t for _, t in kept], report
 
