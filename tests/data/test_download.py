@@ -162,6 +162,15 @@ def test_a_folder_that_cannot_be_made_is_a_one_line_error_before_any_download(tm
     assert (tmp_path / "data").read_text(encoding="utf-8") == "the user's"
 
 
+def _get_and_compare(server, name: str, folder: Path, want: dict[str, list[str]]):
+    """``attnkit data get NAME FOLDER`` from the local mirror; each file made holds the lines wanted."""
+    result = CliRunner().invoke(app, ["data", "get", name, str(folder), "--mirror", server.url])
+    assert result.exit_code == 0, result.output
+    for file, lines in want.items():
+        assert (folder / file).read_text(encoding="utf-8").splitlines() == lines, file
+    return result
+
+
 def _iwslt14_archive(path: Path) -> dict[str, list[str]]:
     """A small archive laid out as fairseq's IWSLT14 de-en.tgz (a de-en/ folder with the training
     transcripts and the evaluation sets' XML); returns what fairseq's prepare-iwslt14.sh, without its
@@ -223,11 +232,8 @@ def test_data_get_iwslt14_checks_the_archive_and_splits_it_as_fairseq_does(serve
         DATASETS, "iwslt14", [DataFile("de-en.tgz", "unused", hashlib.md5(body).hexdigest(), "md5")]
     )
     folder = tmp_path / "iwslt14"
-    result = CliRunner().invoke(app, ["data", "get", "iwslt14", str(folder), "--mirror", server.url])
-    assert result.exit_code == 0, result.output
+    result = _get_and_compare(server, "iwslt14", folder, want)
     assert "de-en.tgz: " in result.stdout and "MD5 checked" in result.stdout
-    for name, lines in want.items():
-        assert (folder / name).read_text(encoding="utf-8").splitlines() == lines, name
     assert len(want["valid.de"]) == 2 and len(want["test.de"]) == 10  # the fixture exercises the split
     assert "ready: attnkit train configs/iwslt14_de_en.yaml --data" in result.stdout
     recipe = str(Path(__file__).resolve().parents[2] / "configs" / "iwslt14_de_en.yaml")
@@ -382,11 +388,8 @@ def test_data_get_wmt14_joins_the_three_corpora_and_takes_newstest2013_and_2014(
     bodies, want = _wmt14_archives(tmp_path)
     _serve_wmt14(server, monkeypatch, bodies)
     folder = tmp_path / "wmt14"
-    result = CliRunner().invoke(app, ["data", "get", "wmt14-en-de", str(folder), "--mirror", server.url])
-    assert result.exit_code == 0, result.output
+    result = _get_and_compare(server, "wmt14-en-de", folder, want)
     assert "SHA-1 checked" in result.stdout and "MD5 checked" in result.stdout
-    for name, lines in want.items():
-        assert (folder / name).read_text(encoding="utf-8").splitlines() == lines, name
     assert not list(folder.glob("*.part"))
     assert "ready: attnkit train configs/wmt14_en_de_base.yaml --data" in result.stdout
     again = CliRunner().invoke(app, ["data", "get", "wmt14-en-de", str(folder), "--mirror", server.url])

@@ -37,6 +37,15 @@ def runs(copy_data, tmp_path_factory):
     Trainer(load_run_config(None, translator), folder / "translator", echo=lambda m: None).fit()
     gpt = [*common, "model.preset=tiny-decoder", "data.train=[train.src]", "data.tokenizer=char"]
     Trainer(load_run_config(None, gpt), folder / "gpt", echo=lambda m: None).fit()
+    for name, first, n in (("train.tsv", 0, 200), ("dev.tsv", 500, 20)):  # "odd" when the first digit is
+        rows = [
+            f"{k % 9 + 1} {k % 7}\t{'odd' if (k % 9 + 1) % 2 else 'even'}" for k in range(first, first + n)
+        ]
+        (folder / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    classifier = [*common[:-1], f"data.dir={folder}", "model.arch=encoder", "model.preset=tiny-encoder",
+                  "model.head=classify", "data.task=classify", "data.train=[train.tsv]",
+                  "data.valid=[dev.tsv]", "data.tokenizer=word"]  # fmt: skip
+    Trainer(load_run_config(None, classifier), folder / "classifier", echo=lambda m: None).fit()
     return folder
 
 
@@ -65,6 +74,15 @@ def test_two_processes_sample_continuations_as_one(runs, tmp_path):
     two = _run(TWO, "generate", "--ckpt", str(runs / "gpt"), "-i", str(prompts), *options).stdout
     assert two == one and len(one.splitlines()) == 7  # stdout: the first process alone writes
     assert len(set(one.splitlines())) > 1
+
+
+def test_two_processes_classify_as_one(runs, tmp_path):
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("".join(f"{k % 9 + 1} {k % 5}\n" for k in range(9)), encoding="utf-8")
+    arguments = ["predict", "--ckpt", str(runs / "classifier"), "-i", str(sentences)]
+    one, two = _run(ONE, *arguments).stdout, _run(TWO, *arguments).stdout
+    assert two == one and len(one.splitlines()) == 9
+    assert all(line.split("\t")[0] in ("odd", "even") for line in one.splitlines())
 
 
 def test_under_torchrun_the_input_must_be_a_file(runs):

@@ -142,3 +142,12 @@ def test_image_classification_names_each_images_digit(arch):
     assert got == [str(d) for d in expected.tolist()]
     with pytest.raises(AttnkitError, match=r"^input:2: an image of \(10, 20\); this model reads \(20, 20\)"):
         task_of(config).infer(model, None, config, [images[0], images[1][:10]], "cpu")
+
+
+def test_a_bad_input_is_named_by_its_line_in_the_whole_file_when_given_a_part():
+    from attnkit.tasks.span_qa import SpanQATask
+
+    with pytest.raises(AttnkitError, match=r"^q\.tsv:8: no tab; a question-answering input"):
+        SpanQATask.infer(
+            None, None, None, ["who?\tAda was here.", "no tab here"], "cpu", where="q.tsv", first=7
+        )

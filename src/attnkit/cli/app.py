@@ -122,13 +122,6 @@ def decode_overrides(ctx: typer.Context, streams: int | None = None) -> list[str
     return overrides + ([f"decode.streams={streams}"] if streams is not None else [])
 
 
-def read_input(path: Path | None) -> list[str]:
-    """Lines from a file or stdin; empty input is fine (empty in, empty out)."""
-    from attnkit.data.readers import iter_lines
-
-    return list(iter_lines(path))
-
-
 def write_output(output: Path | None, text: str) -> None:
     """``text`` to stdout, or to the file ``output`` written atomically (all of it or nothing)."""
     from attnkit.atomic import write_text_atomic

@@ -21,7 +21,6 @@ from attnkit.cli.app import (
     note,
     one_line_errors,
     progress_bar,
-    read_input,
     stream_out,
     writable_file,
     write_output,
@@ -180,7 +179,7 @@ def processes(input: Path | None) -> Iterator[World]:
     try:
         if world.size > 1 and (input is None or str(input) == "-"):
             raise AttnkitError(
-                "under torchrun every process reads the input: give it as -i FILE (not stdin, not --prompt)"
+                "under torchrun every process reads the input: give it as -i FILE (not stdin, not one text)"
             )
         yield world
     finally:
@@ -308,9 +307,19 @@ def predict(
         raise AttnkitError("give --text TEXT or -i FILE, not both")
     if output is not None:
         writable_file(output)
-    device = resolve_device()
-    model, tokenizer, config = load_encoder(ckpt, ("classify", "span", "mlm"), device)
-    lines = [text] if text is not None else read_input(input)
-    where = "--text" if text is not None else str(input or "stdin")
-    rows = task_of(config).infer(model, tokenizer, config, lines, device, where=where)
-    write_output(output, "".join(row + "\n" for row in rows))
+    with processes(input if text is None else None) as world:
+        device = resolve_device()
+        model, tokenizer, config = load_encoder(ckpt, ("classify", "span", "mlm"), device)
+        task = task_of(config)
+        if text is not None:
+            rows = task.infer(model, tokenizer, config, [text], device, where="--text")
+            write_output(output, "".join(row + "\n" for row in rows))
+            return
+        where = str(input or "stdin")
+
+        def predict_part(lines: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+            rows = task.infer(model, tokenizer, config, lines, device, where=where, first=first)
+            progress(len(lines))
+            return rows
+
+        by_parts(input, output, predict_part, world)

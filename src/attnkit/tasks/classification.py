@@ -175,6 +175,7 @@ class ClassificationTask:
         inputs: Sequence[str],
         device: torch.device | str,
         where: str = "input",
+        first: int = 1,
     ) -> list[str]:
         """Each sentence's most probable label and its probability, ``label<TAB>probability``."""
         probabilities = classify(model, tokenizer, list(inputs), config.decode.batch_size, device)

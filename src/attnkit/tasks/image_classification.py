@@ -136,11 +136,12 @@ class ImageClassificationTask:
         inputs: Sequence[Tensor],
         device: torch.device | str,
         where: str = "input",
+        first: int = 1,
     ) -> list[str]:
         """Each image's digit, as the model names it (evaluation mode: no sampled glimpses); an image is
         ``(canvas, canvas)`` 8-bit grey levels, 0 = black, as the task's canvases."""
         size = config.model.image_size
-        for number, image in enumerate(inputs, start=1):
+        for number, image in enumerate(inputs, start=first):
             if tuple(image.shape) != (size, size):
                 raise AttnkitError(f"{where}:{number}: an image of {tuple(image.shape)}; this model reads "
                                    f"({size}, {size})")  # fmt: skip

@@ -111,6 +111,7 @@ class LanguageModellingTask:
         inputs: Sequence[str],
         device: torch.device | str,
         where: str = "input",
+        first: int = 1,
     ) -> list[str]:
         """Each prompt's continuation (without the prompt), by the run's decode settings (as ``attnkit
         generate``)."""

@@ -148,6 +148,7 @@ class MaskedLMTask:
         inputs: Sequence[str],
         device: torch.device | str,
         where: str = "input",
+        first: int = 1,
     ) -> list[str]:
         """The most probable token at each mask of each sentence, and its probability:
         ``token<TAB>probability`` per mask (BERT's fill-the-blank), written as the tokenizer writes its
@@ -157,7 +158,7 @@ class MaskedLMTask:
             raise AttnkitError("this model's tokenizer has no mask token to fill")
         written, longest = tokenizer.hf.id_to_token(mask), config.model.max_len  # "[MASK]", "<mask>"
         rows = []
-        for number, line in enumerate(inputs, start=1):
+        for number, line in enumerate(inputs, start=first):
             if written not in line:
                 raise AttnkitError(f"{where}:{number}: no {written} to fill")
             row = _with_masks(tokenizer, line, written, mask)

@@ -51,9 +51,11 @@ class Task(Protocol):
         inputs: Sequence[Any],
         device: torch.device | str,
         where: str = "input",
+        first: int = 1,
     ) -> list[str]:
         """What a model trained on this task makes of new inputs, one line of text per input (a
         translation, a continuation, a label and its probability, ...), with the run's ``config``
         (its decode settings); it reads no data. A bad input is an ``AttnkitError`` naming
-        ``where:number`` (``where``: a file's name, say)."""
+        ``where:number`` (``where``: a file's name, say; ``first``: the number of the first input, for
+        a part of a longer file)."""
         ...

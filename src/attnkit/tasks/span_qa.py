@@ -232,11 +232,12 @@ class SpanQATask:
         inputs: Sequence[str],
         device: torch.device | str,
         where: str = "input",
+        first: int = 1,
     ) -> list[str]:
         """Each ``question<TAB>passage`` input's answer, the passage's own text of the span the model
         finds most likely."""
         pairs = [line.split("\t", 1) for line in inputs]
-        for number, pair in enumerate(pairs, start=1):
+        for number, pair in enumerate(pairs, start=first):
             if len(pair) != 2:
                 raise AttnkitError(
                     f"{where}:{number}: no tab; a question-answering input is question<TAB>passage"

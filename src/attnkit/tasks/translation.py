@@ -318,6 +318,7 @@ class TranslationTask:
         inputs: Sequence[str],
         device: torch.device | str,
         where: str = "input",
+        first: int = 1,
     ) -> list[str]:
         """Each input's translation, by the run's decode settings (as ``attnkit translate``); a
         summariser's sources are cut to the length it was trained on (``data.max_source_len``)."""
