@@ -267,3 +267,56 @@ def test_generate_reads_a_file_of_prompts_in_parts_with_the_same_seeds(text_dir,
     assert len({row["text"] for row in rows}) > 1
     prompts.write_text("line 1\nthe quick\nline 2\n\nline 3\n", encoding="utf-8")
     one_line_error(runner.invoke(app, sample), r"prompt 4 is empty")
+
+
+# lines that start with spaces, blank lines, CRLF, tabs, digits, punctuation and other scripts
+AWKWARD = "".join(
+    f"{'  ' * (i % 3)}Zeile {i}:\tfoo's bar{'!' * (i % 4)} 1234 ünïcödé 漢字\r\n{chr(10) * (i % 2)}"
+    for i in range(80)
+)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "word", "char"])
+def test_text_is_encoded_in_chunks_only_where_that_gives_the_ids_of_the_whole_text(kind):
+    from attnkit.data.tokenizer import Tokenizer
+    from attnkit.tasks.language_modelling import _chunks, _encodes_in_chunks
+
+    tokenizer = Tokenizer.train(kind, AWKWARD.splitlines(keepends=True), 400)
+    chunks = list(_chunks(AWKWARD.splitlines(keepends=True), size=60))
+    assert len(chunks) > 20 and "".join(chunks) == AWKWARD
+    same = [i for chunk in chunks for i in tokenizer.encode(chunk)] == tokenizer.encode(AWKWARD)
+    assert same == _encodes_in_chunks(tokenizer) == (kind != "bpe")  # BPE: a space put before each text
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+def test_the_text_is_prepared_once_into_a_store_with_the_ids_of_the_whole_text(tmp_path, monkeypatch, kind):
+    import functools
+
+    from attnkit.data.tokenizer import Tokenizer
+    from attnkit.tasks import language_modelling
+
+    monkeypatch.setattr(language_modelling, "_chunks", functools.partial(language_modelling._chunks, size=60))
+    (tmp_path / "text.txt").write_text(AWKWARD, encoding="utf-8", newline="")
+    config = load_run_config(None, [*TINY, f"data.dir={tmp_path}", f"data.tokenizer={kind}",
+                                    "data.vocab_size=400", f"data.store={tmp_path / 'stores'}"])  # fmt: skip
+    first, second = [], []
+    task = LanguageModellingTask(config, None, first.append)
+    again = LanguageModellingTask(config, None, second.append)
+    assert any("built now" in m for m in first) and any("built before" in m for m in second)
+    train, valid = read_texts(config.data)  # the whole file, split at 90% of its characters
+    tokenizer = Tokenizer.train(kind, train.splitlines(keepends=True), 400)
+    assert task.tokenizer.to_str() == again.tokenizer.to_str() == tokenizer.to_str()
+    assert again.train_ids.tolist() == tokenizer.encode(train)
+    assert again.valid_ids.tolist() == tokenizer.encode(valid)
+
+
+def test_attnkit_prepare_builds_a_language_models_store_that_training_then_finds(text_dir, tmp_path):
+    settings = [*TINY, f"data.dir={text_dir}", f"data.store={tmp_path / 'stores'}"]
+    prepared = runner.invoke(app, ["prepare", *settings])
+    assert prepared.exit_code == 0, prepared.output
+    assert "built now" in prepared.output
+    trained = runner.invoke(
+        app, ["train", "--run-dir", str(tmp_path / "run"), *settings, "train.max_steps=1"]
+    )
+    assert trained.exit_code == 0, trained.output
+    assert "built before" in trained.output

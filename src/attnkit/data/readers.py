@@ -59,24 +59,26 @@ def read_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
     return lines
 
 
-def iter_lines(path: Path | None) -> Iterator[str]:
+def iter_lines(path: Path | None, keep_endings: bool = False) -> Iterator[str]:
     """The lines of a UTF-8 text file (``.gz`` is decompressed), or of standard input (``path`` None or
-    ``-``), one at a time, without line endings (LF or CRLF): an input of any size is read as it is
-    used. Invalid UTF-8 is an error naming the line."""
+    ``-``), one at a time, without line endings (LF or CRLF; ``keep_endings``: with them, so that the
+    lines put together are the text): an input of any size is read as it is used. Invalid UTF-8 is an
+    error naming the line."""
     if path is None or str(path) == "-":
-        yield from _decoded(sys.stdin.buffer, "<stdin>")
+        yield from _decoded(sys.stdin.buffer, "<stdin>", keep_endings)
         return
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     try:
         with gzip.open(path) if path.suffix == ".gz" else path.open("rb") as f:
-            yield from _decoded(f, str(path))
+            yield from _decoded(f, str(path), keep_endings)
     except (OSError, EOFError) as error:  # a corrupt or truncated .gz, a failing disk
         raise DataError(f"{path}: cannot read ({error})") from None
 
 
-def _decoded(lines: Iterable[bytes], name: str) -> Iterator[str]:
-    """Each line of ``lines`` (split at b"\\n" only, as files are) decoded, without its line ending."""
+def _decoded(lines: Iterable[bytes], name: str, keep_endings: bool = False) -> Iterator[str]:
+    """Each line of ``lines`` (split at b"\\n" only, as files are) decoded, without its line ending
+    unless ``keep_endings``."""
     for number, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8")
@@ -84,7 +86,7 @@ def _decoded(lines: Iterable[bytes], name: str) -> Iterator[str]:
             raise DataError(f"{name}:{number}: invalid UTF-8 at byte {error.start} of the line") from None
         if number == 1:
             line = line.removeprefix(BYTE_ORDER_MARK)
-        yield line.removesuffix("\n").removesuffix("\r")
+        yield line if keep_endings else line.removesuffix("\n").removesuffix("\r")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -50,7 +51,8 @@ def text_ids(tokenizer: Tokenizer, text: str) -> Tensor:
     return ids
 
 
-def blocks_at(ids: Tensor, starts: list[int], length: int) -> Blocks:
-    """The blocks of ``length`` tokens at ``starts``, with their targets."""
-    rows = torch.stack([ids[s : s + length + 1] for s in starts])  # (B, length + 1)
-    return Blocks(rows[:, :-1], rows[:, 1:], rows.size(0) * length)
+def blocks_at(ids: Tensor | np.ndarray, starts: list[int], length: int) -> Blocks:
+    """The blocks of ``length`` tokens at ``starts``, with their targets; ``ids`` may be a store's
+    memory-mapped stream, of which only these blocks are read."""
+    rows = torch.stack([torch.as_tensor(np.asarray(ids[s : s + length + 1], dtype=np.int64)) for s in starts])
+    return Blocks(rows[:, :-1], rows[:, 1:], rows.size(0) * length)  # rows: (B, length + 1)

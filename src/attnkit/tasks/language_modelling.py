@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
+from tokenizers import pre_tokenizers
 from torch import Tensor
 
 from attnkit.config import DataConfig, RunConfig
-from attnkit.data.readers import read_text
+from attnkit.data.readers import iter_lines, read_text
+from attnkit.data.store import TokenStore, prepared, store_root
 from attnkit.data.text_blocks import Blocks, blocks_at, stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import generate
@@ -33,6 +37,106 @@ from attnkit.errors import DataError
 from attnkit.models import evaluating
 from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.validation import validation_loss
+
+
+def prepared_text(config: DataConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> TokenStore:
+    """The training and validation token streams as a store (data/store.py), columns ``train`` and
+    ``valid``: each column's ids, one row after another, are its stream. Built the first time (the
+    tokenizer learned from up to ``data.tokenizer_sample`` lines of the training text), found afterwards
+    without reading the text.
+
+    A character or word tokenizer's text is read and encoded a chunk of lines at a time, each chunk
+    ending before a line that starts with a non-space character, so the chunks' ids put together are
+    the whole text's (tested). Byte-level BPE's are encoded whole, as before the store: its normaliser
+    puts a space before each text it encodes and its pre-tokenizer keeps a text's trailing whitespace
+    together, so chunks would give other ids at their edges."""
+    files = [config.path(config.train[0]), *([config.path(config.valid[0])] if config.valid else [])]
+    for path in files:
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+    settings = {"task": config.task, "tokenizer": config.tokenizer, "vocab_size": config.vocab_size,
+                "valid_fraction": None if config.valid else config.valid_fraction}  # fmt: skip
+
+    def build(given: Tokenizer | None):
+        made_with = given or Tokenizer.train(
+            config.tokenizer, _line_sample(_texts(config, files, "train"), config.tokenizer_sample),
+            config.vocab_size,
+        )  # fmt: skip
+
+        def rows() -> Iterator[tuple[list[int], list[int]]]:
+            for column in ("train", "valid"):
+                lines = _texts(config, files, column)
+                for chunk in _chunks(lines) if _encodes_in_chunks(made_with) else ["".join(lines)]:
+                    ids = made_with.encode(chunk)
+                    yield (ids, []) if column == "train" else ([], ids)
+
+        return made_with, ("train", "valid"), rows(), {}
+
+    return prepared(store_root(config.store), files, settings, tokenizer, build, echo)
+
+
+def _texts(config: DataConfig, files: list[Path], column: str) -> Iterator[str]:
+    """The ``train`` or ``valid`` text's lines with their endings, streamed: the files, or the training
+    file split at ``1 - data.valid_fraction`` of its characters (the split cuts a line in two)."""
+    if config.valid:
+        yield from _nonempty(files[0 if column == "train" else 1])
+        return
+    total = sum(len(line) for line in _nonempty(files[0]))
+    cut = int(total * (1 - config.valid_fraction))
+    if cut == 0 or cut == total:
+        raise DataError(f"{files[0]}: too short to hold out data.valid_fraction for validation")
+    seen = 0
+    for line in iter_lines(files[0], keep_endings=True):
+        before, seen = seen, seen + len(line)
+        if column == "train" and before < cut:
+            yield line[: cut - before]
+        elif column == "valid" and seen > cut:
+            yield line[max(0, cut - before) :]
+
+
+def _nonempty(path: Path) -> Iterator[str]:
+    """The lines of ``path`` with their endings; a file of whitespace alone is an error."""
+    text = False
+    for line in iter_lines(path, keep_endings=True):
+        text = text or bool(line.strip())
+        yield line
+    if not text:
+        raise DataError(f"{path}: file is empty")
+
+
+def _encodes_in_chunks(tokenizer: Tokenizer) -> bool:
+    """Whether ``tokenizer`` gives a text's ids chunk by chunk (:func:`_chunks`): no normaliser, and
+    characters or whitespace-split words."""
+    pre = tokenizer.hf.pre_tokenizer
+    return tokenizer.hf.normalizer is None and (
+        pre is None or isinstance(pre, pre_tokenizers.WhitespaceSplit)
+    )
+
+
+def _chunks(lines: Iterable[str], size: int = 1 << 20) -> Iterator[str]:
+    """``lines`` joined into chunks of at least ``size`` characters, each ending before a line that starts
+    with a character other than whitespace (where no tokenizer's pre-token spans the boundary)."""
+    chunk, length = [], 0
+    for line in lines:
+        if length >= size and line[:1] and not line[:1].isspace():
+            yield "".join(chunk)
+            chunk, length = [], 0
+        chunk.append(line)
+        length += len(line)
+    if chunk:
+        yield "".join(chunk)
+
+
+def _line_sample(lines: Iterable[str], size: int) -> list[str]:
+    """Up to ``size`` lines for learning the tokenizer: all of a shorter text, a uniform sample of a
+    longer one, in text order."""
+    rng, kept = random.Random(0), []
+    for n, line in enumerate(lines):
+        if n < size:
+            kept.append((n, line))
+        elif (k := rng.randrange(n + 1)) < size:  # reservoir sampling (Vitter's algorithm R)
+            kept[k] = (n, line)
+    return [line for _, line in sorted(kept)]
 
 
 def read_texts(config: DataConfig) -> tuple[str, str]:
@@ -56,13 +160,11 @@ class LanguageModellingTask:
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         self.config = config
-        train_text, valid_text = read_texts(config.data)
-        if tokenizer is None:
-            lines = train_text.splitlines(keepends=True)
-            tokenizer = Tokenizer.train(config.data.tokenizer, lines, config.data.vocab_size)
-        self.tokenizer = tokenizer
-        self.train_ids = torch.tensor(tokenizer.encode(train_text))
-        self.valid_ids = torch.tensor(tokenizer.encode(valid_text))
+        store = prepared_text(config.data, tokenizer, echo)
+        self.tokenizer = store.tokenizer
+        self.train_ids = store.columns["train"].ids  # (N,) memory-mapped: blocks are read as batches need
+        self.valid_ids = torch.from_numpy(store.columns["valid"].ids.astype(np.int64))
+        tokenizer = self.tokenizer
         self.block = config.model.max_len
         for name, ids in (("training", self.train_ids), ("validation", self.valid_ids)):
             if len(ids) < 2:
