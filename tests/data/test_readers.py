@@ -96,3 +96,17 @@ def test_bad_json_lines_name_the_file_line_and_field(tmp_path, line, message):
     path.write_text('{"email": "fine", "subject": "ok"}\n' + line + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=message):
         read_jsonl(path, "email", "subject")
+
+
+def test_json_lines_are_streamed_a_record_at_a_time(tmp_path):
+    from attnkit.data.readers import iter_jsonl
+
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b'{"email": "a b", "subject": "a"}\n{"email": "c", "subject": "\xff"}\n')
+    records = iter_jsonl(path, "email", "subject")
+    assert next(records) == ("a b", {"subject": ["a"]})  # read before the second line is
+    with pytest.raises(DataError, match=r"records\.jsonl:2: invalid UTF-8"):
+        next(records)
+    (tmp_path / "blank.jsonl").write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"blank\.jsonl: file is empty"):
+        list(iter_jsonl(tmp_path / "blank.jsonl", "email", "subject"))

@@ -199,7 +199,7 @@ def iter_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Iter
     the file), stripped. A line that is not a JSON object, or lacks a field, is an error naming the
     file, the line and the field; a file without a record is an error."""
     any_record = False
-    for number, line in enumerate(read_lines(path), start=1):
+    for number, line in enumerate(iter_lines(Path(path)), start=1):
         if not line.strip():
             continue
         try:
@@ -226,7 +226,7 @@ def iter_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Iter
         any_record = True
         yield record[source_field].strip(), references
     if not any_record:
-        raise DataError(f"{path}: no records")
+        raise DataError(f"{path}: file is empty")
 
 
 def read_jsonl(path: str | Path, source_field: str, *target_fields: str) -> Records:
