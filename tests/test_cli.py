@@ -44,3 +44,17 @@ def test_help_paragraphs_wrap_at_the_terminal_not_where_the_docstring_lines_end(
     for command in [*commands, "data get"]:
         text = _help(*command.split())
         assert "``" not in text and "PART_LINES" not in text, command
+
+
+def test_the_progress_bar_shows_on_a_terminal_only_where_asked(monkeypatch):
+    """Under torchrun every process would draw its own bar on the same terminal: only the first shows."""
+    import sys
+
+    from attnkit.cli.app import progress_bar
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with progress_bar() as shown, progress_bar(show=False) as hidden:
+        assert not shown.disable and hidden.disable
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    with progress_bar() as in_a_log:
+        assert in_a_log.disable

@@ -171,8 +171,10 @@ def set_help(typer_app: typer.Typer) -> None:
         set_help(group.typer_instance)
 
 
-def progress_bar(total: int | None = None):
-    """A progress bar of lines done, on stderr when it is a terminal (none in logs and pipes)."""
+def progress_bar(total: int | None = None, show: bool = True):
+    """A progress bar of lines done, on stderr when it is a terminal (none in logs and pipes, nor
+    where ``show`` is False: the processes but the first under torchrun)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, disable=not sys.stderr.isatty(), unit=" lines", dynamic_ncols=True, leave=False)
+    hidden = not (show and sys.stderr.isatty())
+    return tqdm(total=total, disable=hidden, unit=" lines", dynamic_ncols=True, leave=False)

@@ -156,7 +156,7 @@ def by_parts(
 
     world = world or World()
     lines = iter_lines(input)
-    with progress_bar() as bar, contextlib.ExitStack() as files:
+    with progress_bar(show=world.is_main) as bar, contextlib.ExitStack() as files:
         write = None
         if world.is_main:
             write = stream_out if output is None else files.enter_context(atomic_writer(output)).write
