@@ -224,3 +224,13 @@ def test_summaries_are_prepared_once_into_a_store_with_their_sources_cut(tmp_pat
     cut = sum(3 + i % 9 > 4 for i in range(40))
     said = f"cut {cut:,} of 40 training sources to data.max_source_len=5 tokens"
     assert said in first_messages and said in second_messages  # the store remembers what its build cut
+
+
+def test_a_build_with_a_given_tokenizer_reads_the_training_text_once(copy_data, tmp_path, monkeypatch):
+    """A resumed run whose store is gone encodes with its own tokenizer: no sample to learn one from."""
+    tokenizer = translation.prepare_data(
+        _data_config(copy_data, tmp_path / "first"), 0, echo=lambda m: None
+    ).tokenizer
+    reads = _reads_of_training_text(monkeypatch)
+    translation.prepare_data(_data_config(copy_data, tmp_path / "second"), 0, tokenizer, echo=lambda m: None)
+    assert reads == ["train.src"]  # the encoding pass alone

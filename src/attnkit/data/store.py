@@ -31,17 +31,20 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import shutil
 import tempfile
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from attnkit.data.tokenizer import Tokenizer
 
+T = TypeVar("T")
 FORMAT = 1  # bumped whenever the layout changes: older stores are then built again
 
 
@@ -180,6 +183,19 @@ def write_store(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return open_store(folder)
+
+
+def uniform_sample(items: Iterable[T], size: int) -> list[T]:
+    """Up to ``size`` of ``items``, streamed without holding them: all of a shorter stream, a uniform
+    sample of a longer one (reservoir sampling, Vitter's algorithm R, seeded), in stream order. What a
+    tokenizer learns from when a store is built from a corpus too large to hold."""
+    rng, kept = random.Random(0), []  # (position, item)
+    for n, item in enumerate(items):
+        if n < size:
+            kept.append((n, item))
+        elif (k := rng.randrange(n + 1)) < size:
+            kept[k] = (n, item)
+    return [item for _, item in sorted(kept, key=lambda pair: pair[0])]
 
 
 def _blocks(rows: Iterable, size: int) -> Iterator[list]:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from attnkit.config import DataConfig, RunConfig
 from attnkit.data.readers import iter_lines, read_text
-from attnkit.data.store import TokenStore, prepared, store_root
+from attnkit.data.store import TokenStore, prepared, store_root, uniform_sample
 from attnkit.data.text_blocks import Blocks, blocks_at, stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import generate
@@ -58,14 +58,15 @@ def prepared_text(config: DataConfig, tokenizer: Tokenizer | None, echo: Callabl
                 "valid_fraction": None if config.valid else config.valid_fraction}  # fmt: skip
 
     def build(given: Tokenizer | None):
+        cut = None if config.valid else _valid_cut(files[0], config.valid_fraction)
         made_with = given or Tokenizer.train(
-            config.tokenizer, _line_sample(_texts(config, files, "train"), config.tokenizer_sample),
+            config.tokenizer, uniform_sample(_texts(files, "train", cut), config.tokenizer_sample),
             config.vocab_size,
         )  # fmt: skip
 
         def rows() -> Iterator[tuple[list[int], list[int]]]:
             for column in ("train", "valid"):
-                lines = _texts(config, files, column)
+                lines = _texts(files, column, cut)
                 for chunk in _chunks(lines) if _encodes_in_chunks(made_with) else ["".join(lines)]:
                     ids = made_with.encode(chunk)
                     yield (ids, []) if column == "train" else ([], ids)
@@ -75,16 +76,22 @@ def prepared_text(config: DataConfig, tokenizer: Tokenizer | None, echo: Callabl
     return prepared(store_root(config.store), files, settings, tokenizer, build, echo)
 
 
-def _texts(config: DataConfig, files: list[Path], column: str) -> Iterator[str]:
-    """The ``train`` or ``valid`` text's lines with their endings, streamed: the files, or the training
-    file split at ``1 - data.valid_fraction`` of its characters (the split cuts a line in two)."""
-    if config.valid:
+def _valid_cut(path: Path, valid_fraction: float) -> int:
+    """Where a training file without a validation file is split: at ``1 - valid_fraction`` of its
+    characters (counted once, streamed)."""
+    total = sum(len(line) for line in _nonempty(path))
+    cut = int(total * (1 - valid_fraction))
+    if cut == 0 or cut == total:
+        raise DataError(f"{path}: too short to hold out data.valid_fraction for validation")
+    return cut
+
+
+def _texts(files: list[Path], column: str, cut: int | None) -> Iterator[str]:
+    """The ``train`` or ``valid`` text's lines with their endings, streamed: the two files, or (``cut``
+    given) the training file split at character ``cut`` (the split cuts a line in two)."""
+    if cut is None:
         yield from _nonempty(files[0 if column == "train" else 1])
         return
-    total = sum(len(line) for line in _nonempty(files[0]))
-    cut = int(total * (1 - config.valid_fraction))
-    if cut == 0 or cut == total:
-        raise DataError(f"{files[0]}: too short to hold out data.valid_fraction for validation")
     seen = 0
     for line in iter_lines(files[0], keep_endings=True):
         before, seen = seen, seen + len(line)
@@ -125,18 +132,6 @@ def _chunks(lines: Iterable[str], size: int = 1 << 20) -> Iterator[str]:
         length += len(line)
     if chunk:
         yield "".join(chunk)
-
-
-def _line_sample(lines: Iterable[str], size: int) -> list[str]:
-    """Up to ``size`` lines for learning the tokenizer: all of a shorter text, a uniform sample of a
-    longer one, in text order."""
-    rng, kept = random.Random(0), []
-    for n, line in enumerate(lines):
-        if n < size:
-            kept.append((n, line))
-        elif (k := rng.randrange(n + 1)) < size:  # reservoir sampling (Vitter's algorithm R)
-            kept[k] = (n, line)
-    return [line for _, line in sorted(kept)]
 
 
 def read_texts(config: DataConfig) -> tuple[str, str]:

@@ -13,7 +13,6 @@ summaries: ROUGE-1/2/L F1 against every reference, the best one counting).
 from __future__ import annotations
 
 import itertools
-import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from torch import Tensor
 from attnkit.config import SUMMARY_TASK, DataConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
 from attnkit.data.readers import ParallelText, Records, iter_jsonl, iter_pairs, read_jsonl, read_parallel
-from attnkit.data.store import StoreColumn, prepared, store_root
+from attnkit.data.store import StoreColumn, prepared, store_root, uniform_sample
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
@@ -138,8 +137,10 @@ def _from_store(
 
     def build(given: Tokenizer | None):
         report = {"dropped_empty": 0, "dropped_long": 0, "max_len": config.max_len}
-        sample = _sample(_training_texts(config, files, {}), config.tokenizer_sample)
-        made_with = given or Tokenizer.train(config.tokenizer, sample, config.vocab_size)
+        made_with = given or Tokenizer.train(
+            config.tokenizer, _sample(_training_texts(config, files, {}), config.tokenizer_sample),
+            config.vocab_size,
+        )  # fmt: skip
         rows = _encoded_pairs(_training_texts(config, files, report), made_with, config, report)
         return made_with, ("src", "tgt"), rows, report
 
@@ -160,16 +161,10 @@ def _training_texts(config: DataConfig, files: list[Path], report: dict) -> Iter
 
 
 def _sample(pairs: Iterable[tuple[str, str]], size: int) -> list[str]:
-    """The texts of up to ``size`` training pairs, sources then targets, for learning the tokenizer:
-    all of a smaller corpus, a uniform sample of a larger one (in file order), read without holding it."""
-    rng, kept = random.Random(0), []  # (pair number, source, target)
-    for n, (s, t) in enumerate(pairs):
-        if n < size:
-            kept.append((n, s, t))
-        elif (k := rng.randrange(n + 1)) < size:  # reservoir sampling (Vitter's algorithm R)
-            kept[k] = (n, s, t)
-    kept.sort()
-    return [s for _, s, _ in kept] + [t for _, _, t in kept]
+    """The texts of up to ``size`` training pairs (:func:`uniform_sample`), sources then targets, for
+    learning the tokenizer."""
+    kept = uniform_sample(pairs, size)
+    return [s for s, _ in kept] + [t for _, t in kept]
 
 
 def _encoded_pairs(
