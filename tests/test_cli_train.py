@@ -45,6 +45,23 @@ def test_resume_continues_from_the_last_checkpoint(trained):
     assert (trained / "last").read_text(encoding="utf-8") == "step-0000030"
 
 
+def test_resuming_a_run_its_limits_already_end_says_so_instead_of_an_empty_validation(trained):
+    last = (trained / "last").read_text(encoding="utf-8")
+    at = int(last.split("-")[1])
+    result = runner.invoke(app, ["train", "--resume", str(trained), f"train.max_steps={at}"])
+    assert result.exit_code == 0, result.output
+    assert f"nothing to train: the run is at step {at}" in result.output
+    assert "final validation" not in result.output
+    assert (trained / "last").read_text(encoding="utf-8") == last
+    # a run that ended between two validations (its last one at the end): resumed, it adds no row
+    ended = runner.invoke(app, ["train", "--resume", str(trained), f"train.max_steps={at + 3}"])
+    assert ended.exit_code == 0, ended.output
+    rows = (trained / "metrics.csv").read_text(encoding="utf-8")
+    again = runner.invoke(app, ["train", "--resume", str(trained), f"train.max_steps={at + 3}"])
+    assert "nothing to train" in again.output
+    assert (trained / "metrics.csv").read_text(encoding="utf-8") == rows
+
+
 def test_translate_reads_stdin_or_a_file_and_keeps_one_line_per_input(trained, copy_data, tmp_path):
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--beam", "1"], input="1 2 3\n\n4 5\n")
     assert result.exit_code == 0, result.output

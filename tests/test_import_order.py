@@ -16,7 +16,7 @@ ORDER = [
     ("cpu", ["attnkit.cpu"]),  # the CPU fast path, applied to built models from above
     ("data", ["attnkit.data"]),
     ("config", ["attnkit.config"]),
-    ("checkpoint", ["attnkit.checkpoint"]),
+    ("checkpoint", ["attnkit.checkpoint", "attnkit.sharded"]),
     ("convert", ["attnkit.convert"]),  # above the checkpoint format it reads and writes
     ("decode", ["attnkit.decode"]),  # searches and text in, text out: what tasks infer and score with
     ("tasks", ["attnkit.tasks"]),

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +40,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import MadeBy, recover, write_folder
 from attnkit.models import ARCHITECTURES, TransformerConfig, build_model, load_weights
+from attnkit.sharded import SHARDED, holds_shards, read_whole, shard_like
 
 CHECKPOINT_PREFIX = "step-"
 RUN_FILES = ("last", "best", "metrics.csv", "averaged")  # besides the step-* folders
@@ -77,12 +79,28 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The optimizer's state tensors by name (``optimizer.{index}.{key}``), as a checkpoint holds them."""
+    return _optimizer_state(optimizer)[0]
+
+
+def _parameter_of(optimizer: torch.optim.Optimizer) -> Callable[[str], torch.Tensor | None] | None:
+    """For a sharded optimizer (FSDP), what tells the parameter that a state tensor's name
+    (``optimizer.{index}.{key}``) belongs to; None for one that holds whole parameters."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    if not any(hasattr(p, "device_mesh") for p in parameters):
+        return None
+    return lambda name: parameters[int(name.split(".")[1])]
+
+
 def _load_optimizer_state(optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Load the optimizer's state from whole tensors (a sharded optimizer takes its slices of them)."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         if name.startswith("optimizer."):
             _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = value
+            state.setdefault(int(index), {})[key] = shard_like(value, parameters[int(index)])
     for name, value in meta["scalars"].items():
         index, key = name.split(".", 1)
         state.setdefault(int(index), {})[key] = value
@@ -92,8 +110,11 @@ def _load_optimizer_state(optimizer, tensors: dict[str, torch.Tensor], meta: dic
 def _trainer_state_files(
     folder: Path, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], rng: list[dict[str, Any]]
 ) -> None:
-    """``trainer_state.safetensors`` (optimizer tensors, RNG tensors of every rank) and ``.json``."""
+    """``trainer_state.safetensors`` (optimizer tensors, RNG tensors of every rank) and ``.json``; in a
+    sharded checkpoint the optimizer's tensors are in its shards already."""
     tensors, optimizer_meta = _optimizer_state(optimizer)
+    if holds_shards(folder):
+        tensors = {}
     for rank, state in enumerate(rng):
         tensors[f"rng.{rank}.torch"] = state["torch"]
         if "cuda" in state:
@@ -105,6 +126,11 @@ def _trainer_state_files(
 
 
 # --- saving ---------------------------------------------------------------------------------------
+
+
+def checkpoint_folder(run_dir: Path, step: int) -> Path:
+    """Where step ``step``'s checkpoint goes: ``run_dir/step-0000500``."""
+    return run_dir / f"{CHECKPOINT_PREFIX}{step:07d}"
 
 
 def save_checkpoint(
@@ -121,6 +147,7 @@ def save_checkpoint(
     keep_last: int = 5,
     command: str = "attnkit train",
     source: str | Path | None = None,
+    temporary: Path | None = None,
 ) -> Path:
     """Write ``run_dir/step-{step}`` atomically, move the pointers, and prune old checkpoints.
 
@@ -129,10 +156,14 @@ def save_checkpoint(
     (default: the run directory) are recorded as what made the folder. A step folder already there is
     replaced: whoever saves into ``run_dir`` holds it (the trainer: :func:`lock_run`, and it refuses a
     directory holding another run), so a step folder there is this run's own.
+
+    ``temporary``: the folder (:func:`folders.new_temporary`) where every process has written its
+    shards of the model and the optimizer (``train.parallel=fsdp``, :mod:`attnkit.sharded`).
     """
 
     def write(folder: Path) -> None:
-        save_model(model, str(folder / "model.safetensors"))  # handles the tied embeddings
+        if not holds_shards(folder):
+            save_model(model, str(folder / "model.safetensors"))  # handles the tied embeddings
         (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         if tokenizer_json is not None:  # image models have no tokenizer
             (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
@@ -140,12 +171,17 @@ def save_checkpoint(
             _trainer_state_files(folder, optimizer, trainer_state, rng or [rng_state()])
 
     maker = MadeBy.of(command, run_dir if source is None else source)
-    final = write_folder(run_dir / f"{CHECKPOINT_PREFIX}{step:07d}", write, maker, overwrite=True)
+    final = write_folder(checkpoint_folder(run_dir, step), write, maker, overwrite=True, temporary=temporary)
     write_text_atomic(run_dir / "last", final.name)
     if is_best:
         write_text_atomic(run_dir / "best", final.name)
     _prune(run_dir, keep_last)
     return final
+
+
+def holds_weights(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoint: one file of weights, or the shards of an FSDP run."""
+    return (folder / "model.safetensors").is_file() or holds_shards(folder)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -154,7 +190,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         return []
     for aside in run_dir.glob(f".{CHECKPOINT_PREFIX}*.replaced"):
         recover(run_dir / aside.name[1 : -len(".replaced")])
-    return sorted(p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / "model.safetensors").is_file())
+    return sorted(p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if holds_weights(p))
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
@@ -254,13 +290,13 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best") -> Path:
     """A checkpoint folder: ``path`` itself, or the one a run directory's ``best``/``last`` names."""
     path = Path(path)
     recover(path)
-    if (path / "model.safetensors").is_file():
+    if holds_weights(path):
         return path
     for pointer in (prefer, "last", "best"):
         if (path / pointer).is_file():
             target = path / (path / pointer).read_text(encoding="utf-8").strip()
             recover(target)
-            if (target / "model.safetensors").is_file():
+            if holds_weights(target):
                 return target
     if (path / "last").is_file():
         raise AttnkitError(
@@ -309,10 +345,18 @@ def read_run_config(checkpoint: Path) -> RunConfig:
     return RunConfig.from_dict(values, str(checkpoint / "config.json"))
 
 
+def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model's weights in ``checkpoint``, whole: ``model.safetensors``, or put together from the
+    shards of an FSDP run."""
+    if holds_shards(checkpoint):
+        return read_whole(checkpoint, "model")
+    return _read_safetensors(checkpoint / "model.safetensors")
+
+
 def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
-    """Load ``model.safetensors`` into ``model`` (re-tying shared weights)."""
-    path = checkpoint / "model.safetensors"
-    weights = _read_safetensors(path)
+    """Load the checkpoint's weights into ``model`` (re-tying shared weights)."""
+    path = checkpoint / (f"{SHARDED}/model" if holds_shards(checkpoint) else "model.safetensors")
+    weights = read_weights(checkpoint)
     expected = model.state_dict()
     for name, tensor in weights.items():
         if name in expected and expected[name].shape != tensor.shape:
@@ -331,6 +375,8 @@ def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer, rank:
     """Restore the optimizer and this rank's RNG states; return the trainer's JSON state (step, epoch,
     position, ..., and ``world_size``, the number of processes that saved it)."""
     tensors = _read_safetensors(checkpoint / "trainer_state.safetensors")
+    if holds_shards(checkpoint):  # a sharded optimizer reads only its own slices
+        tensors.update(read_whole(checkpoint, "optimizer", _parameter_of(optimizer)))
     meta = _read_json(checkpoint / "trainer_state.json")
     try:
         _load_optimizer_state(optimizer, tensors, meta.pop("optimizer"))
@@ -419,7 +465,7 @@ def average_checkpoints(
     refuse_to_replace_a_source(out, checkpoints)
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
-        weights = _read_safetensors(path / "model.safetensors")
+        weights = read_weights(path)
         if total and weights.keys() != total.keys():
             raise AttnkitError(f"{path}: its weights do not match {checkpoints[0]}'s; cannot average")
         for name, tensor in weights.items():

@@ -30,6 +30,7 @@ LOGS = (
     "csv",
     "tensorboard",
 )  # train.log: metrics.csv at validations; TensorBoard events (train/tensorboard.py)
+PARALLEL = ("ddp", "fsdp")  # train.parallel: how several processes share the model (train/distributed.py)
 SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (train/schedules.py)
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
@@ -172,6 +173,9 @@ class TrainConfig:
     log: list[str] = field(default_factory=lambda: ["csv"])  # also "tensorboard": RUN/tensorboard event files
     precision: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "fp32" or "bf16"
     device: str = "auto"  # "auto" (the GPU if there is one), "cpu", "cuda", "cuda:1", ...
+    # several processes (torchrun): "ddp" keeps the whole model in each; "fsdp" shards the weights, the
+    # gradients and the optimizer's state over them (FSDP2), for a model too big for one device
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         for name in ("seed", "clip_norm", "max_steps", "max_epochs", "max_minutes", "valid_bleu_sentences",
@@ -200,6 +204,7 @@ class TrainConfig:
                 "train.precision 'fp16' needs loss scaling, which attnkit does not do; use 'bf16'"
             )
         require_one_of("train.precision", self.precision, PRECISIONS)
+        require_one_of("train.parallel", self.parallel, PARALLEL)
         if not isinstance(self.log, list):
             raise ConfigError(f"train.log must be a list such as [csv, tensorboard]; got {self.log!r}")
         for kind in self.log:

@@ -106,8 +106,11 @@ def _publish(temporary: Path, final: Path) -> None:
     """Move a fully written temporary folder to ``final``: fsync its files, give it the user's usual
     permissions, rename an older ``final`` aside, rename the new one in, fsync the parent so the renames
     are durable, and only then delete the old copy."""
-    for file in temporary.iterdir():
-        _fsync_file(file)
+    for path in temporary.rglob("*"):  # a sharded checkpoint has folders inside
+        if path.is_file():
+            _fsync_file(path)
+        else:
+            fsync_dir(path)
     make_shareable(temporary)
     aside = _aside(final)
     if final.exists():  # e.g. the same step saved again, or averaging again
@@ -143,17 +146,29 @@ def refuse_replacing(final: Path, written: Path, maker: MadeBy, overwrite: bool 
             )
 
 
+def new_temporary(final: Path) -> Path:
+    """A new hidden folder beside ``final`` in which to write it (:func:`write_folder`)."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    except OSError as error:
+        raise AttnkitError(f"{final}: cannot write there ({error.strerror or error})") from None
+
+
 def write_folder(
-    final: Path, write: Callable[[Path], None], maker: MadeBy, *, overwrite: bool = False
+    final: Path,
+    write: Callable[[Path], None],
+    maker: MadeBy,
+    *,
+    overwrite: bool = False,
+    temporary: Path | None = None,
 ) -> Path:
     """Write a folder (a checkpoint, an average, an export) with ``write(temporary_folder)``, record
     ``maker`` in it and publish it; what it will not replace without ``overwrite``: see the module
-    docstring. A failure leaves no trace and is one line naming the folder."""
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        temporary = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    except OSError as error:
-        raise AttnkitError(f"{final}: cannot write there ({error.strerror or error})") from None
+    docstring. A failure leaves no trace and is one line naming the folder. ``temporary``: a folder
+    from :func:`new_temporary` that already holds part of it (the shards that every process of a
+    sharded save wrote there)."""
+    temporary = temporary or new_temporary(final)
     try:
         write(temporary)
         (temporary / MADE_BY).write_text(_record(maker, final), encoding="utf-8")

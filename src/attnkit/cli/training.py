@@ -154,7 +154,7 @@ def train(
         message = where if saved else "no checkpoint was written yet"
         typer.echo(f"attnkit: interrupted at step {trainer.step}; {message}", err=True)
         raise typer.Exit(code=130) from None
-    if trainer.world.is_main:  # one line, not one per process
+    if trainer.world.is_main and scores:  # one line, not one per process
         typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
 
 

@@ -5,12 +5,18 @@ LOCAL_RANK from the environment. Every optimizer step consumes ``update_freq × 
 rank r takes every world_size-th of them, so N processes with ``update_freq=1`` see the same global batch
 as one process with ``update_freq=N``. The loss is divided by the *global* number of target tokens, so
 the averaged gradient is the same too. NCCL on GPUs, gloo on CPUs (used by the tests).
+
+How the processes hold the model (``train.parallel``): DDP keeps all of it in each and averages the
+gradients; FSDP2 (``fully_shard``, Zhao et al. 2023) keeps 1/N of every weight, gradient and optimizer
+state in each, gathers a layer's weights just before it runs and frees them after, so a model N times
+too big for one device trains; the updates are the same as DDP's.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -103,6 +109,40 @@ def init_world(device_kind: str) -> World:
     if device_kind == "cuda":
         torch.cuda.set_device(world.local_rank)
     return world
+
+
+def fully_shard_model(model: torch.nn.Module, world: World, device: torch.device,
+                      param_dtype: torch.dtype | None) -> None:  # fmt: skip
+    """Shard ``model`` in place over the processes (FSDP2): each layer of every stack (an encoder's or
+    decoder's ``layers``) is a unit whose weights are gathered together, the rest (embeddings, output,
+    final norms) the root unit. ``param_dtype`` (bf16): the gathered weights' type for computing, while
+    the kept shards, the gradients' reduction and the optimizer stay in float32 (mixed precision)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world.size,))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList):
+            for layer in layers:
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+@contextmanager
+def whole_root(model: torch.nn.Module) -> Iterator[None]:
+    """The root unit's weights gathered in every process for the block (a sharded model), as when
+    decoding calls its parts (``encode``, the output layer) without its ``forward``; each layer still
+    gathers its own when it runs, so every process must run the same steps (all validate the same)."""
+    if not hasattr(model, "unshard"):  # not sharded
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 def share(n: int, world: World) -> slice:

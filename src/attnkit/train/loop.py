@@ -35,11 +35,20 @@ from attnkit import checkpoint as ckpt
 from attnkit.config import RunConfig, TrainConfig
 from attnkit.cpu import speed_up
 from attnkit.errors import AttnkitError, ConfigError
+from attnkit.folders import new_temporary
 from attnkit.metrics import perplexity
 from attnkit.models import unwrap
+from attnkit.sharded import seal, without_ties, write_shards
 from attnkit.tasks import make_task
 from attnkit.tasks.protocol import TaskFactory
-from attnkit.train.distributed import close_world, init_world, resolve_device, shard
+from attnkit.train.distributed import (
+    close_world,
+    fully_shard_model,
+    init_world,
+    resolve_device,
+    shard,
+    whole_root,
+)
 from attnkit.train.pretrained import read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 from attnkit.train.tensorboard import TensorBoardLog, memory_used, require_tensorboard
@@ -216,10 +225,16 @@ class Trainer:
         self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
         if pretrained:
             pretrained.load_into(self.model, self._say)
+        if resume_from:  # whole weights, before FSDP shards them (any format, any number of processes)
+            ckpt.load_model_weights(self.model, resume_from)
         if t.freeze:
             self._say(f"frozen: {freeze(self.model, t.freeze):,} parameters ({', '.join(t.freeze)})")
         self.model.to(self.device)
-        speed_up(self.model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
+        self.sharded = t.parallel == "fsdp" and self.world.size > 1  # else one process holds it all
+        if self.sharded:
+            fully_shard_model(self.model, self.world, self.device, self.autocast_dtype)
+        else:
+            speed_up(self.model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
         torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
         self.optimizer = make_optimizer(self.model, t, self.device)
         rate = learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model,
@@ -235,7 +250,7 @@ class Trainer:
             DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
-            if self.world.size > 1
+            if self.world.size > 1 and not self.sharded
             else self.model
         )
 
@@ -285,13 +300,17 @@ class Trainer:
         bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
                    dynamic_ncols=True, leave=False)  # fmt: skip
         self.window = _new_window()
+        if self._finished():
+            self._say(f"nothing to train: the run is at step {self.step} (epoch {self.epoch}), where its "
+                      "limits end it; raise train.max_steps, max_epochs or max_minutes to go on")  # fmt: skip
         if "tensorboard" in t.log and self.world.is_main:
             self.board = TensorBoardLog(self.run_dir / "tensorboard", first_step=self.step + 1)
         try:
-            stopped_early = False
+            stopped_early, first_step = False, self.step
             while not stopped_early and not self._finished():
                 stopped_early = self._train_epoch(bar, show_bar)
-            if not stopped_early and self.step % t.eval_every != 0:  # the steps since the last validation
+            unsaved = self.step != first_step and self.step % t.eval_every != 0  # steps since the last save
+            if not stopped_early and unsaved:
                 self._evaluate_and_save()
             self.world.barrier()  # all processes end together: gloo aborts if one leaves while another works
             return self.scores
@@ -386,9 +405,9 @@ class Trainer:
         for k, batch in enumerate(made):
             batch = batch.to(self.device)
             sync = k == len(made) - 1 or self.world.size == 1
-            with nullcontext() if sync else self.ddp.no_sync(), self._autocast():
+            with self._syncing(sync), self._autocast():
                 loss, nll = self.task.loss(self.ddp, batch)
-            # DDP averages gradients over ranks; scaling by world size makes that a sum over tokens.
+            # DDP and FSDP average gradients over ranks; scaling by world size makes that a sum over tokens.
             (loss * self.world.size / global_tokens).backward()
             sums += torch.stack([loss.detach(), nll])  # no .item() per batch: a GPU need not wait
         # One collective per step: the sums, and whether any process's clock passed the budget (clocks
@@ -409,6 +428,14 @@ class Trainer:
         self.scheduler.step()
         return loss_sum, nll_sum, global_tokens
 
+    def _syncing(self, sync: bool):
+        """A context for one batch's backward: whether it combines the gradients of all processes
+        (the step's last batch) or only accumulates this process's (gradient accumulation)."""
+        if self.sharded:
+            self.model.set_requires_gradient_sync(sync)
+            return nullcontext()
+        return nullcontext() if sync else self.ddp.no_sync()
+
     def _autocast(self):
         if self.autocast_dtype is None:
             return nullcontext()
@@ -420,7 +447,8 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """The task's validation scores (loss and perplexity, and e.g. BLEU for translation)."""
         self.model.eval()
-        return self.task.validate(self.model, self.device, self._autocast)
+        with whole_root(self.model):
+            return self.task.validate(self.model, self.device, self._autocast)
 
     def _evaluate_and_save(self) -> None:
         """Validate, log, save a checkpoint (best or not), and start a new window of training statistics."""
@@ -444,12 +472,17 @@ class Trainer:
         self._say(f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid {shown}"
                   + ("  (best)" if is_best else ""))  # fmt: skip
         rng = self.world.all_gather(ckpt.rng_state())  # every process's, so each resumes its own stream
+        self._save(is_best, rng)
         if self.world.is_main:
-            self._save(is_best, rng)
             self._write_log()
         self.window = _new_window()  # started after validation and saving: they are not training time
 
     def _save(self, is_best: bool, rng: list) -> None:
+        """Write a checkpoint: the first process writes it, after every process has written its shards
+        of the model and the optimizer there (a sharded run)."""
+        temporary = self._write_shards() if self.sharded else None
+        if not self.world.is_main:
+            return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position, "elapsed": self.elapsed,
                  "best": self.best, "bad_evals": self.bad_evals, "history": self.history,
                  "scheduler": self.scheduler.state_dict()}  # fmt: skip
@@ -457,11 +490,26 @@ class Trainer:
             self.run_dir, self.step, model=self.model, config=self.config.to_dict(),
             tokenizer_json=self.tokenizer and self.tokenizer.to_str(), optimizer=self.optimizer,
             trainer_state=state, rng=rng, is_best=is_best, keep_last=self.config.train.keep_last,
-            command=self.command,
+            command=self.command, temporary=temporary,
         )  # fmt: skip
 
+    def _write_shards(self) -> Path:
+        """Every process writes its shards into the first process's new checkpoint folder (it must be
+        on a file system that all machines share); returns that folder."""
+        final = ckpt.checkpoint_folder(self.run_dir, self.step)
+        temporary = Path(self.world.all_gather(str(new_temporary(final)) if self.world.is_main else "")[0])
+        parts = {
+            "model": without_ties(self.model.state_dict()),
+            "optimizer": ckpt.optimizer_tensors(self.optimizer),
+        }
+        write_shards(temporary, parts)
+        self.world.barrier()
+        if self.world.is_main:
+            seal(temporary)
+        return temporary
+
     def _restore(self, checkpoint: Path) -> None:
-        ckpt.load_model_weights(self.model, checkpoint)
+        """The training state of ``checkpoint`` (its weights are loaded before the model is sharded)."""
         state = ckpt.load_trainer_state(checkpoint, self.optimizer, self.world.rank)
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.elapsed, self.best, self.bad_evals = state["elapsed"], state["best"], state["bad_evals"]
