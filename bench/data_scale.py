@@ -8,6 +8,9 @@ process:
 
 - ``attnkit prepare``: wall time and peak RSS (learning BPE 8,000 from a sample of at most
   ``data.tokenizer_sample`` pairs, encoding every pair, writing the store);
+- a first ``attnkit train`` without a store (in a store folder of its own): it builds the store
+  itself, then trains; seconds to the end of its 2nd step and peak RSS (the building and the training
+  in one process);
 - ``attnkit train`` of the ``small`` preset, the store ready: seconds from the command's start to the
   end of its 2nd step, and peak RSS;
 - the same under ``torchrun --nproc-per-node 2`` (gloo): seconds, and both ranks' peak memory
@@ -172,21 +175,27 @@ def main() -> None:
     sizes = [round(float(size) * 1e6) for size in args.sizes.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; preset "
           f"small, BPE 8,000, train.max_tokens 4096; corpora in {work}")  # fmt: skip
-    print("| pairs | prepare s | prepare peak RSS GB | 1 rank: s to step 2 | peak RSS GB | peak PSS GB | "
+    print("| pairs | prepare s | prepare peak RSS GB | first run, store built: s to step 2 | peak RSS GB | "
+          "1 rank, store found: s to step 2 | peak RSS GB | peak PSS GB | "
           f"{args.ranks} ranks: s to step 2 | peak RSS GB, each | peak PSS GB, together |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for pairs in sizes:
             corpus, stores = make_corpus(args.data, work, pairs), work / "stores"
             built = measure(["prepare", *settings(corpus, stores)], 1, None)
             found = " (found, not built)" if "built before" in built["output"] else ""
-            train = [*settings(corpus, stores), "--run-dir", str(work / "run"), "--overwrite",
-                     "train.max_steps=2", "train.eval_every=1000", "train.log_every=1",
+            steps = ["--run-dir", str(work / "run"), "--overwrite", "train.max_steps=2",
+                     "train.eval_every=1000", "train.log_every=1",
                      "train.valid_bleu_sentences=1"]  # fmt: skip
+            shutil.rmtree(work / "first-stores", ignore_errors=True)
+            first = measure(["train", *settings(corpus, work / "first-stores"), *steps], 1, r"^step 2:")
+            shutil.rmtree(work / "first-stores", ignore_errors=True)
+            train = [*settings(corpus, stores), *steps]
             one = measure(["train", *train], 1, r"^step 2:")
             many = measure(["train", *train], args.ranks, r"step 2:")
             pss = [p["pss_mb"] for p in many["peaks"]]
             row = [f"{pairs:,}", f"{built['seconds']:.0f}{found}", gb(built["peaks"][0]["rss_mb"]),
+                   f"{first['seconds']:.1f}", gb(first["peaks"][0]["rss_mb"]),
                    f"{one['seconds']:.1f}", gb(one["peaks"][0]["rss_mb"]), gb(one["peaks"][0]["pss_mb"]),
                    f"{many['seconds']:.1f}", " + ".join(gb(p["rss_mb"]) for p in many["peaks"]),
                    gb(sum(pss)) if None not in pss else "-"]  # fmt: skip

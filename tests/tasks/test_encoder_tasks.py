@@ -6,6 +6,7 @@ import re
 from collections import Counter
 from contextlib import nullcontext
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -20,7 +21,7 @@ from attnkit.data.readers import read_labelled
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.errors import ConfigError, DataError
 from attnkit.models import build_model
-from attnkit.tasks.classification import ClassificationTask, accuracy_and_f1
+from attnkit.tasks.classification import ClassificationTask, accuracy_and_f1, encode_sentences, label_ids
 from attnkit.tasks.masked_lm import MaskedLMTask, mask_tokens
 from attnkit.tasks.span_qa import best_spans, encode_question, exact_and_f1
 from attnkit.train.loop import Trainer
@@ -86,6 +87,55 @@ def test_an_unknown_validation_label_names_the_file_and_line(tsv_dir):
         DataError, match=r"dev\.tsv:3: label 'neutral' is not one of the labels \['neg', 'pos'\]"
     ):
         ClassificationTask(_config(tsv_dir, *CLASSIFY), None, lambda m: None)
+
+
+def _store_config(folder, *extra):
+    return _config(folder, *CLASSIFY, f"data.store={folder / 'stores'}", *extra)
+
+
+def test_a_classifiers_sentences_and_labels_come_from_a_store_built_once(tsv_dir):
+    """The store's rows are the sentences encode_sentences gives, its labels those of data.labels
+    (here not in sorted order), and another data.labels does not build the store again."""
+    first, second = [], []
+    ClassificationTask(_store_config(tsv_dir), None, first.append)
+    task = ClassificationTask(_store_config(tsv_dir, "data.labels=[pos, neg]"), None, second.append)
+    assert any("built now" in m for m in first) and any("built before" in m for m in second)
+    train = read_labelled(tsv_dir / "train.tsv")
+    assert list(task.rows) == encode_sentences(task.tokenizer, train.sentences, 512)[0]
+    batch = task.make_batch(np.arange(len(train)))
+    assert batch.targets[0].tolist() == label_ids(train, ["pos", "neg"], "train.tsv")  # pos is 0 now
+
+
+def test_a_training_label_outside_data_labels_is_an_error_naming_the_file(tsv_dir):
+    with pytest.raises(
+        DataError, match=r"train\.tsv: label 'pos' is not one of data\.labels \['neg', 'meh'\]"
+    ):
+        ClassificationTask(_store_config(tsv_dir, "data.labels=[neg, meh]"), None, lambda m: None)
+
+
+def test_masked_lm_holds_out_the_last_sentences_in_its_store_and_learns_no_word_from_them(tmp_path):
+    sentences = [f"the film {word} was good" for word in ("plot", "music", "story", "actors")] * 6
+    sentences += ["a zebra was seen", "the zebra ran"]  # held out: the last quarter holds these two
+    (tmp_path / "lines.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    settings = [*ENCODER, "data.task=mlm", "data.train=[lines.txt]", "data.valid_fraction=0.25",
+                f"data.store={tmp_path / 'stores'}"]  # fmt: skip
+    messages = []
+    MaskedLMTask(_config(tmp_path, *settings), None, lambda m: None)
+    task = MaskedLMTask(_config(tmp_path, *settings), None, messages.append)
+    assert any("built before" in m for m in messages)
+    cut = int(len(sentences) * 0.75)
+    assert list(task.rows) == encode_sentences(task.tokenizer, sentences[:cut], 512)[0]
+    assert list(task.valid_rows) == encode_sentences(task.tokenizer, sentences[cut:], 512)[0]
+    assert task.tokenizer.encode("zebra") == [task.tokenizer.specials.unk]  # learned from the first 75%
+
+
+def test_attnkit_prepare_builds_a_classifiers_store_that_training_finds(tsv_dir):
+    args = ["prepare", "--data", str(tsv_dir), *CLASSIFY, f"data.store={tsv_dir / 'stores'}"]
+    prepared = runner.invoke(app, args)
+    assert prepared.exit_code == 0 and "built now" in prepared.output, prepared.output
+    messages = []
+    ClassificationTask(_store_config(tsv_dir), None, messages.append)
+    assert any("built before" in m for m in messages)
 
 
 def test_bert_input_layout_and_segments():

@@ -86,25 +86,29 @@ def prepare(
     data: Annotated[Path | None, typer.Option(help="Data directory (sets data.dir).")] = None,
 ) -> None:
     """Encode a recipe's training data once into a token store (parallel files, a summariser's JSON
-    Lines, a language model's text), which every later run of the same files and settings (each
-    process of it too) maps instead of reading and encoding them again; ``attnkit train`` does the
-    same on first use. Prints where the store is. The store is kept under ``data.store`` (default:
-    $XDG_CACHE_HOME/attnkit/stores)."""
+    Lines, a language model's text, a classifier's or masked-LM's sentences), which every later run of
+    the same files and settings (each process of it too) maps instead of reading and encoding them
+    again; ``attnkit train`` does the same on first use. Prints where the store is. The store is kept
+    under ``data.store`` (default: $XDG_CACHE_HOME/attnkit/stores)."""
     from attnkit.config import TEXT_TASK, load_run_config
+    from attnkit.tasks.classification import prepared_sentences
     from attnkit.tasks.language_modelling import prepared_text
     from attnkit.tasks.translation import prepare_data
 
     config, overrides = recipe_and_overrides(config, ctx.args, data)
     run_config = load_run_config(config, overrides)
     task = run_config.data.task
-    if task not in ("parallel", "summarise", TEXT_TASK):
+    if task not in ("parallel", "summarise", TEXT_TASK, "classify", "mlm"):
         raise AttnkitError(
             f"data.task={task}: attnkit prepare encodes parallel files (data.task=parallel), summaries "
-            f"(summarise) and text ({TEXT_TASK}); other tasks read their data as they train"
+            f"(summarise), text ({TEXT_TASK}) and sentences (classify, mlm); generated tasks make their "
+            "data as they train"
         )
     run_config.data.check_files_given()
     if task == TEXT_TASK:
         prepared_text(run_config.data, None, typer.echo)
+    elif task in ("classify", "mlm"):
+        prepared_sentences(run_config, None, typer.echo, labelled=task == "classify")
     else:
         prepare_data(run_config.data, run_config.train.seed, echo=typer.echo)
 

@@ -157,12 +157,13 @@ class LabelledText:
         return len(self.sentences)
 
 
-def read_labelled(path: str | Path) -> LabelledText:
+def iter_labelled(path: str | Path) -> Iterator[tuple[str, str, int]]:
     """A TSV file of ``sentence<TAB>label`` lines (GLUE's SST-2 format), with an optional header line
-    whose label field is ``label``. The label is the text after the last tab, so a sentence may hold
-    tabs; a line without a tab, or with an empty sentence or label, is an error naming the line."""
-    sentences, labels, numbers = [], [], []
-    for number, line in enumerate(read_lines(path), start=1):
+    whose label field is ``label``, streamed: each line's ``(sentence, label, line number)``. The label
+    is the text after the last tab, so a sentence may hold tabs; a line without a tab, or with an empty
+    sentence or label, is an error naming the line, and so is a file without a labelled line."""
+    labelled = False
+    for number, line in enumerate(iter_lines(Path(path)), start=1):
         if not line.strip():
             continue  # blank lines (e.g. at the end of a file) carry nothing
         sentence, tab, label = line.rpartition("\t")
@@ -173,12 +174,33 @@ def read_labelled(path: str | Path) -> LabelledText:
         sentence, label = sentence.strip(), label.strip()
         if not sentence or not label:
             raise DataError(f"{path}:{number}: empty {'sentence' if not sentence else 'label'}")
-        sentences.append(sentence)
-        labels.append(label)
-        numbers.append(number)
-    if not sentences:
+        labelled = True
+        yield sentence, label, number
+    if not labelled:
         raise DataError(f"{path}: no labelled lines (sentence<TAB>label)")
-    return LabelledText(sentences, labels, numbers)
+
+
+def read_labelled(path: str | Path) -> LabelledText:
+    """A whole file of :func:`iter_labelled` (small ones: validation sets, files to score)."""
+    sentences, labels, numbers = zip(*iter_labelled(path), strict=True)
+    return LabelledText(list(sentences), list(labels), list(numbers))
+
+
+def iter_sentences(path: str | Path) -> Iterator[tuple[str, int]]:
+    """Sentences and their line numbers, streamed: the sentence column of a ``sentence<TAB>label``
+    TSV file (``.tsv``, ``.tsv.gz``; labels ignored), else every non-empty line; a file without a
+    sentence is an error."""
+    if str(path).removesuffix(".gz").endswith(".tsv"):
+        for sentence, _, number in iter_labelled(path):
+            yield sentence, number
+        return
+    found = False
+    for number, line in enumerate(iter_lines(Path(path)), start=1):
+        if line.strip():
+            found = True
+            yield line.strip(), number
+    if not found:
+        raise DataError(f"{path}: file is empty")
 
 
 @dataclass

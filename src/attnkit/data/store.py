@@ -89,6 +89,10 @@ class StoreColumn(Sequence):
         """Every row's length, ``(rows,)``, without reading a token."""
         return np.diff(self.offsets)
 
+    def part(self, start: int, stop: int) -> StoreColumn:
+        """Rows ``start`` to ``stop`` (excluded) as a column of their own, sharing the memory map."""
+        return StoreColumn(self.ids, self.offsets[start : stop + 1])
+
 
 @dataclass
 class TokenStore:
@@ -155,7 +159,7 @@ def write_store(
         outs = [(work / f"{name}.ids").open("wb") for name in columns]
         offsets = [array("q", [0]) for _ in columns]
         try:
-            for block in _blocks(rows, 65536):
+            for block in in_blocks(rows, 65536):
                 for k, out in enumerate(outs):
                     column = [row[k] for row in block]
                     total = sum(map(len, column))
@@ -198,7 +202,7 @@ def uniform_sample(items: Iterable[T], size: int) -> list[T]:
     return [item for _, item in sorted(kept, key=lambda pair: pair[0])]
 
 
-def _blocks(rows: Iterable, size: int) -> Iterator[list]:
+def in_blocks(rows: Iterable, size: int) -> Iterator[list]:
     """``rows`` in lists of ``size`` (the last one shorter)."""
     iterator = iter(rows)
     while block := list(itertools.islice(iterator, size)):

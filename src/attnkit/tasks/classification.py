@@ -2,8 +2,9 @@
 (BERT §4.1: the pooled ``[CLS]`` state, or the mean of the token states, and a linear layer).
 
 Data are TSV files of ``sentence<TAB>label`` (``data.task: classify``; GLUE's SST-2 layout, an optional
-header line). The labels are ``data.labels`` or, when that is empty, the sorted labels of the training
-file; they are stored in the run's config, so that predictions name them. Each sentence becomes
+header line). The training file is prepared once into a token store (:func:`prepared_sentences`). The
+labels are ``data.labels`` or, when that is empty, the sorted labels of the training file; they are
+stored in the run's config, so that predictions name them. Each sentence becomes
 ``[CLS] sentence [SEP]``, cut to ``model.max_len`` tokens (how many were cut is reported). A batch holds
 sentences of similar length within ``train.max_tokens``; the loss is the cross-entropy of the label
 (label-smoothed with ``train.label_smoothing``), summed over sentences and divided by their number.
@@ -13,7 +14,8 @@ label's F1, so that a rare label counts as much as a common one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -23,17 +25,81 @@ from torch import Tensor
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import EncoderBatch, encoder_input, length_batches, pad, token_batches
-from attnkit.data.readers import LabelledText, read_labelled
+from attnkit.data.readers import LabelledText, iter_labelled, iter_sentences, read_labelled
+from attnkit.data.store import TokenStore, in_blocks, prepared, store_root, uniform_sample
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import DataError
 from attnkit.tasks.validation import validation_loss
 
 
+def _whole_rows(tokenizer: Tokenizer, sentences: list[str]) -> list[list[int]]:
+    """``[CLS] sentence [SEP]`` ids for each sentence, however long."""
+    return [encoder_input(ids, tokenizer.specials)[0] for ids in tokenizer.encode_batch(sentences)]
+
+
+def cut_row(row: list[int], max_len: int) -> list[int]:
+    """``row`` cut to ``max_len`` ids, keeping its final ``[SEP]``."""
+    return row if len(row) <= max_len else [*row[: max_len - 1], row[-1]]
+
+
 def encode_sentences(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> tuple[list[list[int]], int]:
     """``[CLS] sentence [SEP]`` ids for each sentence, cut to ``max_len``; and how many were cut."""
-    rows = [encoder_input(ids, tokenizer.specials)[0] for ids in tokenizer.encode_batch(sentences)]
-    cut = sum(len(row) > max_len for row in rows)
-    return [row if len(row) <= max_len else [*row[: max_len - 1], row[-1]] for row in rows], cut
+    rows = _whole_rows(tokenizer, sentences)
+    return [cut_row(row, max_len) for row in rows], sum(len(row) > max_len for row in rows)
+
+
+def prepared_sentences(
+    config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None], *, labelled: bool
+) -> TokenStore:
+    """The training sentences as a token store (data/store.py): column ``sentence`` (each
+    ``[CLS] sentence [SEP]``, cut to ``model.max_len``) and, ``labelled`` (a classifier), column
+    ``label`` (each row one index into the report's ``labels``, the file's labels sorted; the task maps
+    them to ``data.labels``, so that the store does not depend on that setting). Built the first time
+    by streaming the file (one pass to count the sentences and find the labels, one for the
+    tokenizer's sample of up to ``data.tokenizer_sample`` of them, one to encode), found afterwards
+    without reading it.
+
+    The report holds ``labels``, ``train_rows`` and ``cut`` (sentences cut to ``model.max_len``:
+    [training, held out]). Masked-LM data without a validation file hold out their last
+    ``data.valid_fraction`` of the sentences: the rows after ``train_rows``, which the tokenizer does
+    not learn from."""
+    d = config.data
+    path, max_len = d.path(d.train[0]), config.model.max_len
+    held_out = not labelled and not d.valid
+    settings = {"task": d.task, "tokenizer": d.tokenizer, "vocab_size": d.vocab_size, "max_len": max_len,
+                "valid_fraction": d.valid_fraction if held_out else None}  # fmt: skip
+
+    def lines() -> Iterator[tuple[str, str | None, int]]:  # (sentence, label, line number), streamed
+        if labelled:
+            return iter_labelled(path)
+        return ((sentence, None, number) for sentence, number in iter_sentences(path))
+
+    def build(given: Tokenizer | None):
+        rows, seen = 0, set()
+        for _, label, _ in lines():
+            rows += 1
+            seen.add(label)
+        labels = sorted(seen) if labelled else []
+        train_rows = int(rows * (1 - d.valid_fraction)) if held_out else rows
+        if held_out and train_rows in (0, rows):
+            raise DataError(f"{path}: too few sentences to hold out data.valid_fraction")
+        sample = uniform_sample((s for s, _, _ in itertools.islice(lines(), train_rows)), d.tokenizer_sample)
+        made_with = given or Tokenizer.train(d.tokenizer, sample, d.vocab_size, mask=not labelled)
+        report = {"labels": list(labels), "train_rows": train_rows, "cut": [0, 0]}
+        index = {label: i for i, label in enumerate(labels)}
+
+        def encoded() -> Iterator[tuple[list[int], ...]]:
+            done = 0
+            for block in in_blocks(lines(), 8192):
+                rows = _whole_rows(made_with, [sentence for sentence, _, _ in block])
+                for (_, label, _), row in zip(block, rows, strict=True):
+                    report["cut"][done >= train_rows] += len(row) > max_len
+                    done += 1
+                    yield (cut_row(row, max_len), [index[label]]) if labelled else (cut_row(row, max_len),)
+
+        return made_with, ("sentence", "label") if labelled else ("sentence",), encoded(), report
+
+    return prepared(store_root(d.store), [path], settings, tokenizer, build, echo)
 
 
 def sentence_batch(rows: list[list[int]], pad_id: int, labels: list[int] | None = None) -> EncoderBatch:
@@ -109,32 +175,35 @@ class ClassificationTask:
         self.label_smoothing, self.max_tokens = config.train.label_smoothing, config.train.max_tokens
         self.seed = config.train.seed
         train_path, valid_path = d.path(d.train[0]), d.path(d.valid[0])
-        train, valid = read_labelled(train_path), read_labelled(valid_path)
-        labels = d.labels or sorted(set(train.labels))
+        valid = read_labelled(valid_path)  # small: read whole; the training file through its store
+        store = prepared_sentences(config, tokenizer, echo, labelled=True)
+        labels = d.labels or store.report["labels"]
         if len(labels) < 2:
             raise DataError(f"{train_path}: one label only ({labels[0]!r}); a classifier needs two or more")
+        unknown = [label for label in store.report["labels"] if label not in labels]
+        if unknown:
+            raise DataError(f"{train_path}: label {unknown[0]!r} is not one of data.labels {labels}")
         # The labels decide the classifier's size and are named by predictions: stored with the run.
         d.labels, config.model.num_labels = list(labels), len(labels)
-        self.train_labels = label_ids(train, labels, train_path)
+        self.to_label = np.array([labels.index(label) for label in store.report["labels"]])  # store -> ours
+        self.train_labels = store.columns["label"].ids  # one per sentence, in the store's numbering
         self.valid_labels = label_ids(valid, labels, valid_path)
-        if tokenizer is None:
-            tokenizer = Tokenizer.train(d.tokenizer, train.sentences, d.vocab_size)
-        self.tokenizer, self.n_labels = tokenizer, len(labels)
-        self.rows, cut = encode_sentences(tokenizer, train.sentences, config.model.max_len)
-        self.valid_rows, valid_cut = encode_sentences(tokenizer, valid.sentences, config.model.max_len)
+        self.tokenizer, self.n_labels = store.tokenizer, len(labels)
+        self.rows, cut = store.columns["sentence"], store.report["cut"][0]
+        self.valid_rows, valid_cut = encode_sentences(self.tokenizer, valid.sentences, config.model.max_len)
         if cut or valid_cut:
             echo(f"cut {cut} training and {valid_cut} validation sentences to model.max_len tokens")
         echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; labels: "
-             f"{', '.join(labels)}; vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
+             f"{', '.join(labels)}; vocabulary: {self.tokenizer.vocab_size:,}")  # fmt: skip
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This epoch's batches of sentence indices, the same for the same (seed, epoch)."""
-        lengths = [len(row) for row in self.rows]
+        lengths = self.rows.lengths()
         return token_batches(lengths, lengths, self.max_tokens, seed=self.seed, epoch=epoch)
 
     def make_batch(self, indices: Sequence[int]) -> EncoderBatch:
-        return sentence_batch([self.rows[i] for i in indices], self.tokenizer.specials.pad,
-                              [self.train_labels[i] for i in indices])  # fmt: skip
+        labels = self.to_label[self.train_labels[np.asarray(indices)]].tolist()
+        return sentence_batch([self.rows[i] for i in indices], self.tokenizer.specials.pad, labels)
 
     def loss(self, model: torch.nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
         """Summed (label-smoothed) cross-entropy and NLL of the labels."""

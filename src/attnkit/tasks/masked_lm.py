@@ -2,8 +2,10 @@
 
 Data are sentences (``data.task: mlm``): text files with one sentence per line, or TSV files of
 ``sentence<TAB>label`` whose labels are ignored (so a classifier's own training sentences can pre-train
-it). Without ``data.valid``, the last ``data.valid_fraction`` of the training sentences is held out.
-Each sentence becomes ``[CLS] sentence [SEP]`` (cut to ``model.max_len``).
+it), prepared once into a token store (``tasks/classification.py`` :func:`prepared_sentences`). Without
+``data.valid``, the last ``data.valid_fraction`` of the training sentences is held out (kept in the store
+after the training rows; the tokenizer does not learn from it). Each sentence becomes
+``[CLS] sentence [SEP]`` (cut to ``model.max_len``).
 
 BERT's recipe: 15% of the real tokens of a batch are chosen for prediction (at least one per batch); of
 those, 80% are replaced by ``[MASK]``, 10% by a random token and 10% left as they are, so that the model
@@ -26,22 +28,15 @@ from torch import Tensor
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import EncoderBatch, encoder_input, length_batches, pad, token_batches
-from attnkit.data.readers import read_labelled, read_lines
+from attnkit.data.readers import iter_sentences
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, DataError
 from attnkit.models import evaluating
-from attnkit.tasks.classification import encode_sentences
+from attnkit.tasks.classification import cut_row, encode_sentences, prepared_sentences
 from attnkit.tasks.losses import label_smoothed_loss
 from attnkit.tasks.validation import validation_loss
 
 MASK_RATE, REPLACE_WITH_MASK, REPLACE_WITH_RANDOM = 0.15, 0.8, 0.1  # BERT's 15%, and its 80/10/10
-
-
-def read_sentences(path) -> list[str]:
-    """Non-empty lines of a text file, or the sentence column of a ``sentence<TAB>label`` TSV file."""
-    if str(path).removesuffix(".gz").endswith(".tsv"):
-        return read_labelled(path).sentences
-    return [line.strip() for line in read_lines(path) if line.strip()]
 
 
 def mask_tokens(
@@ -71,24 +66,20 @@ class MaskedLMTask:
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         d, t = config.data, config.train
         self.label_smoothing, self.max_tokens, self.seed = t.label_smoothing, t.max_tokens, t.seed
-        train = read_sentences(d.path(d.train[0]))
-        if d.valid:
-            valid = read_sentences(d.path(d.valid[0]))
-        else:
-            cut = int(len(train) * (1 - d.valid_fraction))
-            if cut in (0, len(train)):
-                raise DataError(f"{d.path(d.train[0])}: too few sentences to hold out data.valid_fraction")
-            train, valid = train[:cut], train[cut:]
-        if tokenizer is None:
-            tokenizer = Tokenizer.train(d.tokenizer, train, d.vocab_size, mask=True)
-        if tokenizer.specials.mask is None:
+        if tokenizer is not None and tokenizer.specials.mask is None:  # before a store is built with it
             raise DataError("the tokenizer has no <mask> or [MASK] token, which masked-LM training needs")
-        self.tokenizer = tokenizer
+        store = prepared_sentences(config, tokenizer, echo, labelled=False)
+        self.tokenizer = tokenizer = store.tokenizer
         self.random_ids = torch.tensor(
             [i for i in range(tokenizer.vocab_size) if i not in tokenizer.special_set]
         )
-        self.rows, cut_train = encode_sentences(tokenizer, train, config.model.max_len)
-        self.valid_rows, cut_valid = encode_sentences(tokenizer, valid, config.model.max_len)
+        sentences, n_train = store.columns["sentence"], store.report["train_rows"]
+        self.rows, cut_train = sentences.part(0, n_train), store.report["cut"][0]
+        if d.valid:  # small: read whole
+            valid = [sentence for sentence, _ in iter_sentences(d.path(d.valid[0]))]
+            self.valid_rows, cut_valid = encode_sentences(tokenizer, valid, config.model.max_len)
+        else:  # the training file's last data.valid_fraction, held out in the store
+            self.valid_rows, cut_valid = sentences.part(n_train, len(sentences)), store.report["cut"][1]
         if cut_train or cut_valid:
             echo(f"cut {cut_train} training and {cut_valid} validation sentences to model.max_len tokens")
         echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; "
@@ -96,7 +87,7 @@ class MaskedLMTask:
 
     def epoch_batches(self, epoch: int) -> list[tuple[np.ndarray, int]]:
         """This epoch's batches: sentence indices and the seed that masks them."""
-        lengths = [len(row) for row in self.rows]
+        lengths = self.rows.lengths()
         groups = token_batches(lengths, lengths, self.max_tokens, seed=self.seed, epoch=epoch)
         seeds = random.Random(self.seed * 1_000_003 + epoch)
         return [(group, seeds.randrange(2**62)) for group in groups]
@@ -162,7 +153,7 @@ class MaskedLMTask:
             if written not in line:
                 raise AttnkitError(f"{where}:{number}: no {written} to fill")
             row = _with_masks(tokenizer, line, written, mask)
-            row = row if len(row) <= longest else [*row[: longest - 1], row[-1]]  # cut as in training
+            row = cut_row(row, longest)  # as in training
             if mask not in row:
                 raise AttnkitError(f"{where}:{number}: its {written} is beyond the model's {longest} tokens")
             rows.append(row)

@@ -115,8 +115,10 @@ def fully_shard_model(model: torch.nn.Module, world: World, device: torch.device
                       param_dtype: torch.dtype | None) -> None:  # fmt: skip
     """Shard ``model`` in place over the processes (FSDP2): each layer of every stack (an encoder's or
     decoder's ``layers``) is a unit whose weights are gathered together, the rest (embeddings, output,
-    final norms) the root unit. ``param_dtype`` (bf16): the gathered weights' type for computing, while
-    the kept shards, the gradients' reduction and the optimizer stay in float32 (mixed precision)."""
+    final norms) the root unit. The model may be on the CPU: each unit's weights go to ``device`` as
+    it is sharded, so only one unit is ever whole there. ``param_dtype`` (bf16): the gathered weights'
+    type for computing, while the kept shards, the gradients' reduction and the optimizer stay in
+    float32 (mixed precision)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -229,11 +229,11 @@ class Trainer:
             ckpt.load_model_weights(self.model, resume_from)
         if t.freeze:
             self._say(f"frozen: {freeze(self.model, t.freeze):,} parameters ({', '.join(t.freeze)})")
-        self.model.to(self.device)
         self.sharded = t.parallel == "fsdp" and self.world.size > 1  # else one process holds it all
-        if self.sharded:
+        if self.sharded:  # moves each layer's shards to the device: the whole model never is on it
             fully_shard_model(self.model, self.world, self.device, self.autocast_dtype)
         else:
+            self.model.to(self.device)
             speed_up(self.model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
         torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
         self.optimizer = make_optimizer(self.model, t, self.device)
