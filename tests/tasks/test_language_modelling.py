@@ -277,15 +277,23 @@ AWKWARD = "".join(
 
 
 @pytest.mark.parametrize("kind", ["bpe", "word", "char"])
-def test_text_is_encoded_in_chunks_only_where_that_gives_the_ids_of_the_whole_text(kind):
+def test_text_encoded_in_chunks_gives_the_ids_of_the_whole_text(kind, monkeypatch):
+    import functools
+
     from attnkit.data.tokenizer import Tokenizer
-    from attnkit.tasks.language_modelling import _chunks, _encodes_in_chunks
+    from attnkit.tasks import language_modelling
+    from attnkit.tasks.language_modelling import _chunks, _encoded, _encodes_in_chunks
 
     tokenizer = Tokenizer.train(kind, AWKWARD.splitlines(keepends=True), 400)
     chunks = list(_chunks(AWKWARD.splitlines(keepends=True), size=60))
     assert len(chunks) > 20 and "".join(chunks) == AWKWARD
-    same = [i for chunk in chunks for i in tokenizer.encode(chunk)] == tokenizer.encode(AWKWARD)
-    assert same == _encodes_in_chunks(tokenizer) == (kind != "bpe")  # BPE: a space put before each text
+    # each chunk's own ids are the whole text's for characters and words, not for byte-level BPE,
+    # which puts a space before each text and splits whitespace at a text's end otherwise
+    alone = [i for chunk in chunks for i in tokenizer.encode(chunk)] == tokenizer.encode(AWKWARD)
+    assert alone == _encodes_in_chunks(tokenizer) == (kind != "bpe")
+    monkeypatch.setattr(language_modelling, "_chunks", functools.partial(_chunks, size=60))
+    pieces = list(_encoded(tokenizer, AWKWARD.splitlines(keepends=True)))
+    assert len(pieces) == len(chunks) and [i for ids in pieces for i in ids] == tokenizer.encode(AWKWARD)
 
 
 @pytest.mark.parametrize("kind", ["bpe", "char"])

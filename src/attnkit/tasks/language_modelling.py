@@ -29,7 +29,7 @@ from torch import Tensor
 
 from attnkit.config import DataConfig, RunConfig
 from attnkit.data.readers import iter_lines, read_text
-from attnkit.data.store import TokenStore, prepared, store_root, uniform_sample
+from attnkit.data.store import TokenStore, in_blocks, prepared, store_root, uniform_sample
 from attnkit.data.text_blocks import Blocks, blocks_at, stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import generate
@@ -45,11 +45,8 @@ def prepared_text(config: DataConfig, tokenizer: Tokenizer | None, echo: Callabl
     tokenizer learned from up to ``data.tokenizer_sample`` lines of the training text), found afterwards
     without reading the text.
 
-    A character or word tokenizer's text is read and encoded a chunk of lines at a time, each chunk
-    ending before a line that starts with a non-space character, so the chunks' ids put together are
-    the whole text's (tested). Byte-level BPE's are encoded whole, as before the store: its normaliser
-    puts a space before each text it encodes and its pre-tokenizer keeps a text's trailing whitespace
-    together, so chunks would give other ids at their edges."""
+    The text is read and encoded a chunk of lines at a time (:func:`_encoded`), so that the ids put
+    together are the whole text's (tested) and no more than a chunk is in memory."""
     files = [config.path(config.train[0]), *([config.path(config.valid[0])] if config.valid else [])]
     for path in files:
         if not path.is_file():
@@ -66,9 +63,7 @@ def prepared_text(config: DataConfig, tokenizer: Tokenizer | None, echo: Callabl
 
         def rows() -> Iterator[tuple[list[int], list[int]]]:
             for column in ("train", "valid"):
-                lines = _texts(files, column, cut)
-                for chunk in _chunks(lines) if _encodes_in_chunks(made_with) else ["".join(lines)]:
-                    ids = made_with.encode(chunk)
+                for ids in _encoded(made_with, _texts(files, column, cut)):
                     yield (ids, []) if column == "train" else ([], ids)
 
         return made_with, ("train", "valid"), rows(), {}
@@ -118,6 +113,48 @@ def _encodes_in_chunks(tokenizer: Tokenizer) -> bool:
     return tokenizer.hf.normalizer is None and (
         pre is None or isinstance(pre, pre_tokenizers.WhitespaceSplit)
     )
+
+
+SEAM = "\nx"  # what byte-level BPE encodes around a chunk: a line's end before it, a letter after it
+CHUNKS_AT_ONCE = 8  # chunks encoded together (in parallel, by the tokenizers library's threads)
+
+
+def _encoded(tokenizer: Tokenizer, lines: Iterable[str]) -> Iterator[list[int]]:
+    """The ids of the text made of ``lines``, a chunk (:func:`_chunks`) at a time, ``CHUNKS_AT_ONCE``
+    chunks encoded in parallel: put together, the ids of the whole text.
+
+    Characters and words: each chunk's own ids. Byte-level BPE puts a space before each text it
+    encodes, and its pre-tokenizer splits a run of whitespace differently at a text's end ("\\n\\n" one
+    piece) than before a word ("\\n", "\\n"). A chunk boundary falls between a line's end and a
+    non-space character, where no piece can span it; so a chunk is encoded with a line's end before it
+    (the space goes there) and a letter after it (its whitespace splits as before the next chunk's
+    first word), and the ids of those two ends are dropped: one id each for the space, the line's end
+    and the letter, single bytes, which BPE never merges across pieces. Other tokenizers: the text
+    whole."""
+    framed = isinstance(tokenizer.hf.pre_tokenizer, pre_tokenizers.ByteLevel)
+    if not (_encodes_in_chunks(tokenizer) or framed):
+        yield tokenizer.encode("".join(lines))
+        return
+    seam = tokenizer.encode(SEAM)  # (" ", "\n", "x")
+    for block in in_blocks(_with_neighbours(_chunks(lines)), CHUNKS_AT_ONCE):
+        if not framed:
+            yield from tokenizer.encode_batch([chunk for chunk, _, _ in block])
+            continue
+        texts = [SEAM[0] * (not first) + chunk + SEAM[1] * (not last) for chunk, first, last in block]
+        for ids, (_, first, last) in zip(tokenizer.encode_batch(texts), block, strict=True):
+            head, tail = 2 * (not first), 1 * (not last)
+            if ids[:head] != seam[:head] or ids[len(ids) - tail :] != seam[len(seam) - tail :]:
+                raise AssertionError("a byte-level BPE chunk's edges did not encode as single bytes")
+            yield ids[head : len(ids) - tail]
+
+
+def _with_neighbours(chunks: Iterator[str]) -> Iterator[tuple[str, bool, bool]]:
+    """Each chunk, whether it is the first, and whether it is the last."""
+    chunk, first = next(chunks, None), True
+    while chunk is not None:
+        following = next(chunks, None)
+        yield chunk, first, following is None
+        chunk, first = following, False
 
 
 def _chunks(lines: Iterable[str], size: int = 1 << 20) -> Iterator[str]:
