@@ -23,6 +23,7 @@ ORDER = [
     ("train", ["attnkit.train"]),
     ("viz", ["attnkit.viz"]),
     ("quickstart", ["attnkit.quickstart"]),
+    ("serve", ["attnkit.serve"]),  # the HTTP server of a trained model, on the decoding and task layers
     ("cli", ["attnkit.cli", "attnkit.__main__"]),
 ]
 # imports that still run upward, each to be removed (the test fails when one is gone, so this shrinks)

@@ -1,5 +1,6 @@
 """The ``attnkit`` command line: a thin layer over the Python API, one module per group of commands
-(``training``, ``decoding``, ``evaluating``, ``conversion``, ``tools``) on the shared parts of ``app``."""
+(``training``, ``decoding``, ``evaluating``, ``serving``, ``conversion``, ``tools``) on the shared parts
+of ``app``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from attnkit.cli.app import app, set_help
 from attnkit.utf8 import use_utf8_streams
 
 # each module adds its commands to app; --help lists them in this order
-for group in ("training", "decoding", "evaluating", "conversion", "tools"):
+for group in ("training", "decoding", "evaluating", "serving", "conversion", "tools"):
     importlib.import_module(f"attnkit.cli.{group}")
 
 __all__ = ["app", "main"]

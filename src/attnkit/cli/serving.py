@@ -1,0 +1,75 @@
+"""``attnkit serve``: one trained model behind HTTP (attnkit/serve/), on uvicorn."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnkit.cli.app import EXTRA_ARGS, Int8, app, at_least, decode_overrides, one_line_errors
+from attnkit.errors import AttnkitError
+
+API_KEY_VARIABLE = "ATTNKIT_API_KEY"
+
+
+@app.command(context_settings=EXTRA_ARGS)
+@one_line_errors
+def serve(
+    ctx: typer.Context,
+    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory (its best checkpoint).")],
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every network).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    int8: Int8 = False,
+    max_batch_tokens: Annotated[
+        int, typer.Option(help="Source tokens in one batch at most (requests over it: 413).")
+    ] = 4096,
+    max_wait_ms: Annotated[
+        float, typer.Option(help="How long a batch waits for more requests after its first.")
+    ] = 10.0,
+    max_queue: Annotated[int, typer.Option(help="Requests waiting at most; more get 503.")] = 256,
+    api_key: Annotated[
+        str,
+        typer.Option(
+            help=f"Require 'Authorization: Bearer KEY' on every endpoint but /health (default: "
+            f"${API_KEY_VARIABLE}, else none).",
+            show_default=False,
+        ),
+    ] = "",
+    grace: Annotated[
+        float, typer.Option(help="SIGTERM: seconds to finish queued and running requests before exiting.")
+    ] = 30.0,
+) -> None:
+    """Serve a translation or summarisation model over HTTP, with concurrent requests batched together.
+
+    POST /translator/translate takes OpenNMT-py's format, [{"src": "..."}] (and beam_size, n_best);
+    GET /health, /info and /metrics (Prometheus) too. The model loads once, after the server starts
+    (/health says "loading" until then). Extra decode.field=value arguments change the run's decoding
+    settings, as for 'attnkit translate'. SIGTERM (or Ctrl-C) stops accepting requests, finishes those
+    queued and running, and exits."""
+    at_least("--port", port, 0)
+    at_least("--max-batch-tokens", max_batch_tokens, 1)
+    at_least("--max-wait-ms", max_wait_ms, 0)
+    at_least("--max-queue", max_queue, 1)
+    overrides = decode_overrides(ctx)
+    try:
+        import uvicorn
+
+        from attnkit.serve.app import ServeSettings, make_app
+        from attnkit.serve.translator import load_translator
+    except ImportError as error:
+        raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
+    from attnkit.checkpoint import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(ckpt)  # a wrong path is a one-line error now, not a failed load later
+    settings = ServeSettings(
+        max_batch_tokens, max_wait_ms, max_queue, api_key or os.environ.get(API_KEY_VARIABLE, "")
+    )
+    application = make_app(lambda: load_translator(checkpoint, overrides, int8=int8), settings)
+    # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it found: this
+    # one, which lets the command end with status 0 (a stop asked for is not a failure), not the
+    # default, which would end the process by the signal
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
+    uvicorn.run(application, host=host, port=port, timeout_graceful_shutdown=grace, log_level="info")

@@ -1,0 +1,2 @@
+"""Serving a trained model over HTTP (``attnkit serve``): the app (``app.py``), dynamic batching
+(``batcher.py``) and the model as the server runs it (``translator.py``)."""

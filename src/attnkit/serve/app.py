@@ -1,0 +1,240 @@
+"""The HTTP server of one trained model: a FastAPI app, its endpoints, errors and metrics.
+
+Endpoints (translation and summarisation models):
+
+- ``POST /translator/translate``: OpenNMT-py's REST format, so that its clients work unchanged:
+  ``[{"src": "...", "id": 100}, ...]`` -> ``[[{"src", "tgt", "pred_score", "n_best"}, ...]]`` (one
+  inner list holding every input's ``n_best`` results, in order); per request ``beam_size`` and
+  ``n_best`` (as ``attnkit translate --beam --n-best``). ``id`` names a model in OpenNMT-py, which
+  serves several; this server serves one and ignores it.
+- ``GET /health``: 200 ``{"status": "ready"}`` once the model is loaded, 503 before (orchestrators
+  send traffic only then); never needs the API key.
+- ``GET /info``: the model's architecture, configuration and attnkit's version.
+- ``GET /metrics``: Prometheus text (``prometheus-client``): requests by endpoint and status, and in
+  progress; errors by kind, queue length, batch sizes, batch time, output tokens (their rate is
+  tokens/s), request latency.
+
+Errors are JSON ``{"error": "...", "kind": "..."}`` naming what was wrong, and none stops the server:
+malformed JSON 400; a missing field or a wrong type 422 (the field named); an input longer than the
+model reads, or a request over the server's token budget, 413; a full queue 503 with ``Retry-After``;
+a missing or wrong API key 401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from pydantic import BaseModel, Field
+
+from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.translator import Translator
+
+
+@dataclass
+class ServeSettings:
+    """What ``attnkit serve``'s options set."""
+
+    max_batch_tokens: int = 4096  # source tokens of all requests in one batch
+    max_wait_ms: float = 10.0  # how long a batch waits for more requests after its first
+    max_queue: int = 256  # requests waiting at most; more are refused (503)
+    api_key: str = ""  # when set, every endpoint but /health needs "Authorization: Bearer KEY"
+    retry_after_s: int = 1  # what a 503 asks the client to wait
+
+
+class TranslateItem(BaseModel):
+    """One input of OpenNMT-py's request format."""
+
+    src: str
+    id: int = 100
+    beam_size: int | None = Field(default=None, ge=1, le=64)
+    n_best: int = Field(default=1, ge=1, le=64)
+
+
+class RequestError(Exception):
+    """A request the server refuses with ``status`` and a message (not a failure of the server)."""
+
+    def __init__(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.headers = status, kind, headers or {}
+
+
+@dataclass
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter("attnkit_requests", "HTTP requests", ["endpoint", "status"], registry=r)
+        self.errors = Counter("attnkit_errors", "Refused or failed requests by kind", ["kind"], registry=r)
+        self.queue = Gauge("attnkit_queue_length", "Requests waiting for a batch", registry=r)
+        self.in_progress = Gauge(
+            "attnkit_requests_in_progress", "Requests being answered", ["endpoint"], registry=r
+        )
+        self.batch_requests = Histogram("attnkit_batch_requests", "Requests per batch", registry=r,
+                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))  # fmt: skip
+        self.batch_inputs = Histogram("attnkit_batch_inputs", "Inputs (sentences) per batch", registry=r,
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))  # fmt: skip
+        self.batch_seconds = Histogram("attnkit_batch_seconds", "Time to run one batch", registry=r)
+        self.output_tokens = Counter("attnkit_output_tokens", "Tokens of the outputs", registry=r)
+        self.latency = Histogram("attnkit_request_seconds", "Request latency", ["endpoint"], registry=r)
+
+
+def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI:
+    """The app serving the model that ``load()`` returns; it loads in a thread once the server starts,
+    so that ``/health`` answers "loading" meanwhile."""
+    metrics = Metrics()
+    state: dict[str, Any] = {"translator": None, "batcher": None, "failed": None}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+
+        def loaded() -> None:
+            try:
+                translator = load()
+            except Exception as error:  # said by /health; the server stays up to say it
+                state["failed"] = str(error)
+                return
+            loop.call_soon_threadsafe(_ready, translator)
+
+        def _ready(translator: Translator) -> None:
+            batcher = Batcher(translator.run, max_batch_tokens=settings.max_batch_tokens,
+                              max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
+                              observe=_observe)  # fmt: skip
+            batcher.start()
+            state["translator"], state["batcher"] = translator, batcher
+
+        threading.Thread(target=loaded, name="attnkit-load", daemon=True).start()
+        yield
+        if state["batcher"] is not None:
+            await state["batcher"].stop()
+
+    def _observe(requests: int, inputs: int, seconds: float) -> None:
+        metrics.batch_requests.observe(requests)
+        metrics.batch_inputs.observe(inputs)
+        metrics.batch_seconds.observe(seconds)
+
+    app = FastAPI(title="attnkit", version=version("attnkit"), lifespan=lifespan)
+
+    @app.middleware("http")
+    async def count_and_guard(request: Request, call_next: Callable) -> Response:
+        began, endpoint = time.perf_counter(), request.url.path
+        key_needed = settings.api_key and endpoint != "/health"
+        if key_needed and request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
+            metrics.errors.labels("unauthorized").inc()
+            metrics.requests.labels(endpoint, "401").inc()
+            return _error(RequestError(401, "unauthorized", "this server needs 'Authorization: Bearer KEY'"))
+        with metrics.in_progress.labels(endpoint).track_inprogress():
+            response = await call_next(request)
+        metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - began)
+        return response
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, error: RequestError) -> JSONResponse:
+        metrics.errors.labels(error.kind).inc()
+        return _error(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = error.errors()
+        if any(problem.get("type") == "json_invalid" for problem in problems):
+            metrics.errors.labels("malformed_json").inc()
+            return _error(RequestError(400, "malformed_json", "the request body is not valid JSON"))
+        first = problems[0]
+        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "body"
+        metrics.errors.labels("invalid_request").inc()
+        return _error(RequestError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}"))
+
+    def ready_translator() -> Translator:
+        if state["translator"] is None:
+            raise RequestError(503, "loading", state["failed"] or "the model is still loading",
+                               {"Retry-After": str(settings.retry_after_s)})  # fmt: skip
+        return state["translator"]
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state["failed"]:
+            return JSONResponse({"status": "failed", "error": state["failed"]}, status_code=503)
+        if state["translator"] is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/info")
+    async def info() -> dict:
+        translator = ready_translator()
+        return {"attnkit": version("attnkit"), "checkpoint": str(translator.checkpoint),
+                "arch": translator.config.model.arch, "task": translator.config.data.task,
+                "config": translator.config.to_dict(), "serve": dataclasses.asdict(settings)
+                | {"api_key": bool(settings.api_key)}}  # fmt: skip
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        batcher = state["batcher"]
+        metrics.queue.set(batcher.waiting() if batcher else 0)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/translator/translate")
+    async def translate(items: list[TranslateItem]) -> list[list[dict]]:
+        translator = ready_translator()
+        if not items:
+            raise RequestError(422, "invalid_request", 'body: give at least one {"src": ...}')
+        settings_of = {(item.beam_size or translator.beam_size, item.n_best) for item in items}
+        if len(settings_of) > 1:
+            raise RequestError(
+                422, "invalid_request", "body: one request's inputs share beam_size and n_best"
+            )
+        beam, n_best = settings_of.pop()
+        if n_best > beam:
+            raise RequestError(422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more")
+        texts = [item.src for item in items]
+        tokens = translator.source_tokens(texts)
+        longest = max(tokens)
+        if longest > translator.max_source_tokens:
+            limit = translator.max_source_tokens
+            raise RequestError(413, "too_long", f"src: {longest} tokens, more than the model's {limit}")
+        if sum(tokens) > settings.max_batch_tokens:
+            limit = settings.max_batch_tokens
+            message = f"body: {sum(tokens)} source tokens, more than the server's --max-batch-tokens {limit}"
+            raise RequestError(413, "too_long", message)
+        try:
+            found = await state["batcher"].submit(texts, (beam, n_best), sum(tokens))
+        except QueueFullError as full:
+            raise RequestError(503, "queue_full", str(full),
+                               {"Retry-After": str(settings.retry_after_s)}) from None  # fmt: skip
+        except Exception as error:  # the model failed on this request's inputs: this request fails alone
+            raise RequestError(500, "model_error", f"{type(error).__name__}: {error}") from None
+        results = []
+        for text, best in zip(texts, found, strict=True):
+            for target, score in best:
+                metrics.output_tokens.inc(translator.output_tokens(target))
+                results.append({"src": text, "tgt": target, "pred_score": score, "n_best": n_best})
+        return [results]
+
+    return app
+
+
+def _error(error: RequestError) -> JSONResponse:
+    return JSONResponse({"error": str(error), "kind": error.kind}, status_code=error.status,
+                        headers=error.headers)  # fmt: skip

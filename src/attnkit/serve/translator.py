@@ -1,0 +1,74 @@
+"""A translation or summarisation model as the server runs it: loaded once, searched as the CLI searches.
+
+``run`` is what the batcher calls in its model thread: the same ``translate_n_best`` that ``attnkit
+translate`` uses, with the run's decoding settings (changed by ``decode.field=value`` as on the command
+line), so that an input gets the output the CLI gives it with the same beam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.config import RunConfig, with_decode_overrides
+from attnkit.cpu import quantize_int8
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.translate import translate_n_best
+from attnkit.errors import AttnkitError
+from attnkit.models import archs
+from attnkit.tasks import task_of
+
+
+@dataclass
+class Translator:
+    checkpoint: Path
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    config: RunConfig
+    device: torch.device
+
+    @property
+    def beam_size(self) -> int:
+        """The beam of a request that names none: the run's ``decode.beam_size``."""
+        return self.config.decode.beam_size
+
+    @property
+    def max_source_tokens(self) -> int:
+        """The longest input the model reads whole (its positions, less one for ``</s>``; a summariser's
+        ``data.max_source_len``): the server refuses a longer one where the CLI would cut it."""
+        limit = self.model.config.max_len
+        if task_of(self.config).cuts_sources:
+            limit = min(limit, self.config.data.source_limit)
+        return limit - 1
+
+    def source_tokens(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer.encode_batch(texts)]
+
+    def output_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text)) if text else 0
+
+    def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
+        """Each text's ``n_best`` translations and scores by a beam of ``beam`` (1: greedy search)."""
+        beam, n_best = settings  # type: ignore[misc]
+        return translate_n_best(self.model, self.tokenizer, texts, self.config.decode, n_best,
+                                beam_size=beam, device=self.device)  # fmt: skip
+
+
+def load_translator(
+    ckpt: str | Path, overrides: list[str], *, int8: bool = False, device: str = "cpu"
+) -> Translator:
+    """A translation or summarisation checkpoint (or run directory: its best) ready to serve."""
+    if int8 and device != "cpu":
+        raise AttnkitError(f"--int8 is for CPUs; this server would decode on {device}")
+    checkpoint = resolve_checkpoint(ckpt)
+    model, tokenizer, config = load_for_inference(
+        checkpoint, device, arch=archs(using="translate"), pack=not int8
+    )
+    if int8:
+        quantize_int8(model)
+    config.decode = with_decode_overrides(config.decode, overrides)
+    return Translator(checkpoint, model, tokenizer, config, torch.device(device))

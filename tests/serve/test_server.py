@@ -1,0 +1,199 @@
+"""attnkit serve through a real server process (uvicorn on a free port, real HTTP): concurrent requests
+batched together get exactly the CLI's outputs; bad requests get clear JSON errors and leave the server
+up; /metrics is Prometheus text; an API key guards every endpoint but /health; SIGTERM finishes what
+was accepted and exits 0."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip install 'attnkit[test]'")
+pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 'attnkit[serve]'")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from attnkit.config import load_run_config  # noqa: E402
+from attnkit.data.synthetic import dates  # noqa: E402
+from attnkit.train.loop import Trainer  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a trained model and several server processes
+
+SENTENCES = dates(32, seed=7).src  # held-out dates, as people write them
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A small dates model (not perfect: its outputs must only be the CLI's)."""
+    folder = tmp_path_factory.mktemp("run")
+    config = load_run_config(None, [
+        "model.preset=tiny", "data.task=dates", "data.tokenizer=char", "data.n_train=2000", "data.n_valid=20",
+        "train.max_tokens=2000", "train.schedule=constant", "train.lr=0.002", "train.warmup=1",
+        "train.max_steps=120", "train.eval_every=120", "decode.beam_size=4",
+    ])  # fmt: skip
+    Trainer(config, folder, echo=lambda message: None).fit()
+    return folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``attnkit serve`` in a process of its own, ready once /health says so."""
+
+    def __init__(self, run, *options):
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        port = self.url.rsplit(":", 1)[1]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(run), "--port", port, *options],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stdout.read()
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("the server did not get ready in 120 s")
+
+    def post(self, body, **headers):
+        return httpx.post(f"{self.url}/translator/translate", json=body, headers=headers, timeout=120)
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60), self.process.stdout.read()
+
+
+@pytest.fixture(scope="module")
+def server(run):
+    served = Server(run, "--max-wait-ms", "100")
+    yield served
+    served.stop()
+
+
+def _cli(run, tmp_path, beam):
+    source = tmp_path / "dates.txt"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    command = ["translate", "--ckpt", str(run), "-i", str(source), "--beam", str(beam)]
+    result = subprocess.run([sys.executable, "-m", "attnkit", *command], capture_output=True, text=True,
+                            encoding="utf-8", check=True)  # fmt: skip
+    return result.stdout.splitlines()
+
+
+def _metric(server, name):
+    text = httpx.get(f"{server.url}/metrics").text
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    return {sample.name: sample.value for sample in samples if sample.name.startswith(name)}
+
+
+def _in_progress(server, endpoint):
+    text = httpx.get(f"{server.url}/metrics").text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "attnkit_requests_in_progress"]
+    return sum(sample.value for sample in family.samples if sample.labels["endpoint"] == endpoint)
+
+
+def test_32_concurrent_clients_get_the_cli_outputs_greedy_and_beam_in_shared_batches(run, server, tmp_path):
+    expected = {1: _cli(run, tmp_path, 1), 4: _cli(run, tmp_path, 4)}
+    before = _metric(server, "attnkit_batch_requests")
+
+    def ask(i):
+        beam = 1 if i % 2 else 4
+        response = server.post([{"src": SENTENCES[i], "id": 100, "beam_size": beam}])
+        assert response.status_code == 200, response.text
+        ((result,),) = response.json()
+        return beam, i, result
+
+    with ThreadPoolExecutor(32) as clients:
+        answers = list(clients.map(ask, range(32)))
+    for beam, i, result in answers:
+        assert result["src"] == SENTENCES[i] and result["n_best"] == 1
+        assert result["tgt"] == expected[beam][i]
+        assert isinstance(result["pred_score"], float)
+    after = _metric(server, "attnkit_batch_requests")
+    requests = after["attnkit_batch_requests_sum"] - before.get("attnkit_batch_requests_sum", 0)
+    batches = after["attnkit_batch_requests_count"] - before.get("attnkit_batch_requests_count", 0)
+    assert requests == 32 and batches < 32  # requests shared batches
+
+
+def test_one_request_of_several_sentences_and_n_best_lists(run, server, tmp_path):
+    response = server.post([{"src": s, "beam_size": 4, "n_best": 2} for s in SENTENCES[:3]])
+    assert response.status_code == 200, response.text
+    (results,) = response.json()
+    assert [r["src"] for r in results] == [s for s in SENTENCES[:3] for _ in range(2)]
+    best = _cli(run, tmp_path, 4)[:3]
+    assert [r["tgt"] for r in results[::2]] == best
+    assert all(a["pred_score"] >= b["pred_score"] for a, b in zip(results[::2], results[1::2], strict=True))
+
+
+def test_bad_requests_get_json_errors_naming_the_problem_and_the_server_stays_up(server):
+    bad_json = httpx.post(f"{server.url}/translator/translate", content=b'[{"src": "12 May',
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert bad_json.status_code == 400 and bad_json.json()["kind"] == "malformed_json"
+    wrong_type = server.post([{"src": 12}])
+    assert wrong_type.status_code == 422 and wrong_type.json()["error"].startswith("0.src: ")
+    missing = server.post([{"text": "12 May 2001"}])
+    assert missing.status_code == 422 and missing.json()["error"].startswith("0.src: Field required")
+    too_long = server.post([{"src": "1 " * 2000}])  # more characters than the 1,024 positions
+    assert too_long.status_code == 413 and "more than the model's" in too_long.json()["error"]
+    n_best = server.post([{"src": "1 May 2001", "beam_size": 2, "n_best": 3}])
+    assert n_best.status_code == 422 and n_best.json()["error"].startswith("n_best: ")
+    assert server.post([{"src": SENTENCES[0]}]).status_code == 200  # still serving
+    text = httpx.get(f"{server.url}/metrics").text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    kinds = {
+        s.labels["kind"]: s.value for s in families["attnkit_errors"].samples if s.name.endswith("_total")
+    }
+    assert kinds["malformed_json"] >= 1 and kinds["invalid_request"] >= 3 and kinds["too_long"] >= 1
+    assert {"attnkit_requests", "attnkit_queue_length", "attnkit_request_seconds"} <= families.keys()
+    info = httpx.get(f"{server.url}/info").json()
+    assert info["arch"] == "encoder-decoder" and info["config"]["decode"]["beam_size"] == 4
+
+
+def test_an_api_key_guards_every_endpoint_but_health(run):
+    guarded = Server(run, "--api-key", "s3cret")
+    try:
+        assert httpx.get(f"{guarded.url}/health").status_code == 200
+        for path in ("/info", "/metrics"):
+            assert httpx.get(f"{guarded.url}{path}").status_code == 401
+        refused = guarded.post([{"src": SENTENCES[0]}], authorization="Bearer wrong")
+        assert refused.status_code == 401 and refused.json()["kind"] == "unauthorized"
+        assert guarded.post([{"src": SENTENCES[0]}], authorization="Bearer s3cret").status_code == 200
+    finally:
+        guarded.stop()
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_the_rest_are_served(run):
+    busy = Server(run, "--max-queue", "1", "--max-batch-tokens", "40", "--max-wait-ms", "0")
+    try:
+        with ThreadPoolExecutor(12) as clients:
+            answers = list(clients.map(lambda s: busy.post([{"src": s, "beam_size": 4}]), SENTENCES[:12]))
+        codes = [answer.status_code for answer in answers]
+        assert set(codes) <= {200, 503} and 503 in codes and 200 in codes, codes
+        refused = answers[codes.index(503)]
+        assert refused.headers["retry-after"] == "1" and refused.json()["kind"] == "queue_full"
+    finally:
+        busy.stop()
+
+
+def test_sigterm_finishes_the_requests_it_accepted_and_exits_0(run):
+    """The batch waits a second for more requests (--max-wait-ms 1000), so all eight are in flight
+    (the server counts them in progress) when SIGTERM comes."""
+    ending = Server(run, "--max-wait-ms", "1000")
+    with ThreadPoolExecutor(8) as clients:
+        pending = [clients.submit(ending.post, [{"src": s, "beam_size": 4}]) for s in SENTENCES[:8]]
+        deadline = time.monotonic() + 30
+        while _in_progress(ending, "/translator/translate") < 8:
+            assert time.monotonic() < deadline, "the eight requests never were in progress together"
+        code, output = ending.stop()
+        answers = [future.result() for future in pending]
+    assert [answer.status_code for answer in answers] == [200] * 8
+    assert code == 0, output
