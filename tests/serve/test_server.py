@@ -197,3 +197,65 @@ def test_sigterm_finishes_the_requests_it_accepted_and_exits_0(run):
         answers = [future.result() for future in pending]
     assert [answer.status_code for answer in answers] == [200] * 8
     assert code == 0, output
+
+
+def test_a_client_that_disconnects_while_it_waits_is_dropped_before_its_batch_runs(run):
+    """The batch waits 2 s for more requests; the client gives up after 0.5 s: its request is not run."""
+    waiting = Server(run, "--max-wait-ms", "2000")
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{waiting.url}/translator/translate", json=[{"src": SENTENCES[0]}], timeout=0.5)
+        time.sleep(2.5)  # the batch's wait is over
+        text = httpx.get(f"{waiting.url}/metrics").text
+        families = {family.name: family for family in text_string_to_metric_families(text)}
+        kinds = {
+            s.labels["kind"]: s.value for s in families["attnkit_errors"].samples if s.name.endswith("_total")
+        }
+        ran = [s.value for s in families["attnkit_batch_requests"].samples if s.name.endswith("_count")]
+        assert kinds == {"client_gone": 1.0} and ran == [0.0]
+        assert waiting.post([{"src": SENTENCES[0]}]).status_code == 200  # and the server goes on
+    finally:
+        waiting.stop()
+
+
+SENTIMENT = [("a good film", "pos"), ("a great story", "pos"), ("a bad film", "neg"), ("a dull story", "neg")]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("classifier")
+    for name, repeat in (("train.tsv", 40), ("dev.tsv", 2)):
+        rows = [f"{sentence}\t{label}" for sentence, label in SENTIMENT * repeat]
+        (folder / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    config = load_run_config(None, [
+        "model.arch=encoder", "model.preset=tiny-encoder", "data.task=classify", f"data.dir={folder}",
+        "data.train=[train.tsv]", "data.valid=[dev.tsv]", "data.tokenizer=word", "train.max_tokens=256",
+        "train.schedule=constant", "train.lr=0.002", "train.warmup=1", "train.max_steps=30",
+        "train.eval_every=30", "train.eval_metric=accuracy", f"data.store={folder / 'stores'}",
+    ])  # fmt: skip
+    Trainer(config, folder / "run", echo=lambda message: None).fit()
+    return folder / "run"
+
+
+def test_an_encoder_is_served_at_predict_with_attnkit_predicts_answers(classifier, tmp_path):
+    inputs = tmp_path / "inputs.txt"
+    sentences = [s for s, _ in SENTIMENT] + ["a good story", "a dull film"]
+    inputs.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    command = [sys.executable, "-m", "attnkit", "predict", "--ckpt", str(classifier), "-i", str(inputs)]
+    printed = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", check=True)
+    expected = [line.split("\t") for line in printed.stdout.splitlines()]
+    served = Server(classifier)
+    try:
+        url = f"{served.url}/predict"
+        with ThreadPoolExecutor(len(sentences)) as clients:
+            answers = list(
+                clients.map(lambda s: httpx.post(url, json={"inputs": [s]}, timeout=60), sentences)
+            )
+        for answer, (label, probability) in zip(answers, expected, strict=True):
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"outputs": [{"label": label, "probability": float(probability)}]}
+        empty = httpx.post(url, json={"inputs": []})
+        assert empty.status_code == 422 and empty.json()["error"].startswith("inputs: ")
+        assert served.post([{"src": "a good film"}]).status_code == 404  # an encoder does not translate
+    finally:
+        served.stop()

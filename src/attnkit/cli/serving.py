@@ -42,13 +42,14 @@ def serve(
         float, typer.Option(help="SIGTERM: seconds to finish queued and running requests before exiting.")
     ] = 30.0,
 ) -> None:
-    """Serve a translation or summarisation model over HTTP, with concurrent requests batched together.
+    """Serve a trained model over HTTP, with concurrent requests batched together.
 
-    POST /translator/translate takes OpenNMT-py's format, [{"src": "..."}] (and beam_size, n_best);
-    GET /health, /info and /metrics (Prometheus) too. The model loads once, after the server starts
-    (/health says "loading" until then). Extra decode.field=value arguments change the run's decoding
-    settings, as for 'attnkit translate'. SIGTERM (or Ctrl-C) stops accepting requests, finishes those
-    queued and running, and exits."""
+    A translation or summarisation model: POST /translator/translate in OpenNMT-py's format,
+    [{"src": "..."}] (and beam_size, n_best). An encoder (classifier, question answering, masked-LM):
+    POST /predict, {"inputs": ["..."]}. GET /health, /info and /metrics (Prometheus) too. The model
+    loads once, after the server starts (/health says "loading" until then). Extra decode.field=value
+    arguments change a translation model's decoding settings, as for 'attnkit translate'. SIGTERM (or
+    Ctrl-C) stops accepting requests, finishes those queued and running, and exits."""
     at_least("--port", port, 0)
     at_least("--max-batch-tokens", max_batch_tokens, 1)
     at_least("--max-wait-ms", max_wait_ms, 0)
@@ -58,16 +59,26 @@ def serve(
         import uvicorn
 
         from attnkit.serve.app import ServeSettings, make_app
+        from attnkit.serve.predictor import load_predictor
         from attnkit.serve.translator import load_translator
     except ImportError as error:
         raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
-    from attnkit.checkpoint import resolve_checkpoint
+    from attnkit.checkpoint import commands_for, read_run_config, resolve_checkpoint
+    from attnkit.models import archs
 
     checkpoint = resolve_checkpoint(ckpt)  # a wrong path is a one-line error now, not a failed load later
-    settings = ServeSettings(
-        max_batch_tokens, max_wait_ms, max_queue, api_key or os.environ.get(API_KEY_VARIABLE, "")
-    )
-    application = make_app(lambda: load_translator(checkpoint, overrides, int8=int8), settings)
+    arch = read_run_config(checkpoint).model.arch
+    if arch in archs(using="translate"):
+        kind, load = "translate", lambda: load_translator(checkpoint, overrides, int8=int8)
+    elif arch in archs(using="predict"):
+        if overrides or int8:
+            raise AttnkitError("decode settings and --int8 are for translation models; this is an encoder")
+        kind, load = "predict", lambda: load_predictor(checkpoint)
+    else:
+        served = f"attnkit serve does not serve {arch} models yet"
+        raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
+    key = api_key or os.environ.get(API_KEY_VARIABLE, "")
+    application = make_app(load, ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key), kind)
     # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it found: this
     # one, which lets the command end with status 0 (a stop asked for is not a failure), not the
     # default, which would end the process by the signal

@@ -46,7 +46,10 @@ from prometheus_client import (
 from pydantic import BaseModel, Field
 
 from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.predictor import Predictor
 from attnkit.serve.translator import Translator
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
 @dataclass
@@ -100,11 +103,12 @@ class Metrics:
         self.latency = Histogram("attnkit_request_seconds", "Request latency", ["endpoint"], registry=r)
 
 
-def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI:
-    """The app serving the model that ``load()`` returns; it loads in a thread once the server starts,
-    so that ``/health`` answers "loading" meanwhile."""
+def make_app(load: Callable[[], Translator | Predictor], settings: ServeSettings, kind: str) -> FastAPI:
+    """The app serving the model that ``load()`` returns, a translator or (``kind`` "predict") an
+    encoder's predictor; it loads in a thread once the server starts, so that ``/health`` answers
+    "loading" meanwhile."""
     metrics = Metrics()
-    state: dict[str, Any] = {"translator": None, "batcher": None, "failed": None}
+    state: dict[str, Any] = {"model": None, "batcher": None, "failed": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -112,18 +116,18 @@ def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI
 
         def loaded() -> None:
             try:
-                translator = load()
+                model = load()
             except Exception as error:  # said by /health; the server stays up to say it
                 state["failed"] = str(error)
                 return
-            loop.call_soon_threadsafe(_ready, translator)
+            loop.call_soon_threadsafe(_ready, model)
 
-        def _ready(translator: Translator) -> None:
-            batcher = Batcher(translator.run, max_batch_tokens=settings.max_batch_tokens,
+        def _ready(model: Translator | Predictor) -> None:
+            batcher = Batcher(model.run, max_batch_tokens=settings.max_batch_tokens,
                               max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
                               observe=_observe)  # fmt: skip
             batcher.start()
-            state["translator"], state["batcher"] = translator, batcher
+            state["model"], state["batcher"] = model, batcher
 
         threading.Thread(target=loaded, name="attnkit-load", daemon=True).start()
         yield
@@ -137,19 +141,7 @@ def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI
 
     app = FastAPI(title="attnkit", version=version("attnkit"), lifespan=lifespan)
 
-    @app.middleware("http")
-    async def count_and_guard(request: Request, call_next: Callable) -> Response:
-        began, endpoint = time.perf_counter(), request.url.path
-        key_needed = settings.api_key and endpoint != "/health"
-        if key_needed and request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
-            metrics.errors.labels("unauthorized").inc()
-            metrics.requests.labels(endpoint, "401").inc()
-            return _error(RequestError(401, "unauthorized", "this server needs 'Authorization: Bearer KEY'"))
-        with metrics.in_progress.labels(endpoint).track_inprogress():
-            response = await call_next(request)
-        metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        metrics.latency.labels(endpoint).observe(time.perf_counter() - began)
-        return response
+    app.add_middleware(CountAndGuard, settings=settings, metrics=metrics)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError) -> JSONResponse:
@@ -167,26 +159,56 @@ def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI
         metrics.errors.labels("invalid_request").inc()
         return _error(RequestError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}"))
 
-    def ready_translator() -> Translator:
-        if state["translator"] is None:
+    def ready_model() -> Any:
+        if state["model"] is None:
             raise RequestError(503, "loading", state["failed"] or "the model is still loading",
                                {"Retry-After": str(settings.retry_after_s)})  # fmt: skip
-        return state["translator"]
+        return state["model"]
+
+    def check_lengths(tokens: list[int], limit: int, field: str) -> None:
+        """413 for an input longer than the model reads, or a request over the server's budget."""
+        if max(tokens) > limit:
+            raise RequestError(
+                413, "too_long", f"{field}: {max(tokens)} tokens, more than the model's {limit}"
+            )
+        if sum(tokens) > settings.max_batch_tokens:
+            message = (f"body: {sum(tokens)} tokens, more than the server's --max-batch-tokens "
+                       f"{settings.max_batch_tokens}")  # fmt: skip
+            raise RequestError(413, "too_long", message)
+
+    async def answered(request: Request, inputs: list[Any], decode: Any, tokens: int) -> list[Any]:
+        """The batcher's outputs for this request's inputs; the request is dropped from the queue if
+        its client disconnects while it waits (the slot goes to the next)."""
+        try:
+            waiting = asyncio.ensure_future(state["batcher"].submit(inputs, decode, tokens))
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+                if not waiting.done() and await request.is_disconnected():
+                    waiting.cancel()
+                    raise RequestError(499, "client_gone", "the client disconnected")
+            return waiting.result()
+        except QueueFullError as full:
+            raise RequestError(503, "queue_full", str(full),
+                               {"Retry-After": str(settings.retry_after_s)}) from None  # fmt: skip
+        except RequestError:
+            raise
+        except Exception as error:  # the model failed on this request's inputs: this request fails alone
+            raise RequestError(500, "model_error", f"{type(error).__name__}: {error}") from None
 
     @app.get("/health")
     async def health() -> JSONResponse:
         if state["failed"]:
             return JSONResponse({"status": "failed", "error": state["failed"]}, status_code=503)
-        if state["translator"] is None:
+        if state["model"] is None:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
     @app.get("/info")
     async def info() -> dict:
-        translator = ready_translator()
-        return {"attnkit": version("attnkit"), "checkpoint": str(translator.checkpoint),
-                "arch": translator.config.model.arch, "task": translator.config.data.task,
-                "config": translator.config.to_dict(), "serve": dataclasses.asdict(settings)
+        model = ready_model()
+        return {"attnkit": version("attnkit"), "checkpoint": str(model.checkpoint),
+                "arch": model.config.model.arch, "task": model.config.data.task,
+                "config": model.config.to_dict(), "serve": dataclasses.asdict(settings)
                 | {"api_key": bool(settings.api_key)}}  # fmt: skip
 
     @app.get("/metrics")
@@ -195,9 +217,20 @@ def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI
         metrics.queue.set(batcher.waiting() if batcher else 0)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    if kind == "predict":
+        _prediction_route(app, ready_model, check_lengths, answered)
+    else:
+        _translation_route(app, ready_model, check_lengths, answered, metrics)
+    return app
+
+
+def _translation_route(app: FastAPI, ready_model: Callable, check_lengths: Callable, answered: Callable,
+                       metrics: Metrics) -> None:  # fmt: skip
+    """``POST /translator/translate`` (OpenNMT-py's format), for translation and summarisation."""
+
     @app.post("/translator/translate")
-    async def translate(items: list[TranslateItem]) -> list[list[dict]]:
-        translator = ready_translator()
+    async def translate(request: Request, items: list[TranslateItem]) -> list[list[dict]]:
+        translator: Translator = ready_model()
         if not items:
             raise RequestError(422, "invalid_request", 'body: give at least one {"src": ...}')
         settings_of = {(item.beam_size or translator.beam_size, item.n_best) for item in items}
@@ -210,21 +243,8 @@ def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI
             raise RequestError(422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more")
         texts = [item.src for item in items]
         tokens = translator.source_tokens(texts)
-        longest = max(tokens)
-        if longest > translator.max_source_tokens:
-            limit = translator.max_source_tokens
-            raise RequestError(413, "too_long", f"src: {longest} tokens, more than the model's {limit}")
-        if sum(tokens) > settings.max_batch_tokens:
-            limit = settings.max_batch_tokens
-            message = f"body: {sum(tokens)} source tokens, more than the server's --max-batch-tokens {limit}"
-            raise RequestError(413, "too_long", message)
-        try:
-            found = await state["batcher"].submit(texts, (beam, n_best), sum(tokens))
-        except QueueFullError as full:
-            raise RequestError(503, "queue_full", str(full),
-                               {"Retry-After": str(settings.retry_after_s)}) from None  # fmt: skip
-        except Exception as error:  # the model failed on this request's inputs: this request fails alone
-            raise RequestError(500, "model_error", f"{type(error).__name__}: {error}") from None
+        check_lengths(tokens, translator.max_source_tokens, "src")
+        found = await answered(request, texts, (beam, n_best), sum(tokens))
         results = []
         for text, best in zip(texts, found, strict=True):
             for target, score in best:
@@ -232,7 +252,65 @@ def make_app(load: Callable[[], Translator], settings: ServeSettings) -> FastAPI
                 results.append({"src": text, "tgt": target, "pred_score": score, "n_best": n_best})
         return [results]
 
-    return app
+
+class PredictBody(BaseModel):
+    """``{"inputs": [...]}``: sentences (a classifier; a masked-LM's with its mask token), or
+    ``question<TAB>passage`` (question answering), as ``attnkit predict`` reads them."""
+
+    inputs: list[str] = Field(min_length=1)
+
+
+def _prediction_route(
+    app: FastAPI, ready_model: Callable, check_lengths: Callable, answered: Callable
+) -> None:
+    """``POST /predict``, for encoder models (classification, question answering, masked-LM)."""
+
+    @app.post("/predict")
+    async def predict(request: Request, body: PredictBody) -> dict:
+        predictor: Predictor = ready_model()
+        problem = predictor.problem(body.inputs)
+        if problem:
+            raise RequestError(422, "invalid_request", problem)
+        tokens = predictor.tokens(body.inputs)
+        check_lengths(tokens, predictor.max_tokens, "inputs")
+        lines = await answered(request, body.inputs, None, sum(tokens))
+        return {"outputs": [predictor.as_json(line) for line in lines]}
+
+
+class CountAndGuard:
+    """ASGI middleware: every request counted (by endpoint and status, in progress, latency) and, with
+    an API key, refused without it (but ``/health``). Plain ASGI rather than Starlette's
+    ``BaseHTTPMiddleware``, under which a handler cannot see its client disconnect."""
+
+    def __init__(self, app: Any, settings: ServeSettings, metrics: Metrics) -> None:
+        self.app, self.settings, self.metrics = app, settings, metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint, began, status = scope["path"], time.perf_counter(), [500]
+        key = self.settings.api_key
+        if (
+            key
+            and endpoint != "/health"
+            and dict(scope["headers"]).get(b"authorization") != f"Bearer {key}".encode()
+        ):
+            self.metrics.errors.labels("unauthorized").inc()
+            self.metrics.requests.labels(endpoint, "401").inc()
+            refusal = RequestError(401, "unauthorized", "this server needs 'Authorization: Bearer KEY'")
+            await _error(refusal)(scope, receive, send)
+            return
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        with self.metrics.in_progress.labels(endpoint).track_inprogress():
+            await self.app(scope, receive, sending)
+        self.metrics.requests.labels(endpoint, str(status[0])).inc()
+        self.metrics.latency.labels(endpoint).observe(time.perf_counter() - began)
 
 
 def _error(error: RequestError) -> JSONResponse:

@@ -1,0 +1,79 @@
+"""An encoder model as the server runs it: its task's ``infer``, as ``attnkit predict`` runs it, with
+each printed line given back as JSON.
+
+A classifier answers ``{"label", "probability"}``; a question-answering model ``{"answer"}``; a
+masked-LM model ``{"masks": [{"token", "probability"}, ...]}``, one per mask of the sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.config import RunConfig
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import AttnkitError
+from attnkit.models import archs
+from attnkit.tasks import task_of
+
+HEADS = ("classify", "span", "mlm")  # the encoder heads attnkit predict runs
+
+
+@dataclass
+class Predictor:
+    checkpoint: Path
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    config: RunConfig
+    device: torch.device
+
+    @property
+    def head(self) -> str:
+        return self.config.model.head
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the model reads whole: its positions, less ``[CLS]`` and ``[SEP]``."""
+        return self.model.config.max_len - 2
+
+    def problem(self, inputs: list[str]) -> str | None:
+        """Why ``inputs`` cannot be answered (naming the first bad one), or None."""
+        for i, text in enumerate(inputs):
+            if self.head == "span" and "\t" not in text:
+                return f"inputs.{i}: no tab; a question-answering input is question<TAB>passage"
+            if self.head == "mlm":
+                written = self.tokenizer.hf.id_to_token(self.tokenizer.specials.mask)
+                if written not in text:
+                    return f"inputs.{i}: no {written} to fill"
+        return None
+
+    def tokens(self, inputs: list[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer.encode_batch(inputs)]
+
+    def run(self, inputs: list[str], settings: Hashable) -> list[str]:
+        """What ``attnkit predict`` prints for each input."""
+        return task_of(self.config).infer(self.model, self.tokenizer, self.config, inputs, self.device)
+
+    def as_json(self, line: str) -> dict:
+        """One printed line as JSON (see the module docstring)."""
+        if self.head == "span":
+            return {"answer": line}
+        fields = line.split("\t")  # token, probability, token, probability, ...
+        pairs = [{"token": token, "probability": float(p)}
+                 for token, p in zip(fields[::2], fields[1::2], strict=True)]  # fmt: skip
+        if self.head == "mlm":
+            return {"masks": pairs}
+        return {"label": pairs[0]["token"], "probability": pairs[0]["probability"]}
+
+
+def load_predictor(ckpt: str | Path, *, device: str = "cpu") -> Predictor:
+    """An encoder checkpoint with a classification, question-answering or masked-LM head."""
+    checkpoint = resolve_checkpoint(ckpt)
+    model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="predict"))
+    if config.model.head not in HEADS:
+        raise AttnkitError(f"{checkpoint} holds an encoder without a head to predict with")
+    return Predictor(checkpoint, model, tokenizer, config, torch.device(device))
