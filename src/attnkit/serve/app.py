@@ -242,7 +242,7 @@ def _translation_route(app: FastAPI, ready_model: Callable, check_lengths: Calla
         if n_best > beam:
             raise RequestError(422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more")
         texts = [item.src for item in items]
-        tokens = translator.source_tokens(texts)
+        tokens = translator.tokens(texts)
         check_lengths(tokens, translator.max_source_tokens, "src")
         found = await answered(request, texts, (beam, n_best), sum(tokens))
         results = []

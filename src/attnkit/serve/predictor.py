@@ -14,23 +14,16 @@ from pathlib import Path
 import torch
 
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
-from attnkit.config import RunConfig
-from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
+from attnkit.serve.served import ServedModel
 from attnkit.tasks import task_of
 
 HEADS = ("classify", "span", "mlm")  # the encoder heads attnkit predict runs
 
 
 @dataclass
-class Predictor:
-    checkpoint: Path
-    model: torch.nn.Module
-    tokenizer: Tokenizer
-    config: RunConfig
-    device: torch.device
-
+class Predictor(ServedModel):
     @property
     def head(self) -> str:
         return self.config.model.head
@@ -50,9 +43,6 @@ class Predictor:
                 if written not in text:
                     return f"inputs.{i}: no {written} to fill"
         return None
-
-    def tokens(self, inputs: list[str]) -> list[int]:
-        return [len(ids) for ids in self.tokenizer.encode_batch(inputs)]
 
     def run(self, inputs: list[str], settings: Hashable) -> list[str]:
         """What ``attnkit predict`` prints for each input."""

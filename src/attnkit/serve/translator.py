@@ -14,23 +14,17 @@ from pathlib import Path
 import torch
 
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
-from attnkit.config import RunConfig, with_decode_overrides
+from attnkit.config import with_decode_overrides
 from attnkit.cpu import quantize_int8
-from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate_n_best
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
+from attnkit.serve.served import ServedModel
 from attnkit.tasks import task_of
 
 
 @dataclass
-class Translator:
-    checkpoint: Path
-    model: torch.nn.Module
-    tokenizer: Tokenizer
-    config: RunConfig
-    device: torch.device
-
+class Translator(ServedModel):
     @property
     def beam_size(self) -> int:
         """The beam of a request that names none: the run's ``decode.beam_size``."""
@@ -44,9 +38,6 @@ class Translator:
         if task_of(self.config).cuts_sources:
             limit = min(limit, self.config.data.source_limit)
         return limit - 1
-
-    def source_tokens(self, texts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.tokenizer.encode_batch(texts)]
 
     def output_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text)) if text else 0
