@@ -259,3 +259,85 @@ def test_an_encoder_is_served_at_predict_with_attnkit_predicts_answers(classifie
         assert served.post([{"src": "a good film"}]).status_code == 404  # an encoder does not translate
     finally:
         served.stop()
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("decoder")
+    animals, places = ["cat", "dog", "hen", "fox"], ["mat", "log", "den", "box"]
+    lines = [f"the {a} sat on the {p}.\n" for a in animals for p in places] * 20
+    (folder / "text.txt").write_text("".join(lines), encoding="utf-8")
+    config = load_run_config(None, [
+        "model.arch=decoder", "model.preset=tiny-decoder", "data.task=text", f"data.dir={folder}",
+        "data.train=[text.txt]", "data.tokenizer=char", "train.max_tokens=1024", "train.schedule=constant",
+        "train.lr=0.003", "train.warmup=1", "train.max_steps=60", "train.eval_every=60",
+        f"data.store={folder / 'stores'}",
+    ])  # fmt: skip
+    Trainer(config, folder / "run", echo=lambda message: None).fit()
+    return folder / "run"
+
+
+def _events(response):
+    return [line.removeprefix("data: ") for line in response.text.split("\n\n") if line.startswith("data: ")]
+
+
+def test_a_decoder_is_served_in_tgis_and_openais_formats_with_attnkit_generates_outputs(decoder, tmp_path):
+    import json
+
+    prompts, decode = ["the cat", "the fox sat", "the"], ["decode.max_new_tokens=12", "decode.top_k=3"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "attnkit",
+        "generate",
+        "--ckpt",
+        str(decoder),
+        "-i",
+        str(tmp_path / "prompts.txt"),
+    ]
+    printed = subprocess.run(
+        [*command, *decode], capture_output=True, text=True, encoding="utf-8", check=True
+    )
+    expected = [json.loads(line)["text"] for line in printed.stdout.splitlines()]  # prompt i: seed 1337 + i
+    assert len(expected) == 3 and not any("\ufffd" in text for text in expected)
+    served = Server(decoder, *decode)
+    try:
+        openai = httpx.post(
+            f"{served.url}/v1/completions", json={"prompt": prompts, "max_tokens": 12}, timeout=60
+        )
+        assert openai.status_code == 200, openai.text
+        body = openai.json()
+        assert body["object"] == "text_completion" and [c["text"] for c in body["choices"]] == expected
+        assert body["usage"]["prompt_tokens"] == sum(len(p) for p in prompts)  # characters
+
+        def tgi(i):
+            parameters = {"max_new_tokens": 12, "seed": 1337 + i}
+            return httpx.post(f"{served.url}/generate", json={"inputs": prompts[i], "parameters": parameters},
+                              timeout=60)  # fmt: skip
+
+        with ThreadPoolExecutor(3) as clients:  # together: one batch, each with its own seed
+            answers = list(clients.map(tgi, range(3)))
+        assert [answer.json()["generated_text"] for answer in answers] == expected
+
+        asked = {"inputs": prompts[1], "parameters": {"max_new_tokens": 12, "seed": 1338}}
+        stream = httpx.post(f"{served.url}/generate_stream", json=asked, timeout=60)
+        events = [json.loads(event) for event in _events(stream)]
+        assert len(events) > 2 and events[-1]["generated_text"] == expected[1]
+        assert "".join(event["token"]["text"] for event in events) == expected[1]
+
+        streamed = httpx.post(f"{served.url}/v1/completions", timeout=60,
+                              json={"prompt": prompts, "max_tokens": 12, "stream": True})  # fmt: skip
+        events = _events(streamed)
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(event)["choices"][0] for event in events[:-1]]
+        for i, text in enumerate(expected):
+            assert "".join(c["text"] for c in chunks if c["index"] == i) == text
+            assert [c["finish_reason"] for c in chunks if c["index"] == i][-1] in ("stop", "length")
+
+        empty = httpx.post(f"{served.url}/generate", json={"inputs": "", "parameters": {}})
+        assert empty.status_code == 422 and empty.json()["error"].startswith("prompt 0: empty")
+        cold = httpx.post(f"{served.url}/generate", json={"inputs": "the", "parameters": {"temperature": -1}})
+        assert cold.status_code == 422 and cold.json()["error"].startswith("parameters.temperature")
+    finally:
+        served.stop()

@@ -45,11 +45,13 @@ def serve(
     """Serve a trained model over HTTP, with concurrent requests batched together.
 
     A translation or summarisation model: POST /translator/translate in OpenNMT-py's format,
-    [{"src": "..."}] (and beam_size, n_best). An encoder (classifier, question answering, masked-LM):
-    POST /predict, {"inputs": ["..."]}. GET /health, /info and /metrics (Prometheus) too. The model
-    loads once, after the server starts (/health says "loading" until then). Extra decode.field=value
-    arguments change a translation model's decoding settings, as for 'attnkit translate'. SIGTERM (or
-    Ctrl-C) stops accepting requests, finishes those queued and running, and exits."""
+    [{"src": "..."}] (and beam_size, n_best). A decoder (GPT): POST /generate and /generate_stream
+    (HF TGI's format) and /v1/completions (OpenAI's; "stream": true too). An encoder (classifier,
+    question answering, masked-LM): POST /predict, {"inputs": ["..."]}. GET /health, /info and
+    /metrics (Prometheus) too. The model loads once, after the server starts (/health says "loading"
+    until then). Extra decode.field=value arguments change the run's decoding settings, as for
+    'attnkit translate' and 'generate'. SIGTERM (or Ctrl-C) stops accepting requests, finishes those
+    queued and running, and exits."""
     at_least("--port", port, 0)
     at_least("--max-batch-tokens", max_batch_tokens, 1)
     at_least("--max-wait-ms", max_wait_ms, 0)
@@ -59,6 +61,7 @@ def serve(
         import uvicorn
 
         from attnkit.serve.app import ServeSettings, make_app
+        from attnkit.serve.generator import load_generator
         from attnkit.serve.predictor import load_predictor
         from attnkit.serve.translator import load_translator
     except ImportError as error:
@@ -70,9 +73,13 @@ def serve(
     arch = read_run_config(checkpoint).model.arch
     if arch in archs(using="translate"):
         kind, load = "translate", lambda: load_translator(checkpoint, overrides, int8=int8)
+    elif arch in archs(using="generate"):
+        kind, load = "generate", lambda: load_generator(checkpoint, overrides)
     elif arch in archs(using="predict"):
         if overrides or int8:
-            raise AttnkitError("decode settings and --int8 are for translation models; this is an encoder")
+            raise AttnkitError(
+                "decode settings and --int8 are for translation and decoder models, not encoders"
+            )
         kind, load = "predict", lambda: load_predictor(checkpoint)
     else:
         served = f"attnkit serve does not serve {arch} models yet"

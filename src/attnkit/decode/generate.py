@@ -39,12 +39,15 @@ def generate(
     on_text: OnText | None = None,
     progress: Callable[[int], None] | None = None,
     first: int = 0,
+    seeds: list[int] | None = None,
 ) -> list[str]:
     """The continuation of each prompt (without the prompt itself). ``progress`` hears how many more
     prompts are done, batch by batch; ``first`` is the number of ``prompts[0]`` among all the prompts
     (from 0), for its seed (``decode.seed + first``, and so on) and the errors' prompt numbers, when a
-    long list is continued a part at a time."""
+    long list is continued a part at a time. ``seeds``: each prompt's own seed instead (a server's
+    requests, each with the seed its client chose, whatever the batch)."""
     encoded = encode_prompts(tokenizer, prompts, model.config.max_len, first)
+    seeds = seeds or [decode.seed + first + i for i in range(len(prompts))]
     outputs = [""] * len(prompts)
     batches = length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size)
     # Side by side on a CPU (cpu/streams.py), unless text is streamed: on_text then hears from one thread.
@@ -52,7 +55,9 @@ def generate(
 
     def continue_batch(rows: list[int]) -> list[str]:
         prompts = [encoded[i] for i in rows]
-        return _generate_batch(model, tokenizer, prompts, rows, first, decode, device, on_text)
+        return _generate_batch(
+            model, tokenizer, prompts, rows, [seeds[i] for i in rows], decode, device, on_text
+        )
 
     with evaluating(model):
         return fill_by_batch(continue_batch, batches, streams, outputs, progress)
@@ -85,19 +90,19 @@ def _generate_batch(
     tokenizer: Tokenizer,
     prompts: list[list[int]],
     indices: list[int],
-    first: int,
+    seeds: list[int],
     decode: DecodeConfig,
     device: torch.device | str,
     on_text: OnText | None,
 ) -> list[str]:
-    """Continue one batch of encoded prompts; ``indices`` are their places in the caller's list, whose
-    first is prompt number ``first`` (for the seeds)."""
+    """Continue one batch of encoded prompts; ``indices`` are their places in the caller's list,
+    ``seeds`` their generators' seeds."""
     longest = max(map(len, prompts))
     pad_id = tokenizer.specials.pad
     tokens = pad([[pad_id] * (longest - len(p)) + p for p in prompts], pad_id).to(device)  # left-padded
     valid = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts], device=device)
     rooms = [room(p, decode, model.config.max_len) for p in prompts]
-    generators = [torch.Generator(device).manual_seed(decode.seed + first + i) for i in indices]
+    generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
     choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)
     stream = TextStream(tokenizer, decode.stop, indices, on_text)
     limits = torch.tensor(rooms, device=device) + 1  # up to `room` tokens, then </s> ends the row

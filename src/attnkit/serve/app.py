@@ -46,7 +46,9 @@ from prometheus_client import (
 from pydantic import BaseModel, Field
 
 from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.generation import generation_routes
 from attnkit.serve.predictor import Predictor
+from attnkit.serve.served import ServedModel
 from attnkit.serve.translator import Translator
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
@@ -103,10 +105,10 @@ class Metrics:
         self.latency = Histogram("attnkit_request_seconds", "Request latency", ["endpoint"], registry=r)
 
 
-def make_app(load: Callable[[], Translator | Predictor], settings: ServeSettings, kind: str) -> FastAPI:
-    """The app serving the model that ``load()`` returns, a translator or (``kind`` "predict") an
-    encoder's predictor; it loads in a thread once the server starts, so that ``/health`` answers
-    "loading" meanwhile."""
+def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str) -> FastAPI:
+    """The app serving the model that ``load()`` returns: ``kind`` "translate" (a translator),
+    "predict" (an encoder's predictor) or "generate" (a decoder's generator); it loads in a thread
+    once the server starts, so that ``/health`` answers "loading" meanwhile."""
     metrics = Metrics()
     state: dict[str, Any] = {"model": None, "batcher": None, "failed": None}
 
@@ -122,7 +124,7 @@ def make_app(load: Callable[[], Translator | Predictor], settings: ServeSettings
                 return
             loop.call_soon_threadsafe(_ready, model)
 
-        def _ready(model: Translator | Predictor) -> None:
+        def _ready(model: ServedModel) -> None:
             batcher = Batcher(model.run, max_batch_tokens=settings.max_batch_tokens,
                               max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
                               observe=_observe)  # fmt: skip
@@ -219,6 +221,8 @@ def make_app(load: Callable[[], Translator | Predictor], settings: ServeSettings
 
     if kind == "predict":
         _prediction_route(app, ready_model, check_lengths, answered)
+    elif kind == "generate":
+        generation_routes(app, ready_model, check_lengths, answered, RequestError)
     else:
         _translation_route(app, ready_model, check_lengths, answered, metrics)
     return app

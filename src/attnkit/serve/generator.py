@@ -1,0 +1,81 @@
+"""A decoder model (GPT) as the server runs it: prompts continued as ``attnkit generate`` continues them.
+
+Each request brings its own sampling settings; requests with equal settings share a batch, and each
+prompt samples from its own generator seeded with its request's seed (``decode.seed`` by default, the
+seed ``attnkit generate`` gives its first prompt), so a prompt's continuation does not depend on the
+batch it lands in. A streaming request's prompt carries a ``sink`` that hears its text piece by piece
+as the batch generates it; the others in the same batch are answered at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.config import DecodeConfig, with_decode_overrides
+from attnkit.decode.generate import generate
+from attnkit.models import archs
+from attnkit.serve.served import ServedModel
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A request's generation settings (those of ``DecodeConfig``): requests with equal ones share a
+    batch."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    stop: tuple[str, ...]
+
+
+@dataclass
+class Prompt:
+    text: str
+    seed: int
+    sink: Callable[[str], None] | None = None  # a streaming request's: hears each new piece of text
+
+
+@dataclass
+class Generator(ServedModel):
+    @property
+    def context(self) -> int:
+        """Positions for prompt and continuation together."""
+        return self.model.config.max_len
+
+    def sampling(self, **given: object) -> Sampling:
+        """A request's settings: what it gives, the run's ``decode`` section for the rest (checked as a
+        config file's are)."""
+        chosen = {k: v for k, v in given.items() if v is not None}
+        decode = dataclasses.replace(self.config.decode, **chosen)  # DecodeConfig checks the values
+        return Sampling(
+            decode.max_new_tokens, decode.temperature, decode.top_k, decode.top_p, tuple(decode.stop)
+        )
+
+    def run(self, prompts: list[Prompt], settings: Hashable) -> list[str]:
+        """Each prompt's continuation; streaming prompts hear theirs as it grows."""
+        sampling: Sampling = settings  # type: ignore[assignment]
+        chosen = {**dataclasses.asdict(sampling), "stop": list(sampling.stop)}
+        decode: DecodeConfig = dataclasses.replace(self.config.decode, **chosen)
+
+        def on_text(i: int, text: str) -> None:
+            if prompts[i].sink is not None:
+                prompts[i].sink(text)
+
+        streaming = any(prompt.sink is not None for prompt in prompts)
+        return generate(self.model, self.tokenizer, [p.text for p in prompts], decode, device=self.device,
+                        on_text=on_text if streaming else None, seeds=[p.seed for p in prompts])  # fmt: skip
+
+
+def load_generator(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> Generator:
+    """A decoder checkpoint (or run directory: its best) ready to serve."""
+    checkpoint = resolve_checkpoint(ckpt)
+    model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="generate"))
+    config.decode = with_decode_overrides(config.decode, overrides)
+    return Generator(checkpoint, model, tokenizer, config, torch.device(device))
