@@ -104,22 +104,23 @@ def generation_routes(app: FastAPI, ready_model: Callable, check_lengths: Callab
         finally:
             waiting.cancel()
 
-    @app.post("/generate")
-    async def tgi_generate(request: Request, body: GenerateBody) -> dict:
+    def tgi_prepared(body: GenerateBody) -> tuple[Sampling, list[int], int]:
+        """A TGI request's settings, prompt length and seed."""
         p = body.parameters
         _, sampling, tokens, seed = prepared([body.inputs], p.seed, max_new_tokens=p.max_new_tokens,
                                              temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                                              stop=p.stop)  # fmt: skip
+        return sampling, tokens, seed
+
+    @app.post("/generate")
+    async def tgi_generate(request: Request, body: GenerateBody) -> dict:
+        sampling, tokens, seed = tgi_prepared(body)
         (text,) = await answered(request, [Prompt(body.inputs, seed)], sampling, sum(tokens))
         return {"generated_text": text}
 
     @app.post("/generate_stream")
     async def tgi_generate_stream(request: Request, body: GenerateBody) -> StreamingResponse:
-        p = body.parameters
-        _, sampling, tokens, seed = prepared([body.inputs], p.seed, max_new_tokens=p.max_new_tokens,
-                                             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                                             stop=p.stop)  # fmt: skip
-
+        sampling, tokens, seed = tgi_prepared(body)
         stream = await streamed(request, [body.inputs], sampling, seed, sum(tokens))
 
         async def events() -> AsyncIterator[str]:
