@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end (at toy sizes: this checks them, it measures nothing)."""
 
+import json
 import os
 import re
 import shutil
@@ -243,3 +244,25 @@ def test_the_data_scale_benchmark_prepares_trains_on_one_and_two_ranks_and_compa
     assert re.search(r"store/lists tok/s = \d+\.\d\d", result.stdout), result.stdout
     corpus = (tmp_path / "work" / "1000" / "train.de").read_text(encoding="utf-8").splitlines()
     assert len(corpus) == 1000 and corpus[60].endswith(" 1") and len(set(corpus)) == 1000
+
+
+def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer(copy_run, copy_data):
+    pytest.importorskip("ctranslate2", reason="the peer serves CTranslate2")
+    pytest.importorskip("httpx", reason="the load generator is an httpx client")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "serve_load.py"), "--ckpt", str(copy_run), "--src",
+         str(copy_data / "valid.src"), "--clients", "1,2,4", "--seconds", "1.5", "--beam", "2",
+         "--threads", "1", "--soak", "120"],
+        capture_output=True, text=True, encoding="utf-8", timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    server = r"attnkit serve|FastAPI \+ CTranslate2 translate_batch"
+    rows = re.findall(rf"^\| ({server}) \| (\d) \| ([\d.]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$",
+                      result.stdout, re.M)  # fmt: skip
+    assert [(name[:7], clients) for name, clients, *_ in rows] == [
+        (name, c) for name in ("attnkit", "FastAPI") for c in "124"
+    ], result.stdout
+    assert all(float(rps) > 0 and errors == "0" for _, _, rps, *_, errors in rows)
+    assert re.search(r"attnkit / peer at 4 clients: \d+\.\d\dx requests/s", result.stdout)
+    soak = json.loads(re.search(r"^soak: (.*)$", result.stdout, re.M)[1])
+    assert soak["5xx"] == 0 and soak["wrong"] == 0 and soak["refused_malformed"] > 0

@@ -1,0 +1,253 @@
+"""Load on ``attnkit serve``: requests/s, target tokens/s and latency at 1, 8 and 32 concurrent clients,
+against the common way to serve CTranslate2 in the same run.
+
+Each client sends one sentence per request (``POST /translator/translate``), the next as soon as the
+last is answered, for ``--seconds`` at each level; the sentences are the test set's (Multi30k
+test_2016_flickr by default), in turn. The peer is a plain FastAPI app whose endpoint calls CTranslate2's
+``translate_batch`` for its one request, in FastAPI's thread pool (``def`` endpoint), on the same
+weights exported by ``attnkit export --to ctranslate2``, with the same beam and the same threads
+(CTranslate2's ``intra_threads`` = torch's threads in attnkit's server), tokenised by the same
+tokenizer. Target tokens are counted with the checkpoint's tokenizer for both.
+
+``--soak N`` then sends N requests to attnkit's server from 8 clients, one in ten malformed (bad JSON,
+a wrong type, a missing field, an empty list), and checks: no 5xx but 503, every well-formed request
+answered with the output the server gave that sentence alone, and the server's RSS after the last
+request against its RSS after the first 1,000.
+
+Run: ``python bench/serve_load.py --ckpt runs/de_en --data data/multi30k`` (a translation checkpoint;
+``--src FILE`` for other sentences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from attnkit.checkpoint import resolve_checkpoint
+from attnkit.data.tokenizer import Tokenizer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], url: str) -> subprocess.Popen:
+    """A server process, once its /health answers 200."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server stopped ({process.returncode}): {' '.join(command)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"the server was not ready in 180 s: {' '.join(command)}")
+
+
+async def load(url: str, body, answer, clients: int, seconds: float, sentences: list[str], count) -> dict:
+    """``clients`` loops of request after request for ``seconds``; requests/s, tokens/s, latencies."""
+    latencies, tokens, errors, turn = [], [0], [0], [0]
+    deadline = time.perf_counter() + seconds
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while time.perf_counter() < deadline:
+            sentence = sentences[turn[0] % len(sentences)]
+            turn[0] += 1
+            began = time.perf_counter()
+            response = await http.post(url, json=body(sentence))
+            if response.status_code != 200:
+                errors[0] += 1
+                continue
+            latencies.append(time.perf_counter() - began)
+            tokens[0] += count(answer(response.json()))
+
+    began = time.perf_counter()
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    elapsed = time.perf_counter() - began
+    ordered = sorted(latencies) or [float("nan")]
+    p50, p99 = statistics.median(ordered), ordered[int(0.99 * (len(ordered) - 1))]
+    return {"rps": len(latencies) / elapsed, "tps": tokens[0] / elapsed, "errors": errors[0],
+            "p50": p50 * 1e3, "p99": p99 * 1e3}  # fmt: skip
+
+
+def run_peer(folder: str, port: int, beam: int, threads: int) -> None:
+    """The peer: FastAPI + CTranslate2 ``translate_batch`` per request in the thread pool."""
+    import ctranslate2
+    import uvicorn
+    from fastapi import FastAPI
+
+    tokenizer = Tokenizer.load(Path(folder) / "tokenizer.json")
+    translator = ctranslate2.Translator(folder, device="cpu", inter_threads=1, intra_threads=threads)
+    eos = tokenizer.hf.id_to_token(tokenizer.specials.eos)
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ready"}
+
+    @app.post("/translate")
+    def translate(request: dict) -> dict:  # def: FastAPI runs it in its thread pool
+        tokens = [*tokenizer.hf.encode(request["src"], add_special_tokens=False).tokens, eos]
+        (result,) = translator.translate_batch([tokens], beam_size=beam, max_decoding_length=256)
+        ids = [tokenizer.hf.token_to_id(t) for t in result.hypotheses[0] if t != eos]
+        return {"tgt": tokenizer.decode(ids)}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+MALFORMED = [b'[{"src": "ein Hund', b'[{"src": 12}]', b'[{"text": "ein Hund"}]', b"[]"]
+
+
+async def soak(url: str, n: int, sentences: list[str], pid: int) -> dict:
+    """``n`` requests from 8 clients, one in ten malformed; server errors, wrong answers, RSS growth."""
+    rng = random.Random(0)
+    async with httpx.AsyncClient(timeout=120) as http:
+        alone, used = {}, sentences[:50]
+        for sentence in used:  # each sentence's answer when it is alone
+            response = await http.post(url, json=[{"src": sentence}])
+            alone[sentence] = response.json()[0][0]["tgt"]
+        plan = [(rng.random() < 0.1, used[k % len(used)]) for k in range(n)]
+        counts = {"5xx": 0, "503": 0, "wrong": 0, "refused_malformed": 0}
+        rss, turn = {}, [0]
+
+        async def client() -> None:
+            while turn[0] < n:
+                k = turn[0]
+                turn[0] += 1
+                bad, sentence = plan[k]
+                if bad:
+                    response = await http.post(url, content=rng.choice(MALFORMED),
+                                               headers={"content-type": "application/json"})  # fmt: skip
+                    counts["refused_malformed"] += response.status_code in (400, 422)
+                else:
+                    response = await http.post(url, json=[{"src": sentence}])
+                    if response.status_code == 200:
+                        counts["wrong"] += response.json()[0][0]["tgt"] != alone[sentence]
+                counts["503"] += response.status_code == 503
+                counts["5xx"] += response.status_code >= 500 and response.status_code != 503
+                if k + 1 == 1000:
+                    rss["first_1000"] = _rss_mb(pid)
+
+        await asyncio.gather(*(client() for _ in range(8)))
+    rss["end"] = _rss_mb(pid)
+    return {**counts, **rss}
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1e3
+    return float("nan")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--peer-server"]:
+        return run_peer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ckpt", type=Path, required=True, help="a translation checkpoint or run directory")
+    parser.add_argument("--data", type=Path, help="Multi30k's folder (test_2016_flickr.de.gz)")
+    parser.add_argument("--src", type=Path, help="sentences, one per line (instead of --data)")
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="torch / CTranslate2 threads"
+    )
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--soak", type=int, default=0, help="requests of the soak test (0: none)")
+    args = parser.parse_args()
+    source = args.src or args.data / "test_2016_flickr.de.gz"
+    opener = gzip.open if source.suffix == ".gz" else open
+    with opener(source, "rt", encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    tokenizer = Tokenizer.load(resolve_checkpoint(args.ckpt) / "tokenizer.json")
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text)) if text else 0
+
+    levels = [int(c) for c in args.clients.split(",")]
+    print(f"{len(sentences)} sentences from {source}; beam {args.beam}; {args.threads} threads; "
+          f"{args.seconds:g} s per level")  # fmt: skip
+    results = {}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start([sys.executable, "-m", "attnkit", "serve", "--ckpt", str(args.ckpt), "--port", str(port),
+                    f"decode.beam_size={args.beam}"], url)  # fmt: skip
+    try:
+        for clients in levels:
+            results[("attnkit", clients)] = asyncio.run(load(
+                f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"], clients,
+                args.seconds, sentences, count))  # fmt: skip
+        if args.soak:
+            soaked = asyncio.run(soak(f"{url}/translator/translate", args.soak, sentences, server.pid))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    if not args.no_peer:
+        with tempfile.TemporaryDirectory() as work:
+            folder = Path(work) / "ct2"
+            export = ["export", "--ckpt", str(args.ckpt), "--to", "ctranslate2", "--out", str(folder)]
+            subprocess.run([sys.executable, "-m", "attnkit", *export], check=True, capture_output=True)
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            peer = start([sys.executable, __file__, "--peer-server", str(folder), str(port), str(args.beam),
+                          str(args.threads)], url)  # fmt: skip
+            try:
+                for clients in levels:
+                    results[("peer", clients)] = asyncio.run(load(
+                        f"{url}/translate", lambda s: {"src": s}, lambda r: r["tgt"], clients, args.seconds,
+                        sentences, count))  # fmt: skip
+            finally:
+                peer.terminate()
+                peer.wait(timeout=60)
+    print("| server | clients | requests/s | target tokens/s | p50 ms | p99 ms | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for (name, clients), r in results.items():
+        shown = "FastAPI + CTranslate2 translate_batch" if name == "peer" else "attnkit serve"
+        cells = [
+            shown,
+            clients,
+            f"{r['rps']:.1f}",
+            f"{r['tps']:.0f}",
+            f"{r['p50']:.0f}",
+            f"{r['p99']:.0f}",
+            r["errors"],
+        ]
+        print("| " + " | ".join(map(str, cells)) + " |")
+    most, one = max(levels), min(levels)
+    ours = results[("attnkit", most)]["rps"]
+    alone = results[("attnkit", one)]["rps"]
+    print(f"attnkit at {most} clients / attnkit at {one}: {ours / alone:.2f}x requests/s")
+    if ("peer", most) in results:
+        print(f"attnkit / peer at {most} clients: {ours / results[('peer', most)]['rps']:.2f}x requests/s")
+    middle = [c for c in levels if one < c < most]
+    if middle:
+        ratio = results[("attnkit", middle[0])]["p99"] / results[("attnkit", one)]["p50"]
+        print(f"attnkit p99 at {middle[0]} clients / p50 at {one}: {ratio:.2f}")
+    if args.soak:
+        print("soak: " + json.dumps(soaked))
+
+
+if __name__ == "__main__":
+    main()
