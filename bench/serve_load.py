@@ -175,6 +175,8 @@ def main() -> None:
         "--threads", type=int, default=os.cpu_count() or 1, help="torch / CTranslate2 threads"
     )
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--server-option", action="append", default=[],
+                        help="an option or decode.field=value for attnkit serve (repeatable)")  # fmt: skip
     parser.add_argument("--soak", type=int, default=0, help="requests of the soak test (0: none)")
     args = parser.parse_args()
     source = args.src or args.data / "test_2016_flickr.de.gz"
@@ -188,12 +190,12 @@ def main() -> None:
 
     levels = [int(c) for c in args.clients.split(",")]
     print(f"{len(sentences)} sentences from {source}; beam {args.beam}; {args.threads} threads; "
-          f"{args.seconds:g} s per level")  # fmt: skip
+          f"{args.seconds:g} s per level; attnkit serve {' '.join(args.server_option)}")  # fmt: skip
     results = {}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start([sys.executable, "-m", "attnkit", "serve", "--ckpt", str(args.ckpt), "--port", str(port),
-                    f"decode.beam_size={args.beam}"], url)  # fmt: skip
+                    f"decode.beam_size={args.beam}", *args.server_option], url)  # fmt: skip
     try:
         for clients in levels:
             results[("attnkit", clients)] = asyncio.run(load(

@@ -62,4 +62,8 @@ def load_translator(
     if int8:
         quantize_int8(model)
     config.decode = with_decode_overrides(config.decode, overrides)
-    return Translator(checkpoint, model, tokenizer, config, torch.device(device))
+    translator = Translator(checkpoint, model, tokenizer, config, torch.device(device))
+    # one sentence before the server says it is ready: a compiled decoding step (decode.compile) is
+    # built now, not in the first client's request (about 20 s for a small model)
+    translator.run(["."], (translator.beam_size, 1))
+    return translator
