@@ -158,6 +158,22 @@ def test_bad_requests_get_json_errors_naming_the_problem_and_the_server_stays_up
     assert info["arch"] == "encoder-decoder" and info["config"]["decode"]["beam_size"] == 4
 
 
+def test_the_attention_explorer_is_served_at_explore(run, server, tmp_path):
+    import json
+    import re
+
+    page = httpx.get(f"{server.url}/explore", params={"text": SENTENCES[0]}, timeout=60)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    found = re.search(r'<script type="application/json" id="attention-data">(.*?)</script>', page.text, re.S)
+    data = json.loads(found.group(1))
+    names = [m["name"] for m in data["maps"]]
+    assert names == ["encoder self-attention", "decoder self-attention", "cross-attention"]
+    assert data["output"] == _cli(run, tmp_path, 1)[0]  # the greedy translation the maps belong to
+    assert 'action="/explore"' in page.text  # its text box asks this server again
+    empty = httpx.get(f"{server.url}/explore")
+    assert empty.status_code == 200 and "type a sentence" in empty.text
+
+
 def test_an_api_key_guards_every_endpoint_but_health(run):
     guarded = Server(run, "--api-key", "s3cret")
     try:

@@ -47,11 +47,11 @@ def serve(
     A translation or summarisation model: POST /translator/translate in OpenNMT-py's format,
     [{"src": "..."}] (and beam_size, n_best). A decoder (GPT): POST /generate and /generate_stream
     (HF TGI's format) and /v1/completions (OpenAI's; "stream": true too). An encoder (classifier,
-    question answering, masked-LM): POST /predict, {"inputs": ["..."]}. GET /health, /info and
-    /metrics (Prometheus) too. The model loads once, after the server starts (/health says "loading"
-    until then). Extra decode.field=value arguments change the run's decoding settings, as for
-    'attnkit translate' and 'generate'. SIGTERM (or Ctrl-C) stops accepting requests, finishes those
-    queued and running, and exits."""
+    question answering, masked-LM): POST /predict, {"inputs": ["..."]}. GET /health, /info,
+    /metrics (Prometheus) and /explore (the attention explorer) too. The model loads once, after the
+    server starts (/health says "loading" until then). Extra decode.field=value arguments change the
+    run's decoding settings, as for 'attnkit translate' and 'generate'. SIGTERM (or Ctrl-C) stops
+    accepting requests, finishes those queued and running, and exits."""
     at_least("--port", port, 0)
     at_least("--max-batch-tokens", max_batch_tokens, 1)
     at_least("--max-wait-ms", max_wait_ms, 0)

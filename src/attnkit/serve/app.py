@@ -34,7 +34,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -50,6 +50,7 @@ from attnkit.serve.generation import generation_routes
 from attnkit.serve.predictor import Predictor
 from attnkit.serve.served import ServedModel
 from attnkit.serve.translator import Translator
+from attnkit.viz.explorer import explorer_page
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
@@ -218,6 +219,16 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
         batcher = state["batcher"]
         metrics.queue.set(batcher.waiting() if batcher else 0)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/explore")
+    async def explore(text: str = "", target: str | None = None) -> HTMLResponse:
+        """The attention explorer (``attnkit explore``'s page) on ``text``: every layer and head; run
+        in the model thread, between batches."""
+        model = ready_model()
+        page, status = await asyncio.get_running_loop().run_in_executor(
+            state["batcher"].model_thread, explorer_page, model.model, model.tokenizer, model.checkpoint.name,
+            text, target or None, "/explore")  # fmt: skip
+        return HTMLResponse(page, status_code=status)
 
     if kind == "predict":
         _prediction_route(app, ready_model, check_lengths, answered)

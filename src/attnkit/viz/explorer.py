@@ -99,10 +99,15 @@ def collect_attention(
 
 
 def explorer_html(
-    maps: list[AttentionMap], title: str, output: str | None = None, form_text: str | None = None
+    maps: list[AttentionMap],
+    title: str,
+    output: str | None = None,
+    form_text: str | None = None,
+    action: str = "/",
 ) -> str:
     """The self-contained page for ``maps`` (``output``: the translation the maps belong to); with
-    ``form_text``, a text box holding it on top, for the local server (:func:`serve`).
+    ``form_text``, a text box holding it on top that asks ``action`` (the local server's :func:`serve`
+    at "/", ``attnkit serve``'s at "/explore").
 
     Every text here may be the user's (a sentence from a URL of the server, its tokens, the model's
     output), so none of it becomes markup: the title and the text box are HTML-escaped, and the data is
@@ -111,13 +116,14 @@ def explorer_html(
     in one pass, so text that holds a placeholder's name stays text."""
     template = resources.files("attnkit.viz").joinpath("explorer.html").read_text(encoding="utf-8")
     data = {"title": title, "output": output, "maps": [asdict(m) for m in maps]}
-    form = "" if form_text is None else FORM.format(text=html.escape(form_text, quote=True))
+    form = "" if form_text is None else FORM.format(text=html.escape(form_text, quote=True), action=action)
     filled = {"__TITLE__": html.escape(title), "__FORM__": form, "__DATA__": json_for_html(data)}
     return PLACEHOLDER.sub(lambda found: filled[found.group(0)], template)
 
 
 PLACEHOLDER = re.compile("__(?:TITLE|FORM|DATA)__")
-FORM = """<form method="get" action="/" id="ask"><input type="text" name="text" value="{text}" size="70">
+FORM = """<form method="get" action="{action}" id="ask">
+<input type="text" name="text" value="{text}" size="70">
 <button type="submit">show attention</button></form>"""
 _HTML_SAFE_JSON = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 
@@ -154,13 +160,7 @@ def explorer_server(
             asked = query.get("text", [text])[0]
             target = query.get("target", [None])[0] or None
             try:
-                if not asked.strip():
-                    raise AttnkitError("type a sentence to see the model's attention on it")
-                maps, output = collect_attention(model, tokenizer, asked, target)
-                page, status = explorer_html(maps, f"attention of {name} on: {asked}", output, asked), 200
-            except AttnkitError as error:
-                page = _message_page(str(error))
-                status = 200 if not asked.strip() else 400
+                page, status = explorer_page(model, tokenizer, name, asked, target)
             except Exception as error:  # a bug: answered (and logged below), never a dropped connection
                 self.log_error("%s", traceback.format_exc())
                 page, status = _message_page(f"the explorer failed on this input ({error!r})"), 500
@@ -185,6 +185,21 @@ def explorer_server(
         ) from None
 
 
-def _message_page(message: str) -> str:
+def explorer_page(
+    model: torch.nn.Module, tokenizer: Tokenizer, name: str, asked: str, target: str | None, action: str = "/"
+) -> tuple[str, int]:
+    """The page for one sentence typed in a text box that asks ``action``, and its HTTP status: the
+    attention of ``model`` on ``asked``, or what to do (200, nothing asked yet), or what was wrong
+    (400: a sentence the model cannot take)."""
+    try:
+        if not asked.strip():
+            raise AttnkitError("type a sentence to see the model's attention on it")
+        maps, output = collect_attention(model, tokenizer, asked, target)
+        return explorer_html(maps, f"attention of {name} on: {asked}", output, asked, action), 200
+    except AttnkitError as error:
+        return _message_page(str(error), action), 200 if not asked.strip() else 400
+
+
+def _message_page(message: str, action: str = "/") -> str:
     """A page with the text box and one message (an error, or what to do)."""
-    return f"<!DOCTYPE html>{FORM.format(text='')}<p>{html.escape(message)}</p>"
+    return f"<!DOCTYPE html>{FORM.format(text='', action=action)}<p>{html.escape(message)}</p>"
