@@ -25,19 +25,6 @@ pytestmark = pytest.mark.slow  # a trained model and several server processes
 SENTENCES = dates(32, seed=7).src  # held-out dates, as people write them
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A small dates model (not perfect: its outputs must only be the CLI's)."""
-    folder = tmp_path_factory.mktemp("run")
-    config = load_run_config(None, [
-        "model.preset=tiny", "data.task=dates", "data.tokenizer=char", "data.n_train=2000", "data.n_valid=20",
-        "train.max_tokens=2000", "train.schedule=constant", "train.lr=0.002", "train.warmup=1",
-        "train.max_steps=120", "train.eval_every=120", "decode.beam_size=4",
-    ])  # fmt: skip
-    Trainer(config, folder, echo=lambda message: None).fit()
-    return folder
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -357,3 +344,109 @@ def test_a_decoder_is_served_in_tgis_and_openais_formats_with_attnkit_generates_
         assert cold.status_code == 422 and cold.json()["error"].startswith("parameters.temperature")
     finally:
         served.stop()
+
+
+def test_sigterm_past_the_grace_period_cuts_off_what_is_left_and_exits_0_within_it(run):
+    """A batch that would wait 20 s for more requests (--max-wait-ms 20000) is still waiting when SIGTERM
+    comes: with --grace 1 the server gives its clients a second, then answers them 503 (try again,
+    elsewhere) and exits, well before the batch would have run."""
+    ending = Server(run, "--max-wait-ms", "20000", "--grace", "1")
+    with ThreadPoolExecutor(2) as clients:
+        pending = [clients.submit(ending.post, [{"src": s}]) for s in SENTENCES[:2]]
+        deadline = time.monotonic() + 30
+        while _in_progress(ending, "/translator/translate") < 2:
+            assert time.monotonic() < deadline, "the two requests never were in progress together"
+        began = time.monotonic()
+        code, output = ending.stop()
+        took = time.monotonic() - began
+        cut = [future.result(timeout=30) for future in pending]
+    assert code == 0, output
+    assert 1 <= took < 6, (took, output)
+    for answer in cut:
+        assert answer.status_code == 503 and answer.json()["kind"] == "shutting_down", answer.text
+        assert answer.headers["retry-after"] == "1"
+
+
+def _attnkit(*arguments):
+    result = subprocess.run([sys.executable, "-m", "attnkit", *map(str, arguments)], capture_output=True,
+                            text=True, encoding="utf-8")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_ctranslate2_engine_serves_an_exported_translator_with_the_clis_outputs(run, tmp_path):
+    pytest.importorskip("ctranslate2", reason="--engine ctranslate2 needs CTranslate2")
+    exported = tmp_path / "ct2"
+    _attnkit("export", "--ckpt", run, "--to", "ctranslate2", "--out", exported)
+    source = tmp_path / "dates.txt"
+    source.write_text("\n".join(SENTENCES[:20]) + "\n", encoding="utf-8")
+    expected = {
+        beam: _attnkit(
+            "translate", "--engine", "ctranslate2", "--ckpt", exported, "-i", source, "--beam", beam
+        ).splitlines()
+        for beam in (1, 4)
+    }
+    served = Server(exported, "--engine", "ctranslate2", "--max-wait-ms", "100")
+    try:
+
+        def ask(i):
+            beam = 1 if i % 2 else 4
+            response = served.post([{"src": SENTENCES[i], "beam_size": beam}])
+            assert response.status_code == 200, response.text
+            ((result,),) = response.json()
+            return result["tgt"] == expected[beam][i]
+
+        with ThreadPoolExecutor(20) as clients:  # 20 at once: batched together, as the CLI's file
+            assert all(clients.map(ask, range(20)))
+        assert _metric(served, "attnkit_batch_requests_count")["attnkit_batch_requests_count"] < 20
+        info = httpx.get(f"{served.url}/info").json()
+        assert info["engine"] == "ctranslate2" and info["arch"] == "encoder-decoder"
+        explore = httpx.get(f"{served.url}/explore", params={"text": SENTENCES[0]})
+        assert explore.status_code == 404 and explore.json()["kind"] == "not_available"
+        too_long = served.post([{"src": "1" * 2000}])
+        assert too_long.status_code == 413, too_long.text
+    finally:
+        served.stop()
+
+
+def test_the_ctranslate2_engine_serves_an_exported_decoder_greedy_as_the_cli_and_streams_it(
+    decoder, tmp_path
+):
+    import json
+
+    pytest.importorskip("ctranslate2", reason="--engine ctranslate2 needs CTranslate2")
+    exported = tmp_path / "ct2"
+    _attnkit("export", "--ckpt", decoder, "--to", "ctranslate2", "--out", exported)
+    prompts, decode = ["the cat", "the fox sat", "the"], ["decode.max_new_tokens=12", "decode.temperature=0"]
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    printed = _attnkit("generate", "--engine", "ctranslate2", "--ckpt", exported, "-i", prompts_file, *decode)
+    expected = [json.loads(line)["text"] for line in printed.splitlines()]
+    served = Server(exported, "--engine", "ctranslate2", *decode)
+    try:
+        with ThreadPoolExecutor(3) as clients:
+            answers = list(clients.map(lambda p: httpx.post(f"{served.url}/generate", json={"inputs": p},
+                                                            timeout=60), prompts))  # fmt: skip
+        assert [answer.json()["generated_text"] for answer in answers] == expected
+        stream = httpx.post(f"{served.url}/generate_stream", json={"inputs": prompts[1]}, timeout=60)
+        events = [json.loads(event) for event in _events(stream)]
+        assert len(events) > 2 and "".join(e["token"]["text"] for e in events) == expected[1]
+        assert events[-1]["generated_text"] == expected[1]
+        seeded = {"inputs": "the", "parameters": {"seed": 3, "temperature": 1.0}}
+        refused = httpx.post(f"{served.url}/generate", json=seeded, timeout=60)
+        assert refused.status_code == 422 and refused.json()["error"].startswith("seed: ctranslate2"), (
+            refused.text
+        )
+    finally:
+        served.stop()
+
+
+def test_the_ctranslate2_engine_refuses_a_folder_it_cannot_serve_in_one_line(run):
+    serve = [sys.executable, "-m", "attnkit", "serve", "--engine", "ctranslate2"]
+    result = subprocess.run([*serve, "--ckpt", str(run)], capture_output=True, text=True, encoding="utf-8")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "not a CTranslate2 folder from 'attnkit export --to ctranslate2'" in result.stderr
+    int8 = subprocess.run(
+        [*serve, "--int8", "--ckpt", str(run)], capture_output=True, text=True, encoding="utf-8"
+    )
+    assert int8.returncode == 2 and "--quantization int8" in int8.stderr

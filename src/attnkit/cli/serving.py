@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnkit.cli.app import EXTRA_ARGS, Int8, app, at_least, decode_overrides, one_line_errors
+from attnkit.cli.app import (
+    EXTRA_ARGS,
+    Engine,
+    Int8,
+    app,
+    at_least,
+    decode_overrides,
+    note,
+    one_line_errors,
+)
+from attnkit.cli.loading import check_engine
 from attnkit.errors import AttnkitError
+
+if TYPE_CHECKING:
+    from attnkit.serve.served import ServedModel
 
 API_KEY_VARIABLE = "ATTNKIT_API_KEY"
 
@@ -19,9 +33,16 @@ API_KEY_VARIABLE = "ATTNKIT_API_KEY"
 @one_line_errors
 def serve(
     ctx: typer.Context,
-    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory (its best checkpoint).")],
+    ckpt: Annotated[
+        Path,
+        typer.Option(
+            help="Checkpoint folder or run directory (its best checkpoint); with --engine ctranslate2, a "
+            "folder from 'attnkit export --to ctranslate2'."
+        ),
+    ],
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every network).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    engine: Engine = "attnkit",
     int8: Int8 = False,
     max_batch_tokens: Annotated[
         int, typer.Option(help="Source tokens in one batch at most (requests over it: 413).")
@@ -51,23 +72,38 @@ def serve(
     /metrics (Prometheus) and /explore (the attention explorer) too. The model loads once, after the
     server starts (/health says "loading" until then). Extra decode.field=value arguments change the
     run's decoding settings, as for 'attnkit translate' and 'generate'. SIGTERM (or Ctrl-C) stops
-    accepting requests, finishes those queued and running, and exits."""
+    accepting requests, finishes those queued and running, and exits. --engine ctranslate2 serves an
+    exported translation model or decoder through the same endpoints and batching, searched by
+    CTranslate2 (its int8: 'attnkit export --quantization int8')."""
     at_least("--port", port, 0)
     at_least("--max-batch-tokens", max_batch_tokens, 1)
     at_least("--max-wait-ms", max_wait_ms, 0)
     at_least("--max-queue", max_queue, 1)
+    check_engine(engine, int8)
     overrides = decode_overrides(ctx)
     try:
         import uvicorn
 
         from attnkit.serve.app import ServeSettings, make_app
-        from attnkit.serve.generator import load_generator
-        from attnkit.serve.predictor import load_predictor
-        from attnkit.serve.translator import load_translator
     except ImportError as error:
         raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
+    key = api_key or os.environ.get(API_KEY_VARIABLE, "")
+    kind, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides, int8)
+    application = make_app(load, ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key), kind)
+    # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it found: this
+    # one, which lets the command end with status 0 (a stop asked for is not a failure), not the
+    # default, which would end the process by the signal
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
+    uvicorn.run(application, host=host, port=port, timeout_graceful_shutdown=grace, log_level="info")
+
+
+def _attnkit_model(ckpt: Path, overrides: list[str], int8: bool) -> tuple[str, Callable[[], ServedModel]]:
+    """The endpoints' kind for a checkpoint, and how to load it (after the server starts)."""
     from attnkit.checkpoint import commands_for, read_run_config, resolve_checkpoint
     from attnkit.models import archs
+    from attnkit.serve.generator import load_generator
+    from attnkit.serve.predictor import load_predictor
+    from attnkit.serve.translator import load_translator
 
     checkpoint = resolve_checkpoint(ckpt)  # a wrong path is a one-line error now, not a failed load later
     arch = read_run_config(checkpoint).model.arch
@@ -84,10 +120,22 @@ def serve(
     else:
         served = f"attnkit serve does not serve {arch} models yet"
         raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
-    key = api_key or os.environ.get(API_KEY_VARIABLE, "")
-    application = make_app(load, ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key), kind)
-    # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it found: this
-    # one, which lets the command end with status 0 (a stop asked for is not a failure), not the
-    # default, which would end the process by the signal
-    signal.signal(signal.SIGTERM, lambda number, frame: None)
-    uvicorn.run(application, host=host, port=port, timeout_graceful_shutdown=grace, log_level="info")
+    return kind, load
+
+
+def _engine_model(folder: Path, overrides: list[str], int8: bool) -> tuple[str, Callable[[], ServedModel]]:
+    """The endpoints' kind for a CTranslate2 folder, and how to load it; a folder that is not one, or
+    a machine without CTranslate2, is a one-line error now rather than a failed load."""
+    from attnkit.checkpoint import DECODE_FILE, exported_model
+    from attnkit.models import DecoderModelConfig
+
+    if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
+        raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
+    try:
+        from attnkit.serve.ctranslate2 import load_engine_model
+    except ImportError as error:
+        raise AttnkitError(
+            f"--engine ctranslate2 needs {error.name}: pip install 'attnkit[ctranslate2]'"
+        ) from None
+    kind = "generate" if exported_model(folder)["arch"] == DecoderModelConfig.ARCH else "translate"
+    return kind, lambda: load_engine_model(folder, overrides, warn=note)

@@ -50,7 +50,6 @@ from attnkit.serve.generation import generation_routes
 from attnkit.serve.predictor import Predictor
 from attnkit.serve.served import ServedModel
 from attnkit.serve.translator import Translator
-from attnkit.viz.explorer import explorer_page
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
@@ -182,8 +181,8 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
     async def answered(request: Request, inputs: list[Any], decode: Any, tokens: int) -> list[Any]:
         """The batcher's outputs for this request's inputs; the request is dropped from the queue if
         its client disconnects while it waits (the slot goes to the next)."""
+        waiting = asyncio.ensure_future(state["batcher"].submit(inputs, decode, tokens))
         try:
-            waiting = asyncio.ensure_future(state["batcher"].submit(inputs, decode, tokens))
             while not waiting.done():
                 await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
                 if not waiting.done() and await request.is_disconnected():
@@ -195,8 +194,13 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
                                {"Retry-After": str(settings.retry_after_s)}) from None  # fmt: skip
         except RequestError:
             raise
+        except asyncio.CancelledError:  # uvicorn cuts off what is left past the grace period of a SIGTERM
+            raise RequestError(503, "shutting_down", "the server stopped before this request's turn came",
+                               {"Retry-After": str(settings.retry_after_s)}) from None  # fmt: skip
         except Exception as error:  # the model failed on this request's inputs: this request fails alone
             raise RequestError(500, "model_error", f"{type(error).__name__}: {error}") from None
+        finally:  # answered, refused, or cut off (a server past its grace period): out of the queue
+            waiting.cancel()
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -209,10 +213,8 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
     @app.get("/info")
     async def info() -> dict:
         model = ready_model()
-        return {"attnkit": version("attnkit"), "checkpoint": str(model.checkpoint),
-                "arch": model.config.model.arch, "task": model.config.data.task,
-                "config": model.config.to_dict(), "serve": dataclasses.asdict(settings)
-                | {"api_key": bool(settings.api_key)}}  # fmt: skip
+        return {"attnkit": version("attnkit"), "checkpoint": str(model.checkpoint), **model.describe(),
+                "serve": dataclasses.asdict(settings) | {"api_key": bool(settings.api_key)}}  # fmt: skip
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -224,11 +226,13 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
     async def explore(text: str = "", target: str | None = None) -> HTMLResponse:
         """The attention explorer (``attnkit explore``'s page) on ``text``: every layer and head; run
         in the model thread, between batches."""
-        model = ready_model()
-        page, status = await asyncio.get_running_loop().run_in_executor(
-            state["batcher"].model_thread, explorer_page, model.model, model.tokenizer, model.checkpoint.name,
-            text, target or None, "/explore")  # fmt: skip
-        return HTMLResponse(page, status_code=status)
+        model: ServedModel = ready_model()
+        page = await asyncio.get_running_loop().run_in_executor(
+            state["batcher"].model_thread, model.explore, text, target or None, "/explore")  # fmt: skip
+        if page is None:
+            raise RequestError(404, "not_available", f"the attention explorer needs attnkit's engine; "
+                               f"this server runs {model.engine}")  # fmt: skip
+        return HTMLResponse(page[0], status_code=page[1])
 
     if kind == "predict":
         _prediction_route(app, ready_model, check_lengths, answered)

@@ -63,12 +63,14 @@ class Batcher:
         self.loop_task = asyncio.get_running_loop().create_task(self._serve())
 
     async def stop(self) -> None:
-        """Finish what is queued, then stop the loop and the model thread."""
-        while not self.queue.empty():
-            await asyncio.sleep(0.01)
+        """Stop the loop and the model thread, once the batch running (if any) ends. The server stops
+        the batcher only after its requests are answered or, past the grace period, cut off: the
+        requests still queued then have no client, and are dropped."""
         if self.loop_task is not None:
             self.loop_task.cancel()
-        self.model_thread.shutdown(wait=True)
+        while not self.queue.empty():
+            self.queue.get_nowait().future.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, self.model_thread.shutdown)
 
     def waiting(self) -> int:
         """Requests queued and not yet in a batch."""

@@ -70,7 +70,11 @@ def generation_routes(app: FastAPI, ready_model: Callable, check_lengths: Callab
             if count == 0:
                 raise refuse(422, "invalid_request", f"prompt {i}: empty; give at least one character")
         check_lengths(tokens, generator.context - 1, "inputs")  # one position left to continue
-        return generator, sampling, tokens, generator.config.decode.seed if seed is None else seed
+        if seed is not None and sampling.temperature > 0 and not generator.seeds_per_request:
+            raise refuse(422, "invalid_request", f"seed: {generator.engine} draws from one generator, "
+                         f"seeded when the model loaded (decode.seed {generator.decode.seed}); "
+                         "per-request seeds need --engine attnkit")  # fmt: skip
+        return generator, sampling, tokens, generator.decode.seed if seed is None else seed
 
     async def streamed(request: Request, prompts: list[str], sampling: Sampling, seed: int,
                        tokens: int) -> AsyncIterator[tuple]:  # fmt: skip

@@ -20,7 +20,7 @@ from attnkit.checkpoint import load_for_inference, resolve_checkpoint
 from attnkit.config import DecodeConfig, with_decode_overrides
 from attnkit.decode.generate import generate
 from attnkit.models import archs
-from attnkit.serve.served import ServedModel
+from attnkit.serve.served import AttnkitModel
 
 
 @dataclass(frozen=True)
@@ -42,27 +42,50 @@ class Prompt:
     sink: Callable[[str], None] | None = None  # a streaming request's: hears each new piece of text
 
 
-@dataclass
-class Generator(ServedModel):
+class Sampler:
+    """What a generator of either engine has: the run's decoding settings, changed per request."""
+
+    seeds_per_request: bool = True  # whether a request's seed decides its sample
+
+    @property
+    def decode(self) -> DecodeConfig:
+        """The run's decoding settings (``decode.field=value`` arguments applied)."""
+        raise NotImplementedError
+
     @property
     def context(self) -> int:
         """Positions for prompt and continuation together."""
-        return self.model.config.max_len
+        raise NotImplementedError
 
     def sampling(self, **given: object) -> Sampling:
         """A request's settings: what it gives, the run's ``decode`` section for the rest (checked as a
         config file's are)."""
         chosen = {k: v for k, v in given.items() if v is not None}
-        decode = dataclasses.replace(self.config.decode, **chosen)  # DecodeConfig checks the values
+        decode = dataclasses.replace(self.decode, **chosen)  # DecodeConfig checks the values
         return Sampling(
             decode.max_new_tokens, decode.temperature, decode.top_k, decode.top_p, tuple(decode.stop)
         )
 
+    def decode_for(self, sampling: Sampling) -> DecodeConfig:
+        """The run's decoding settings with a request's sampling settings."""
+        return dataclasses.replace(
+            self.decode, **{**dataclasses.asdict(sampling), "stop": list(sampling.stop)}
+        )
+
+
+@dataclass
+class Generator(Sampler, AttnkitModel):
+    @property
+    def decode(self) -> DecodeConfig:
+        return self.config.decode
+
+    @property
+    def context(self) -> int:
+        return self.model.config.max_len
+
     def run(self, prompts: list[Prompt], settings: Hashable) -> list[str]:
         """Each prompt's continuation; streaming prompts hear theirs as it grows."""
-        sampling: Sampling = settings  # type: ignore[assignment]
-        chosen = {**dataclasses.asdict(sampling), "stop": list(sampling.stop)}
-        decode: DecodeConfig = dataclasses.replace(self.config.decode, **chosen)
+        decode = self.decode_for(settings)  # type: ignore[arg-type]
 
         def on_text(i: int, text: str) -> None:
             if prompts[i].sink is not None:
@@ -78,4 +101,4 @@ def load_generator(ckpt: str | Path, overrides: list[str], *, device: str = "cpu
     checkpoint = resolve_checkpoint(ckpt)
     model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="generate"))
     config.decode = with_decode_overrides(config.decode, overrides)
-    return Generator(checkpoint, model, tokenizer, config, torch.device(device))
+    return Generator(checkpoint, tokenizer, model, config, torch.device(device))

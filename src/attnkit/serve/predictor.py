@@ -16,14 +16,14 @@ import torch
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
-from attnkit.serve.served import ServedModel
+from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
 
 HEADS = ("classify", "span", "mlm")  # the encoder heads attnkit predict runs
 
 
 @dataclass
-class Predictor(ServedModel):
+class Predictor(AttnkitModel):
     @property
     def head(self) -> str:
         return self.config.model.head
@@ -66,4 +66,4 @@ def load_predictor(ckpt: str | Path, *, device: str = "cpu") -> Predictor:
     model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="predict"))
     if config.model.head not in HEADS:
         raise AttnkitError(f"{checkpoint} holds an encoder without a head to predict with")
-    return Predictor(checkpoint, model, tokenizer, config, torch.device(device))
+    return Predictor(checkpoint, tokenizer, model, config, torch.device(device))

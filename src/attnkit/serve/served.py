@@ -1,9 +1,18 @@
-"""What every model the server runs has: a checkpoint loaded once, with its tokenizer and run config."""
+"""What every model the server runs has: a folder loaded once, a tokenizer, and what the app asks of it.
+
+Two engines run a model: attnkit's own (:class:`AttnkitModel`: a checkpoint, its PyTorch model and run
+config) and CTranslate2 (serve/ctranslate2.py: a folder that ``attnkit export --to ctranslate2``
+wrote). The app sees only what this base class has: token counts for the limits, a description for
+``GET /info``, the attention explorer's page where the engine has attention weights to show, and
+``run``, the blocking call the batcher makes in its model thread.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
@@ -14,11 +23,43 @@ from attnkit.data.tokenizer import Tokenizer
 @dataclass
 class ServedModel:
     checkpoint: Path  # the folder it was loaded from (GET /info says it)
-    model: torch.nn.Module
     tokenizer: Tokenizer
-    config: RunConfig
-    device: torch.device
+
+    engine: ClassVar[str]  # "attnkit" or "ctranslate2"
 
     def tokens(self, texts: list[str]) -> list[int]:
         """How many tokens each text is (for the length limits and the batches' token budget)."""
         return [len(ids) for ids in self.tokenizer.encode_batch(texts)]
+
+    def describe(self) -> dict[str, Any]:
+        """What ``GET /info`` says of the model: its engine, architecture, task and settings."""
+        raise NotImplementedError
+
+    def explore(self, text: str, target: str | None, base: str) -> tuple[str, int] | None:
+        """The attention explorer's page on ``text`` and its HTTP status, or None where the engine
+        gives no attention weights."""
+        return None
+
+    def run(self, inputs: list[Any], settings: Hashable) -> list[Any]:
+        """Each input's output (blocking; called in the batcher's one model thread)."""
+        raise NotImplementedError
+
+
+@dataclass
+class AttnkitModel(ServedModel):
+    """A checkpoint run by attnkit itself: its model, run config and device."""
+
+    model: torch.nn.Module
+    config: RunConfig
+    device: torch.device
+
+    engine: ClassVar[str] = "attnkit"
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.engine, "arch": self.config.model.arch, "task": self.config.data.task,
+                "config": self.config.to_dict()}  # fmt: skip
+
+    def explore(self, text: str, target: str | None, base: str) -> tuple[str, int] | None:
+        from attnkit.viz.explorer import explorer_page
+
+        return explorer_page(self.model, self.tokenizer, self.checkpoint.name, text, target, base)

@@ -19,12 +19,12 @@ from attnkit.cpu import quantize_int8
 from attnkit.decode.translate import translate_n_best
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
-from attnkit.serve.served import ServedModel
+from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
 
 
 @dataclass
-class Translator(ServedModel):
+class Translator(AttnkitModel):
     @property
     def beam_size(self) -> int:
         """The beam of a request that names none: the run's ``decode.beam_size``."""
@@ -62,7 +62,7 @@ def load_translator(
     if int8:
         quantize_int8(model)
     config.decode = with_decode_overrides(config.decode, overrides)
-    translator = Translator(checkpoint, model, tokenizer, config, torch.device(device))
+    translator = Translator(checkpoint, tokenizer, model, config, torch.device(device))
     # one sentence before the server says it is ready: a compiled decoding step (decode.compile) is
     # built now, not in the first client's request (about 20 s for a small model)
     translator.run(["."], (translator.beam_size, 1))

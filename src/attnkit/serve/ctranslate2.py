@@ -1,0 +1,115 @@
+"""``attnkit serve --engine ctranslate2``: a folder from ``attnkit export --to ctranslate2`` served through
+the same endpoints and batcher as a checkpoint, searched by CTranslate2 (decode/ct2.py).
+
+Each batch the batcher forms goes to CTranslate2 as ``attnkit translate --engine ctranslate2`` sends a
+file's lines, so a sentence gets the CLI's output with the same settings (decode/ct2.py says where
+CTranslate2's search differs from attnkit's). Its int8 is chosen at export (``--quantization int8``).
+What this engine cannot do: per-request sampling seeds (CTranslate2 seeds one generator per thread,
+once, with ``decode.seed``: a request that names a seed and samples is refused), and the attention
+explorer (CTranslate2 gives no attention weights; ``/explore`` answers 404).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from attnkit.checkpoint import exported_model
+from attnkit.config import DecodeConfig
+from attnkit.decode.ct2 import CTranslate2Generator, CTranslate2Translator
+from attnkit.serve.generator import Prompt, Sampler
+from attnkit.serve.served import ServedModel
+
+DEFAULT_INPUT = 1024  # CTranslate2's own bound on an input (its max_input_length), for older exports
+
+
+@dataclass
+class EngineTranslator(ServedModel):
+    """A CTranslate2 translation model, answering ``POST /translator/translate`` as :class:`Translator`."""
+
+    engine_model: CTranslate2Translator
+
+    engine: ClassVar[str] = "ctranslate2"
+
+    @property
+    def beam_size(self) -> int:
+        return self.engine_model.decode.beam_size
+
+    @property
+    def max_source_tokens(self) -> int:
+        """The model's positions less one for ``</s>``, as for attnkit's engine."""
+        return (self.engine_model.context or DEFAULT_INPUT) - 1
+
+    def output_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text)) if text else 0
+
+    def describe(self) -> dict[str, Any]:
+        return _described(self.checkpoint, self.engine_model.decode)
+
+    def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
+        beam, n_best = settings  # type: ignore[misc]
+        return self.engine_model.translate_n_best(texts, n_best, beam_size=beam)
+
+
+@dataclass
+class EngineGenerator(Sampler, ServedModel):
+    """A CTranslate2 decoder (GPT-style), answering the generation endpoints as :class:`Generator`.
+    Streaming prompts are generated one at a time (CTranslate2 streams one sequence), the others of a
+    batch together."""
+
+    engine_model: CTranslate2Generator
+    loaded_decode: DecodeConfig  # the folder's settings; each batch runs with its requests' changes
+
+    engine: ClassVar[str] = "ctranslate2"
+    seeds_per_request = False
+
+    @property
+    def decode(self) -> DecodeConfig:
+        return self.loaded_decode
+
+    @property
+    def context(self) -> int:
+        return self.engine_model.context or DEFAULT_INPUT
+
+    def describe(self) -> dict[str, Any]:
+        return _described(self.checkpoint, self.loaded_decode)
+
+    def run(self, prompts: list[Prompt], settings: Hashable) -> list[str]:
+        self.engine_model.decode = self.decode_for(settings)  # type: ignore[arg-type]
+        outputs = [""] * len(prompts)
+        whole = [i for i, prompt in enumerate(prompts) if prompt.sink is None]
+        if whole:
+            for i, text in zip(
+                whole, self.engine_model.generate([prompts[i].text for i in whole]), strict=True
+            ):
+                outputs[i] = text
+        for i, prompt in enumerate(prompts):
+            if prompt.sink is not None:
+                (outputs[i],) = self.engine_model.generate([prompt.text], on_text=_to(prompt.sink))
+        return outputs
+
+
+def _to(sink: Callable[[str], None]) -> Callable[[int, str], None]:
+    """A streaming prompt's sink, as decode/ct2.py's ``on_text(index, text)``."""
+    return lambda index, text: sink(text)
+
+
+def _described(folder: Path, decode: DecodeConfig) -> dict[str, Any]:
+    held = exported_model(folder)
+    return {"engine": "ctranslate2", "arch": held["arch"], "context": held.get("context"),
+            "config": {"decode": dataclasses.asdict(decode)}}  # fmt: skip
+
+
+def load_engine_model(
+    folder: Path, overrides: list[str], warn: Callable[[str], None] | None = None
+) -> EngineTranslator | EngineGenerator:
+    """The CTranslate2 folder ``folder`` ready to serve: a translator or a generator, as it holds;
+    ``warn`` hears of a decoding setting CTranslate2 cannot follow."""
+    if exported_model(folder)["arch"] == CTranslate2Generator.ARCH:
+        generator = CTranslate2Generator(folder, overrides)
+        return EngineGenerator(folder, generator.tokenizer, generator, generator.decode)
+    translator = CTranslate2Translator(folder, overrides, warn)
+    return EngineTranslator(folder, translator.tokenizer, translator)
