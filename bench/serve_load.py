@@ -9,10 +9,11 @@ weights exported by ``attnkit export --to ctranslate2``, with the same beam and 
 (CTranslate2's ``intra_threads`` = torch's threads in attnkit's server), tokenised by the same
 tokenizer. Target tokens are counted with the checkpoint's tokenizer for both.
 
-``--soak N`` then sends N requests to attnkit's server from 8 clients, one in ten malformed (bad JSON,
-a wrong type, a missing field, an empty list), and checks: no 5xx but 503, every well-formed request
-answered with the output the server gave that sentence alone, and the server's RSS after the last
-request against its RSS after the first 1,000.
+``--engines attnkit,ctranslate2`` measures attnkit serve with each engine in turn (CTranslate2 on the
+exported weights, behind the same batcher). ``--soak N`` then sends N requests to the first from 8
+clients, one in ten malformed (bad JSON, a wrong type, a missing field, an empty list), and checks: no
+5xx but 503, every well-formed request answered with the output the server gave that sentence alone,
+and the server's RSS after the last request against its RSS after the first 1,000.
 
 Run: ``python bench/serve_load.py --ckpt runs/de_en --data data/multi30k`` (a translation checkpoint;
 ``--src FILE`` for other sentences).
@@ -114,6 +115,9 @@ def run_peer(folder: str, port: int, beam: int, threads: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
+SHOWN = {"attnkit": "attnkit serve", "ctranslate2": "attnkit serve --engine ctranslate2",
+         "peer": "FastAPI + CTranslate2 translate_batch"}  # fmt: skip
+
 MALFORMED = [b'[{"src": "ein Hund', b'[{"src": 12}]', b'[{"text": "ein Hund"}]', b"[]"]
 
 
@@ -175,6 +179,9 @@ def main() -> None:
         "--threads", type=int, default=os.cpu_count() or 1, help="torch / CTranslate2 threads"
     )
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--engines", default="attnkit",
+                        help="attnkit serve's engines to measure, in turn: attnkit, ctranslate2 (the "
+                        "exported weights) or both, comma-separated; the soak runs on the first")  # fmt: skip
     parser.add_argument("--server-option", action="append", default=[],
                         help="an option or decode.field=value for attnkit serve (repeatable)")  # fmt: skip
     parser.add_argument("--soak", type=int, default=0, help="requests of the soak test (0: none)")
@@ -189,64 +196,64 @@ def main() -> None:
         return len(tokenizer.encode(text)) if text else 0
 
     levels = [int(c) for c in args.clients.split(",")]
+    engines = args.engines.split(",")
     print(f"{len(sentences)} sentences from {source}; beam {args.beam}; {args.threads} threads; "
           f"{args.seconds:g} s per level; attnkit serve {' '.join(args.server_option)}")  # fmt: skip
-    results = {}
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = start([sys.executable, "-m", "attnkit", "serve", "--ckpt", str(args.ckpt), "--port", str(port),
-                    f"decode.beam_size={args.beam}", *args.server_option], url)  # fmt: skip
-    try:
-        for clients in levels:
-            results[("attnkit", clients)] = asyncio.run(load(
-                f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"], clients,
-                args.seconds, sentences, count))  # fmt: skip
-        if args.soak:
-            soaked = asyncio.run(soak(f"{url}/translator/translate", args.soak, sentences, server.pid))
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-    if not args.no_peer:
-        with tempfile.TemporaryDirectory() as work:
-            folder = Path(work) / "ct2"
-            export = ["export", "--ckpt", str(args.ckpt), "--to", "ctranslate2", "--out", str(folder)]
+    results: dict[tuple[str, int], dict] = {}
+    with tempfile.TemporaryDirectory() as work:
+        exported = Path(work) / "ct2"
+        if not args.no_peer or "ctranslate2" in engines:
+            export = ["export", "--ckpt", str(args.ckpt), "--to", "ctranslate2", "--out", str(exported)]
             subprocess.run([sys.executable, "-m", "attnkit", *export], check=True, capture_output=True)
+        for engine in engines:
+            folder = exported if engine == "ctranslate2" else args.ckpt
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            peer = start([sys.executable, __file__, "--peer-server", str(folder), str(port), str(args.beam),
-                          str(args.threads)], url)  # fmt: skip
+            command = ["serve", "--ckpt", str(folder), "--port", str(port), "--engine", engine,
+                       f"decode.beam_size={args.beam}", *args.server_option]  # fmt: skip
+            server = start([sys.executable, "-m", "attnkit", *command], url)
+            try:
+                for clients in levels:
+                    results[(engine, clients)] = asyncio.run(load(
+                        f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"],
+                        clients, args.seconds, sentences, count))  # fmt: skip
+                if args.soak and engine == engines[0]:
+                    soaked = asyncio.run(
+                        soak(f"{url}/translator/translate", args.soak, sentences, server.pid)
+                    )
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
+        if not args.no_peer:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            peer = start([sys.executable, __file__, "--peer-server", str(exported), str(port),
+                          str(args.beam), str(args.threads)], url)  # fmt: skip
             try:
                 for clients in levels:
                     results[("peer", clients)] = asyncio.run(load(
-                        f"{url}/translate", lambda s: {"src": s}, lambda r: r["tgt"], clients, args.seconds,
-                        sentences, count))  # fmt: skip
+                        f"{url}/translate", lambda s: {"src": s}, lambda r: r["tgt"], clients,
+                        args.seconds, sentences, count))  # fmt: skip
             finally:
                 peer.terminate()
                 peer.wait(timeout=60)
     print("| server | clients | requests/s | target tokens/s | p50 ms | p99 ms | errors |")
     print("|---|---|---|---|---|---|---|")
     for (name, clients), r in results.items():
-        shown = "FastAPI + CTranslate2 translate_batch" if name == "peer" else "attnkit serve"
-        cells = [
-            shown,
-            clients,
-            f"{r['rps']:.1f}",
-            f"{r['tps']:.0f}",
-            f"{r['p50']:.0f}",
-            f"{r['p99']:.0f}",
-            r["errors"],
-        ]
+        cells = [SHOWN[name], clients, f"{r['rps']:.1f}", f"{r['tps']:.0f}", f"{r['p50']:.0f}",
+                 f"{r['p99']:.0f}", r["errors"]]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
     most, one = max(levels), min(levels)
-    ours = results[("attnkit", most)]["rps"]
-    alone = results[("attnkit", one)]["rps"]
-    print(f"attnkit at {most} clients / attnkit at {one}: {ours / alone:.2f}x requests/s")
-    if ("peer", most) in results:
-        print(f"attnkit / peer at {most} clients: {ours / results[('peer', most)]['rps']:.2f}x requests/s")
     middle = [c for c in levels if one < c < most]
-    if middle:
-        ratio = results[("attnkit", middle[0])]["p99"] / results[("attnkit", one)]["p50"]
-        print(f"attnkit p99 at {middle[0]} clients / p50 at {one}: {ratio:.2f}")
+    for engine in engines:
+        ours, alone = results[(engine, most)]["rps"], results[(engine, one)]["rps"]
+        print(f"{SHOWN[engine]}: at {most} clients / at {one}: {ours / alone:.2f}x requests/s")
+        if ("peer", most) in results:
+            peer = results[("peer", most)]["rps"]
+            print(f"{SHOWN[engine]} / peer at {most} clients: {ours / peer:.2f}x requests/s")
+        if middle:
+            ratio = results[(engine, middle[0])]["p99"] / results[(engine, one)]["p50"]
+            print(f"{SHOWN[engine]}: p99 at {middle[0]} clients / p50 at {one}: {ratio:.2f}")
     if args.soak:
         print("soak: " + json.dumps(soaked))
 

@@ -3,6 +3,8 @@ share a batch up to the token budget, other settings never share a search, a fai
 alone, a full queue refuses at once, and a request whose client has gone is not run."""
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -88,3 +90,83 @@ def test_a_request_whose_client_has_gone_is_not_run():
         return model.batches
 
     assert asyncio.run(go()) == [(["kept"], "s")]
+
+
+class Meeting:
+    """A model whose batches each wait (up to 5 s) for another batch to be running at the same time,
+    and record when they ran; ``alone`` work records when it ran too."""
+
+    def __init__(self, parties):
+        self.barrier, self.spans = threading.Barrier(parties, timeout=5), []
+
+    def run(self, inputs, settings):
+        began = time.perf_counter()
+        try:
+            self.barrier.wait()
+            met = True
+        except threading.BrokenBarrierError:
+            met = False
+        time.sleep(0.05)
+        self.spans.append(("batch", began, time.perf_counter()))
+        return [met] * len(inputs)
+
+    def explore(self):
+        began = time.perf_counter()
+        time.sleep(0.05)
+        self.spans.append(("alone", began, time.perf_counter()))
+        return "page"
+
+
+def test_two_workers_run_two_batches_at_once_and_alone_work_overlaps_none():
+    """The first batch waits for a second to run beside it: with two workers it does (with one, it
+    would wait 5 s and give up). The explorer's work, asked meanwhile, runs when neither runs."""
+
+    async def go():
+        model, prepared = Meeting(2), []
+        batcher = Batcher(model.run, max_batch_tokens=1, max_wait_ms=0, max_queue=8, workers=2,
+                          prepare=prepared.append)  # fmt: skip
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(["a"], "s", 1))
+        second = asyncio.ensure_future(
+            batcher.submit(["b"], "s", 1)
+        )  # over the budget of 1: a batch of its own
+        await asyncio.sleep(0.01)
+        page = await batcher.alone(model.explore)
+        answers = await asyncio.gather(first, second)
+        await batcher.stop()
+        return model.spans, page, answers, prepared
+
+    spans, page, answers, prepared = asyncio.run(go())
+    assert answers == [[True], [True]] and page == "page"
+    assert prepared == [1, 2, 1]  # the first batch alone, the second beside it, the explorer's work alone
+    (alone,) = [span for span in spans if span[0] == "alone"]
+    for kind, began, ended in spans:
+        if kind == "batch":
+            assert ended <= alone[1] or began >= alone[2], "the explorer's work overlapped a batch"
+
+
+def test_one_worker_runs_one_batch_at_a_time():
+    async def go():
+        model = Meeting(2)
+        batcher = Batcher(model.run, max_batch_tokens=1, max_wait_ms=0, max_queue=8, workers=1)
+        batcher.start()
+        answers = await asyncio.gather(batcher.submit(["a"], "s", 1), batcher.submit(["b"], "s", 1))
+        await batcher.stop()
+        return answers
+
+    model_answers = asyncio.run(go())
+    assert model_answers[0] == [False]  # nobody came: the second batch waited for the first
+
+
+def test_stop_drops_the_requests_still_queued():
+    """What is still queued when the server stops the batcher has no client left (see Batcher.stop)."""
+
+    async def go():
+        batcher = Batcher(Model().run, max_batch_tokens=100, max_wait_ms=0, max_queue=8)
+        left = asyncio.ensure_future(batcher.submit(["left"], "s", 1))  # never started: stays queued
+        await asyncio.sleep(0)
+        await batcher.stop()
+        with pytest.raises(asyncio.CancelledError):
+            await left
+
+    asyncio.run(go())

@@ -48,8 +48,12 @@ def serve(
         int, typer.Option(help="Source tokens in one batch at most (requests over it: 413).")
     ] = 4096,
     max_wait_ms: Annotated[
-        float, typer.Option(help="How long a batch waits for more requests after its first.")
-    ] = 10.0,
+        float,
+        typer.Option(
+            help="How long a batch waits for more requests after its first (0: none; requests that come "
+            "while the model is busy make up the next batch anyway)."
+        ),
+    ] = 0.0,
     max_queue: Annotated[int, typer.Option(help="Requests waiting at most; more get 503.")] = 256,
     api_key: Annotated[
         str,

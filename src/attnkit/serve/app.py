@@ -59,7 +59,7 @@ class ServeSettings:
     """What ``attnkit serve``'s options set."""
 
     max_batch_tokens: int = 4096  # source tokens of all requests in one batch
-    max_wait_ms: float = 10.0  # how long a batch waits for more requests after its first
+    max_wait_ms: float = 0.0  # how long a batch waits for more requests after its first
     max_queue: int = 256  # requests waiting at most; more are refused (503)
     api_key: str = ""  # when set, every endpoint but /health needs "Authorization: Bearer KEY"
     retry_after_s: int = 1  # what a 503 asks the client to wait
@@ -127,6 +127,7 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
         def _ready(model: ServedModel) -> None:
             batcher = Batcher(model.run, max_batch_tokens=settings.max_batch_tokens,
                               max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
+                              workers=model.streams, prepare=model.prepare_worker,
                               observe=_observe)  # fmt: skip
             batcher.start()
             state["model"], state["batcher"] = model, batcher
@@ -225,10 +226,9 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
     @app.get("/explore")
     async def explore(text: str = "", target: str | None = None) -> HTMLResponse:
         """The attention explorer (``attnkit explore``'s page) on ``text``: every layer and head; run
-        in the model thread, between batches."""
+        while no batch runs (it hooks the model)."""
         model: ServedModel = ready_model()
-        page = await asyncio.get_running_loop().run_in_executor(
-            state["batcher"].model_thread, model.explore, text, target or None, "/explore")  # fmt: skip
+        page = await state["batcher"].alone(model.explore, text, target or None, "/explore")
         if page is None:
             raise RequestError(404, "not_available", f"the attention explorer needs attnkit's engine; "
                                f"this server runs {model.engine}")  # fmt: skip

@@ -1,12 +1,19 @@
-"""Dynamic batching: concurrent requests grouped into batches, run one batch at a time by one thread.
+"""Dynamic batching: concurrent requests grouped into batches, run by the model's workers.
 
 A model searches a batch of sentences in little more time than one, so a server that runs each request
-alone wastes the machine as soon as two clients wait. The batcher queues every request's inputs; its
-loop takes the oldest, then keeps adding the next ones for up to ``max_wait_ms`` or until the batch
-holds ``max_batch_tokens`` source tokens, and runs the batch in its model thread (one at a time: a
-model is not run by two threads at once, and the event loop stays free to accept requests meanwhile).
-Requests with other decoding settings (a beam of 1 and one of 5) do not share a search: each batch is
-split into groups of equal settings, run one after another.
+alone wastes the machine as soon as two clients wait. The batcher queues every request's inputs; once a
+worker is free, it takes the oldest request, then keeps adding the next ones for up to ``max_wait_ms``
+or until the batch holds ``max_batch_tokens`` source tokens, and runs the batch on that worker (a thread
+of its own; the event loop stays free to accept requests meanwhile). While every worker is busy,
+requests wait in the queue, and the next batch takes them at once. Requests with other decoding
+settings (a beam of 1 and one of 5) do not share a search: each batch is split into groups of equal
+settings, run one after another.
+
+``workers`` batches run at a time (``decode.streams``, as the command line's translations run side by
+side, cpu/streams.py): a request that arrives while a batch runs can start on another worker instead of
+waiting for it. Before each batch, ``prepare(running)`` tells its worker how many batches run now, this
+one included, so that a batch alone takes every thread of the CPU and batches side by side share
+them. Work that must not overlap a batch (the attention explorer hooks the model) runs :meth:`alone`.
 
 A request whose inputs make the batch fail (the model raises) fails alone: the batch is run again
 request by request, and the others are answered. A full queue refuses new requests (the server answers
@@ -40,7 +47,8 @@ class Job:
 
 
 class Batcher:
-    """Runs ``run(inputs, settings) -> outputs`` (blocking, in one thread) on batches of requests.
+    """Runs ``run(inputs, settings) -> outputs`` (blocking) on batches of requests, ``workers`` at a time,
+    each on a worker thread that ``prepare(running)`` readies first (see the module docstring).
 
     ``observe(batch_requests, batch_inputs, seconds)`` hears of every batch run (for metrics)."""
 
@@ -51,30 +59,55 @@ class Batcher:
         max_batch_tokens: int,
         max_wait_ms: float,
         max_queue: int,
+        workers: int = 1,
+        prepare: Callable[[int], None] = lambda running: None,
         observe: Callable[[int, int, float], None] = lambda requests, inputs, seconds: None,
     ) -> None:
         self.run, self.observe = run, observe
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait_ms / 1000, max_queue
+        self.workers, self.prepare = workers, prepare
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
-        self.model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnkit-model")
+        # one thread each; a batch goes to the idle worker that comes first, so that at a low load the
+        # same thread runs batch after batch (a thread's CPU threads stay warm; another's would idle)
+        self.threads = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"attnkit-model-{i}") for i in range(workers)
+        ]
+        self.idle = list(range(workers))
+        self.free: asyncio.Semaphore | None = None  # a permit per idle worker (made in the loop)
         self.loop_task: asyncio.Task | None = None
+        self.running: set[asyncio.Task] = set()
 
     def start(self) -> None:
+        self.free = asyncio.Semaphore(self.workers)
         self.loop_task = asyncio.get_running_loop().create_task(self._serve())
 
     async def stop(self) -> None:
-        """Stop the loop and the model thread, once the batch running (if any) ends. The server stops
-        the batcher only after its requests are answered or, past the grace period, cut off: the
-        requests still queued then have no client, and are dropped."""
+        """Stop the loop and the workers, once the batches running (if any) end. The server stops the
+        batcher only after its requests are answered or, past the grace period, cut off: the requests
+        still queued then have no client, and are dropped."""
         if self.loop_task is not None:
             self.loop_task.cancel()
         while not self.queue.empty():
             self.queue.get_nowait().future.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, self.model_thread.shutdown)
+        if self.running:
+            await asyncio.wait(self.running)
+        for thread in self.threads:
+            await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
 
     def waiting(self) -> int:
         """Requests queued and not yet in a batch."""
         return self.queue.qsize()
+
+    async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` on a worker while no batch runs (it waits for every worker to be free)."""
+        assert self.free is not None, "the batcher has not started"
+        for _ in range(self.workers):
+            await self.free.acquire()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.threads[0], self._alone, work, args)
+        finally:
+            for _ in range(self.workers):
+                self.free.release()
 
     async def submit(self, inputs: list[Any], settings: Hashable, tokens: int) -> list[Any]:
         """The outputs of ``inputs`` once their batch has run; :class:`QueueFullError` at once if the queue
@@ -86,18 +119,39 @@ class Batcher:
         return await job.future
 
     async def _serve(self) -> None:
+        assert self.free is not None
         while True:
-            batch = await self._collect()
+            first = await self.queue.get()
+            # a worker free, its batch is collected: the requests that came while all were busy go
+            # into it at once (and no worker is held while no request waits: alone() may need them all)
+            await self.free.acquire()
+            try:
+                batch = await self._collect(first)
+            except BaseException:
+                self.free.release()
+                raise
+            worker = self.idle.pop(0)
+            running = self.workers - len(self.idle)  # batches running now, this one included
+            task = asyncio.get_running_loop().create_task(self._run_batch(batch, worker, running))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+
+    async def _run_batch(self, batch: list[Job], worker: int, running: int) -> None:
+        """One batch on the worker taken for it, each group of equal settings in turn."""
+        assert self.free is not None
+        try:
             groups: dict[Hashable, list[Job]] = {}
             for job in batch:
                 if not job.future.cancelled():
                     groups.setdefault(job.settings, []).append(job)
             for settings, jobs in groups.items():
-                await self._run_group(settings, jobs)
+                await self._run_group(settings, jobs, worker, running)
+        finally:
+            self.idle = sorted([*self.idle, worker])
+            self.free.release()
 
-    async def _collect(self) -> list[Job]:
-        """The oldest request and those that follow within the wait, up to the token budget."""
-        first = await self.queue.get()
+    async def _collect(self, first: Job) -> list[Job]:
+        """The oldest request, ``first``, and those that follow within the wait, up to the token budget."""
         batch, tokens = [first], first.tokens
         deadline = time.perf_counter() + self.max_wait
         while tokens < self.max_batch_tokens:
@@ -126,17 +180,27 @@ class Batcher:
         for waiting in rest:
             self.queue.put_nowait(waiting)
 
-    async def _run_group(self, settings: Hashable, jobs: list[Job]) -> None:
+    def _alone(self, work: Callable[..., Any], args: tuple) -> Any:
+        self.prepare(1)
+        return work(*args)
+
+    def _on_worker(self, inputs: list[Any], settings: Hashable, running: int) -> list[Any]:
+        self.prepare(running)
+        return self.run(inputs, settings)
+
+    async def _run_group(self, settings: Hashable, jobs: list[Job], worker: int, running: int) -> None:
         inputs = [x for job in jobs for x in job.inputs]
         loop, began = asyncio.get_running_loop(), time.perf_counter()
         try:
-            outputs = await loop.run_in_executor(self.model_thread, self.run, inputs, settings)
+            outputs = await loop.run_in_executor(
+                self.threads[worker], self._on_worker, inputs, settings, running
+            )
         except Exception as error:
             if len(jobs) == 1:
                 _settle(jobs[0], error=error)
             else:  # find the request that fails: each alone
                 for job in jobs:
-                    await self._run_group(settings, [job])
+                    await self._run_group(settings, [job], worker, running)
             return
         self.observe(len(jobs), len(inputs), time.perf_counter() - began)
         start = 0

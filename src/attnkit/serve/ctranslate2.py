@@ -39,6 +39,11 @@ class EngineTranslator(ServedModel):
         return self.engine_model.decode.beam_size
 
     @property
+    def streams(self) -> int:
+        """CTranslate2's ``inter_threads`` (``decode.streams``): batches it runs at a time."""
+        return self.engine_model.streams
+
+    @property
     def max_source_tokens(self) -> int:
         """The model's positions less one for ``</s>``, as for attnkit's engine."""
         return (self.engine_model.context or DEFAULT_INPUT) - 1
@@ -69,6 +74,10 @@ class EngineGenerator(Sampler, ServedModel):
     @property
     def decode(self) -> DecodeConfig:
         return self.loaded_decode
+
+    @property
+    def streams(self) -> int:
+        return 1  # each batch's settings are set on the one CTranslate2 generator before it runs
 
     @property
     def context(self) -> int:
@@ -111,5 +120,10 @@ def load_engine_model(
     if exported_model(folder)["arch"] == CTranslate2Generator.ARCH:
         generator = CTranslate2Generator(folder, overrides)
         return EngineGenerator(folder, generator.tokenizer, generator, generator.decode)
+    if not any(o.startswith("decode.streams=") for o in overrides):
+        # one CTranslate2 worker on every thread unless asked: a server's single requests then take
+        # the whole CPU (17 ms against 42 for a Multi30k sentence at beam 5 on 2 cores, bench/serve_load.py),
+        # for a tenth less throughput at 32 clients; batches side by side are decode.streams=2
+        overrides = [*overrides, "decode.streams=1"]
     translator = CTranslate2Translator(folder, overrides, warn)
     return EngineTranslator(folder, translator.tokenizer, translator)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from attnkit.config import RunConfig
+from attnkit.cpu.streams import stream_count
 from attnkit.data.tokenizer import Tokenizer
 
 
@@ -40,8 +41,17 @@ class ServedModel:
         gives no attention weights."""
         return None
 
+    @property
+    def streams(self) -> int:
+        """Batches run at a time (the batcher's workers)."""
+        return 1
+
+    def prepare_worker(self, running: int) -> None:
+        """Ready a worker thread of the batcher for a batch, ``running`` batches at once with it."""
+
     def run(self, inputs: list[Any], settings: Hashable) -> list[Any]:
-        """Each input's output (blocking; called in the batcher's one model thread)."""
+        """Each input's output (blocking; called by one of the batcher's workers, ``streams`` at a time
+        in all)."""
         raise NotImplementedError
 
 
@@ -54,6 +64,23 @@ class AttnkitModel(ServedModel):
     device: torch.device
 
     engine: ClassVar[str] = "attnkit"
+
+    def __post_init__(self) -> None:
+        # torch's threads as the model loaded, shared out among the workers (which change the count
+        # that new threads start with, so it is read once, here)
+        self.threads = torch.get_num_threads()
+        self.workers = stream_count(self.config.decode.streams, self.device, self.threads)
+
+    @property
+    def streams(self) -> int:
+        """``decode.streams`` batches at a time (0: one per thread), each on its share of torch's
+        threads, as ``attnkit translate`` runs its batches (cpu/streams.py)."""
+        return self.workers
+
+    def prepare_worker(self, running: int) -> None:
+        """A batch alone takes every thread; batches side by side share them (a batch that began alone
+        keeps its threads until it ends, so for a while the CPU may hold more threads than cores)."""
+        torch.set_num_threads(max(1, self.threads // running))
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "arch": self.config.model.arch, "task": self.config.data.task,
