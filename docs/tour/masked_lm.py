@@ -15,7 +15,6 @@
 # Run: `python masked_lm.py` (under a minute on a CPU; writes `masked_lm.png` into the current folder).
 
 # %%
-import random
 import tempfile
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
 from attnkit.config import load_run_config
 from attnkit.data.batching import encoder_input
+from attnkit.data.synthetic import ANIMALS, PLACES, VERBS, slot_sentences
 from attnkit.tasks.masked_lm import MaskedLMTask, mask_tokens
 from attnkit.train.loop import Trainer
 
@@ -62,13 +62,7 @@ print(
 # steps the encoder has learned which slot takes which kind of word, from both sides of the blank.
 
 # %%
-rng = random.Random(0)
-animals, verbs, places = (
-    ["cat", "dog", "hen", "fox", "owl"],
-    ["sat", "slept", "ran", "hid"],
-    ["mat", "log", "den", "box"],
-)
-lines = [f"the {rng.choice(animals)} {rng.choice(verbs)} on the {rng.choice(places)} ." for _ in range(4000)]
+lines = [f"{sentence} ." for sentence in slot_sentences(4000, seed=0)]  # "the cat sat on the mat ."
 with tempfile.TemporaryDirectory() as work:
     (Path(work) / "lines.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     config = load_run_config(None, [
@@ -96,7 +90,7 @@ for blank, answer in zip(blanks, filled, strict=True):
 # in the context says which animal it was.
 
 # %%
-kinds = {"animal": animals, "verb": verbs, "place": places}
+kinds = {"animal": ANIMALS, "verb": VERBS, "place": PLACES}
 mask_id = tokenizer.specials.mask
 
 

@@ -17,7 +17,6 @@
 
 # %%
 import dataclasses
-import random
 import tempfile
 from pathlib import Path
 
@@ -29,18 +28,13 @@ import torch
 
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
 from attnkit.config import load_run_config
+from attnkit.data.synthetic import PLACES, slot_sentences
 from attnkit.decode.generate import generate
 from attnkit.decode.search import restrict
 from attnkit.train.loop import Trainer
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
-rng = random.Random(0)
-animals, verbs, places = (
-    ["cat", "dog", "hen", "fox", "owl"],
-    ["sat", "slept", "ran", "hid"],
-    ["mat", "log", "den", "box"],
-)
-lines = [f"the {rng.choice(animals)} {rng.choice(verbs)} on the {rng.choice(places)}.\n" for _ in range(3000)]
+lines = [f"{sentence}.\n" for sentence in slot_sentences(3000, seed=0)]  # "the cat sat on the mat."
 with tempfile.TemporaryDirectory() as work:
     (Path(work) / "text.txt").write_text("".join(lines), encoding="utf-8")
     config = load_run_config(None, [
@@ -124,7 +118,7 @@ fig.savefig("sampling.png", dpi=120)
 
 # %%
 p1 = shown["T = 1"]
-first_letters = [tokenizer.encode(place[0])[0] for place in places]
+first_letters = [tokenizer.encode(place[0])[0] for place in PLACES]
 assert p1[first_letters].sum() > 0.8, p1[first_letters]
 
 

@@ -5,6 +5,9 @@
   Reordering, lookup (month names) and copying, learnt in a couple of minutes on a CPU.
 - ``copy``: a random digit string -> itself, the Annotated Transformer's first task.
 
+And one monolingual text: :func:`slot_sentences`, "the cat sat on the mat" with each slot drawn at
+random, for a language model or a masked-LM to learn in seconds (the tour's sampling and BERT pages).
+
 Held-out sets are generated with another seed and never share a source sentence with training.
 """
 
@@ -87,3 +90,17 @@ def generate(task: str, n: int, seed: int, exclude: set[str] | None = None) -> P
     if task not in TASKS:
         raise DataError(f"unknown synthetic task {task!r}; choose one of {sorted(TASKS)}")
     return TASKS[task](n, seed, exclude)
+
+
+ANIMALS, VERBS, PLACES = (
+    ("cat", "dog", "hen", "fox", "owl"),
+    ("sat", "slept", "ran", "hid"),
+    ("mat", "log", "den", "box"),
+)
+
+
+def slot_sentences(n: int, seed: int) -> list[str]:
+    """``n`` sentences "the ANIMAL VERB on the PLACE" (no final stop), each slot drawn at random from
+    :data:`ANIMALS`, :data:`VERBS` and :data:`PLACES`: three kinds of word, each in its own place."""
+    rng = random.Random(seed)
+    return [f"the {rng.choice(ANIMALS)} {rng.choice(VERBS)} on the {rng.choice(PLACES)}" for _ in range(n)]
