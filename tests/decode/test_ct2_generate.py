@@ -4,6 +4,7 @@ the exported layout, and through the command line on a trained run (``generate -
 
 import json
 import re
+import sys
 
 import pytest
 import torch
@@ -14,11 +15,11 @@ from attnkit.config import DecodeConfig
 from attnkit.convert.export import export_ctranslate2
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import generate
-from attnkit.errors import ConversionError
+from attnkit.errors import AttnkitError, ConversionError
 from attnkit.models import build_model, from_preset
 
 pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
-from attnkit.decode.ct2 import CTranslate2Generator
+from attnkit.decode.ct2 import CTranslate2Generator, check_exported_folder
 from tests.cli_checks import one_line_error
 
 TEXT = ["the quick brown fox jumps over the lazy dog", "a cat sleeps on the warm mat", "rain falls"] * 10
@@ -195,3 +196,14 @@ def test_each_engine_refuses_the_others_folders_in_one_line(exported, tokenizer,
     for args, message in cases:
         result = runner.invoke(app, args)
         one_line_error(result, message)
+
+
+def test_a_machine_without_ctranslate2_or_a_folder_that_is_no_export_is_told_in_one_line(
+    tmp_path, monkeypatch
+):
+    folder = "not a CTranslate2 folder from 'attnkit export --to ctranslate2'"
+    with pytest.raises(AttnkitError, match=rf": {folder}$"):
+        check_exported_folder(tmp_path)
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 now raises ImportError
+    with pytest.raises(AttnkitError, match=r"needs CTranslate2: pip install 'attnkit\[ctranslate2\]'"):
+        check_exported_folder(tmp_path)

@@ -130,16 +130,11 @@ def _attnkit_model(ckpt: Path, overrides: list[str], int8: bool) -> tuple[str, C
 def _engine_model(folder: Path, overrides: list[str], int8: bool) -> tuple[str, Callable[[], ServedModel]]:
     """The endpoints' kind for a CTranslate2 folder, and how to load it; a folder that is not one, or
     a machine without CTranslate2, is a one-line error now rather than a failed load."""
-    from attnkit.checkpoint import DECODE_FILE, exported_model
+    from attnkit.checkpoint import exported_model
+    from attnkit.decode.ct2 import check_exported_folder
     from attnkit.models import DecoderModelConfig
+    from attnkit.serve.ctranslate2 import load_engine_model
 
-    if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
-        raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
-    try:
-        from attnkit.serve.ctranslate2 import load_engine_model
-    except ImportError as error:
-        raise AttnkitError(
-            f"--engine ctranslate2 needs {error.name}: pip install 'attnkit[ctranslate2]'"
-        ) from None
+    check_exported_folder(folder)
     kind = "generate" if exported_model(folder)["arch"] == DecoderModelConfig.ARCH else "translate"
     return kind, lambda: load_engine_model(folder, overrides, warn=note)

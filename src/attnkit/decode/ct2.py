@@ -47,6 +47,19 @@ from attnkit.models import ARCHITECTURES, DecoderModelConfig, TransformerConfig
 from attnkit.utf8 import native_path
 
 
+def check_exported_folder(folder: Path) -> None:
+    """A one-line error unless CTranslate2 is installed and ``folder`` is what ``attnkit export --to
+    ctranslate2`` writes."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise AttnkitError(
+            "--engine ctranslate2 needs CTranslate2: pip install 'attnkit[ctranslate2]'"
+        ) from None
+    if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
+        raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
+
+
 class _ExportedFolder:
     """The CTranslate2 model, tokenizer and decoding settings of ``folder``, loaded once. ``overrides``
     (``decode.field=value``) change the folder's decoding settings, as they change a checkpoint's for
@@ -59,14 +72,9 @@ class _ExportedFolder:
     def __init__(
         self, folder: Path, overrides: Sequence[str] = (), changes: Mapping[str, Any] | None = None
     ) -> None:
-        try:
-            import ctranslate2
-        except ImportError:
-            raise AttnkitError(
-                "--engine ctranslate2 needs CTranslate2: pip install 'attnkit[ctranslate2]'"
-            ) from None
-        if not (folder / DECODE_FILE).is_file() or not (folder / "model.bin").is_file():
-            raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
+        check_exported_folder(folder)
+        import ctranslate2
+
         held = exported_model(folder)
         if held["arch"] != self.ARCH:
             what = ARCHITECTURES[held["arch"]].kind.split(" ", 1)[1]  # "a translation model": its noun
