@@ -4,7 +4,7 @@ Two engines run a model: attnkit's own (:class:`AttnkitModel`: a checkpoint, its
 config) and CTranslate2 (serve/ctranslate2.py: a folder that ``attnkit export --to ctranslate2``
 wrote). The app sees only what this base class has: token counts for the limits, a description for
 ``GET /info``, the attention explorer's page where the engine has attention weights to show, and
-``run``, the blocking call the batcher makes in its model thread.
+``run``, the blocking call the batcher makes on one of its workers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A translation or summarisation model as the server runs it: loaded once, searched as the CLI searches.
 
-``run`` is what the batcher calls in its model thread: the same ``translate_n_best`` that ``attnkit
+``run`` is what the batcher calls on its workers: the same ``translate_n_best`` that ``attnkit
 translate`` uses, with the run's decoding settings (changed by ``decode.field=value`` as on the command
 line), so that an input gets the output the CLI gives it with the same beam.
 """
