@@ -34,6 +34,15 @@ def test_the_site_builds_strictly_with_every_reference_page_rendered(tmp_path):
     assert "CTranslate2 as the engine" in serving
 
 
+def test_each_tour_script_is_a_page_of_the_site_with_its_code_and_figure(tmp_path):
+    built = _build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode == 0, built.stderr
+    for script in sorted((ROOT / "docs" / "tour").glob("*.py")):
+        page = (tmp_path / "site" / "tour" / script.stem / "index.html").read_text(encoding="utf-8")
+        assert f'src="../{script.stem}.png"' in page, script.name  # the figure, after the code drawing it
+        assert 'class="highlight"' in page and f'href="../{script.name}"' in page, script.name  # code, source
+
+
 def test_a_broken_link_fails_the_build(tmp_path):
     """The check above can fail: the same site with one page linking to a page that does not exist."""
     docs = tmp_path / "docs"
