@@ -48,9 +48,6 @@ class EngineTranslator(ServedModel):
         """The model's positions less one for ``</s>``, as for attnkit's engine."""
         return (self.engine_model.context or DEFAULT_INPUT) - 1
 
-    def output_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text)) if text else 0
-
     def describe(self) -> dict[str, Any]:
         return _described(self.checkpoint, self.engine_model.decode)
 

@@ -32,6 +32,10 @@ class ServedModel:
         """How many tokens each text is (for the length limits and the batches' token budget)."""
         return [len(ids) for ids in self.tokenizer.encode_batch(texts)]
 
+    def output_tokens(self, text: str) -> int:
+        """How many tokens an output is (the metrics' output tokens)."""
+        return len(self.tokenizer.encode(text)) if text else 0
+
     def describe(self) -> dict[str, Any]:
         """What ``GET /info`` says of the model: its engine, architecture, task and settings."""
         raise NotImplementedError

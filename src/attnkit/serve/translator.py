@@ -39,9 +39,6 @@ class Translator(AttnkitModel):
             limit = min(limit, self.config.data.source_limit)
         return limit - 1
 
-    def output_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text)) if text else 0
-
     def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
         """Each text's ``n_best`` translations and scores by a beam of ``beam`` (1: greedy search)."""
         beam, n_best = settings  # type: ignore[misc]
