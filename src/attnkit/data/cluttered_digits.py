@@ -35,6 +35,7 @@ class Canvases:
 
     images: Tensor  # (N, canvas, canvas) uint8, 0 = black
     labels: Tensor  # (N,) int64, the digit 0-9
+    corners: Tensor  # (N, 2) int64: the row and column of each digit's top-left pixel (it is DIGIT wide)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -71,9 +72,9 @@ def cluttered_digits(split: str, n: int, canvas: int, clutter: int, seed: int | 
         sources, corners = rng.integers(len(digits), size=n), rng.integers(DIGIT - PIECE + 1, size=(n, 2))
         _paste(images, _crop(digits, sources, corners, PIECE), rng)
     chosen = rng.integers(len(digits), size=n)
-    _paste(images, digits[chosen], rng)
+    corners = _paste(images, digits[chosen], rng)
     pixels = torch.from_numpy(np.rint(images * 255)).to(torch.uint8)
-    return Canvases(pixels, torch.from_numpy(labels[chosen]).long())
+    return Canvases(pixels, torch.from_numpy(labels[chosen]).long(), torch.from_numpy(corners).long())
 
 
 def _square(corners: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,10 +90,11 @@ def _crop(images: np.ndarray, which: np.ndarray, corners: np.ndarray, side: int)
     return images[(which[:, None, None], *_square(corners, side))]
 
 
-def _paste(canvases: np.ndarray, pieces: np.ndarray, rng: np.random.Generator) -> None:
+def _paste(canvases: np.ndarray, pieces: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Put one of ``pieces (n, h, w)`` at a random place of each of ``canvases (n, C, C)``, in place,
-    keeping the brighter pixel where they overlap."""
+    keeping the brighter pixel where they overlap; return the places (top-left corners, ``(n, 2)``)."""
     n, side = len(pieces), pieces.shape[1]
     corners = rng.integers(canvases.shape[-1] - side + 1, size=(n, 2))
     where = (np.arange(n)[:, None, None], *_square(corners, side))  # (n, side, side) once broadcast
     canvases[where] = np.maximum(canvases[where], pieces)
+    return corners
