@@ -71,6 +71,22 @@ fig.tight_layout()
 fig.savefig("heads.png", dpi=110)
 
 # %% [markdown]
+# ## Self-attention and cross-attention
+#
+# The three rows are the same operation, softmax(QKᵀ/√d_k)V, on different inputs (§3.2.3). In
+# **self-attention** the queries, keys and values all come from one sequence: the encoder's source
+# characters look at each other (a square map), and so do the decoder's output characters, masked so
+# that each sees only those before it (a triangle). In **cross-attention** ("encoder-decoder
+# attention") the queries come from the decoder and the keys and values from the encoder's output:
+# each output character asks which source characters to read, a rectangle of outputs by sources. That
+# is the Transformer's version of the alignment of the RNN translators (see Bahdanau's alignments).
+
+# %%
+for attention in maps:
+    print(f"{attention.name:25s} {len(attention.queries):2d} queries from {attention.queries[0]!r}…"
+          f" × {len(attention.keys):2d} keys from {attention.keys[0]!r}…")  # fmt: skip
+
+# %% [markdown]
 # ## How focused the cross-attention is
 #
 # The entropy of a query's weights says how many keys it really uses (e^entropy of them). A uniform
@@ -91,6 +107,8 @@ print(f"cross-attention entropy {entropy:.2f} nats: about {math.exp(entropy):.1f
 #   quickstart's 1,500 steps reach 99%).
 # - Every head's weights are a distribution over the keys it may see (rows sum to 1), and the decoder's
 #   self-attention gives no weight to later positions.
+# - Self-attention's queries and keys are one sequence; cross-attention's queries are the decoder's and
+#   its keys the encoder's.
 # - The last layer's cross-attention has under 60% of the entropy of a uniform spread (46% here).
 
 # %%
@@ -100,5 +118,10 @@ for attention in maps:
     assert torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-3), attention.name
 decoder_self = torch.tensor(maps[1].weights)
 assert (decoder_self.triu(diagonal=1) == 0).all()
+encoder_self, cross_map = maps[0], maps[2]
+outputs_seen = decoder_self.size(-2)  # the decoder's queries: <s> and the output characters
+# Self-attention: queries and keys are one sequence; cross: the decoder's queries, the encoder's keys.
+assert encoder_self.queries == encoder_self.keys and decoder_self.size(-1) == outputs_seen
+assert cross_map.keys == encoder_self.keys and len(cross_map.queries) == outputs_seen
 assert entropy < 0.6 * uniform, (entropy, uniform)
-print("checked: the model translates dates, every head is a distribution, the cross-attention is focused")
+print("checked: it translates dates; each head weighs what it may see; the cross-attention is focused")
