@@ -170,3 +170,35 @@ def test_stop_drops_the_requests_still_queued():
             await left
 
     asyncio.run(go())
+
+
+def test_a_request_waiting_for_a_busy_worker_is_counted_as_waiting_and_dropped_on_stop():
+    """The oldest request waits for a worker outside the queue: it still counts as waiting (the
+    --max-queue limit and /metrics' queue gauge count it), and stopping the batcher drops it rather than
+    leaving its client waiting for ever."""
+
+    async def go():
+        release = threading.Event()
+
+        def run(inputs, settings):
+            release.wait(5)
+            return inputs
+
+        batcher = Batcher(run, max_batch_tokens=1, max_wait_ms=0, max_queue=1, workers=1)
+        batcher.start()
+        running = asyncio.ensure_future(batcher.submit(["a"], "s", 1))
+        await asyncio.sleep(0.05)  # "a" runs: the one worker is busy
+        held = asyncio.ensure_future(batcher.submit(["b"], "s", 1))
+        await asyncio.sleep(0.05)  # "b" is the next batch's first request, waiting for the worker
+        counted = batcher.waiting()
+        with pytest.raises(QueueFullError, match="1 requests are already waiting"):
+            await batcher.submit(["c"], "s", 1)
+        stopping = asyncio.ensure_future(batcher.stop())
+        await asyncio.sleep(0.05)
+        release.set()  # "a" ends; the batcher stops
+        await stopping
+        done, _ = await asyncio.wait([held], timeout=1)
+        return counted, await running, held in done and held.cancelled()
+
+    counted, answered, dropped = asyncio.run(go())
+    assert counted == 1 and answered == ["a"] and dropped

@@ -67,6 +67,7 @@ class Batcher:
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait_ms / 1000, max_queue
         self.workers, self.prepare = workers, prepare
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.taken: list[Job] = []  # the next batch's requests, out of the queue while a worker is awaited
         # one thread each; a batch goes to the idle worker that comes first, so that at a low load the
         # same thread runs batch after batch (a thread's CPU threads stay warm; another's would idle)
         self.threads = [
@@ -87,6 +88,8 @@ class Batcher:
         still queued then have no client, and are dropped."""
         if self.loop_task is not None:
             self.loop_task.cancel()
+        for job in self.taken:
+            job.future.cancel()
         while not self.queue.empty():
             self.queue.get_nowait().future.cancel()
         if self.running:
@@ -95,8 +98,9 @@ class Batcher:
             await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
 
     def waiting(self) -> int:
-        """Requests queued and not yet in a batch."""
-        return self.queue.qsize()
+        """Requests not yet in a running batch: queued, or taken for the next batch while it awaits a
+        worker."""
+        return self.queue.qsize() + len(self.taken)
 
     async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
         """``work(*args)`` on a worker while no batch runs (it waits for every worker to be free)."""
@@ -112,7 +116,7 @@ class Batcher:
     async def submit(self, inputs: list[Any], settings: Hashable, tokens: int) -> list[Any]:
         """The outputs of ``inputs`` once their batch has run; :class:`QueueFullError` at once if the queue
         is full. Cancelling the caller (a client gone) drops the request if its batch has not begun."""
-        if self.queue.qsize() >= self.max_queue:
+        if self.waiting() >= self.max_queue:
             raise QueueFullError(f"{self.max_queue} requests are already waiting")
         job = Job(inputs, settings, tokens, asyncio.get_running_loop().create_future())
         self.queue.put_nowait(job)
@@ -121,15 +125,16 @@ class Batcher:
     async def _serve(self) -> None:
         assert self.free is not None
         while True:
-            first = await self.queue.get()
+            self.taken = [await self.queue.get()]
             # a worker free, its batch is collected: the requests that came while all were busy go
             # into it at once (and no worker is held while no request waits: alone() may need them all)
             await self.free.acquire()
             try:
-                batch = await self._collect(first)
+                await self._collect(self.taken)
             except BaseException:
                 self.free.release()
                 raise
+            batch, self.taken = self.taken, []
             worker = self.idle.pop(0)
             running = self.workers - len(self.idle)  # batches running now, this one included
             task = asyncio.get_running_loop().create_task(self._run_batch(batch, worker, running))
@@ -150,9 +155,10 @@ class Batcher:
             self.idle = sorted([*self.idle, worker])
             self.free.release()
 
-    async def _collect(self, first: Job) -> list[Job]:
-        """The oldest request, ``first``, and those that follow within the wait, up to the token budget."""
-        batch, tokens = [first], first.tokens
+    async def _collect(self, batch: list[Job]) -> None:
+        """Add to ``batch`` (the oldest request) those that follow within the wait, up to the token
+        budget."""
+        tokens = sum(job.tokens for job in batch)
         deadline = time.perf_counter() + self.max_wait
         while tokens < self.max_batch_tokens:
             try:
@@ -170,7 +176,6 @@ class Batcher:
                 break
             batch.append(job)
             tokens += job.tokens
-        return batch
 
     def _put_back(self, job: Job) -> None:
         """A request that does not fit this batch goes first into the next."""
