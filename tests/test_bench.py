@@ -122,6 +122,8 @@ def test_the_glimpse_benchmark_trains_both_models_and_draws_the_glimpse_paths(tm
     sizes = [int(parameters.replace(",", "")) for _, parameters, _ in rows]
     assert abs(sizes[0] / sizes[1] - 1) < 0.01  # the same size
     assert (tmp_path / "paths.png").stat().st_size > 10_000
+    assert re.search(r"glimpses centred on the digit, 1st to last, of 1000 test canvases: (\d+%, ){5}\d+% "
+                     r"\(a random place: 16%\)", result.stdout), result.stdout  # fmt: skip
 
 
 @pytest.fixture(scope="module")

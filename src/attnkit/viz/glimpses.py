@@ -23,6 +23,17 @@ def to_pixels(location: Tensor, size: int) -> Tensor:
     return (location + 1) * size / 2 - 0.5
 
 
+def on_digit(locations: Tensor, corners: Tensor, size: int, digit: int) -> Tensor:
+    """How often each glimpse's centre falls on the digit: for ``locations (B, T, 2)`` (x, y in [-1, 1]),
+    each digit's top-left pixel ``corners (B, 2)`` (row, column; it is ``digit`` pixels wide) on a
+    ``size``-pixel canvas, the share of the B images whose glimpse t is centred on the digit's square,
+    ``(T,)``. A place drawn uniformly would be on it ``(digit / size)²`` of the time."""
+    pixels = to_pixels(locations, size)  # (B, T, 2): column, row
+    top_left = corners.flip(-1).unsqueeze(1).to(pixels.dtype) - 0.5  # (B, 1, 2): x, y of the square's edge
+    inside = (pixels >= top_left) & (pixels <= top_left + digit)  # (B, T, 2)
+    return inside.all(-1).float().mean(0)
+
+
 def plot_glimpse_paths(
     model: torch.nn.Module, images: Tensor, truth: Tensor, path: str | Path, columns: int = 4
 ) -> Path:
