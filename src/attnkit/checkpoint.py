@@ -84,10 +84,15 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tenso
     return _optimizer_state(optimizer)[0]
 
 
+def _parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters in the order its state numbers them (``optimizer.{index}.{key}``)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _parameter_of(optimizer: torch.optim.Optimizer) -> Callable[[str], torch.Tensor | None] | None:
     """For a sharded optimizer (FSDP), what tells the parameter that a state tensor's name
     (``optimizer.{index}.{key}``) belongs to; None for one that holds whole parameters."""
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    parameters = _parameters(optimizer)
     if not any(hasattr(p, "device_mesh") for p in parameters):
         return None
     return lambda name: parameters[int(name.split(".")[1])]
@@ -95,7 +100,7 @@ def _parameter_of(optimizer: torch.optim.Optimizer) -> Callable[[str], torch.Ten
 
 def _load_optimizer_state(optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     """Load the optimizer's state from whole tensors (a sharded optimizer takes its slices of them)."""
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    parameters = _parameters(optimizer)
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         if name.startswith("optimizer."):
