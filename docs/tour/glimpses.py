@@ -19,6 +19,7 @@
 # glimpses.py` (about a minute on a CPU; writes `retina.png` and `glimpses.png` into the current folder).
 
 # %%
+import importlib.util
 import tempfile
 from pathlib import Path
 
@@ -38,6 +39,8 @@ from attnkit.tasks.image_classification import accuracy, image_batch, split_canv
 from attnkit.train.loop import Trainer
 from attnkit.viz.glimpses import glimpse_paths, on_digit, plot_glimpse_paths
 
+if importlib.util.find_spec("sklearn") is None:
+    raise SystemExit("this page draws scikit-learn's bundled digits: pip install 'attnkit[vision]'")
 torch.set_num_threads(min(2, torch.get_num_threads()))  # the same work on any machine
 canvases = cluttered_digits("test", n=8, canvas=40, clutter=4, seed=0)
 images = canvases.images.unsqueeze(1).float() / 255  # (8, 1, 40, 40) in [0, 1]
