@@ -43,7 +43,7 @@ if importlib.util.find_spec("sklearn") is None:
     raise SystemExit("this page draws scikit-learn's bundled digits: pip install 'attnkit[vision]'")
 torch.set_num_threads(min(2, torch.get_num_threads()))  # the same work on any machine
 canvases = cluttered_digits("test", n=8, canvas=40, clutter=4, seed=0)
-images = canvases.images.unsqueeze(1).float() / 255  # (8, 1, 40, 40) in [0, 1]
+images = image_batch(canvases, list(range(8))).images  # (8, 1, 40, 40) in [0, 1]
 sensor = GlimpseConfig()  # 3 scales of an 8×8 patch: 8, 16 and 32 pixels wide
 centre = torch.zeros(1, 2)  # (x, y) in [-1, 1]: the middle of the canvas, where the first glimpse goes
 seen = retina(images[:1], centre, sensor.patch, sensor.scales)[0]  # (scales, 8, 8)

