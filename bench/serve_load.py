@@ -11,9 +11,13 @@ tokenizer. Target tokens are counted with the checkpoint's tokenizer for both.
 
 ``--engines attnkit,ctranslate2`` measures attnkit serve with each engine in turn (CTranslate2 on the
 exported weights, behind the same batcher). ``--soak N`` then sends N requests to the first from 8
-clients, one in ten malformed (bad JSON, a wrong type, a missing field, an empty list), and checks: no
-5xx but 503, every well-formed request answered with the output the server gave that sentence alone,
-and the server's RSS after the last request against its RSS after the first 1,000.
+clients, a fifth of them hostile (``HOSTILE``: malformed bodies, bodies over the 1 MiB limit, /explore
+over its token limit and within it, random paths, clients that give up before their answer), and
+checks: no 5xx but 503, every status the one its kind expects, every well-formed request answered with
+the output the server gave that sentence alone, a request after the soak answered at once, and the
+server's RSS after the last request against its RSS after the first 1,000. ``--soak-decoder RUN`` runs
+the same soak against a decoder (``POST /generate``), whose leaving clients drop streams after their
+first piece.
 
 Run: ``python bench/serve_load.py --ckpt runs/de_en --data data/multi30k`` (a translation checkpoint;
 ``--src FILE`` for other sentences).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -118,42 +123,123 @@ def run_peer(folder: str, port: int, beam: int, threads: int) -> None:
 SHOWN = {"attnkit": "attnkit serve", "ctranslate2": "attnkit serve --engine ctranslate2",
          "peer": "FastAPI + CTranslate2 translate_batch"}  # fmt: skip
 
-MALFORMED = [b'[{"src": "ein Hund', b'[{"src": 12}]', b'[{"text": "ein Hund"}]', b"[]"]
+BIG_BODY = json.dumps([{"src": "x" * 1000}] * 2100).encode()  # 2.1 MB: over the 1 MiB body limit
+LONG_TEXT = "ein Hund läuft über eine Wiese " * 34  # about 1,000 characters: over /explore's 64 tokens
 
 
-async def soak(url: str, n: int, sentences: list[str], pid: int) -> dict:
-    """``n`` requests from 8 clients, one in ten malformed; server errors, wrong answers, RSS growth."""
+class Dialect:
+    """How the soak speaks to one kind of served model: its good request and answer, its malformed
+    bodies, and a client that leaves before its answer."""
+
+    endpoint = "/translator/translate"
+    malformed = (b'[{"src": "ein Hund', b'[{"src": 12}]', b'[{"text": "ein Hund"}]', b"[]",
+                 b'[{"src": "\\ud800"}]', "[{\"src\": \"\u00e9\"}]".encode("latin-1"))  # fmt: skip
+
+    def body(self, text: str):
+        return [{"src": text}]
+
+    def answer(self, response: httpx.Response) -> str:
+        return response.json()[0][0]["tgt"]
+
+    async def leave(self, http: httpx.AsyncClient, url: str, text: str) -> None:
+        """A client that gives up 5 ms after sending (its request is dropped, or abandoned mid-batch)."""
+        with contextlib.suppress(httpx.TimeoutException):
+            await http.post(url + self.endpoint, json=self.body(text), timeout=0.005)
+
+
+class GeneratorDialect(Dialect):
+    endpoint = "/generate"
+    malformed = (b'{"inputs": "the', b'{"inputs": 12}', b'{"parameters": {}}',
+                 b'{"inputs": "a", "parameters": {"stop": [' + b'"x",' * 16 + b'"x"]}}',
+                 b'{"inputs": "a", "parameters": {"seed": 18446744073709551616}}',
+                 b'{"inputs": "a", "parameters": {"temperature": 1e308}}')  # fmt: skip
+
+    def body(self, text: str):
+        return {"inputs": text[:40], "parameters": {"max_new_tokens": 24, "seed": 7}}
+
+    def answer(self, response: httpx.Response) -> str:
+        return response.json()["generated_text"]
+
+    async def leave(self, http: httpx.AsyncClient, url: str, text: str) -> None:
+        """A streaming client that leaves after the first piece of text (its generation stops)."""
+        body = {**self.body(text), "parameters": {"max_new_tokens": 200, "seed": 7}}
+        async with http.stream("POST", url + "/generate_stream", json=body) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    break
+
+
+# what each kind of soak request expects: its share of the requests, and the statuses it may get
+HOSTILE = {"malformed": (0.08, {400, 422}), "oversized": (0.02, {413}), "explore_long": (0.02, {413}),
+           "explore": (0.02, {200}), "random_path": (0.03, {404}), "leave": (0.03, set())}  # fmt: skip
+
+
+async def soak(url: str, n: int, sentences: list[str], pid: int, dialect: Dialect) -> dict:
+    """``n`` requests from 8 clients, a fifth of them hostile (``HOSTILE``: malformed bodies, bodies over
+    the size limit, /explore over its token limit and within it, random paths, clients that leave before
+    their answer); server errors, wrong answers, unexpected statuses, RSS growth, and whether the server
+    still answers at once afterwards."""
     rng = random.Random(0)
     async with httpx.AsyncClient(timeout=120) as http:
         alone, used = {}, sentences[:50]
         for sentence in used:  # each sentence's answer when it is alone
-            response = await http.post(url, json=[{"src": sentence}])
-            alone[sentence] = response.json()[0][0]["tgt"]
-        plan = [(rng.random() < 0.1, used[k % len(used)]) for k in range(n)]
-        counts = {"5xx": 0, "503": 0, "wrong": 0, "refused_malformed": 0}
+            alone[sentence] = dialect.answer(
+                await http.post(url + dialect.endpoint, json=dialect.body(sentence))
+            )
+        kinds, shares = list(HOSTILE), [share for share, _ in HOSTILE.values()]
+        plan = [(rng.choices([*kinds, "good"], [*shares, 1 - sum(shares)])[0], used[k % len(used)])
+                for k in range(n)]  # fmt: skip
+        counts = {"5xx": 0, "503": 0, "wrong": 0, "unexpected": 0, **{kind: 0 for kind in [*kinds, "good"]}}
         rss, turn = {}, [0]
+
+        async def one(kind: str, sentence: str) -> httpx.Response | None:
+            headers = {"content-type": "application/json"}
+            if kind == "malformed":
+                return await http.post(
+                    url + dialect.endpoint, content=rng.choice(dialect.malformed), headers=headers
+                )
+            if kind == "oversized":
+                return await http.post(url + dialect.endpoint, content=BIG_BODY, headers=headers)
+            if kind in ("explore", "explore_long"):
+                return await http.get(
+                    f"{url}/explore", params={"text": LONG_TEXT if kind == "explore_long" else sentence}
+                )
+            if kind == "random_path":
+                return await http.get(f"{url}/{rng.getrandbits(64):x}/{rng.getrandbits(32):x}")
+            if kind == "leave":
+                return await dialect.leave(http, url, sentence)
+            return await http.post(url + dialect.endpoint, json=dialect.body(sentence))
 
         async def client() -> None:
             while turn[0] < n:
                 k = turn[0]
                 turn[0] += 1
-                bad, sentence = plan[k]
-                if bad:
-                    response = await http.post(url, content=rng.choice(MALFORMED),
-                                               headers={"content-type": "application/json"})  # fmt: skip
-                    counts["refused_malformed"] += response.status_code in (400, 422)
-                else:
-                    response = await http.post(url, json=[{"src": sentence}])
-                    if response.status_code == 200:
-                        counts["wrong"] += response.json()[0][0]["tgt"] != alone[sentence]
-                counts["503"] += response.status_code == 503
-                counts["5xx"] += response.status_code >= 500 and response.status_code != 503
+                kind, sentence = plan[k]
+                response = await one(kind, sentence)
+                counts[kind] += 1
+                if response is not None:
+                    if kind == "good" and response.status_code == 200:
+                        counts["wrong"] += dialect.answer(response) != alone[sentence]
+                    expected = HOSTILE[kind][1] if kind in HOSTILE else {200}
+                    counts["unexpected"] += response.status_code not in expected | {503}
+                    counts["503"] += response.status_code == 503
+                    counts["5xx"] += response.status_code >= 500 and response.status_code != 503
                 if k + 1 == 1000:
                     rss["first_1000"] = _rss_mb(pid)
 
+        began = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(8)))
-    rss["end"] = _rss_mb(pid)
-    return {**counts, **rss}
+        seconds = time.perf_counter() - began
+        rss["end"] = _rss_mb(pid)
+        after = time.perf_counter()  # no hang: one more request, answered at once
+        last = await http.post(url + dialect.endpoint, json=dialect.body(used[0]), timeout=10)
+        health = (await http.get(f"{url}/health", timeout=10)).json()["status"]
+    answered_after = {
+        "after_status": last.status_code,
+        "after_ms": round((time.perf_counter() - after) * 1e3),
+    }
+    ratio = {"rss_ratio": round(rss["end"] / rss["first_1000"], 3)} if "first_1000" in rss else {}
+    return {**counts, **rss, **ratio, **answered_after, "health": health, "seconds": round(seconds, 1)}
 
 
 def _rss_mb(pid: int) -> float:
@@ -185,6 +271,9 @@ def main() -> None:
     parser.add_argument("--server-option", action="append", default=[],
                         help="an option or decode.field=value for attnkit serve (repeatable)")  # fmt: skip
     parser.add_argument("--soak", type=int, default=0, help="requests of the soak test (0: none)")
+    parser.add_argument("--soak-decoder", type=Path,
+                        help="a decoder (GPT) checkpoint: the soak runs against it too, its clients leaving "
+                        "streams (/generate_stream) early")  # fmt: skip
     args = parser.parse_args()
     source = args.src or args.data / "test_2016_flickr.de.gz"
     opener = gzip.open if source.suffix == ".gz" else open
@@ -218,9 +307,7 @@ def main() -> None:
                         f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"],
                         clients, args.seconds, sentences, count))  # fmt: skip
                 if args.soak and engine == engines[0]:
-                    soaked = asyncio.run(
-                        soak(f"{url}/translator/translate", args.soak, sentences, server.pid)
-                    )
+                    soaked = asyncio.run(soak(url, args.soak, sentences, server.pid, Dialect()))
             finally:
                 server.terminate()
                 server.wait(timeout=60)
@@ -256,6 +343,17 @@ def main() -> None:
             print(f"{SHOWN[engine]}: p99 at {middle[0]} clients / p50 at {one}: {ratio:.2f}")
     if args.soak:
         print("soak: " + json.dumps(soaked))
+    if args.soak and args.soak_decoder:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = start([sys.executable, "-m", "attnkit", "serve", "--ckpt", str(args.soak_decoder), "--port",
+                        str(port)], url)  # fmt: skip
+        try:
+            decoder = asyncio.run(soak(url, args.soak, sentences, server.pid, GeneratorDialect()))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        print("soak (decoder): " + json.dumps(decoder))
 
 
 if __name__ == "__main__":

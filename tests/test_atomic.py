@@ -9,6 +9,8 @@ import threading
 import pytest
 
 from attnkit import atomic
+from attnkit.atomic import open_own
+from attnkit.errors import AttnkitError
 
 
 @pytest.fixture
@@ -48,3 +50,16 @@ def test_reading_the_umask_never_changes_it(tmp_path, monkeypatch, umask_027):
     thread.join()
     assert calls == []
     assert set(made) == {0o640}
+
+
+@pytest.mark.parametrize("mode", ["wb", "ab", "r+"])
+def test_open_own_never_opens_through_a_symbolic_link(tmp_path, mode):
+    target = tmp_path / "precious.txt"
+    target.write_text("mine\n", encoding="utf-8")
+    (tmp_path / "own").symlink_to(target)
+    with pytest.raises(AttnkitError, match=r"own: a symbolic link; attnkit never writes through one"):
+        open_own(tmp_path / "own", mode)
+    assert target.read_text(encoding="utf-8") == "mine\n"
+    with open_own(tmp_path / "fresh", mode) as made:  # a plain file is made as open() makes it
+        made.write(b"x" if "b" in mode else "x")
+    assert (tmp_path / "fresh").read_text(encoding="utf-8") == "x"

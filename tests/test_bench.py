@@ -269,4 +269,5 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
     for engine in ("attnkit serve", "attnkit serve --engine ctranslate2"):
         assert re.search(rf"^{engine} / peer at 4 clients: \d+\.\d\dx requests/s$", result.stdout, re.M)
     soak = json.loads(re.search(r"^soak: (.*)$", result.stdout, re.M)[1])
-    assert soak["5xx"] == 0 and soak["wrong"] == 0 and soak["refused_malformed"] > 0
+    assert soak["5xx"] == 0 and soak["wrong"] == 0 and soak["unexpected"] == 0, soak
+    assert soak["malformed"] > 0 and soak["good"] > 60 and soak["after_status"] == 200, soak

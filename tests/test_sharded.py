@@ -58,3 +58,27 @@ def test_a_lost_or_cut_shard_file_is_an_error_naming_it(sharded, damage):
     said = rf"{shard.name}: (missing|\d+ bytes), but the checkpoint was saved"
     with pytest.raises(AttnkitError, match=said):
         read_weights(folder)
+
+
+@pytest.mark.parametrize(
+    ("listed", "said"),
+    [
+        (
+            {"../../../../etc/passwd": 1},
+            r"'\.\./\.\./\.\./\.\./etc/passwd' is not a shard file of the checkpoint",
+        ),
+        ({"/etc/passwd": 1}, r"'/etc/passwd' is not a shard file"),
+        ({"model/../../x.safetensors": 1}, r"'model/\.\./\.\./x\.safetensors' is not a shard file"),
+        ({"model/a.safetensors": "big"}, r"'model/a.safetensors' has no size in bytes"),
+        ([1, 2], r"not the checkpoint's list of shard files"),
+    ],
+)
+def test_a_files_list_that_points_outside_the_checkpoint_or_is_no_list_is_one_line(sharded, listed, said):
+    """files.json names the shard files to check; a planted one used to reveal the size of any file on the
+    machine in its error (or, not an object, end in a 119-line traceback)."""
+    import json
+
+    folder = sharded[0]
+    (folder / SHARDED / "files.json").write_text(json.dumps(listed), encoding="utf-8")
+    with pytest.raises(AttnkitError, match=r"files\.json: " + said):
+        read_weights(folder)

@@ -13,7 +13,17 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
+
+from attnkit.errors import AttnkitError
+
+LINK_REFUSED = "a symbolic link; attnkit never writes through one (remove it)"
+# how open()'s modes map onto os.open's flags, for the modes attnkit opens its own files with
+_FLAGS = {
+    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    "r+": os.O_RDWR | os.O_CREAT,
+}
 
 
 def fsync_dir(path: Path) -> None:
@@ -72,6 +82,21 @@ def atomic_writer(path: Path) -> Iterator[TextIO]:
     make_shareable(Path(f.name))
     os.replace(f.name, path)
     fsync_dir(path.parent)
+
+
+def open_own(path: Path, mode: str, **options: object) -> IO:
+    """``open(path, mode)`` for a file attnkit makes beside others (a lock, a partial download), never
+    through a symbolic link: a link planted there in a shared run or data folder would have attnkit
+    overwrite whatever it points to. ``mode``: "wb", "ab" or "r+" (created if missing)."""
+    try:
+        fd = os.open(path, _FLAGS[mode] | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError:
+        if path.is_symlink():
+            raise AttnkitError(
+                f"{path}: a symbolic link; attnkit never writes through one (remove it)"
+            ) from None
+        raise
+    return os.fdopen(fd, mode, **options)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -33,7 +33,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
-from attnkit.atomic import write_text_atomic
+from attnkit.atomic import open_own, write_text_atomic
 from attnkit.config import RunConfig
 from attnkit.cpu import speed_up
 from attnkit.data.tokenizer import Tokenizer
@@ -222,7 +222,7 @@ def lock_run(run_dir: Path) -> IO[str] | None:
         return None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+        handle = open_own(run_dir / LOCK_FILE, "r+", encoding="utf-8")  # held for the run
     except OSError as error:
         raise AttnkitError(f"{run_dir}: cannot write checkpoints there ({error.strerror or error})") from None
     try:

@@ -82,12 +82,25 @@ def seal(folder: Path) -> None:
 
 
 def _check_files(folder: Path) -> None:
-    """A shard file missing or cut short is an error naming it (DCP would read what is left)."""
+    """A shard file missing or cut short is an error naming it (DCP would read what is left). The list
+    is the checkpoint's own: an entry that is no ``PART/NAME.safetensors`` inside it (``../..``, an
+    absolute path) is refused before any file is looked at, so that a planted ``files.json`` cannot
+    probe the rest of the machine."""
+    listed = folder / SHARDED / FILES
     try:
-        files = json.loads((folder / SHARDED / FILES).read_text(encoding="utf-8"))
+        files = json.loads(listed.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise AttnkitError(f"{folder / SHARDED / FILES}: not readable ({error})") from None
+        raise AttnkitError(f"{listed}: not readable ({error})") from None
+    if not isinstance(files, dict):
+        raise AttnkitError(f"{listed}: not the checkpoint's list of shard files ({{PART/NAME: bytes}})")
     for name, size in files.items():
+        part, _, file = name.partition("/")
+        if part not in PARTS or not file.endswith(".safetensors") or "/" in file or file.startswith("."):
+            raise AttnkitError(
+                f"{listed}: {name!r} is not a shard file of the checkpoint (PART/NAME.safetensors)"
+            )
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise AttnkitError(f"{listed}: {name!r} has no size in bytes ({size!r})")
         path = folder / SHARDED / name
         if not path.is_file() or path.stat().st_size != size:
             found = f"{path.stat().st_size} bytes" if path.is_file() else "missing"

@@ -106,6 +106,18 @@ def test_a_server_that_cannot_be_reached_is_named_not_called_a_broken_download(t
         fetch(file, tmp_path, progress=False)
 
 
+def test_a_partial_file_planted_as_a_symbolic_link_is_refused_and_its_target_left_as_it_is(server, tmp_path):
+    """A shared data folder: someone links a.bin.part to a file of yours; the download used to write
+    into it."""
+    file, _ = _file(server)
+    target = tmp_path / "precious.txt"
+    target.write_text("mine\n", encoding="utf-8")
+    (tmp_path / "a.bin.part").symlink_to(target)
+    with pytest.raises(DataError, match=r"a\.bin\.part: a symbolic link; attnkit never writes through one"):
+        fetch(file, tmp_path, progress=False)
+    assert target.read_text(encoding="utf-8") == "mine\n" and server.ranges == []
+
+
 def test_a_server_that_ignores_the_range_gives_the_whole_file_again(server, tmp_path):
     file, body = _file(server)
     (tmp_path / "a.bin.part").write_bytes(body[:5000])

@@ -92,7 +92,9 @@ def test_a_changed_setting_or_input_builds_another_store(copy_data, tmp_path, mo
     assert len(reads) == 6 and data.train_src[len(data.train_src) - 1] == data.tokenizer.encode("1 2")
 
 
-@pytest.mark.parametrize("damage", ["truncate ids", "lose tokenizer", "change offsets", "garble meta"])
+@pytest.mark.parametrize(
+    "damage", ["truncate ids", "lose tokenizer", "change offsets", "garble meta", "overwrite ids in place"]
+)
 def test_a_damaged_store_is_built_again_with_a_note(copy_data, tmp_path, monkeypatch, damage):
     config = _data_config(copy_data, tmp_path)
     reads = _reads_of_training_text(monkeypatch)
@@ -104,6 +106,10 @@ def test_a_damaged_store_is_built_again_with_a_note(copy_data, tmp_path, monkeyp
             f.truncate(os.path.getsize(folder / "src.ids") - 2)
     elif damage == "lose tokenizer":
         (folder / "tokenizer.json").unlink()
+    elif damage == "overwrite ids in place":  # the same size: zero pages after a crash, say
+        size = os.path.getsize(folder / "src.ids")
+        with (folder / "src.ids").open("r+b") as f:
+            f.write(bytes(size))
     elif damage == "change offsets":
         offsets = np.load(folder / "tgt.offsets.npy")
         offsets[3] += 1
@@ -234,3 +240,79 @@ def test_a_build_with_a_given_tokenizer_reads_the_training_text_once(copy_data, 
     reads = _reads_of_training_text(monkeypatch)
     translation.prepare_data(_data_config(copy_data, tmp_path / "second"), 0, tokenizer, echo=lambda m: None)
     assert reads == ["train.src"]  # the encoding pass alone
+
+
+@pytest.mark.parametrize("blocker", ["a file", "read-only"])
+def test_a_store_root_that_cannot_be_written_is_one_line_naming_data_store(copy_data, tmp_path, blocker):
+    root = tmp_path / "stores"
+    if blocker == "a file":
+        root.write_text("", encoding="utf-8")
+    else:
+        root.mkdir()
+        root.chmod(0o555)
+        if os.access(root, os.W_OK):  # root ignores permissions
+            pytest.skip("this user writes into read-only folders (root)")
+    config = _data_config(copy_data, tmp_path, f"data.store={root}")
+    with pytest.raises(DataError, match=rf"^data\.store {root}: cannot write token stores there \(.+\); set"):
+        translation.prepare_data(config, 0, echo=lambda m: None)
+
+
+def test_a_store_is_published_with_the_permissions_of_any_new_folder(tmp_path):
+    """Others sharing data.store read what one user built (mkdtemp's folders are private, 0700)."""
+    tokenizer = Tokenizer.train("char", ["abc"], 100)
+    old = os.umask(0o022)
+    try:
+        write_store(tmp_path / "key", tokenizer, ["src"], [([4, 5],)])
+    finally:
+        os.umask(old)
+    assert (tmp_path / "key").stat().st_mode & 0o777 == 0o755
+    assert {path.stat().st_mode & 0o777 for path in (tmp_path / "key").iterdir()} == {0o644}
+
+
+def test_a_build_stopped_by_sigterm_leaves_no_temporary_folder(tmp_path):
+    """Slurm's time limit sends SIGTERM: the build's temporary folder goes with it."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    builder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import pathlib, time
+        from attnkit.data.store import write_store
+        from attnkit.data.tokenizer import Tokenizer
+
+        def rows():
+            yield ([4, 5],)
+            print("building", flush=True)
+            time.sleep(60)
+            yield ([6],)
+
+        tokenizer = Tokenizer.train("char", ["abc"], 100)
+        write_store(pathlib.Path({str(tmp_path / "key")!r}), tokenizer, ["src"], rows())
+    """)], stdout=subprocess.PIPE, text=True, encoding="utf-8")  # fmt: skip
+    assert builder.stdout.readline().strip() == "building"
+    assert len(list(tmp_path.iterdir())) == 1  # its temporary folder
+    builder.send_signal(signal.SIGTERM)
+    assert builder.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_temporary_folders_of_builds_killed_outright_are_swept_by_the_next_build(copy_data, tmp_path):
+    """SIGKILL leaves a build's folder: the next build on the machine removes it once its process is gone,
+    and leaves those of live processes and of other machines."""
+    import socket
+    import subprocess
+    import sys
+
+    root = tmp_path / "stores"
+    root.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, encoding="utf-8", check=True).stdout.strip()  # fmt: skip
+    host = socket.gethostname()
+    dead = root / f".0123abcd.{host}-{gone}.x1y2z3"
+    alive = root / f".0123abcd.{host}-{os.getpid()}.a1b2c3"
+    elsewhere = root / f".0123abcd.another.host-{gone}.q1w2e3"
+    for folder in (dead, alive, elsewhere):
+        folder.mkdir()
+    translation.prepare_data(_data_config(copy_data, tmp_path, f"data.store={root}"), 0, echo=lambda m: None)
+    assert not dead.exists() and alive.exists() and elsewhere.exists()

@@ -2,13 +2,16 @@
 stop strings, streaming, and clear errors for prompts the model cannot take."""
 
 import dataclasses
+import time
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.generate import generate
+from attnkit.decode.generate import TextStream, borders, generate, prefix_at_end
 from attnkit.decode.search import argmax, extend, restrict, sampler
 from attnkit.errors import AttnkitError
 from attnkit.models import build_model, from_preset
@@ -164,3 +167,41 @@ def test_batches_side_by_side_give_what_one_at_a_time_gives_and_no_gradients(
         hook.remove()
     assert two == one and len(set(one)) > 3
     assert graphs and not any(graphs)
+
+
+@given(st.text(alphabet="ab", max_size=12), st.text(alphabet="ab", min_size=1, max_size=6))
+def test_the_held_back_tail_is_the_longest_proper_prefix_of_the_stop_string_the_text_ends_with(text, stop):
+    """Knuth-Morris-Pratt against the definition: the largest k < len(stop) with text ending in stop[:k]
+    (k = 0 when none; the empty prefix always matches)."""
+    expected = max(k for k in range(len(stop)) if text.endswith(stop[:k]))
+    assert prefix_at_end(text, stop, borders(stop)) == expected
+
+
+def test_a_long_stop_string_costs_linear_time_per_step():
+    """A 100,000-character stop string: building every prefix each step (as it once did) took seconds
+    per token; the KMP automaton reads the stop string's length once a step."""
+    tokenizer = Tokenizer.train("char", ["ab"])
+    stop = "a" * 99_999 + "b"
+    stream = TextStream(tokenizer, [stop], [0], on_text=lambda i, text: None)
+    ids = tokenizer.encode("a" * 50)
+    began = time.perf_counter()
+    for step in range(1, 21):
+        stream.observe(torch.tensor([ids[:step]]))
+    assert time.perf_counter() - began < 2.0
+    assert stream.sent == [0]  # every "a" may still grow into the stop string: nothing sent yet
+
+
+def test_a_row_that_is_no_longer_wanted_ends_at_the_next_step(model_and_tokenizer):
+    """A server's client has gone: its prompt stops being extended; the others of the batch go on."""
+    model, tokenizer = model_and_tokenizer
+    decode = _decode(max_new_tokens=20, temperature=1.0)
+    full = generate(model, tokenizer, PROMPTS, decode)
+    steps = []
+
+    def wanted(i):
+        steps.append(i)
+        return i != 1 or steps.count(1) < 3  # prompt 1 is dropped after its third step
+
+    cut = generate(model, tokenizer, PROMPTS, decode, wanted=wanted)
+    assert [c for i, c in enumerate(cut) if i != 1] == [f for i, f in enumerate(full) if i != 1]
+    assert len(tokenizer.encode(cut[1])) == 3 and full[1].startswith(cut[1]) and len(full[1]) > len(cut[1])

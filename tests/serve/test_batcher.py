@@ -202,3 +202,112 @@ def test_a_request_waiting_for_a_busy_worker_is_counted_as_waiting_and_dropped_o
 
     counted, answered, dropped = asyncio.run(go())
     assert counted == 1 and answered == ["a"] and dropped
+
+
+def test_two_alone_works_amid_batches_on_two_workers_never_deadlock():
+    """Two explorers asking while batches run on two workers: each used to take one worker's permit and
+    wait for the other's for ever, and every later request queued behind them. Queued as requests of
+    their own, both run, and so does a request that comes after them."""
+
+    async def go():
+        def run(inputs, settings):
+            time.sleep(0.01)
+            return inputs
+
+        def explore(name):
+            time.sleep(0.01)
+            return name
+
+        batcher = Batcher(run, max_batch_tokens=1, max_wait_ms=0, max_queue=200, workers=2)
+        batcher.start()
+        asked = []
+        for round in range(20):
+            asked += [batcher.submit([f"t{round}{i}"], "s", 1) for i in range(4)]
+            asked += [batcher.alone(explore, f"e{round}{i}") for i in range(2)]
+        answers = await asyncio.wait_for(asyncio.gather(*asked), 20)
+        last = await asyncio.wait_for(batcher.submit(["last"], "s", 1), 5)
+        await batcher.stop()
+        return answers, last
+
+    answers, last = asyncio.run(go())
+    assert len(answers) == 120 and last == ["last"]
+
+
+def test_alone_work_waits_its_turn_in_the_queue_and_counts_towards_max_queue():
+    async def go():
+        release = threading.Event()
+
+        def run(inputs, settings):
+            release.wait(5)
+            return inputs
+
+        batcher = Batcher(run, max_batch_tokens=1, max_wait_ms=0, max_queue=2, workers=1)
+        batcher.start()
+        running = asyncio.ensure_future(batcher.submit(["a"], "s", 1))
+        await asyncio.sleep(0.05)
+        explored = asyncio.ensure_future(batcher.alone(lambda: "page"))
+        queued = asyncio.ensure_future(batcher.submit(["b"], "s", 1))
+        await asyncio.sleep(0.05)
+        counted = batcher.waiting()
+        with pytest.raises(QueueFullError):
+            await batcher.alone(lambda: "another page")
+        release.set()
+        answers = await asyncio.gather(running, explored, queued)
+        await batcher.stop()
+        return counted, answers
+
+    counted, answers = asyncio.run(go())
+    assert counted == 2 and answers == [["a"], "page", ["b"]]
+
+
+def test_stalled_for_counts_while_requests_wait_without_a_batch_starting_or_ending():
+    async def go():
+        release = threading.Event()
+
+        def run(inputs, settings):
+            release.wait(5)
+            return inputs
+
+        batcher = Batcher(run, max_batch_tokens=1, max_wait_ms=0, max_queue=8, workers=1)
+        batcher.start()
+        idle = batcher.stalled_for()
+        await asyncio.sleep(0.2)
+        still_idle = batcher.stalled_for()
+        running = asyncio.ensure_future(batcher.submit(["a"], "s", 1))
+        await asyncio.sleep(0.3)
+        stuck = batcher.stalled_for()
+        release.set()
+        await running
+        done = batcher.stalled_for()
+        await batcher.stop()
+        return idle, still_idle, stuck, done
+
+    idle, still_idle, stuck, done = asyncio.run(go())
+    assert idle == still_idle == 0 and stuck >= 0.25 and done == 0
+
+
+def test_a_request_whose_client_goes_while_its_batch_runs_is_abandoned():
+    """The model hears of the inputs of a request cancelled mid-batch (a generator stops extending them)."""
+
+    async def go():
+        release, abandoned = threading.Event(), []
+
+        def run(inputs, settings):
+            release.wait(5)
+            return inputs
+
+        batcher = Batcher(run, max_batch_tokens=10, max_wait_ms=0, max_queue=8, abandon=abandoned.extend)
+        batcher.start()
+        gone = asyncio.ensure_future(batcher.submit(["gone"], "s", 1))
+        kept = asyncio.ensure_future(batcher.submit(["kept"], "s", 1))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        heard = list(abandoned)
+        release.set()
+        answer = await kept
+        await batcher.stop()
+        return heard, answer
+
+    heard, answer = asyncio.run(go())
+    assert heard == ["gone"] and answer == ["kept"]

@@ -3,8 +3,6 @@ batched together get exactly the CLI's outputs; bad requests get clear JSON erro
 up; /metrics is Prometheus text; an API key guards every endpoint but /health; SIGTERM finishes what
 was accepted and exits 0."""
 
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,45 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from attnkit.config import load_run_config  # noqa: E402
 from attnkit.data.synthetic import dates  # noqa: E402
 from attnkit.train.loop import Trainer  # noqa: E402
+from tests.serve.servers import Server  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a trained model and several server processes
 
 SENTENCES = dates(32, seed=7).src  # held-out dates, as people write them
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``attnkit serve`` in a process of its own, ready once /health says so."""
-
-    def __init__(self, run, *options):
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        port = self.url.rsplit(":", 1)[1]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(run), "--port", port, *options],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.stdout.read()
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("the server did not get ready in 120 s")
-
-    def post(self, body, **headers):
-        return httpx.post(f"{self.url}/translator/translate", json=body, headers=headers, timeout=120)
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=60), self.process.stdout.read()
 
 
 @pytest.fixture(scope="module")

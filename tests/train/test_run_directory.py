@@ -177,3 +177,14 @@ def test_a_file_system_without_locks_trains_unlocked_rather_than_refusing(tmp_pa
 
     monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks_here)
     lock_run(tmp_path / "run").close()
+
+
+def test_a_lock_file_planted_as_a_symbolic_link_is_refused_and_its_target_left_as_it_is(tmp_path):
+    """A shared run folder: someone links RUN/.lock to a file of yours; training used to overwrite it."""
+    run, target = tmp_path / "run", tmp_path / "precious.txt"
+    run.mkdir()
+    target.write_text("mine\n", encoding="utf-8")
+    (run / ".lock").symlink_to(target)
+    with pytest.raises(AttnkitError, match=r"run/\.lock: a symbolic link; attnkit never writes through one"):
+        lock_run(run)
+    assert target.read_text(encoding="utf-8") == "mine\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -66,6 +67,22 @@ def serve(
     grace: Annotated[
         float, typer.Option(help="SIGTERM: seconds to finish queued and running requests before exiting.")
     ] = 30.0,
+    max_body_bytes: Annotated[
+        int, typer.Option(help="A request body's bytes at most (larger: 413 before it is read whole).")
+    ] = 1_048_576,
+    max_explore_tokens: Annotated[
+        int,
+        typer.Option(
+            help="/explore: tokens of the text at most (more: 413); the page grows with their square."
+        ),
+    ] = 64,
+    stall_after: Annotated[
+        float,
+        typer.Option(
+            help="Seconds requests may wait or run with no batch starting or ending before /health says "
+            "'stalled' (503)."
+        ),
+    ] = 300.0,
 ) -> None:
     """Serve a trained model over HTTP, with concurrent requests batched together.
 
@@ -79,10 +96,14 @@ def serve(
     accepting requests, finishes those queued and running, and exits. --engine ctranslate2 serves an
     exported translation model or decoder through the same endpoints and batching, searched by
     CTranslate2 (its int8: 'attnkit export --quantization int8')."""
-    at_least("--port", port, 0)
-    at_least("--max-batch-tokens", max_batch_tokens, 1)
-    at_least("--max-wait-ms", max_wait_ms, 0)
-    at_least("--max-queue", max_queue, 1)
+    if not 0 <= port <= 65535:
+        raise AttnkitError(f"--port {port}: a port is a number from 0 to 65535")
+    for option, value, low in (("--max-batch-tokens", max_batch_tokens, 1), ("--max-wait-ms", max_wait_ms, 0),
+                               ("--max-queue", max_queue, 1), ("--grace", grace, 0),
+                               ("--max-body-bytes", max_body_bytes, 1),
+                               ("--max-explore-tokens", max_explore_tokens, 1),
+                               ("--stall-after", stall_after, 1)):  # fmt: skip
+        at_least(option, value, low)
     check_engine(engine, int8)
     overrides = decode_overrides(ctx)
     try:
@@ -93,24 +114,57 @@ def serve(
         raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
     key = api_key or os.environ.get(API_KEY_VARIABLE, "")
     kind, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides, int8)
-    application = make_app(load, ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key), kind)
+    listening = _listening_socket(host, port)  # before the model loads: a busy port is one line now
+    settings = ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key, max_body_bytes=max_body_bytes,
+                             max_explore_tokens=max_explore_tokens, stall_after_s=stall_after,
+                             hosts=LOOPBACK_NAMES if host in LOOPBACK_HOSTS else ())  # fmt: skip
+    config = uvicorn.Config(None, timeout_graceful_shutdown=grace, log_level="info")
+    server = uvicorn.Server(config)
+    config.app = make_app(load, settings, kind, stopping=lambda: server.should_exit)
     # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it found: this
     # one, which lets the command end with status 0 (a stop asked for is not a failure), not the
     # default, which would end the process by the signal
     signal.signal(signal.SIGTERM, lambda number, frame: None)
-    uvicorn.run(application, host=host, port=port, timeout_graceful_shutdown=grace, log_level="info")
+    server.run(sockets=[listening])
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # --host values that only this machine reaches
+# what a Host header may name on a server bound to one of them (a web page's DNS-rebinding attack
+# names another: refused)
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` for the server, or one line saying why it cannot be."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        raise AttnkitError(f"--host {host}: not an address to listen on ({error.strerror})") from None
+    listening = socket.socket(family, kind, protocol)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind(address)
+    except OSError as error:
+        listening.close()
+        raise AttnkitError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return listening
 
 
 def _attnkit_model(ckpt: Path, overrides: list[str], int8: bool) -> tuple[str, Callable[[], ServedModel]]:
     """The endpoints' kind for a checkpoint, and how to load it (after the server starts)."""
     from attnkit.checkpoint import commands_for, read_run_config, resolve_checkpoint
+    from attnkit.config import with_decode_overrides
     from attnkit.models import archs
     from attnkit.serve.generator import load_generator
     from attnkit.serve.predictor import load_predictor
     from attnkit.serve.translator import load_translator
 
     checkpoint = resolve_checkpoint(ckpt)  # a wrong path is a one-line error now, not a failed load later
-    arch = read_run_config(checkpoint).model.arch
+    config = read_run_config(checkpoint)
+    with_decode_overrides(config.decode, overrides)  # a bad decode setting too (decode.beam_size=0)
+    arch = config.model.arch
     if arch in archs(using="translate"):
         kind, load = "translate", lambda: load_translator(checkpoint, overrides, int8=int8)
     elif arch in archs(using="generate"):
@@ -131,10 +185,11 @@ def _engine_model(folder: Path, overrides: list[str], int8: bool) -> tuple[str, 
     """The endpoints' kind for a CTranslate2 folder, and how to load it; a folder that is not one, or
     a machine without CTranslate2, is a one-line error now rather than a failed load."""
     from attnkit.checkpoint import exported_model
-    from attnkit.decode.ct2 import check_exported_folder
+    from attnkit.decode.ct2 import check_exported_folder, exported_decode
     from attnkit.models import DecoderModelConfig
     from attnkit.serve.ctranslate2 import load_engine_model
 
     check_exported_folder(folder)
+    exported_decode(folder, overrides)  # a bad decode setting is one line now, not a failed load
     kind = "generate" if exported_model(folder)["arch"] == DecoderModelConfig.ARCH else "translate"
     return kind, lambda: load_engine_model(folder, overrides, warn=note)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from attnkit.atomic import write_text_atomic
+from attnkit.atomic import LINK_REFUSED, open_own, write_text_atomic
 from attnkit.data.readers import segments
 from attnkit.data.wmt14 import prepare_wmt14
 from attnkit.errors import DataError
@@ -154,6 +154,8 @@ def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
             f"{final}: already there, and not the file the data set has (its {algorithm} differs); move it "
             "away, or get the data set into another folder"
         )
+    if partial.is_symlink():
+        raise DataError(f"{partial}: {LINK_REFUSED}")
     have = partial.stat().st_size if partial.exists() else 0
     total = None  # bytes the file should have, when the server says
     request = urllib.request.Request(file.url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -163,7 +165,7 @@ def fetch(file: DataFile, folder: Path, progress: bool = True) -> Path:
                 have = 0
             length = response.headers.get("Content-Length")
             total = have + int(length) if length is not None else None
-            with open(partial, "ab" if have else "wb") as out, tqdm(
+            with open_own(partial, "ab" if have else "wb") as out, tqdm(
                 total=total, initial=have, unit="B", unit_scale=True, desc=file.name, disable=not progress,
                 leave=False,
             ) as bar:  # fmt: skip

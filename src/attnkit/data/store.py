@@ -13,15 +13,19 @@ Layout of a store folder (one per key, under the store root):
 - ``{column}.offsets.npy``: where each row starts, ``(rows + 1,)`` int64; a row's length is the
   difference of two neighbours, so the lengths batching needs cost nothing to read;
 - ``tokenizer.json``: the tokenizer the ids are in;
-- ``meta.json``, written last: the format, the columns, each file's size and the offsets' SHA-256, and
-  what the build reported (pairs dropped), so that a found store tells the run what a build would have.
+- ``meta.json``, written last: the format, the columns, each file's size and SHA-256, and what the build
+  reported (pairs dropped), so that a found store tells the run what a build would have.
 
 The key is a hash of the inputs' identity (resolved path, size, modification time), the settings that
 change the ids (tokenizer kind, vocabulary size, maximum length) and the store format: a changed file
 or setting builds a new store. A store is written into a temporary folder beside its final place and
-renamed into it whole, so no reader sees half of one; two processes that build at once each finish,
-and the second finds the first's. A store whose files do not match its ``meta.json`` (truncated, a
-file missing, offsets changed) is rebuilt, with a one-line note.
+renamed into it whole (its files fsync'ed first, so that a crash cannot leave zero pages under a
+complete-looking store), readable by whoever may read the store root, as checkpoints are; two
+processes that build at once each finish, and the second finds the first's. A store whose files do not
+match its ``meta.json`` (truncated, a file missing, ids or offsets changed in place) is rebuilt, with a
+one-line note. A build stopped by SIGTERM (a cluster's time limit) removes its temporary folder; one
+killed outright leaves it, named after its machine and process, and the next build on that machine
+removes it once that process is gone.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ import json
 import os
 import random
 import shutil
+import signal
+import socket
 import tempfile
+import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,10 +49,12 @@ from typing import TypeVar
 
 import numpy as np
 
+from attnkit.atomic import fsync_dir, make_shareable
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.errors import DataError
 
 T = TypeVar("T")
-FORMAT = 1  # bumped whenever the layout changes: older stores are then built again
+FORMAT = 2  # bumped whenever the layout changes: older stores are then built again (2: the ids' SHA-256)
 
 
 class StoreError(Exception):
@@ -126,12 +135,12 @@ def open_store(folder: Path) -> TokenStore:
         path = folder / name
         if not path.is_file() or path.stat().st_size != size:
             raise StoreError(f"{name} is missing or has another size than when it was written")
+    for name, digest in meta["sha256"].items():  # a file changed in place keeps its size
+        if _sha256(folder / name) != digest:
+            raise StoreError(f"{name} changed since it was written")
     columns = {}
     for column in meta["columns"]:
-        offsets_path = folder / f"{column}.offsets.npy"
-        if _sha256(offsets_path) != meta["offsets_sha256"][column]:
-            raise StoreError(f"{offsets_path.name} changed since it was written")
-        offsets = np.load(offsets_path, mmap_mode="r")  # shared by the processes of a machine, as the ids
+        offsets = np.load(folder / f"{column}.offsets.npy", mmap_mode="r")  # shared by a machine's processes
         ids_path = folder / f"{column}.ids"
         dtype = np.dtype(meta["dtype"])
         if offsets[-1] * dtype.itemsize != ids_path.stat().st_size:
@@ -152,10 +161,9 @@ def write_store(
     disk a block at a time, never held whole) as the store ``folder``, atomically, and return it
     opened. ``report`` is saved as it is once the rows are used up, so the rows' producer may fill it.
     If another process wrote ``folder`` first, that store is returned."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
-    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
+    work = Path(tempfile.mkdtemp(dir=writable_root(folder.parent), prefix=f".{folder.name}.{_builder()}."))
+    with _removed_on_sigterm(work):
         outs = [(work / f"{name}.ids").open("wb") for name in columns]
         offsets = [array("q", [0]) for _ in columns]
         try:
@@ -171,22 +179,89 @@ def write_store(
         finally:
             for out in outs:
                 out.close()
-        meta = {"format": FORMAT, "dtype": dtype.name, "columns": list(columns), "sizes": {},
-                "offsets_sha256": {}, "report": report or {}}  # fmt: skip
         for name, ends in zip(columns, offsets, strict=True):
             np.save(work / f"{name}.offsets.npy", np.frombuffer(ends, dtype=np.int64))  # (rows + 1,)
-            meta["offsets_sha256"][name] = _sha256(work / f"{name}.offsets.npy")
         tokenizer.save(work / "tokenizer.json")
-        for path in work.iterdir():
-            meta["sizes"][path.name] = path.stat().st_size
+        files = sorted(work.iterdir())
+        meta = {"format": FORMAT, "dtype": dtype.name, "columns": list(columns),
+                "sizes": {path.name: path.stat().st_size for path in files},
+                "sha256": {path.name: _sha256(path) for path in files}, "report": report or {}}  # fmt: skip
         (work / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        for path in work.iterdir():
+            make_shareable(path)
+            with path.open("rb") as written:
+                os.fsync(written.fileno())
+        make_shareable(work)
+        fsync_dir(work)
         # a folder appears whole, or not at all; if another process put its store here first, it is
         # the same key's, the same store
         with contextlib.suppress(OSError):
             os.replace(work, folder)
+            fsync_dir(folder.parent)
+    return open_store(folder)
+
+
+def writable_root(root: Path) -> Path:
+    """``root``, made if missing; one line naming ``data.store`` where stores cannot be written there
+    (read-only, or a file)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as error:
+        raise DataError(
+            f"data.store {root}: cannot write token stores there ({error.strerror or error}); set "
+            "data.store to a folder you can write"
+        ) from None
+    return root
+
+
+def _builder() -> str:
+    """Who builds a store: this machine and process, in its temporary folder's name (see
+    :func:`sweep_abandoned`)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def sweep_abandoned(root: Path) -> None:
+    """Remove the temporary folders of builds on this machine whose process is gone (killed outright:
+    SIGKILL, a crash); those of other machines sharing the root, and of live processes, stay."""
+    host = socket.gethostname()
+    for path in root.glob(".*"):  # .KEY.HOST-PID.RANDOM (a host name may hold dots; a key does not)
+        _key, _, rest = path.name[1:].partition(".")
+        builder, _, _random = rest.rpartition(".")
+        name, _, pid = builder.rpartition("-")
+        if path.is_dir() and name == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _removed_on_sigterm(work: Path) -> Iterator[None]:
+    """``work`` removed when the block ends, however: an error, Ctrl-C, or SIGTERM (turned into an exit
+    while the block runs, where nobody else handles it; a cluster's time limit sends it)."""
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if handled else None
+    if handled and previous in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        yield
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return open_store(folder)
+        if handled and previous in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+
+
+def _exit_on_signal(number: int, frame: object) -> None:
+    raise SystemExit(128 + number)
 
 
 def uniform_sample(items: Iterable[T], size: int) -> list[T]:
@@ -225,6 +300,8 @@ def prepared(
     Without a tokenizer (a new run) the key is the inputs and settings, and the store brings the
     tokenizer its build learned. With one (a resumed or fine-tuned run), a store of the same key whose
     tokenizer is that one serves; otherwise the ids must be that tokenizer's, and the key includes it."""
+    if root.is_dir():
+        sweep_abandoned(root)
     base = root / store_key(inputs, settings)
     candidates = [base]
     if tokenizer is not None:
@@ -243,6 +320,7 @@ def prepared(
             echo(f"token store: {folder} ({len(store):,} rows, built before)")
             return store
     folder = candidates[-1]
+    writable_root(root)  # before the build's work, not after it
     made_with, columns, rows, report = build(tokenizer)
     store = write_store(folder, made_with, columns, rows, report)
     echo(f"token store: {folder} ({len(store):,} rows, built now)")

@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from attnkit.atomic import write_text_atomic
+from attnkit.atomic import open_own, write_text_atomic
 from attnkit.data.readers import segments
 from attnkit.errors import DataError
 
@@ -100,7 +100,7 @@ def _training_files(folder: Path) -> list[Path]:
     finals = {lang: folder / f"train.{lang}" for lang in LANGUAGES}
     parts = {lang: folder / f"train.{lang}.part" for lang in LANGUAGES}
     try:
-        with open(parts["en"], "wb") as en, open(parts["de"], "wb") as de:
+        with open_own(parts["en"], "wb") as en, open_own(parts["de"], "wb") as de:
             outs = {"en": en, "de": de}
             for archive, stem in TRAINING:
                 counts = {}

@@ -60,6 +60,13 @@ def check_exported_folder(folder: Path) -> None:
         raise AttnkitError(f"{folder}: not a CTranslate2 folder from 'attnkit export --to ctranslate2'")
 
 
+def exported_decode(folder: Path, overrides: Sequence[str] = ()) -> DecodeConfig:
+    """The decoding settings a CTranslate2 folder was exported with, changed by ``decode.field=value``
+    overrides (checked as a config file's are)."""
+    exported = DecodeConfig(**json.loads((folder / DECODE_FILE).read_text(encoding="utf-8")))
+    return with_decode_overrides(exported, list(overrides))
+
+
 class _ExportedFolder:
     """The CTranslate2 model, tokenizer and decoding settings of ``folder``, loaded once. ``overrides``
     (``decode.field=value``) change the folder's decoding settings, as they change a checkpoint's for
@@ -83,8 +90,7 @@ class _ExportedFolder:
             )
         self.context: int | None = held.get("context")
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
-        exported = DecodeConfig(**json.loads((folder / DECODE_FILE).read_text(encoding="utf-8")))
-        self.decode = replace(with_decode_overrides(exported, list(overrides)), **(changes or {}))
+        self.decode = replace(exported_decode(folder, overrides), **(changes or {}))
         threads = torch.get_num_threads()
         self.streams = stream_count(self.decode.streams, "cpu", threads)
         self.model = self._load(ctranslate2, native_path(folder), inter_threads=self.streams,
@@ -221,15 +227,17 @@ class CTranslate2Generator(_ExportedFolder):
         on_text: OnText | None = None,
         progress: Callable[[int], None] | None = None,
         first: int = 0,
+        wanted: Callable[[int], bool] | None = None,
     ) -> list[str]:
         """The continuation of each prompt (without the prompt itself), as attnkit's ``generate``:
         ``on_text(i, new_text)`` hears each prompt's text as it comes (one prompt at a time, then),
         ``progress`` how many more are done, batch by batch; ``first``: the number of ``prompts[0]``
-        among all, for the errors."""
+        among all, for the errors; ``wanted(i)``, asked after each streamed token, whether prompt i's
+        continuation is still wanted (a server's client may have gone)."""
         decode, context = self.decode, self.context
         encoded = encode_prompts(self.tokenizer, prompts, context, first)
         if on_text is not None:
-            return [self._streamed(i, ids, on_text) for i, ids in enumerate(encoded)]
+            return [self._streamed(i, ids, on_text, wanted) for i, ids in enumerate(encoded)]
         pending = []
         for batch in length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size):
             # CTranslate2 returns each prompt and its continuation, max_length tokens after the prompt's
@@ -267,9 +275,12 @@ class CTranslate2Generator(_ExportedFolder):
         tokens = len(ids) - 1
         return {"loss": nll / tokens, "perplexity": perplexity(nll / tokens), "tokens": tokens}
 
-    def _streamed(self, index: int, prompt: list[int], on_text: OnText) -> str:
-        """One prompt's continuation, token by token to ``on_text``, ended at a stop string."""
-        stream = TextStream(self.tokenizer, self.decode.stop, [index], on_text)
+    def _streamed(
+        self, index: int, prompt: list[int], on_text: OnText, wanted: Callable[[int], bool] | None
+    ) -> str:
+        """One prompt's continuation, token by token to ``on_text``, ended at a stop string (or once it
+        is no longer ``wanted``)."""
+        stream = TextStream(self.tokenizer, self.decode.stop, [index], on_text, wanted)
         generated: list[int] = []
         steps = self.model.generate_tokens(
             self._token_names(prompt),

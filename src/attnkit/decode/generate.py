@@ -7,7 +7,9 @@ share its batch, and whether batches run side by side (``decode.streams``). Gene
 or where a ``decode.stop`` string appears; the returned text stops before that string.
 ``on_text(i, new_text)`` receives each prompt's text as it is generated (streaming); a character whose
 UTF-8 bytes are still arriving, and text that may still turn out to be the start of a stop string, are
-held back until that is settled, so the pieces add up to the result.
+held back until that is settled, so the pieces add up to the result. ``wanted(i)``, if given, is asked
+after each step whether prompt i's continuation is still wanted (a server's client may have gone): a
+row that is not ends there. Finding stop strings costs time linear in their length at each step.
 """
 
 from __future__ import annotations
@@ -40,12 +42,14 @@ def generate(
     progress: Callable[[int], None] | None = None,
     first: int = 0,
     seeds: list[int] | None = None,
+    wanted: Callable[[int], bool] | None = None,
 ) -> list[str]:
     """The continuation of each prompt (without the prompt itself). ``progress`` hears how many more
     prompts are done, batch by batch; ``first`` is the number of ``prompts[0]`` among all the prompts
     (from 0), for its seed (``decode.seed + first``, and so on) and the errors' prompt numbers, when a
     long list is continued a part at a time. ``seeds``: each prompt's own seed instead (a server's
-    requests, each with the seed its client chose, whatever the batch)."""
+    requests, each with the seed its client chose, whatever the batch). ``wanted``: see the module
+    docstring."""
     encoded = encode_prompts(tokenizer, prompts, model.config.max_len, first)
     seeds = seeds or [decode.seed + first + i for i in range(len(prompts))]
     outputs = [""] * len(prompts)
@@ -55,9 +59,8 @@ def generate(
 
     def continue_batch(rows: list[int]) -> list[str]:
         prompts = [encoded[i] for i in rows]
-        return _generate_batch(
-            model, tokenizer, prompts, rows, [seeds[i] for i in rows], decode, device, on_text
-        )
+        stream = TextStream(tokenizer, decode.stop, rows, on_text, wanted)
+        return _generate_batch(model, tokenizer, prompts, [seeds[i] for i in rows], decode, device, stream)
 
     with evaluating(model):
         return fill_by_batch(continue_batch, batches, streams, outputs, progress)
@@ -89,14 +92,13 @@ def _generate_batch(
     model: DecoderModel,
     tokenizer: Tokenizer,
     prompts: list[list[int]],
-    indices: list[int],
     seeds: list[int],
     decode: DecodeConfig,
     device: torch.device | str,
-    on_text: OnText | None,
+    stream: TextStream,
 ) -> list[str]:
-    """Continue one batch of encoded prompts; ``indices`` are their places in the caller's list,
-    ``seeds`` their generators' seeds."""
+    """Continue one batch of encoded prompts; ``seeds`` are their generators' seeds, ``stream`` decodes
+    the rows as they grow."""
     longest = max(map(len, prompts))
     pad_id = tokenizer.specials.pad
     tokens = pad([[pad_id] * (longest - len(p)) + p for p in prompts], pad_id).to(device)  # left-padded
@@ -104,7 +106,6 @@ def _generate_batch(
     rooms = [room(p, decode, model.config.max_len) for p in prompts]
     generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
     choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)
-    stream = TextStream(tokenizer, decode.stop, indices, on_text)
     limits = torch.tensor(rooms, device=device) + 1  # up to `room` tokens, then </s> ends the row
     generated = extend(model.decoding(valid), tokens, limits, tokenizer.specials, choose, stream.observe)
     return [stream.finish(row, ids) for row, ids in enumerate(generated)]
@@ -112,10 +113,21 @@ def _generate_batch(
 
 class TextStream:
     """Decodes the rows as they grow: finds stop strings and passes new text to ``on_text``; ``finish``
-    gives a row's text, up to its first stop string (also for an engine that does not stop at them)."""
+    gives a row's text, up to its first stop string (also for an engine that does not stop at them).
+    ``indices`` are the rows' places in the caller's list of prompts (what ``on_text`` and ``wanted``
+    are told)."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: list[str], indices: list[int], on_text: OnText | None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop: list[str],
+        indices: list[int],
+        on_text: OnText | None,
+        wanted: Callable[[int], bool] | None = None,
+    ):
         self.tokenizer, self.stop, self.indices, self.on_text = tokenizer, stop, indices, on_text
+        self.wanted = wanted
+        self.borders = [borders(s) for s in stop]
         self.sent = [0] * len(indices)  # characters already passed to on_text
         self.stopped = [False] * len(indices)
 
@@ -126,7 +138,10 @@ class TextStream:
 
     def _settled(self, text: str) -> str:
         """``text`` without a tail that may still grow into a stop string or a multi-byte character."""
-        held = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        held = max(
+            (prefix_at_end(text, s, border) for s, border in zip(self.stop, self.borders, strict=True)),
+            default=0,
+        )
         return text[: len(text) - held].rstrip("\ufffd")
 
     def _send(self, row: int, text: str) -> None:
@@ -135,11 +150,14 @@ class TextStream:
             self.sent[row] = len(text)
 
     def observe(self, generated: Tensor) -> Tensor:
-        """After each step: the rows that reached a stop string end now."""
-        if not self.stop and self.on_text is None:
+        """After each step: the rows that reached a stop string, or are no longer wanted, end now."""
+        if not self.stop and self.on_text is None and self.wanted is None:
             return None
         for row, ids in enumerate(generated.tolist()):
             if self.stopped[row]:
+                continue
+            if self.wanted is not None and not self.wanted(self.indices[row]):
+                self.stopped[row] = True
                 continue
             text, self.stopped[row] = self._cut(self.tokenizer.decode(ids))
             self._send(row, text if self.stopped[row] else self._settled(text))
@@ -149,3 +167,29 @@ class TextStream:
         text, _ = self._cut(self.tokenizer.decode(ids))
         self._send(row, text)
         return text
+
+
+def borders(pattern: str) -> list[int]:
+    """Knuth-Morris-Pratt's table: ``table[i]``, the length of the longest proper prefix of
+    ``pattern[: i + 1]`` that is also its suffix."""
+    table, k = [0] * len(pattern), 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = table[k - 1]
+        if pattern[i] == pattern[k]:
+            k += 1
+        table[i] = k
+    return table
+
+
+def prefix_at_end(text: str, pattern: str, table: list[int]) -> int:
+    """The longest ``k < len(pattern)`` such that ``text`` ends with ``pattern[:k]`` (text that may still
+    grow into ``pattern``), in time linear in ``len(pattern)``: the KMP automaton run over the last
+    ``len(pattern) - 1`` characters (``table`` is :func:`borders` of ``pattern``)."""
+    k = 0
+    for character in text[max(0, len(text) - len(pattern) + 1) :] if len(pattern) > 1 else "":
+        while k and pattern[k] != character:
+            k = table[k - 1]
+        if pattern[k] == character:
+            k += 1
+    return k

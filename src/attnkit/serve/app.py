@@ -15,9 +15,10 @@ Endpoints (translation and summarisation models):
   tokens/s), request latency.
 
 Errors are JSON ``{"error": "...", "kind": "..."}`` naming what was wrong, and none stops the server:
-malformed JSON 400; a missing field or a wrong type 422 (the field named); an input longer than the
-model reads, or a request over the server's token budget, 413; a full queue 503 with ``Retry-After``;
-a missing or wrong API key 401.
+malformed JSON 400; a missing field or a wrong type 422 (the field named); a body over
+``--max-body-bytes``, an input longer than the model reads, or a request over the server's token budget,
+413; a full queue 503 with ``Retry-After``; a missing or wrong API key 401; an unknown path 404. Every
+bound, with its default and its error, is listed in docs/serving.md.
 """
 
 from __future__ import annotations
@@ -25,33 +26,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import threading
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-from pydantic import BaseModel, Field
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.bodies import PredictBody, Text, TranslateItem
 from attnkit.serve.generation import generation_routes
+from attnkit.serve.metrics import Metrics
+from attnkit.serve.middleware import CountRequests, Guard, error_response
 from attnkit.serve.predictor import Predictor
 from attnkit.serve.served import ServedModel
 from attnkit.serve.translator import Translator
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+LOG = logging.getLogger("attnkit.serve")
+KIND_OF_STATUS = {400: "malformed_request", 404: "not_found", 405: "method_not_allowed"}
 
 
 @dataclass
@@ -60,18 +59,13 @@ class ServeSettings:
 
     max_batch_tokens: int = 4096  # source tokens of all requests in one batch
     max_wait_ms: float = 0.0  # how long a batch waits for more requests after its first
-    max_queue: int = 256  # requests waiting at most; more are refused (503)
+    max_queue: int = 256  # requests waiting at most (explorer pages too); more are refused (503)
     api_key: str = ""  # when set, every endpoint but /health needs "Authorization: Bearer KEY"
     retry_after_s: int = 1  # what a 503 asks the client to wait
-
-
-class TranslateItem(BaseModel):
-    """One input of OpenNMT-py's request format."""
-
-    src: str
-    id: int = 100
-    beam_size: int | None = Field(default=None, ge=1, le=64)
-    n_best: int = Field(default=1, ge=1, le=64)
+    max_body_bytes: int = 1_048_576  # a larger request body is refused (413) before it is read whole
+    max_explore_tokens: int = 64  # /explore: tokens of the text (and of the output it shows), at most
+    stall_after_s: float = 300.0  # /health says "stalled" when requests wait this long with no batch moving
+    hosts: tuple[str, ...] = ()  # the Host header names accepted (empty: any)
 
 
 class RequestError(Exception):
@@ -82,33 +76,17 @@ class RequestError(Exception):
         self.status, self.kind, self.headers = status, kind, headers or {}
 
 
-@dataclass
-class Metrics:
-    """The server's Prometheus metrics, in a registry of its own."""
-
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-
-    def __post_init__(self) -> None:
-        r = self.registry
-        self.requests = Counter("attnkit_requests", "HTTP requests", ["endpoint", "status"], registry=r)
-        self.errors = Counter("attnkit_errors", "Refused or failed requests by kind", ["kind"], registry=r)
-        self.queue = Gauge("attnkit_queue_length", "Requests waiting for a batch", registry=r)
-        self.in_progress = Gauge(
-            "attnkit_requests_in_progress", "Requests being answered", ["endpoint"], registry=r
-        )
-        self.batch_requests = Histogram("attnkit_batch_requests", "Requests per batch", registry=r,
-                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))  # fmt: skip
-        self.batch_inputs = Histogram("attnkit_batch_inputs", "Inputs (sentences) per batch", registry=r,
-                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))  # fmt: skip
-        self.batch_seconds = Histogram("attnkit_batch_seconds", "Time to run one batch", registry=r)
-        self.output_tokens = Counter("attnkit_output_tokens", "Tokens of the outputs", registry=r)
-        self.latency = Histogram("attnkit_request_seconds", "Request latency", ["endpoint"], registry=r)
-
-
-def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str) -> FastAPI:
+def make_app(
+    load: Callable[[], ServedModel],
+    settings: ServeSettings,
+    kind: str,
+    stopping: Callable[[], bool] = lambda: False,
+) -> FastAPI:
     """The app serving the model that ``load()`` returns: ``kind`` "translate" (a translator),
     "predict" (an encoder's predictor) or "generate" (a decoder's generator); it loads in a thread
-    once the server starts, so that ``/health`` answers "loading" meanwhile."""
+    once the server starts, so that ``/health`` answers "loading" meanwhile. ``stopping()`` says
+    whether the server is shutting down (a request cut off then is told so; otherwise its client has
+    gone)."""
     metrics = Metrics()
     state: dict[str, Any] = {"model": None, "batcher": None, "failed": None}
 
@@ -128,7 +106,7 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
             batcher = Batcher(model.run, max_batch_tokens=settings.max_batch_tokens,
                               max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
                               workers=model.streams, prepare=model.prepare_worker,
-                              observe=_observe)  # fmt: skip
+                              observe=metrics.batch, abandon=model.abandon)  # fmt: skip
             batcher.start()
             state["model"], state["batcher"] = model, batcher
 
@@ -137,30 +115,50 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
         if state["batcher"] is not None:
             await state["batcher"].stop()
 
-    def _observe(requests: int, inputs: int, seconds: float) -> None:
-        metrics.batch_requests.observe(requests)
-        metrics.batch_inputs.observe(inputs)
-        metrics.batch_seconds.observe(seconds)
-
-    app = FastAPI(title="attnkit", version=version("attnkit"), lifespan=lifespan)
-
-    app.add_middleware(CountAndGuard, settings=settings, metrics=metrics)
+    # the interactive docs (/docs, /redoc) would load their scripts from a CDN: off; /openapi.json stays
+    app = FastAPI(title="attnkit", version=version("attnkit"), lifespan=lifespan, docs_url=None,
+                  redoc_url=None)  # fmt: skip
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError) -> JSONResponse:
         metrics.errors.labels(error.kind).inc()
-        return _error(error)
+        return error_response(error.status, error.kind, str(error), error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = error.errors()
         if any(problem.get("type") == "json_invalid" for problem in problems):
-            metrics.errors.labels("malformed_json").inc()
-            return _error(RequestError(400, "malformed_json", "the request body is not valid JSON"))
+            return await refused(
+                request, RequestError(400, "malformed_json", "the request body is not valid JSON")
+            )
         first = problems[0]
         where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "body"
-        metrics.errors.labels("invalid_request").inc()
-        return _error(RequestError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}"))
+        return await refused(
+            request, RequestError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}")
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        """Starlette's and FastAPI's own refusals (an unknown path, a wrong method, a body that is not
+        UTF-8 or nests too deep to parse), in the server's error format."""
+        if error.status_code == 400:  # FastAPI could not parse the body
+            error = RequestError(
+                400, "malformed_json", "the request body is not JSON in UTF-8 (or nests too deep)"
+            )
+        else:
+            kind = KIND_OF_STATUS.get(error.status_code, "http_error")
+            error = RequestError(
+                error.status_code, kind, f"{request.url.path}: {error.detail}", error.headers
+            )
+        return await refused(request, error)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception) -> JSONResponse:
+        """A bug: JSON like every other error (the traceback goes to the log, not to the client)."""
+        metrics.errors.labels("internal_error").inc()
+        return error_response(
+            500, "internal_error", f"the server failed on this request ({type(error).__name__})"
+        )
 
     def ready_model() -> Any:
         if state["model"] is None:
@@ -179,15 +177,14 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
                        f"{settings.max_batch_tokens}")  # fmt: skip
             raise RequestError(413, "too_long", message)
 
-    async def answered(request: Request, inputs: list[Any], decode: Any, tokens: int) -> list[Any]:
-        """The batcher's outputs for this request's inputs; the request is dropped from the queue if
-        its client disconnects while it waits (the slot goes to the next)."""
-        waiting = asyncio.ensure_future(state["batcher"].submit(inputs, decode, tokens))
+    async def answered(request: Request, work: Awaitable[Any]) -> Any:
+        """What ``work`` (the batcher's answer to this request) gives; the request is dropped from the
+        queue, or abandoned by its batch, if its client disconnects meanwhile."""
+        waiting = asyncio.ensure_future(work)
         try:
             while not waiting.done():
                 await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
                 if not waiting.done() and await request.is_disconnected():
-                    waiting.cancel()
                     raise RequestError(499, "client_gone", "the client disconnected")
             return waiting.result()
         except QueueFullError as full:
@@ -195,7 +192,12 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
                                {"Retry-After": str(settings.retry_after_s)}) from None  # fmt: skip
         except RequestError:
             raise
-        except asyncio.CancelledError:  # uvicorn cuts off what is left past the grace period of a SIGTERM
+        except asyncio.CancelledError:
+            if not stopping():  # a stream whose client has gone: its response is cancelled
+                metrics.errors.labels("client_gone").inc()
+                LOG.info("%s: the client disconnected; its request is dropped", request.url.path)
+                raise
+            # uvicorn cuts off what is left past the grace period of a SIGTERM
             raise RequestError(503, "shutting_down", "the server stopped before this request's turn came",
                                {"Retry-After": str(settings.retry_after_s)}) from None  # fmt: skip
         except Exception as error:  # the model failed on this request's inputs: this request fails alone
@@ -203,19 +205,29 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
         finally:  # answered, refused, or cut off (a server past its grace period): out of the queue
             waiting.cancel()
 
+    def batched(request: Request, inputs: list[Any], decode: Any, tokens: int) -> Awaitable[Any]:
+        """The outputs of ``inputs`` once their batch has run (see ``answered``)."""
+        return answered(request, state["batcher"].submit(inputs, decode, tokens))
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if state["failed"]:
             return JSONResponse({"status": "failed", "error": state["failed"]}, status_code=503)
         if state["model"] is None:
             return JSONResponse({"status": "loading"}, status_code=503)
+        stalled = state["batcher"].stalled_for()
+        if stalled > settings.stall_after_s:
+            said = f"requests have waited {stalled:.0f} s without a batch starting or ending"
+            return JSONResponse({"status": "stalled", "error": said}, status_code=503)
         return JSONResponse({"status": "ready"})
 
     @app.get("/info")
     async def info() -> dict:
+        """What a client needs to know of the model and the server (no paths of the server's machine)."""
         model = ready_model()
-        return {"attnkit": version("attnkit"), "checkpoint": str(model.checkpoint), **model.describe(),
-                "serve": dataclasses.asdict(settings) | {"api_key": bool(settings.api_key)}}  # fmt: skip
+        served = dataclasses.asdict(settings) | {"api_key": bool(settings.api_key)}
+        return {"attnkit": version("attnkit"), "checkpoint": model.checkpoint.name, **model.describe(),
+                "serve": served}  # fmt: skip
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -224,26 +236,38 @@ def make_app(load: Callable[[], ServedModel], settings: ServeSettings, kind: str
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/explore")
-    async def explore(text: str = "", target: str | None = None) -> HTMLResponse:
-        """The attention explorer (``attnkit explore``'s page) on ``text``: every layer and head; run
-        while no batch runs (it hooks the model)."""
+    async def explore(request: Request, text: Text = "", target: Text | None = None) -> HTMLResponse:
+        """The attention explorer (``attnkit explore``'s page) on ``text``: every layer and head, of at
+        most ``--max-explore-tokens`` tokens (the page grows with their square); queued as a request of
+        its own and run while no batch runs (it hooks the model)."""
         model: ServedModel = ready_model()
-        page = await state["batcher"].alone(model.explore, text, target or None, "/explore")
-        if page is None:
+        if not model.shows_attention:
             raise RequestError(404, "not_available", f"the attention explorer needs attnkit's engine; "
                                f"this server runs {model.engine}")  # fmt: skip
-        return HTMLResponse(page[0], status_code=page[1])
+        counts = await asyncio.to_thread(model.tokens, [text, target or ""])
+        limit = settings.max_explore_tokens
+        for field, count in zip(("text", "target"), counts, strict=True):
+            if count > limit:
+                raise RequestError(413, "too_long", f"{field}: {count} tokens, more than the explorer's "
+                                   f"{limit} (--max-explore-tokens)")  # fmt: skip
+        asked = state["batcher"].alone(model.explore, text, target or None, "/explore", limit)
+        page, status = await answered(request, asked)
+        return HTMLResponse(page, status_code=status)
 
     if kind == "predict":
-        _prediction_route(app, ready_model, check_lengths, answered)
+        _prediction_route(app, ready_model, check_lengths, batched)
     elif kind == "generate":
-        generation_routes(app, ready_model, check_lengths, answered, RequestError)
+        generation_routes(app, ready_model, check_lengths, batched, RequestError)
     else:
-        _translation_route(app, ready_model, check_lengths, answered, metrics)
+        _translation_route(app, ready_model, check_lengths, batched, metrics)
+    # added last, so that the counting knows every route; Guard runs inside CountRequests
+    app.add_middleware(Guard, metrics=metrics, api_key=settings.api_key,
+                       max_body_bytes=settings.max_body_bytes, hosts=settings.hosts)  # fmt: skip
+    app.add_middleware(CountRequests, metrics=metrics, routes=frozenset(r.path for r in app.routes))
     return app
 
 
-def _translation_route(app: FastAPI, ready_model: Callable, check_lengths: Callable, answered: Callable,
+def _translation_route(app: FastAPI, ready_model: Callable, check_lengths: Callable, batched: Callable,
                        metrics: Metrics) -> None:  # fmt: skip
     """``POST /translator/translate`` (OpenNMT-py's format), for translation and summarisation."""
 
@@ -261,26 +285,21 @@ def _translation_route(app: FastAPI, ready_model: Callable, check_lengths: Calla
         if n_best > beam:
             raise RequestError(422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more")
         texts = [item.src for item in items]
-        tokens = translator.tokens(texts)
+        tokens = await asyncio.to_thread(translator.tokens, texts)
         check_lengths(tokens, translator.max_source_tokens, "src")
-        found = await answered(request, texts, (beam, n_best), sum(tokens))
+        found = await batched(request, texts, (beam, n_best), sum(tokens))
         results = []
         for text, best in zip(texts, found, strict=True):
-            for target, score in best:
+            # an empty input has no hypotheses: it gets n_best empty outputs (as the CLI prints an
+            # empty line), so that the results line up with the inputs
+            for target, score in best or [("", 0.0)] * n_best:
                 metrics.output_tokens.inc(translator.output_tokens(target))
                 results.append({"src": text, "tgt": target, "pred_score": score, "n_best": n_best})
         return [results]
 
 
-class PredictBody(BaseModel):
-    """``{"inputs": [...]}``: sentences (a classifier; a masked-LM's with its mask token), or
-    ``question<TAB>passage`` (question answering), as ``attnkit predict`` reads them."""
-
-    inputs: list[str] = Field(min_length=1)
-
-
 def _prediction_route(
-    app: FastAPI, ready_model: Callable, check_lengths: Callable, answered: Callable
+    app: FastAPI, ready_model: Callable, check_lengths: Callable, batched: Callable
 ) -> None:
     """``POST /predict``, for encoder models (classification, question answering, masked-LM)."""
 
@@ -290,48 +309,7 @@ def _prediction_route(
         problem = predictor.problem(body.inputs)
         if problem:
             raise RequestError(422, "invalid_request", problem)
-        tokens = predictor.tokens(body.inputs)
+        tokens = await asyncio.to_thread(predictor.tokens, body.inputs)
         check_lengths(tokens, predictor.max_tokens, "inputs")
-        lines = await answered(request, body.inputs, None, sum(tokens))
+        lines = await batched(request, body.inputs, None, sum(tokens))
         return {"outputs": [predictor.as_json(line) for line in lines]}
-
-
-class CountAndGuard:
-    """ASGI middleware: every request counted (by endpoint and status, in progress, latency) and, with
-    an API key, refused without it (but ``/health``). Plain ASGI rather than Starlette's
-    ``BaseHTTPMiddleware``, under which a handler cannot see its client disconnect."""
-
-    def __init__(self, app: Any, settings: ServeSettings, metrics: Metrics) -> None:
-        self.app, self.settings, self.metrics = app, settings, metrics
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        endpoint, began, status = scope["path"], time.perf_counter(), [500]
-        key = self.settings.api_key
-        if (
-            key
-            and endpoint != "/health"
-            and dict(scope["headers"]).get(b"authorization") != f"Bearer {key}".encode()
-        ):
-            self.metrics.errors.labels("unauthorized").inc()
-            self.metrics.requests.labels(endpoint, "401").inc()
-            refusal = RequestError(401, "unauthorized", "this server needs 'Authorization: Bearer KEY'")
-            await _error(refusal)(scope, receive, send)
-            return
-
-        async def sending(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        with self.metrics.in_progress.labels(endpoint).track_inprogress():
-            await self.app(scope, receive, sending)
-        self.metrics.requests.labels(endpoint, str(status[0])).inc()
-        self.metrics.latency.labels(endpoint).observe(time.perf_counter() - began)
-
-
-def _error(error: RequestError) -> JSONResponse:
-    return JSONResponse({"error": str(error), "kind": error.kind}, status_code=error.status,
-                        headers=error.headers)  # fmt: skip

@@ -13,12 +13,17 @@ settings, run one after another.
 side, cpu/streams.py): a request that arrives while a batch runs can start on another worker instead of
 waiting for it. Before each batch, ``prepare(running)`` tells its worker how many batches run now, this
 one included, so that a batch alone takes every thread of the CPU and batches side by side share
-them. Work that must not overlap a batch (the attention explorer hooks the model) runs :meth:`alone`.
+them. Work that must not overlap a batch (the attention explorer hooks the model) is queued as a request
+of its own (:meth:`alone`): it waits its turn like any request, counts towards ``max_queue``, and runs
+once every worker is free. Only the batcher's loop takes workers, so two such requests cannot each hold
+some workers while waiting for the others (a deadlock that froze every later request).
 
 A request whose inputs make the batch fail (the model raises) fails alone: the batch is run again
 request by request, and the others are answered. A full queue refuses new requests (the server answers
 503 with Retry-After) rather than letting latency grow without bound; a request whose client has gone
-(its future cancelled) is dropped before its batch runs.
+(its future cancelled) is dropped before its batch runs, and ``abandon(inputs)`` tells the model of one
+whose batch already runs (a generator then stops extending its prompts). :meth:`stalled_for` says how
+long requests have waited or run without any batch starting or ending, for ``/health``.
 """
 
 from __future__ import annotations
@@ -44,13 +49,15 @@ class Job:
     tokens: int  # what the request adds to a batch's token budget
     future: asyncio.Future = field(repr=False)
     queued: float = field(default_factory=time.perf_counter)
+    work: Callable[..., Any] | None = None  # work(*inputs) alone, with no batch beside it (see alone())
 
 
 class Batcher:
     """Runs ``run(inputs, settings) -> outputs`` (blocking) on batches of requests, ``workers`` at a time,
     each on a worker thread that ``prepare(running)`` readies first (see the module docstring).
 
-    ``observe(batch_requests, batch_inputs, seconds)`` hears of every batch run (for metrics)."""
+    ``observe(batch_requests, batch_inputs, seconds)`` hears of every batch run (for metrics);
+    ``abandon(inputs)`` of the inputs of a request whose client has gone while its batch runs."""
 
     def __init__(
         self,
@@ -62,8 +69,9 @@ class Batcher:
         workers: int = 1,
         prepare: Callable[[int], None] = lambda running: None,
         observe: Callable[[int, int, float], None] = lambda requests, inputs, seconds: None,
+        abandon: Callable[[list[Any]], None] = lambda inputs: None,
     ) -> None:
-        self.run, self.observe = run, observe
+        self.run, self.observe, self.abandon = run, observe, abandon
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait_ms / 1000, max_queue
         self.workers, self.prepare = workers, prepare
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
@@ -74,9 +82,11 @@ class Batcher:
             ThreadPoolExecutor(1, thread_name_prefix=f"attnkit-model-{i}") for i in range(workers)
         ]
         self.idle = list(range(workers))
-        self.free: asyncio.Semaphore | None = None  # a permit per idle worker (made in the loop)
+        # a permit per idle worker (made in the loop); only _serve acquires them
+        self.free: asyncio.Semaphore | None = None
         self.loop_task: asyncio.Task | None = None
         self.running: set[asyncio.Task] = set()
+        self.progressed = time.monotonic()  # when a batch last started or ended
 
     def start(self) -> None:
         self.free = asyncio.Semaphore(self.workers)
@@ -102,23 +112,34 @@ class Batcher:
         worker."""
         return self.queue.qsize() + len(self.taken)
 
+    def stalled_for(self) -> float:
+        """Seconds that requests have waited or run without any batch starting or ending (0 while
+        nothing waits or runs): a server that has stopped making progress, for ``/health``."""
+        if not self.waiting() and not self.running:
+            return 0.0
+        return time.monotonic() - self.progressed
+
     async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)`` on a worker while no batch runs (it waits for every worker to be free)."""
-        assert self.free is not None, "the batcher has not started"
-        for _ in range(self.workers):
-            await self.free.acquire()
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.threads[0], self._alone, work, args)
-        finally:
-            for _ in range(self.workers):
-                self.free.release()
+        """``work(*args)`` on a worker while no batch runs: queued as a request of its own (so
+        :class:`QueueFullError` when the queue is full), run once every worker is free."""
+        return await self._queued(Job(list(args), None, 0, self._future(), work=work))
 
     async def submit(self, inputs: list[Any], settings: Hashable, tokens: int) -> list[Any]:
         """The outputs of ``inputs`` once their batch has run; :class:`QueueFullError` at once if the queue
-        is full. Cancelling the caller (a client gone) drops the request if its batch has not begun."""
+        is full. Cancelling the caller (a client gone) drops the request if its batch has not begun, and
+        tells ``abandon`` of its inputs if it has."""
+        return await self._queued(Job(inputs, settings, tokens, self._future()))
+
+    def _future(self) -> asyncio.Future:
+        return asyncio.get_running_loop().create_future()
+
+    async def _queued(self, job: Job) -> Any:
         if self.waiting() >= self.max_queue:
             raise QueueFullError(f"{self.max_queue} requests are already waiting")
-        job = Job(inputs, settings, tokens, asyncio.get_running_loop().create_future())
+        if self.queue.empty() and not self.running:
+            self.progressed = time.monotonic()  # an idle server starts its clock with this request
+        if job.work is None:
+            job.future.add_done_callback(lambda future: future.cancelled() and self.abandon(job.inputs))
         self.queue.put_nowait(job)
         return await job.future
 
@@ -126,8 +147,11 @@ class Batcher:
         assert self.free is not None
         while True:
             self.taken = [await self.queue.get()]
+            if self.taken[0].work is not None:
+                await self._run_alone(self.taken[0])
+                continue
             # a worker free, its batch is collected: the requests that came while all were busy go
-            # into it at once (and no worker is held while no request waits: alone() may need them all)
+            # into it at once (and no worker is held while no request waits)
             await self.free.acquire()
             try:
                 await self._collect(self.taken)
@@ -135,6 +159,7 @@ class Batcher:
                 self.free.release()
                 raise
             batch, self.taken = self.taken, []
+            self.progressed = time.monotonic()
             worker = self.idle.pop(0)
             running = self.workers - len(self.idle)  # batches running now, this one included
             task = asyncio.get_running_loop().create_task(self._run_batch(batch, worker, running))
@@ -153,7 +178,34 @@ class Batcher:
                 await self._run_group(settings, jobs, worker, running)
         finally:
             self.idle = sorted([*self.idle, worker])
+            self.progressed = time.monotonic()
             self.free.release()
+
+    async def _run_alone(self, job: Job) -> None:
+        """A job of :meth:`alone`: every worker's permit taken (the loop alone takes them, so this cannot
+        deadlock), its work on the first worker's thread, then the permits given back."""
+        assert self.free is not None and job.work is not None
+        held = 0
+        try:
+            while held < self.workers:
+                await self.free.acquire()
+                held += 1
+            self.taken = []
+            if job.future.cancelled():
+                return
+            self.progressed = time.monotonic()
+            loop = asyncio.get_running_loop()
+            try:
+                result = await loop.run_in_executor(self.threads[0], self._alone, job.work, job.inputs)
+            except Exception as error:
+                _settle(job, error=error)
+            else:
+                _settle(job, result=result)
+        finally:
+            self.taken = []
+            self.progressed = time.monotonic()
+            for _ in range(held):
+                self.free.release()
 
     async def _collect(self, batch: list[Job]) -> None:
         """Add to ``batch`` (the oldest request) those that follow within the wait, up to the token
@@ -171,7 +223,7 @@ class Batcher:
                     job = await asyncio.wait_for(self.queue.get(), left)
                 except asyncio.TimeoutError:
                     break
-            if tokens + job.tokens > self.max_batch_tokens:
+            if job.work is not None or tokens + job.tokens > self.max_batch_tokens:
                 self._put_back(job)
                 break
             batch.append(job)
@@ -185,7 +237,7 @@ class Batcher:
         for waiting in rest:
             self.queue.put_nowait(waiting)
 
-    def _alone(self, work: Callable[..., Any], args: tuple) -> Any:
+    def _alone(self, work: Callable[..., Any], args: list[Any]) -> Any:
         self.prepare(1)
         return work(*args)
 

@@ -93,8 +93,12 @@ class EngineGenerator(Sampler, ServedModel):
             ):
                 outputs[i] = text
         for i, prompt in enumerate(prompts):
-            if prompt.sink is not None:
-                (outputs[i],) = self.engine_model.generate([prompt.text], on_text=_to(prompt.sink))
+            if prompt.sink is not None and not prompt.gone.is_set():
+                (outputs[i],) = self.engine_model.generate(
+                    [prompt.text],
+                    on_text=_to(prompt.sink),
+                    wanted=lambda index, gone=prompt.gone: not gone.is_set(),
+                )
         return outputs
 
 

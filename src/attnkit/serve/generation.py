@@ -23,35 +23,10 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
 
 from attnkit.errors import ConfigError
+from attnkit.serve.bodies import MAX_SEED, CompletionBody, GenerateBody
 from attnkit.serve.generator import Generator, Prompt, Sampling
-
-
-class Parameters(BaseModel):
-    max_new_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
-    top_k: int | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: list[str] | None = None
-    seed: int | None = None
-
-
-class GenerateBody(BaseModel):
-    inputs: str
-    parameters: Parameters = Parameters()
-
-
-class CompletionBody(BaseModel):
-    prompt: str | list[str]
-    model: str = ""
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
 
 
 def generation_routes(app: FastAPI, ready_model: Callable, check_lengths: Callable, answered: Callable,
@@ -59,13 +34,18 @@ def generation_routes(app: FastAPI, ready_model: Callable, check_lengths: Callab
     """Add the decoder's endpoints to ``app``. ``answered(request, inputs, settings, tokens)`` awaits a
     batch's outputs; ``refuse(status, kind, message)`` makes the error to raise."""
 
-    def prepared(prompts: list[str], seed: int | None, **given) -> tuple[Generator, Sampling, list[int], int]:
+    async def prepared(
+        prompts: list[str], seed: int | None, **given
+    ) -> tuple[Generator, Sampling, list[int], int]:
         generator: Generator = ready_model()
         try:
             sampling = generator.sampling(**given)
         except ConfigError as error:
             raise refuse(422, "invalid_request", str(error).removeprefix("decode.")) from None
-        tokens = generator.tokens(prompts)
+        if seed is not None and seed + len(prompts) - 1 > MAX_SEED:  # prompt i is seeded seed + i
+            raise refuse(422, "invalid_request", f"seed: {len(prompts)} prompts seeded from {seed} pass "
+                         f"{MAX_SEED}, the largest seed")  # fmt: skip
+        tokens = await asyncio.to_thread(generator.tokens, prompts)
         for i, count in enumerate(tokens):
             if count == 0:
                 raise refuse(422, "invalid_request", f"prompt {i}: empty; give at least one character")
@@ -108,23 +88,23 @@ def generation_routes(app: FastAPI, ready_model: Callable, check_lengths: Callab
         finally:
             waiting.cancel()
 
-    def tgi_prepared(body: GenerateBody) -> tuple[Sampling, list[int], int]:
+    async def tgi_prepared(body: GenerateBody) -> tuple[Sampling, list[int], int]:
         """A TGI request's settings, prompt length and seed."""
         p = body.parameters
-        _, sampling, tokens, seed = prepared([body.inputs], p.seed, max_new_tokens=p.max_new_tokens,
+        _, sampling, tokens, seed = await prepared([body.inputs], p.seed, max_new_tokens=p.max_new_tokens,
                                              temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                                              stop=p.stop)  # fmt: skip
         return sampling, tokens, seed
 
     @app.post("/generate")
     async def tgi_generate(request: Request, body: GenerateBody) -> dict:
-        sampling, tokens, seed = tgi_prepared(body)
+        sampling, tokens, seed = await tgi_prepared(body)
         (text,) = await answered(request, [Prompt(body.inputs, seed)], sampling, sum(tokens))
         return {"generated_text": text}
 
     @app.post("/generate_stream")
     async def tgi_generate_stream(request: Request, body: GenerateBody) -> StreamingResponse:
-        sampling, tokens, seed = tgi_prepared(body)
+        sampling, tokens, seed = await tgi_prepared(body)
         stream = await streamed(request, [body.inputs], sampling, seed, sum(tokens))
 
         async def events() -> AsyncIterator[str]:
@@ -139,7 +119,7 @@ def generation_routes(app: FastAPI, ready_model: Callable, check_lengths: Callab
         if not prompts:
             raise refuse(422, "invalid_request", "prompt: give at least one")
         stop = [body.stop] if isinstance(body.stop, str) else body.stop
-        generator, sampling, tokens, seed = prepared(prompts, body.seed, max_new_tokens=body.max_tokens,
+        generator, sampling, tokens, seed = await prepared(prompts, body.seed, max_new_tokens=body.max_tokens,
                                                      temperature=body.temperature, top_p=body.top_p,
                                                      stop=stop)  # fmt: skip
         name, made, ident = (

@@ -4,14 +4,16 @@ Each request brings its own sampling settings; requests with equal settings shar
 prompt samples from its own generator seeded with its request's seed (``decode.seed`` by default, the
 seed ``attnkit generate`` gives its first prompt), so a prompt's continuation does not depend on the
 batch it lands in. A streaming request's prompt carries a ``sink`` that hears its text piece by piece
-as the batch generates it; the others in the same batch are answered at the end.
+as the batch generates it; the others in the same batch are answered at the end. A prompt whose client
+has gone (``abandon``) stops being extended at the next step, whatever else its batch holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +42,7 @@ class Prompt:
     text: str
     seed: int
     sink: Callable[[str], None] | None = None  # a streaming request's: hears each new piece of text
+    gone: threading.Event = field(default_factory=threading.Event)  # set once nobody waits for it
 
 
 class Sampler:
@@ -65,6 +68,11 @@ class Sampler:
         return Sampling(
             decode.max_new_tokens, decode.temperature, decode.top_k, decode.top_p, tuple(decode.stop)
         )
+
+    def abandon(self, inputs: list[Prompt]) -> None:
+        """The client of these prompts has gone: their generation stops at its next step."""
+        for prompt in inputs:
+            prompt.gone.set()
 
     def decode_for(self, sampling: Sampling) -> DecodeConfig:
         """The run's decoding settings with a request's sampling settings."""
@@ -93,7 +101,8 @@ class Generator(Sampler, AttnkitModel):
 
         streaming = any(prompt.sink is not None for prompt in prompts)
         return generate(self.model, self.tokenizer, [p.text for p in prompts], decode, device=self.device,
-                        on_text=on_text if streaming else None, seeds=[p.seed for p in prompts])  # fmt: skip
+                        on_text=on_text if streaming else None, seeds=[p.seed for p in prompts],
+                        wanted=lambda i: not prompts[i].gone.is_set())  # fmt: skip
 
 
 def load_generator(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> Generator:

@@ -4,7 +4,8 @@ Two engines run a model: attnkit's own (:class:`AttnkitModel`: a checkpoint, its
 config) and CTranslate2 (serve/ctranslate2.py: a folder that ``attnkit export --to ctranslate2``
 wrote). The app sees only what this base class has: token counts for the limits, a description for
 ``GET /info``, the attention explorer's page where the engine has attention weights to show, and
-``run``, the blocking call the batcher makes on one of its workers.
+``run``, the blocking call the batcher makes on one of its workers (``abandon`` when a request's client
+has gone while its batch runs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from attnkit.config import RunConfig
 from attnkit.cpu.streams import stream_count
 from attnkit.data.tokenizer import Tokenizer
 
+PRIVATE_DATA_FIELDS = ("dir", "train", "valid", "test", "store")  # where the run's files were
+
 
 @dataclass
 class ServedModel:
@@ -27,6 +30,7 @@ class ServedModel:
     tokenizer: Tokenizer
 
     engine: ClassVar[str]  # "attnkit" or "ctranslate2"
+    shows_attention: ClassVar[bool] = False  # whether explore() has attention weights to show
 
     def tokens(self, texts: list[str]) -> list[int]:
         """How many tokens each text is (for the length limits and the batches' token budget)."""
@@ -40,10 +44,10 @@ class ServedModel:
         """What ``GET /info`` says of the model: its engine, architecture, task and settings."""
         raise NotImplementedError
 
-    def explore(self, text: str, target: str | None, base: str) -> tuple[str, int] | None:
-        """The attention explorer's page on ``text`` and its HTTP status, or None where the engine
-        gives no attention weights."""
-        return None
+    def explore(self, text: str, target: str | None, base: str, limit: int) -> tuple[str, int]:
+        """The attention explorer's page on ``text`` (at most ``limit`` tokens of it, and of the output)
+        and its HTTP status, where the engine has attention weights (``shows_attention``)."""
+        raise NotImplementedError
 
     @property
     def streams(self) -> int:
@@ -58,6 +62,10 @@ class ServedModel:
         in all)."""
         raise NotImplementedError
 
+    def abandon(self, inputs: list[Any]) -> None:
+        """Nobody waits for ``inputs`` any more (their client has gone): work on them may stop early.
+        Called on the event loop, perhaps while their batch runs on a worker."""
+
 
 @dataclass
 class AttnkitModel(ServedModel):
@@ -68,6 +76,7 @@ class AttnkitModel(ServedModel):
     device: torch.device
 
     engine: ClassVar[str] = "attnkit"
+    shows_attention: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         # torch's threads as the model loaded, shared out among the workers (which change the count
@@ -87,10 +96,14 @@ class AttnkitModel(ServedModel):
         torch.set_num_threads(max(1, self.threads // running))
 
     def describe(self) -> dict[str, Any]:
+        """The model's architecture and the settings a client may want: the model, its decoding and its
+        data's task and tokenizer; not the training run's files and folders (paths of this machine)."""
+        config = self.config.to_dict()
+        data = {key: value for key, value in config["data"].items() if key not in PRIVATE_DATA_FIELDS}
         return {"engine": self.engine, "arch": self.config.model.arch, "task": self.config.data.task,
-                "config": self.config.to_dict()}  # fmt: skip
+                "config": {"model": config["model"], "data": data, "decode": config["decode"]}}  # fmt: skip
 
-    def explore(self, text: str, target: str | None, base: str) -> tuple[str, int] | None:
+    def explore(self, text: str, target: str | None, base: str, limit: int) -> tuple[str, int]:
         from attnkit.viz.explorer import explorer_page
 
-        return explorer_page(self.model, self.tokenizer, self.checkpoint.name, text, target, base)
+        return explorer_page(self.model, self.tokenizer, self.checkpoint.name, text, target, base, limit)

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from attnkit import checkpoint as ckpt
+from attnkit.atomic import atomic_writer
 from attnkit.config import RunConfig, TrainConfig
 from attnkit.cpu import speed_up
 from attnkit.errors import AttnkitError, ConfigError
@@ -528,9 +529,7 @@ class Trainer:
         scores = [k for k in self.history[0] if k not in LOG_FIELDS and k != "elapsed_s"]
         fields = [*LOG_FIELDS, *scores, "elapsed_s"]
         text_rows = [{k: row.get(k, "") for k in fields} for row in self.history]
-        path = self.run_dir / "metrics.csv"
-        with open(path.with_suffix(".csv.tmp"), "w", newline="", encoding="utf-8") as f:
+        with atomic_writer(self.run_dir / "metrics.csv") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(text_rows)
-        path.with_suffix(".csv.tmp").replace(path)

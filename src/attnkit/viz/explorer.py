@@ -50,16 +50,24 @@ def _maps(name: str, modules: list, recorded: Recording, queries: list[str], key
 
 @torch.no_grad()
 def collect_attention(
-    model: torch.nn.Module, tokenizer: Tokenizer, text: str, target: str | None = None
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    text: str,
+    target: str | None = None,
+    limit: int | None = None,
 ) -> tuple[list[AttentionMap], str | None]:
     """Every attention of ``model`` on ``text``: the maps, and for an encoder-decoder the output they
-    belong to (``target`` if given, else the model's greedy translation)."""
+    belong to (``target`` if given, else the model's greedy translation). ``limit``: the tokens of the
+    text and of the output shown at most (the maps, and so the page, grow with their square); the
+    model's positions at most in any case."""
     ids, s = tokenizer.encode(text), tokenizer.specials
     if not ids:
         raise AttnkitError("--text is empty: give a sentence to look at")
+    if limit is not None:
+        ids = ids[:limit]
     model.eval()
     if isinstance(model, EncoderDecoder):
-        limit = model.config.max_len - 1
+        limit = min(model.config.max_len - 1, limit or model.config.max_len)
         src = torch.tensor([[*ids[:limit], s.eos]])
         out = (
             tokenizer.encode(target) if target is not None else greedy(model, src, s, max_output_len=limit)[0]
@@ -186,15 +194,21 @@ def explorer_server(
 
 
 def explorer_page(
-    model: torch.nn.Module, tokenizer: Tokenizer, name: str, asked: str, target: str | None, action: str = "/"
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    name: str,
+    asked: str,
+    target: str | None,
+    action: str = "/",
+    limit: int | None = None,
 ) -> tuple[str, int]:
     """The page for one sentence typed in a text box that asks ``action``, and its HTTP status: the
-    attention of ``model`` on ``asked``, or what to do (200, nothing asked yet), or what was wrong
-    (400: a sentence the model cannot take)."""
+    attention of ``model`` on ``asked`` (at most ``limit`` tokens of it and of the output), or what to
+    do (200, nothing asked yet), or what was wrong (400: a sentence the model cannot take)."""
     try:
         if not asked.strip():
             raise AttnkitError("type a sentence to see the model's attention on it")
-        maps, output = collect_attention(model, tokenizer, asked, target)
+        maps, output = collect_attention(model, tokenizer, asked, target, limit)
         return explorer_html(maps, f"attention of {name} on: {asked}", output, asked, action), 200
     except AttnkitError as error:
         return _message_page(str(error), action), 200 if not asked.strip() else 400

@@ -1,0 +1,53 @@
+"""``attnkit serve`` in a process of its own, for the tests that talk to it over real HTTP."""
+
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``attnkit serve`` in a process of its own, ready once /health says so. What it prints goes to a
+    file (a pipe nobody reads would fill with the access log and stop the server)."""
+
+    def __init__(self, run, *options):
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        port = self.url.rsplit(":", 1)[1]
+        self.log = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115 (closed by the OS at exit)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(run), "--port", port, *options],
+            stdout=self.log, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.output()
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("the server did not get ready in 120 s")
+
+    def post(self, body, **headers):
+        return httpx.post(f"{self.url}/translator/translate", json=body, headers=headers, timeout=120)
+
+    def output(self) -> str:
+        """What the server has printed so far."""
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        return code, self.output()
