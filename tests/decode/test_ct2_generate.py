@@ -76,6 +76,22 @@ def test_greedy_generation_is_attnkits_for_every_layout(tokenizer, tmp_path, fie
     assert "".join(t for i, t in pieces if i == 0) == ours[0] and {i for i, _ in pieces} <= {0, 1}
 
 
+def test_a_streamed_prompt_that_is_no_longer_wanted_ends_at_the_next_token(tokenizer, tmp_path):
+    """A server's streaming client has gone: CTranslate2 stops extending its prompt."""
+    model = _random_decoder(tokenizer)
+    decode = DecodeConfig(temperature=0, max_new_tokens=12)
+    folder = export_ctranslate2(model, tokenizer, vars(decode), tmp_path / "ct2")
+    (whole,) = generate(model, tokenizer, ["a"], decode)
+    asked = []
+
+    def wanted(i):
+        asked.append(i)
+        return len(asked) < 3  # gone after its third token
+
+    (cut,) = CTranslate2Generator(folder).generate(["a"], on_text=lambda i, t: None, wanted=wanted)
+    assert len(asked) == 3 and whole.startswith(cut) and len(cut) < len(whole)
+
+
 def test_stop_strings_end_the_text_where_attnkits_ends(tokenizer, tmp_path):
     model = _random_decoder(tokenizer)
     prompts = ["the quick", "a cat", "rain"]

@@ -24,6 +24,17 @@ class Model:
         return [f"{x.upper()}/{settings}" for x in inputs]
 
 
+class Held:
+    """A model whose batches wait until ``release`` is set (5 s at most), then echo their inputs."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def run(self, inputs, settings):
+        self.release.wait(5)
+        return inputs
+
+
 def _serve(model, **limits):
     async def go(requests):
         batcher = Batcher(
@@ -178,11 +189,8 @@ def test_a_request_waiting_for_a_busy_worker_is_counted_as_waiting_and_dropped_o
     leaving its client waiting for ever."""
 
     async def go():
-        release = threading.Event()
-
-        def run(inputs, settings):
-            release.wait(5)
-            return inputs
+        held = Held()
+        run, release = held.run, held.release
 
         batcher = Batcher(run, max_batch_tokens=1, max_wait_ms=0, max_queue=1, workers=1)
         batcher.start()
@@ -235,11 +243,8 @@ def test_two_alone_works_amid_batches_on_two_workers_never_deadlock():
 
 def test_alone_work_waits_its_turn_in_the_queue_and_counts_towards_max_queue():
     async def go():
-        release = threading.Event()
-
-        def run(inputs, settings):
-            release.wait(5)
-            return inputs
+        held = Held()
+        run, release = held.run, held.release
 
         batcher = Batcher(run, max_batch_tokens=1, max_wait_ms=0, max_queue=2, workers=1)
         batcher.start()
@@ -262,11 +267,8 @@ def test_alone_work_waits_its_turn_in_the_queue_and_counts_towards_max_queue():
 
 def test_stalled_for_counts_while_requests_wait_without_a_batch_starting_or_ending():
     async def go():
-        release = threading.Event()
-
-        def run(inputs, settings):
-            release.wait(5)
-            return inputs
+        held = Held()
+        run, release = held.run, held.release
 
         batcher = Batcher(run, max_batch_tokens=1, max_wait_ms=0, max_queue=8, workers=1)
         batcher.start()
@@ -290,11 +292,8 @@ def test_a_request_whose_client_goes_while_its_batch_runs_is_abandoned():
     """The model hears of the inputs of a request cancelled mid-batch (a generator stops extending them)."""
 
     async def go():
-        release, abandoned = threading.Event(), []
-
-        def run(inputs, settings):
-            release.wait(5)
-            return inputs
+        held, abandoned = Held(), []
+        run, release = held.run, held.release
 
         batcher = Batcher(run, max_batch_tokens=10, max_wait_ms=0, max_queue=8, abandon=abandoned.extend)
         batcher.start()

@@ -303,3 +303,4 @@ def test_generation_requests_out_of_bounds_are_refused_and_a_left_stream_stops_g
     finally:
         code, output = served.stop()
     assert code == 0 and "Traceback" not in output and "the server stopped" not in output, output
+    assert "/generate_stream: the client disconnected" in output, output

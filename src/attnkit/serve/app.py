@@ -49,7 +49,7 @@ from attnkit.serve.served import ServedModel
 from attnkit.serve.translator import Translator
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
-LOG = logging.getLogger("attnkit.serve")
+LOG = logging.getLogger("uvicorn.error")  # the server's log, beside uvicorn's own lines
 KIND_OF_STATUS = {400: "malformed_request", 404: "not_found", 405: "method_not_allowed"}
 
 
@@ -195,7 +195,9 @@ def make_app(
         except asyncio.CancelledError:
             if not stopping():  # a stream whose client has gone: its response is cancelled
                 metrics.errors.labels("client_gone").inc()
-                LOG.info("%s: the client disconnected; its request is dropped", request.url.path)
+                LOG.info(
+                    "%s: the client disconnected; its request is dropped", request.url.path
+                )  # not an error
                 raise
             # uvicorn cuts off what is left past the grace period of a SIGTERM
             raise RequestError(503, "shutting_down", "the server stopped before this request's turn came",
