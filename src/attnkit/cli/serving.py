@@ -26,63 +26,76 @@ from attnkit.errors import AttnkitError
 
 if TYPE_CHECKING:
     from attnkit.serve.served import ServedModel
+    from attnkit.serve.state import ServeSettings
 
 API_KEY_VARIABLE = "ATTNKIT_API_KEY"
+
+
+# the server's options, declared once here so that the command's signature reads as a list
+Checkpoint = Annotated[
+    Path,
+    typer.Option(
+        help="Checkpoint folder or run directory (its best checkpoint); with --engine ctranslate2, a "
+        "folder from 'attnkit export --to ctranslate2'."
+    ),
+]
+Host = Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every network).")]
+Port = Annotated[int, typer.Option(help="Port to listen on.")]
+MaxBatchTokens = Annotated[
+    int, typer.Option(help="Source tokens in one batch at most (requests over it: 413).")
+]
+MaxWaitMs = Annotated[
+    float,
+    typer.Option(
+        help="How long a batch waits for more requests after its first (0: none; requests that come "
+        "while the model is busy make up the next batch anyway)."
+    ),
+]
+MaxQueue = Annotated[int, typer.Option(help="Requests waiting at most; more get 503.")]
+ApiKey = Annotated[
+    str,
+    typer.Option(
+        help=f"Require 'Authorization: Bearer KEY' on every endpoint but /health (default: "
+        f"${API_KEY_VARIABLE}, else none).",
+        show_default=False,
+    ),
+]
+Grace = Annotated[
+    float, typer.Option(help="SIGTERM: seconds to finish queued and running requests before exiting.")
+]
+MaxBodyBytes = Annotated[
+    int, typer.Option(help="A request body's bytes at most (larger: 413 before it is read whole).")
+]
+MaxExploreTokens = Annotated[
+    int,
+    typer.Option(help="/explore: tokens of the text at most (more: 413); the page grows with their square."),
+]
+StallAfter = Annotated[
+    float,
+    typer.Option(
+        help="Seconds requests may wait or run with no batch starting or ending before /health says "
+        "'stalled' (503)."
+    ),
+]
 
 
 @app.command(context_settings=EXTRA_ARGS)
 @one_line_errors
 def serve(
     ctx: typer.Context,
-    ckpt: Annotated[
-        Path,
-        typer.Option(
-            help="Checkpoint folder or run directory (its best checkpoint); with --engine ctranslate2, a "
-            "folder from 'attnkit export --to ctranslate2'."
-        ),
-    ],
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every network).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    ckpt: Checkpoint,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
     engine: Engine = "attnkit",
     int8: Int8 = False,
-    max_batch_tokens: Annotated[
-        int, typer.Option(help="Source tokens in one batch at most (requests over it: 413).")
-    ] = 4096,
-    max_wait_ms: Annotated[
-        float,
-        typer.Option(
-            help="How long a batch waits for more requests after its first (0: none; requests that come "
-            "while the model is busy make up the next batch anyway)."
-        ),
-    ] = 0.0,
-    max_queue: Annotated[int, typer.Option(help="Requests waiting at most; more get 503.")] = 256,
-    api_key: Annotated[
-        str,
-        typer.Option(
-            help=f"Require 'Authorization: Bearer KEY' on every endpoint but /health (default: "
-            f"${API_KEY_VARIABLE}, else none).",
-            show_default=False,
-        ),
-    ] = "",
-    grace: Annotated[
-        float, typer.Option(help="SIGTERM: seconds to finish queued and running requests before exiting.")
-    ] = 30.0,
-    max_body_bytes: Annotated[
-        int, typer.Option(help="A request body's bytes at most (larger: 413 before it is read whole).")
-    ] = 1_048_576,
-    max_explore_tokens: Annotated[
-        int,
-        typer.Option(
-            help="/explore: tokens of the text at most (more: 413); the page grows with their square."
-        ),
-    ] = 64,
-    stall_after: Annotated[
-        float,
-        typer.Option(
-            help="Seconds requests may wait or run with no batch starting or ending before /health says "
-            "'stalled' (503)."
-        ),
-    ] = 300.0,
+    max_batch_tokens: MaxBatchTokens = 4096,
+    max_wait_ms: MaxWaitMs = 0.0,
+    max_queue: MaxQueue = 256,
+    api_key: ApiKey = "",
+    grace: Grace = 30.0,
+    max_body_bytes: MaxBodyBytes = 1_048_576,
+    max_explore_tokens: MaxExploreTokens = 64,
+    stall_after: StallAfter = 300.0,
 ) -> None:
     """Serve a trained model over HTTP, with concurrent requests batched together.
 
@@ -95,32 +108,48 @@ def serve(
     run's decoding settings, as for 'attnkit translate' and 'generate'. SIGTERM (or Ctrl-C) stops
     accepting requests, finishes those queued and running, and exits. --engine ctranslate2 serves an
     exported translation model or decoder through the same endpoints and batching, searched by
-    CTranslate2 (its int8: 'attnkit export --quantization int8')."""
+    CTranslate2 (its int8: 'attnkit export --quantization int8'). Every option is checked, and the
+    address taken, before the model loads."""
     if not 0 <= port <= 65535:
         raise AttnkitError(f"--port {port}: a port is a number from 0 to 65535")
-    for option, value, low in (("--max-batch-tokens", max_batch_tokens, 1), ("--max-wait-ms", max_wait_ms, 0),
-                               ("--max-queue", max_queue, 1), ("--grace", grace, 0),
-                               ("--max-body-bytes", max_body_bytes, 1),
-                               ("--max-explore-tokens", max_explore_tokens, 1),
-                               ("--stall-after", stall_after, 1)):  # fmt: skip
+    lowest = {"--max-batch-tokens": (max_batch_tokens, 1), "--max-wait-ms": (max_wait_ms, 0),
+              "--max-queue": (max_queue, 1), "--grace": (grace, 0), "--max-body-bytes": (max_body_bytes, 1),
+              "--max-explore-tokens": (max_explore_tokens, 1), "--stall-after": (stall_after, 1)}  # fmt: skip
+    for option, (value, low) in lowest.items():
         at_least(option, value, low)
     check_engine(engine, int8)
     overrides = decode_overrides(ctx)
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 (the server's, checked here: a missing one is one line)
 
-        from attnkit.serve.app import ServeSettings, make_app
+        from attnkit.serve.state import ServeSettings
     except ImportError as error:
         raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
     key = api_key or os.environ.get(API_KEY_VARIABLE, "")
-    kind, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides, int8)
+    served, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides, int8)
     listening = _listening_socket(host, port)  # before the model loads: a busy port is one line now
     settings = ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key, max_body_bytes=max_body_bytes,
                              max_explore_tokens=max_explore_tokens, stall_after_s=stall_after,
                              hosts=LOOPBACK_NAMES if host in LOOPBACK_HOSTS else ())  # fmt: skip
+    _serve_until_stopped(served, load, settings, listening, grace)
+
+
+def _serve_until_stopped(
+    served: type[ServedModel],
+    load: Callable[[], ServedModel],
+    settings: ServeSettings,
+    listening: socket.socket,
+    grace: float,
+) -> None:
+    """uvicorn on ``listening`` until SIGTERM or Ctrl-C (then ``grace`` seconds to answer what it
+    accepted)."""
+    import uvicorn
+
+    from attnkit.serve.app import make_app
+
     config = uvicorn.Config(None, timeout_graceful_shutdown=grace, log_level="info")
     server = uvicorn.Server(config)
-    config.app = make_app(load, settings, kind, stopping=lambda: server.should_exit)
+    config.app = make_app(served, load, settings, stopping=lambda: server.should_exit)
     # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it found: this
     # one, which lets the command end with status 0 (a stop asked for is not a failure), not the
     # default, which would end the process by the signal
@@ -152,44 +181,47 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return listening
 
 
-def _attnkit_model(ckpt: Path, overrides: list[str], int8: bool) -> tuple[str, Callable[[], ServedModel]]:
-    """The endpoints' kind for a checkpoint, and how to load it (after the server starts)."""
+def _attnkit_model(
+    ckpt: Path, overrides: list[str], int8: bool
+) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
+    """The served model's class for a checkpoint (it names its endpoints), and how to load it (after the
+    server starts)."""
     from attnkit.checkpoint import commands_for, read_run_config, resolve_checkpoint
     from attnkit.config import with_decode_overrides
     from attnkit.models import archs
-    from attnkit.serve.generator import load_generator
-    from attnkit.serve.predictor import load_predictor
-    from attnkit.serve.translator import load_translator
+    from attnkit.serve.decoder import ServedDecoder, load_decoder
+    from attnkit.serve.predictor import Predictor, load_predictor
+    from attnkit.serve.translator import Translator, load_translator
 
     checkpoint = resolve_checkpoint(ckpt)  # a wrong path is a one-line error now, not a failed load later
     config = read_run_config(checkpoint)
     with_decode_overrides(config.decode, overrides)  # a bad decode setting too (decode.beam_size=0)
     arch = config.model.arch
     if arch in archs(using="translate"):
-        kind, load = "translate", lambda: load_translator(checkpoint, overrides, int8=int8)
-    elif arch in archs(using="generate"):
-        kind, load = "generate", lambda: load_generator(checkpoint, overrides)
-    elif arch in archs(using="predict"):
+        return Translator, lambda: load_translator(checkpoint, overrides, int8=int8)
+    if arch in archs(using="generate"):
+        return ServedDecoder, lambda: load_decoder(checkpoint, overrides)
+    if arch in archs(using="predict"):
         if overrides or int8:
             raise AttnkitError(
                 "decode settings and --int8 are for translation and decoder models, not encoders"
             )
-        kind, load = "predict", lambda: load_predictor(checkpoint)
-    else:
-        served = f"attnkit serve does not serve {arch} models yet"
-        raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
-    return kind, load
+        return Predictor, lambda: load_predictor(checkpoint)
+    served = f"attnkit serve does not serve {arch} models yet"
+    raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
 
 
-def _engine_model(folder: Path, overrides: list[str], int8: bool) -> tuple[str, Callable[[], ServedModel]]:
-    """The endpoints' kind for a CTranslate2 folder, and how to load it; a folder that is not one, or
-    a machine without CTranslate2, is a one-line error now rather than a failed load."""
+def _engine_model(
+    folder: Path, overrides: list[str], int8: bool
+) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
+    """The served model's class for a CTranslate2 folder, and how to load it; a folder that is not one,
+    or a machine without CTranslate2, is a one-line error now rather than a failed load."""
     from attnkit.checkpoint import exported_model
     from attnkit.decode.ct2 import check_exported_folder, exported_decode
     from attnkit.models import DecoderModelConfig
-    from attnkit.serve.ctranslate2 import load_engine_model
+    from attnkit.serve.ctranslate2 import EngineDecoder, EngineTranslator, load_engine_model
 
     check_exported_folder(folder)
     exported_decode(folder, overrides)  # a bad decode setting is one line now, not a failed load
-    kind = "generate" if exported_model(folder)["arch"] == DecoderModelConfig.ARCH else "translate"
-    return kind, lambda: load_engine_model(folder, overrides, warn=note)
+    served = EngineDecoder if exported_model(folder)["arch"] == DecoderModelConfig.ARCH else EngineTranslator
+    return served, lambda: load_engine_model(folder, overrides, warn=note)

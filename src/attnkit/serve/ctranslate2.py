@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from attnkit.checkpoint import exported_model
 from attnkit.config import DecodeConfig
 from attnkit.decode.ct2 import CTranslate2Generator, CTranslate2Translator
-from attnkit.serve.generator import Prompt, Sampler
+from attnkit.serve.decoder import Prompt, SamplingModel
 from attnkit.serve.served import ServedModel
 
 DEFAULT_INPUT = 1024  # CTranslate2's own bound on an input (its max_input_length), for older exports
@@ -33,6 +33,7 @@ class EngineTranslator(ServedModel):
     engine_model: CTranslate2Translator
 
     engine: ClassVar[str] = "ctranslate2"
+    dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
 
     @property
     def beam_size(self) -> int:
@@ -57,8 +58,8 @@ class EngineTranslator(ServedModel):
 
 
 @dataclass
-class EngineGenerator(Sampler, ServedModel):
-    """A CTranslate2 decoder (GPT-style), answering the generation endpoints as :class:`Generator`.
+class EngineDecoder(SamplingModel):
+    """A CTranslate2 decoder (GPT-style), answering the generation endpoints as :class:`ServedDecoder`.
     Streaming prompts are generated one at a time (CTranslate2 streams one sequence), the others of a
     batch together."""
 
@@ -66,7 +67,7 @@ class EngineGenerator(Sampler, ServedModel):
     loaded_decode: DecodeConfig  # the folder's settings; each batch runs with its requests' changes
 
     engine: ClassVar[str] = "ctranslate2"
-    seeds_per_request = False
+    seeds_per_request: ClassVar[bool] = False
 
     @property
     def decode(self) -> DecodeConfig:
@@ -115,16 +116,16 @@ def _described(folder: Path, decode: DecodeConfig) -> dict[str, Any]:
 
 def load_engine_model(
     folder: Path, overrides: list[str], warn: Callable[[str], None] | None = None
-) -> EngineTranslator | EngineGenerator:
+) -> EngineTranslator | EngineDecoder:
     """The CTranslate2 folder ``folder`` ready to serve: a translator or a generator, as it holds;
     ``warn`` hears of a decoding setting CTranslate2 cannot follow."""
     if exported_model(folder)["arch"] == CTranslate2Generator.ARCH:
         generator = CTranslate2Generator(folder, overrides)
-        return EngineGenerator(folder, generator.tokenizer, generator, generator.decode)
+        return EngineDecoder(folder, generator.tokenizer, generator, generator.decode)
     if not any(o.startswith("decode.streams=") for o in overrides):
         # one CTranslate2 worker on every thread unless asked: a server's single requests then take
-        # the whole CPU (17 ms against 42 for a Multi30k sentence at beam 5 on 2 cores, bench/serve_load.py),
-        # for a tenth less throughput at 32 clients; batches side by side are decode.streams=2
+        # the whole CPU, and are answered sooner, for a little less throughput under many clients
+        # (bench/serve_load.py, docs/benchmarks.md); batches side by side are decode.streams=2
         overrides = [*overrides, "decode.streams=1"]
     translator = CTranslate2Translator(folder, overrides, warn)
     return EngineTranslator(folder, translator.tokenizer, translator)

@@ -20,8 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
+from attnkit.serve.errors import error_response
 from attnkit.serve.metrics import Metrics
 
 Scope = dict[str, Any]
@@ -31,13 +30,6 @@ Send = Callable[[dict], Awaitable[None]]
 UNMATCHED = "unmatched"  # the endpoint label of every path the server does not serve
 OPEN = frozenset({"/health"})  # endpoints that need no API key (an orchestrator's probe)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-
-
-def error_response(
-    status: int, kind: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    """Every error the server sends: ``{"error": message, "kind": kind}``."""
-    return JSONResponse({"error": message, "kind": kind}, status_code=status, headers=headers)
 
 
 class CountRequests:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +25,8 @@ HEADS = ("classify", "span", "mlm")  # the encoder heads attnkit predict runs
 
 @dataclass
 class Predictor(AttnkitModel):
+    dialects: ClassVar[tuple[str, ...]] = ("predict",)
+
     @property
     def head(self) -> str:
         return self.config.model.head

@@ -30,6 +30,7 @@ class ServedModel:
     tokenizer: Tokenizer
 
     engine: ClassVar[str]  # "attnkit" or "ctranslate2"
+    dialects: ClassVar[tuple[str, ...]]  # the endpoints it answers (serve/endpoints: ROUTERS)
     shows_attention: ClassVar[bool] = False  # whether explore() has attention weights to show
 
     def tokens(self, texts: list[str]) -> list[int]:

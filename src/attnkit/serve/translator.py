@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -25,6 +26,8 @@ from attnkit.tasks import task_of
 
 @dataclass
 class Translator(AttnkitModel):
+    dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
+
     @property
     def beam_size(self) -> int:
         """The beam of a request that names none: the run's ``decode.beam_size``."""

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -22,7 +23,7 @@ from attnkit.checkpoint import load_for_inference, resolve_checkpoint
 from attnkit.config import DecodeConfig, with_decode_overrides
 from attnkit.decode.generate import generate
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel
+from attnkit.serve.served import AttnkitModel, ServedModel
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,12 @@ class Prompt:
     gone: threading.Event = field(default_factory=threading.Event)  # set once nobody waits for it
 
 
-class Sampler:
-    """What a generator of either engine has: the run's decoding settings, changed per request."""
+class SamplingModel(ServedModel):
+    """A served decoder of either engine: the run's decoding settings, changed per request; the
+    endpoints of TGI's and OpenAI's dialects."""
 
-    seeds_per_request: bool = True  # whether a request's seed decides its sample
+    dialects: ClassVar[tuple[str, ...]] = ("tgi", "openai")
+    seeds_per_request: ClassVar[bool] = True  # whether a request's seed decides its sample
 
     @property
     def decode(self) -> DecodeConfig:
@@ -82,7 +85,9 @@ class Sampler:
 
 
 @dataclass
-class Generator(Sampler, AttnkitModel):
+class ServedDecoder(SamplingModel, AttnkitModel):
+    """A decoder checkpoint run by attnkit itself."""
+
     @property
     def decode(self) -> DecodeConfig:
         return self.config.decode
@@ -105,9 +110,9 @@ class Generator(Sampler, AttnkitModel):
                         wanted=lambda i: not prompts[i].gone.is_set())  # fmt: skip
 
 
-def load_generator(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> Generator:
+def load_decoder(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> ServedDecoder:
     """A decoder checkpoint (or run directory: its best) ready to serve."""
     checkpoint = resolve_checkpoint(ckpt)
     model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="generate"))
     config.decode = with_decode_overrides(config.decode, overrides)
-    return Generator(checkpoint, tokenizer, model, config, torch.device(device))
+    return ServedDecoder(checkpoint, tokenizer, model, config, torch.device(device))

@@ -1,0 +1,45 @@
+"""``POST /translator/translate``, OpenNMT-py's REST format, so that its clients work unchanged
+(translation and summarisation models).
+
+``[{"src": "...", "id": 100}, ...]`` -> ``[[{"src", "tgt", "pred_score", "n_best"}, ...]]``: one inner
+list holding every input's ``n_best`` results, in order; per request ``beam_size`` and ``n_best`` (as
+``attnkit translate --beam --n-best``). ``id`` names a model in OpenNMT-py, which serves several; this
+server serves one and ignores it. An empty or blank input gets ``n_best`` empty outputs, so that the
+results line up with the inputs (the CLI prints an empty line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+
+from attnkit.serve.bodies import TranslateItem
+from attnkit.serve.errors import RequestError
+from attnkit.serve.state import server_of
+
+router = APIRouter()
+
+
+@router.post("/translator/translate")
+async def translate(request: Request, items: list[TranslateItem]) -> list[list[dict]]:
+    server = server_of(request)
+    translator = server.ready_model()
+    if not items:
+        raise RequestError(422, "invalid_request", 'body: give at least one {"src": ...}')
+    settings_of = {(item.beam_size or translator.beam_size, item.n_best) for item in items}
+    if len(settings_of) > 1:
+        raise RequestError(422, "invalid_request", "body: one request's inputs share beam_size and n_best")
+    beam, n_best = settings_of.pop()
+    if n_best > beam:
+        raise RequestError(422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more")
+    texts = [item.src for item in items]
+    tokens = await asyncio.to_thread(translator.tokens, texts)
+    server.check_lengths(tokens, translator.max_source_tokens, "src")
+    found = await server.batched(request, texts, (beam, n_best), sum(tokens))
+    results = []
+    for text, best in zip(texts, found, strict=True):
+        for target, score in best or [("", 0.0)] * n_best:  # an empty input: no hypotheses
+            server.metrics.output_tokens.inc(translator.output_tokens(target))
+            results.append({"src": text, "tgt": target, "pred_score": score, "n_best": n_best})
+    return [results]

@@ -1,0 +1,49 @@
+"""What an operator asks every server: ``/health`` (an orchestrator's probe, never behind the API key),
+``/info`` (the model and the server's settings), ``/metrics`` (Prometheus text)."""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib.metadata import version
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from attnkit.serve.state import server_of
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 ``ready`` once the model serves; 503 ``loading`` before it, ``failed`` if it could not load,
+    and ``stalled`` while requests have waited or run ``--stall-after`` seconds with no batch starting or
+    ending (a server that has stopped making progress)."""
+    server = server_of(request)
+    if server.failed:
+        return JSONResponse({"status": "failed", "error": server.failed}, status_code=503)
+    if server.batcher is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    stalled = server.batcher.stalled_for()
+    if stalled > server.settings.stall_after_s:
+        said = f"requests have waited {stalled:.0f} s without a batch starting or ending"
+        return JSONResponse({"status": "stalled", "error": said}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/info")
+async def info(request: Request) -> dict:
+    """What a client needs to know of the model and the server (no paths of the server's machine)."""
+    server = server_of(request)
+    model = server.ready_model()
+    settings = dataclasses.asdict(server.settings) | {"api_key": bool(server.settings.api_key)}
+    return {"attnkit": version("attnkit"), "checkpoint": model.checkpoint.name, **model.describe(),
+            "serve": settings}  # fmt: skip
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    server = server_of(request)
+    server.metrics.queue.set(server.batcher.waiting() if server.batcher else 0)
+    return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)

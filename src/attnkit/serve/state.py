@@ -1,0 +1,119 @@
+"""What every endpoint of the server reads: one :class:`ServerState`, held on ``app.state.server``.
+
+It holds the server's settings and metrics and, once the model has loaded (in a thread, after the server
+starts), the model and the batcher that runs it. An endpoint asks it for the model (503 while it
+loads), checks its inputs' lengths with it, and awaits its outputs through :meth:`ServerState.batched`,
+which drops the request, or tells the model it is abandoned, when its client goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.errors import RequestError
+from attnkit.serve.metrics import Metrics
+from attnkit.serve.served import ServedModel
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+LOG = logging.getLogger("uvicorn.error")  # the server's log, beside uvicorn's own lines
+
+
+@dataclass
+class ServeSettings:
+    """What ``attnkit serve``'s options set."""
+
+    max_batch_tokens: int = 4096  # source tokens of all requests in one batch
+    max_wait_ms: float = 0.0  # how long a batch waits for more requests after its first
+    max_queue: int = 256  # requests waiting at most (explorer pages too); more are refused (503)
+    api_key: str = ""  # when set, every endpoint but /health needs "Authorization: Bearer KEY"
+    retry_after_s: int = 1  # what a 503 asks the client to wait
+    max_body_bytes: int = 1_048_576  # a larger request body is refused (413) before it is read whole
+    max_explore_tokens: int = 64  # /explore: tokens of the text (and of the output it shows), at most
+    stall_after_s: float = 300.0  # /health says "stalled" when requests wait this long with no batch moving
+    hosts: tuple[str, ...] = ()  # the Host header names accepted (empty: any)
+
+
+@dataclass
+class ServerState:
+    """The settings and metrics; the model and its batcher once loaded (``failed``: why it did not
+    load). ``stopping()`` says whether the server is shutting down."""
+
+    settings: ServeSettings
+    stopping: Callable[[], bool] = lambda: False
+    metrics: Metrics = field(default_factory=Metrics)
+    model: ServedModel | None = None
+    batcher: Batcher | None = None
+    failed: str | None = None
+
+    def start(self, model: ServedModel) -> None:
+        """Serve ``model`` (on the event loop): its batcher starts, and requests are answered."""
+        s = self.settings
+        batcher = Batcher(model.run, max_batch_tokens=s.max_batch_tokens, max_wait_ms=s.max_wait_ms,
+                          max_queue=s.max_queue, workers=model.streams, prepare=model.prepare_worker,
+                          observe=self.metrics.batch, abandon=model.abandon)  # fmt: skip
+        batcher.start()
+        self.model, self.batcher = model, batcher
+
+    def ready_model(self) -> Any:
+        """The model, or 503 (try again) while it loads."""
+        if self.model is None:
+            raise RequestError(503, "loading", self.failed or "the model is still loading", self._retry())
+        return self.model
+
+    def check_lengths(self, tokens: list[int], limit: int, field: str) -> None:
+        """413 for an input longer than the model reads, or a request over the server's budget."""
+        if max(tokens) > limit:
+            raise RequestError(
+                413, "too_long", f"{field}: {max(tokens)} tokens, more than the model's {limit}"
+            )
+        budget = self.settings.max_batch_tokens
+        if sum(tokens) > budget:
+            message = f"body: {sum(tokens)} tokens, more than the server's --max-batch-tokens {budget}"
+            raise RequestError(413, "too_long", message)
+
+    def batched(self, request: Request, inputs: list[Any], settings: Hashable, tokens: int) -> Awaitable[Any]:
+        """The outputs of ``inputs`` once their batch has run (see :meth:`answered`)."""
+        assert self.batcher is not None
+        return self.answered(request, self.batcher.submit(inputs, settings, tokens))
+
+    async def answered(self, request: Request, work: Awaitable[Any]) -> Any:
+        """What ``work`` (the batcher's answer to this request) gives; the request is dropped from the
+        queue, or abandoned by its batch, if its client disconnects meanwhile."""
+        waiting = asyncio.ensure_future(work)
+        try:
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+                if not waiting.done() and await request.is_disconnected():
+                    raise RequestError(499, "client_gone", "the client disconnected")
+            return waiting.result()
+        except QueueFullError as full:
+            raise RequestError(503, "queue_full", str(full), self._retry()) from None
+        except RequestError:
+            raise
+        except asyncio.CancelledError:
+            if not self.stopping():  # a stream whose client has gone: its response is cancelled
+                self.metrics.errors.labels("client_gone").inc()
+                LOG.info("%s: the client disconnected; its request is dropped", request.url.path)
+                raise
+            # uvicorn cuts off what is left past the grace period of a SIGTERM
+            message = "the server stopped before this request's turn came"
+            raise RequestError(503, "shutting_down", message, self._retry()) from None
+        except Exception as error:  # the model failed on this request's inputs: this request fails alone
+            raise RequestError(500, "model_error", f"{type(error).__name__}: {error}") from None
+        finally:  # answered, refused, or cut off (a server past its grace period): out of the queue
+            waiting.cancel()
+
+    def _retry(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after_s)}
+
+
+def server_of(request: Request) -> ServerState:
+    """The state of the server answering ``request``."""
+    return request.app.state.server

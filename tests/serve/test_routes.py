@@ -1,0 +1,55 @@
+"""Every route of the server leads to a handler a reader (a profiler, a stack trace) can find by name: a
+module-level function of serve/endpoints/, on the router of its dialect; a served model names the
+dialects it answers, and the app serves those and no others."""
+
+import importlib
+
+import pytest
+
+pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 'attnkit[serve]'")
+from fastapi.routing import APIRoute
+
+from attnkit.serve.app import make_app
+from attnkit.serve.ctranslate2 import EngineDecoder, EngineTranslator
+from attnkit.serve.decoder import ServedDecoder
+from attnkit.serve.endpoints import EVERY_SERVER, ROUTERS
+from attnkit.serve.predictor import Predictor
+from attnkit.serve.state import ServeSettings
+from attnkit.serve.translator import Translator
+
+EVERY = {"/health", "/info", "/metrics", "/explore"}
+SERVED = [
+    (Translator, EVERY | {"/translator/translate"}),
+    (EngineTranslator, EVERY | {"/translator/translate"}),
+    (Predictor, EVERY | {"/predict"}),
+    (ServedDecoder, EVERY | {"/generate", "/generate_stream", "/v1/completions"}),
+    (EngineDecoder, EVERY | {"/generate", "/generate_stream", "/v1/completions"}),
+]
+
+
+def _handlers(served):
+    """(path, handler) of each endpoint the app of ``served`` answers, found by walking its routers."""
+    routers = [*EVERY_SERVER, *(ROUTERS[dialect] for dialect in served.dialects)]
+    return [(route.path, route.endpoint) for router in routers for route in router.routes]
+
+
+@pytest.mark.parametrize(("served", "paths"), SERVED, ids=[served.__name__ for served, _ in SERVED])
+def test_each_served_model_gets_its_dialects_endpoints_and_no_others(served, paths):
+    app = make_app(served, load=lambda: None, settings=ServeSettings())  # nothing loads before it serves
+    assert {path for path, _ in _handlers(served)} == paths
+    schema = app.openapi()["paths"]  # what FastAPI routes, as it describes it
+    assert set(schema) == paths
+
+
+@pytest.mark.parametrize("served", [served for served, _ in SERVED], ids=[s.__name__ for s, _ in SERVED])
+def test_every_route_leads_to_a_module_level_handler_in_the_endpoints_package(served):
+    for path, handler in _handlers(served):
+        module = importlib.import_module(handler.__module__)
+        assert module.__name__.startswith("attnkit.serve.endpoints."), (path, module.__name__)
+        assert "<locals>" not in handler.__qualname__, (path, handler.__qualname__)
+        assert getattr(module, handler.__name__) is handler, path  # found by its name in its module
+
+
+def test_every_router_holds_api_routes_only():
+    for router in [*EVERY_SERVER, *ROUTERS.values()]:
+        assert router.routes and all(isinstance(route, APIRoute) for route in router.routes)
