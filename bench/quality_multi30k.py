@@ -27,8 +27,8 @@ from attnkit.checkpoint import average_checkpoints, list_checkpoints, load_for_i
 from attnkit.config import load_run_config
 from attnkit.decode.translate import translate
 from attnkit.metrics import bleu, chrf
+from attnkit.processes import resolve_device
 from attnkit.tasks.translation import read_split
-from attnkit.train.distributed import resolve_device
 from attnkit.train.loop import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

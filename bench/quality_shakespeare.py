@@ -21,7 +21,7 @@ import torch
 from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.decode.generate import generate
-from attnkit.train.distributed import resolve_device
+from attnkit.processes import resolve_device
 from attnkit.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

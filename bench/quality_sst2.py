@@ -25,8 +25,8 @@ import torch
 from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.data.readers import read_labelled
+from attnkit.processes import resolve_device
 from attnkit.tasks.classification import score_classifier
-from attnkit.train.distributed import resolve_device
 from attnkit.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnkit.train.distributed import resolve_device
+from attnkit.processes import resolve_device
 
 
 def make_parser(description: str | None) -> argparse.ArgumentParser:

@@ -9,7 +9,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 
 # bottom to top: a module's layer is the one with the longest prefix of its dotted name
 ORDER = [
-    ("ground", ["attnkit.errors", "attnkit.atomic", "attnkit.folders", "attnkit.utf8", "attnkit.metrics"]),
+    (
+        "ground",
+        [
+            "attnkit.errors",
+            "attnkit.atomic",
+            "attnkit.folders",
+            "attnkit.utf8",
+            "attnkit.metrics",
+            "attnkit.processes",
+        ],
+    ),
     ("attention", ["attnkit.attention"]),
     ("nn", ["attnkit.nn"]),
     ("models", ["attnkit.models", "attnkit"]),  # "attnkit" alone: the package root, the paper's parts

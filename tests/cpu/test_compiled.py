@@ -11,7 +11,7 @@ from attnkit.config import DecodeConfig
 from attnkit.cpu import compiled
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.translate import translate, translate_n_best
+from attnkit.decode.translate import Reporting, translate, translate_n_best
 from attnkit.models.config import TransformerConfig
 
 pytestmark = [
@@ -64,7 +64,10 @@ def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_
     for streams in (1, 2):
         fast = DecodeConfig(batch_size=7, streams=streams, compile=True)
         expected = translate(model, tokenizer, texts, eager, beam_size=beam)
-        assert translate(model, tokenizer, texts, fast, beam_size=beam, warn=notes.append) == expected
+        assert (
+            translate(model, tokenizer, texts, fast, beam_size=beam, reporting=Reporting(warn=notes.append))
+            == expected
+        )
     assert counting.calls > 20 and len(notes) == 1 and "compiling the decoding step" in notes[0]
     calls = counting.calls
     translate(model, tokenizer, texts, eager, beam_size=beam)
@@ -92,7 +95,14 @@ def test_a_compiled_step_is_kept_and_loaded_again_until_the_weights_change(
     monkeypatch.setattr(compiled, "build", lambda *args: built.append(args) or build(*args))
     notes = []
     assert (
-        translate(twin, tokenizer, texts, DecodeConfig(compile=True), beam_size=3, warn=notes.append)
+        translate(
+            twin,
+            tokenizer,
+            texts,
+            DecodeConfig(compile=True),
+            beam_size=3,
+            reporting=Reporting(warn=notes.append),
+        )
         == expected
     )
     assert built == [] and notes == []  # the same weights: the step compiled for `model` is loaded
@@ -116,7 +126,14 @@ def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
     monkeypatch.setattr(compiled, "build", no_compiler)
     notes = []
     assert (
-        translate(model, tokenizer, texts, DecodeConfig(compile=True), beam_size=2, warn=notes.append)
+        translate(
+            model,
+            tokenizer,
+            texts,
+            DecodeConfig(compile=True),
+            beam_size=2,
+            reporting=Reporting(warn=notes.append),
+        )
         == expected
     )
     assert notes[-1] == (
@@ -124,5 +141,12 @@ def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
     )
     copying = build_transformer(TransformerConfig.from_preset("tiny", copy=True), tokenizer.vocab_size).eval()
     notes = []
-    translate(copying, tokenizer, texts, DecodeConfig(compile=True), beam_size=2, warn=notes.append)
+    translate(
+        copying,
+        tokenizer,
+        texts,
+        DecodeConfig(compile=True),
+        beam_size=2,
+        reporting=Reporting(warn=notes.append),
+    )
     assert "this model's step is not compiled" in notes[0]

@@ -8,7 +8,7 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode import beam_search, greedy, length_penalty
+from attnkit.decode import Search, beam_search, greedy, length_penalty
 from attnkit.decode.search import beam, best_continuations, next_log_probs, top_k
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the tiny model's sources below use ids 4..15
@@ -38,16 +38,18 @@ def _log_prob(model, src, tokens):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_beam_size_one_equals_greedy(seed):
     model, src = _model_and_src(seed)
-    greedy_out = greedy(model, src, IDS, max_len_a=1.0, max_len_b=5)
-    beam_out = [h[0].tokens for h in beam_search(model, src, IDS, beam_size=1, max_len_a=1.0, max_len_b=5)]
+    greedy_out = greedy(model, src, IDS, Search(max_len_a=1.0, max_len_b=5))
+    beam_out = [
+        h[0].tokens for h in beam_search(model, src, IDS, Search(beam_size=1, max_len_a=1.0, max_len_b=5))
+    ]
     assert beam_out == greedy_out
 
 
 def test_cached_search_equals_uncached():
     model, src = _model_and_src(3)
     assert greedy(model, src, IDS, use_cache=True) == greedy(model, src, IDS, use_cache=False)
-    cached = beam_search(model, src, IDS, beam_size=4, n_best=4)
-    uncached = beam_search(model, src, IDS, beam_size=4, n_best=4, use_cache=False)
+    cached = beam_search(model, src, IDS, Search(beam_size=4, n_best=4))
+    uncached = beam_search(model, src, IDS, Search(beam_size=4, n_best=4), use_cache=False)
     assert [[h.tokens for h in hs] for hs in cached] == [[h.tokens for h in hs] for hs in uncached]
     for a, b in zip(cached, uncached, strict=True):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
@@ -55,8 +57,8 @@ def test_cached_search_equals_uncached():
 
 def test_beam_scores_are_sequence_log_probabilities_and_beat_greedy():
     model, src = _model_and_src(4)
-    greedy_out = greedy(model, src, IDS, max_len_a=1.0, max_len_b=6)
-    beams = beam_search(model, src, IDS, beam_size=5, alpha=0.0, n_best=3, max_len_a=1.0, max_len_b=6)
+    greedy_out = greedy(model, src, IDS, Search(max_len_a=1.0, max_len_b=6))
+    beams = beam_search(model, src, IDS, Search(beam_size=5, alpha=0.0, n_best=3, max_len_a=1.0, max_len_b=6))
     for row, (hyps, g) in enumerate(zip(beams, greedy_out, strict=True)):
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         real_src = src[row][src[row] != PAD_ID]
@@ -72,9 +74,9 @@ def test_length_penalties_are_gnmts_and_the_plain_lengths_and_arguments_are_chec
     assert length_penalty(9, 0.5, "length") == pytest.approx(3.0)
     model, src = _model_and_src()
     with pytest.raises(ValueError, match="n_best"):
-        beam_search(model, src, IDS, beam_size=2, n_best=3)
+        beam_search(model, src, IDS, Search(beam_size=2, n_best=3))
     with pytest.raises(ValueError, match="unknown length penalty 'wu'"):
-        beam_search(model, src, IDS, beam_size=2, penalty="wu")
+        beam_search(model, src, IDS, Search(beam_size=2, penalty="wu"))
 
 
 @pytest.mark.parametrize("penalty", ["length", "gnmt"])
@@ -84,7 +86,7 @@ def test_hypotheses_are_scored_and_ranked_by_log_probability_over_the_length_pen
     model, src = _model_and_src(7)
     alpha = 1.0
     lp = {"length": lambda n: n**alpha, "gnmt": lambda n: ((5 + n) / 6) ** alpha}[penalty]
-    beams = beam_search(model, src, IDS, beam_size=4, alpha=alpha, n_best=4, penalty=penalty)
+    beams = beam_search(model, src, IDS, Search(beam_size=4, alpha=alpha, n_best=4, penalty=penalty))
     for row, hyps in enumerate(beams):
         real_src = src[row][src[row] != PAD_ID]
         expected = [_log_prob(model, real_src, h.tokens) / lp(len(h.tokens) + 1) for h in hyps]
@@ -96,9 +98,9 @@ def test_outputs_respect_the_length_bound():
     model, src = _model_and_src(5)
     lengths = (src != PAD_ID).sum(-1)
     bounds = (0.5 * lengths + 1).long()  # tokens including </s>
-    for row, out in enumerate(greedy(model, src, IDS, max_len_a=0.5, max_len_b=1)):
+    for row, out in enumerate(greedy(model, src, IDS, Search(max_len_a=0.5, max_len_b=1))):
         assert len(out) <= bounds[row] - 1
-    for row, hyps in enumerate(beam_search(model, src, IDS, beam_size=3, max_len_a=0.5, max_len_b=1)):
+    for row, hyps in enumerate(beam_search(model, src, IDS, Search(beam_size=3, max_len_a=0.5, max_len_b=1))):
         assert len(hyps[0].tokens) <= bounds[row] - 1
         assert BOS_ID not in hyps[0].tokens and PAD_ID not in hyps[0].tokens
 
@@ -109,12 +111,14 @@ def test_beam_search_encodes_each_source_once_and_matches_searching_alone():
     model, src = _model_and_src(3)
     seen = []
     handle = model.encoder.register_forward_hook(lambda module, args, out: seen.append(out.size(0)))
-    together = beam_search(model, src, IDS, beam_size=4, max_len_a=1.0, max_len_b=5)
+    together = beam_search(model, src, IDS, Search(beam_size=4, max_len_a=1.0, max_len_b=5))
     handle.remove()
     assert seen == [len(src)]
     for row, hypotheses in zip(src, together, strict=True):
         length = int((row != PAD_ID).sum())
-        alone = beam_search(model, row[None, :length], IDS, beam_size=4, max_len_a=1.0, max_len_b=5)[0]
+        alone = beam_search(model, row[None, :length], IDS, Search(beam_size=4, max_len_a=1.0, max_len_b=5))[
+            0
+        ]
         assert [h.tokens for h in alone] == [h.tokens for h in hypotheses]
 
 
@@ -150,15 +154,19 @@ def test_search_ends_when_no_running_beam_is_better_or_at_k_finished():
     "" as its best; "no-better" sees that "A C" still beats its finished ones and finds "A C </s>"
     (log 0.9·0.95·0.9), the more probable output."""
     start, limits = torch.full((1, 1), BOS_ID), torch.tensor([8])
-    hasty = beam(ScriptedDecoding(), start, limits, IDS, 2, alpha=0.0, n_best=2, stop="k-finished")[0]
-    patient = beam(ScriptedDecoding(), start, limits, IDS, 2, alpha=0.0, n_best=2, stop="no-better")[0]
+    hasty = beam(
+        ScriptedDecoding(), start, limits, IDS, Search(beam_size=2, alpha=0.0, n_best=2, stop="k-finished")
+    )[0]
+    patient = beam(
+        ScriptedDecoding(), start, limits, IDS, Search(beam_size=2, alpha=0.0, n_best=2, stop="no-better")
+    )[0]
     A, C = ScriptedDecoding.A, ScriptedDecoding.C
     assert [(h.tokens, h.score) for h in hasty] == [([], pytest.approx(math.log(0.08))),
                                                     ([A], pytest.approx(math.log(0.9 * 0.05)))]  # fmt: skip
     assert [(h.tokens, h.score) for h in patient] == [([A, C], pytest.approx(math.log(0.9 * 0.95 * 0.9))),
                                                       ([], pytest.approx(math.log(0.08)))]  # fmt: skip
     with pytest.raises(ValueError, match="unknown stopping rule 'soon'"):
-        beam(ScriptedDecoding(), start, limits, IDS, 2, stop="soon")
+        beam(ScriptedDecoding(), start, limits, IDS, Search(beam_size=2, stop="soon"))
 
 
 def _rows_decoded(model, search):
@@ -178,16 +186,20 @@ def test_a_finished_source_leaves_the_batch_and_the_others_results_do_not_change
     model, src = _model_and_src(6)
     src[2, 1:] = PAD_ID  # one token: at most 1.0 * 1 + 1 = 2 output tokens, the others up to 8
     bounds = {"max_len_a": 1.0, "max_len_b": 1}
-    greedy_out, greedy_rows = _rows_decoded(model, lambda: greedy(model, src, IDS, **bounds))
-    beams, beam_rows = _rows_decoded(model, lambda: beam_search(model, src, IDS, beam_size=3, **bounds))
+    greedy_out, greedy_rows = _rows_decoded(model, lambda: greedy(model, src, IDS, Search(**bounds)))
+    beams, beam_rows = _rows_decoded(
+        model, lambda: beam_search(model, src, IDS, Search(beam_size=3, **bounds))
+    )
     assert greedy_rows[:2] == [5, 5] and len(greedy_rows) > 2 and max(greedy_rows[2:]) <= 4
     assert beam_rows[:2] == [5, 15] and len(beam_rows) > 2 and max(beam_rows[2:]) <= 12  # B, B·K, then 4·3
     assert greedy_rows == sorted(greedy_rows, reverse=True)
     assert beam_rows[1:] == sorted(beam_rows[1:], reverse=True)
     for row in range(len(src)):
         alone = src[row][src[row] != PAD_ID][None]
-        assert greedy(model, alone, IDS, **bounds)[0] == greedy_out[row]
-        assert beam_search(model, alone, IDS, beam_size=3, **bounds)[0][0].tokens == beams[row][0].tokens
+        assert greedy(model, alone, IDS, Search(**bounds))[0] == greedy_out[row]
+        assert (
+            beam_search(model, alone, IDS, Search(beam_size=3, **bounds))[0][0].tokens == beams[row][0].tokens
+        )
 
 
 class RandomLogits:

@@ -13,7 +13,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import make_batch
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
-from attnkit.decode import greedy
+from attnkit.decode import Search, greedy
 from attnkit.decode.translate import translate
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.tasks.losses import label_smoothed_loss
@@ -113,6 +113,6 @@ def test_greedy_on_a_marian_vocabulary_layout_equals_hf_generate():
     for row in theirs[:, 1:].tolist():  # without the decoder start token
         expected.append(row[: row.index(eos)] if eos in row else row)
     specials = SpecialIds(pad=pad, unk=1, bos=pad, eos=eos)
-    ours_out = greedy(ours, src, specials, max_len_a=0.0, max_len_b=bound)
+    ours_out = greedy(ours, src, specials, Search(max_len_a=0.0, max_len_b=bound))
     assert ours_out == expected
     assert len({len(t) for t in expected}) > 1  # some sentences ended early, others at the bound

@@ -10,7 +10,7 @@ from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode.search import beam_search, greedy
+from attnkit.decode.search import Search, beam_search, greedy
 from attnkit.models import RNNConfig, build_model
 from attnkit.models.rnn import ATTENTIONS
 from attnkit.train.loop import Trainer
@@ -40,9 +40,11 @@ def test_batched_search_equals_one_sentence_at_a_time(variant):
         batch[i, : len(ids)] = torch.tensor(ids)
     alone = [torch.tensor([ids]) for ids in sentences]
     assert greedy(model, batch, IDS) == [greedy(model, src, IDS)[0] for src in alone]
-    beams = [[h.tokens for h in hyps] for hyps in beam_search(model, batch, IDS, beam_size=3, n_best=2)]
+    beams = [
+        [h.tokens for h in hyps] for hyps in beam_search(model, batch, IDS, Search(beam_size=3, n_best=2))
+    ]
     assert beams == [
-        [h.tokens for h in beam_search(model, src, IDS, beam_size=3, n_best=2)[0]] for src in alone
+        [h.tokens for h in beam_search(model, src, IDS, Search(beam_size=3, n_best=2))[0]] for src in alone
     ]
 
 

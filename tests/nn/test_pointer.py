@@ -9,7 +9,7 @@ import torch
 
 from attnkit.convert.marian import hf_marian_config_kwargs
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode.search import beam_search, greedy
+from attnkit.decode.search import Search, beam_search, greedy
 from attnkit.errors import ConfigError, ConversionError
 from attnkit.models.config import TransformerConfig
 from attnkit.models.seq2seq import EncoderDecoder
@@ -78,10 +78,10 @@ def test_searches_agree_with_and_without_the_cache():
     model = _copy_model(seed=1)
     src = torch.randint(4, 40, (3, 6))
     src[2, 3:] = 0
-    cached = beam_search(model, src, IDS, beam_size=4, n_best=4)
-    uncached = beam_search(model, src, IDS, beam_size=4, n_best=4, use_cache=False)
+    cached = beam_search(model, src, IDS, Search(beam_size=4, n_best=4))
+    uncached = beam_search(model, src, IDS, Search(beam_size=4, n_best=4), use_cache=False)
     assert [[h.tokens for h in row] for row in cached] == [[h.tokens for h in row] for row in uncached]
-    one_beam = [row[0].tokens for row in beam_search(model, src, IDS, beam_size=1)]
+    one_beam = [row[0].tokens for row in beam_search(model, src, IDS, Search(beam_size=1))]
     assert one_beam == greedy(model, src, IDS)
 
 

@@ -37,7 +37,7 @@ from attnkit.errors import AttnkitError
 from attnkit.models import archs
 
 if TYPE_CHECKING:
-    from attnkit.train.distributed import World
+    from attnkit.processes import World
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -98,23 +98,24 @@ def translate(
 
 
 def _translate_with_attnkit(ckpt, beam, input, output, int8, n_best, overrides, world) -> None:
+    from attnkit.decode.translate import Reporting, translate_n_best
     from attnkit.decode.translate import translate as translate_texts
-    from attnkit.decode.translate import translate_n_best
+    from attnkit.processes import resolve_device
     from attnkit.tasks import task_of
-    from attnkit.train.distributed import resolve_device
 
     device = resolve_device()
     model, tokenizer, config = load_translator(ckpt, device, overrides, int8)
     check_n_best(n_best, beam or config.decode.beam_size)
     source_limit = config.data.source_limit if task_of(config).cuts_sources else None  # as in training
-    settings = dict(beam_size=beam, device=device, warn=note, source_limit=source_limit)
+    settings = dict(beam_size=beam, device=device, source_limit=source_limit)
 
     def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
+        reporting = Reporting(note, progress, first)
         if not n_best:
-            return translate_texts(model, tokenizer, texts, config.decode, progress=progress,
-                                   first_line=first, **settings)  # fmt: skip
-        found = translate_n_best(model, tokenizer, texts, config.decode, n_best, progress=progress,
-                                 first_line=first, **settings)  # fmt: skip
+            return translate_texts(model, tokenizer, texts, config.decode, reporting=reporting, **settings)
+        found = translate_n_best(
+            model, tokenizer, texts, config.decode, n_best, reporting=reporting, **settings
+        )
         return n_best_lines(found, first)
 
     by_parts(input, output, translate_part, world)
@@ -152,7 +153,7 @@ def by_parts(
 
     from attnkit.atomic import atomic_writer
     from attnkit.data.readers import iter_lines
-    from attnkit.train.distributed import World, share
+    from attnkit.processes import World, share
 
     world = world or World()
     lines = iter_lines(input)
@@ -173,7 +174,7 @@ def by_parts(
 def processes(input: Path | None) -> Iterator[World]:
     """This process's place among those torchrun started (one process otherwise), for the length of a
     command; every process reads the input itself, so under torchrun it must be a file."""
-    from attnkit.train.distributed import close_world, init_world, resolve_device
+    from attnkit.processes import close_world, init_world, resolve_device
 
     world = init_world(resolve_device().type)
     try:
@@ -242,7 +243,7 @@ def _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world
     import json
 
     from attnkit.decode.generate import generate as generate_texts
-    from attnkit.train.distributed import resolve_device
+    from attnkit.processes import resolve_device
 
     if engine == "ctranslate2":
         from attnkit.decode.ct2 import CTranslate2Generator
@@ -300,8 +301,8 @@ def predict(
     question-answering model reads ``question<TAB>passage`` and prints the answer span; a masked-LM
     model fills each mask token of a sentence (``[MASK]`` or ``<mask>``, as its tokenizer writes it),
     printing ``token<TAB>probability`` for each."""
+    from attnkit.processes import resolve_device
     from attnkit.tasks import task_of
-    from attnkit.train.distributed import resolve_device
 
     if text is not None and input is not None:
         raise AttnkitError("give --text TEXT or -i FILE, not both")

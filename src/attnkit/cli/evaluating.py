@@ -123,9 +123,10 @@ def _evaluate_translation(
     ckpt: Path, src: Path, ref: Path, beam: int | None, overrides: list[str], engine: str, int8: bool
 ) -> None:
     from attnkit.data.readers import read_parallel
+    from attnkit.decode.translate import Reporting
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import bleu, chrf
-    from attnkit.train.distributed import resolve_device
+    from attnkit.processes import resolve_device
 
     pairs = read_parallel(src, ref, drop_empty=False)
     if engine == "ctranslate2":
@@ -139,7 +140,7 @@ def _evaluate_translation(
 
         def run(texts: list[str], progress: Callable[[int], None]) -> list[str]:
             return translate_texts(model, tokenizer, texts, config.decode, beam_size=beam, device=device,
-                                   warn=note, progress=progress)  # fmt: skip
+                                   reporting=Reporting(note, progress))  # fmt: skip
 
     began = time.perf_counter()
     with progress_bar(len(pairs)) as bar:
@@ -159,8 +160,8 @@ def _evaluate_summaries(ckpt: Path, data: Path, beam: int | None, overrides: lis
     and, where the run names one (``data.references``), against those references (the best counting)."""
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.metrics import rouge
+    from attnkit.processes import resolve_device
     from attnkit.tasks.translation import cut_sources, read_summaries
-    from attnkit.train.distributed import resolve_device
 
     device = resolve_device()
     model, tokenizer, config = load_translator(ckpt, device, overrides, int8)
@@ -182,8 +183,8 @@ def _evaluate_text(ckpt: Path, data: Path, int8: bool, engine: str, overrides: S
     attnkit (as training validates, ``train.max_tokens`` a batch) or by CTranslate2 (an exported folder,
     ``decode.batch_size`` blocks a batch)."""
     from attnkit.data.readers import read_text
+    from attnkit.processes import resolve_device
     from attnkit.tasks.language_modelling import text_perplexity
-    from attnkit.train.distributed import resolve_device
 
     if engine == "ctranslate2":
         from attnkit.decode.ct2 import CTranslate2Generator
@@ -202,8 +203,8 @@ def _evaluate_text(ckpt: Path, data: Path, int8: bool, engine: str, overrides: S
 
 def _evaluate_classifier(ckpt: Path, data: Path) -> None:
     from attnkit.data.readers import read_labelled
+    from attnkit.processes import resolve_device
     from attnkit.tasks.classification import score_classifier
-    from attnkit.train.distributed import resolve_device
 
     labelled = read_labelled(data)
     device = resolve_device()
@@ -218,8 +219,8 @@ def _evaluate_classifier(ckpt: Path, data: Path) -> None:
 
 def _evaluate_images(ckpt: Path, plot: Path | None) -> None:
     from attnkit.checkpoint import load_for_inference
+    from attnkit.processes import resolve_device
     from attnkit.tasks.image_classification import accuracy, image_batch, split_canvases
-    from attnkit.train.distributed import resolve_device
 
     if plot is not None:
         writable_file(plot)

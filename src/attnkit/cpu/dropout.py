@@ -3,11 +3,11 @@
 gives multi-head attention for its weights.
 
 ``dropout(x, p)`` zeroes each entry with probability p and scales the rest by 1/(1-p), as
-``F.dropout``. On a CPU, ``F.dropout`` draws one random float per entry (``bernoulli_``), which was
-5-14% of a training step on a 2-core machine: GPT-2's attention weights alone are 3 million entries per
+``F.dropout``. On a CPU, ``F.dropout`` draws one random float per entry (``bernoulli_``), a noticeable
+share of a training step on a 2-core machine: GPT-2's attention weights alone are 3 million entries per
 layer. Here each 64-bit draw of torch's generator gives four entries 16 random bits each, and an entry
-is kept when its 16 bits are at or above ``p`` in 2^-16 steps: about 5x fewer generator calls, and the
-mask, forward and backward cost 16 ms instead of 27 ms for those 3 million entries.
+is kept when its 16 bits are at or above ``p`` in 2^-16 steps: four times fewer generator calls, and a
+cheaper mask, forward and backward (docs/benchmarks.md has the figures).
 
 The one difference from ``F.dropout``: the drop probability is p rounded to a multiple of 2^-16
 (0.1 becomes 0.1000061), and the kept entries are scaled by the exact inverse of the resulting keep

@@ -4,9 +4,10 @@
 Why not plain ``F.linear``: on CPU, PyTorch's float32 ``F.linear`` multiplies through its BLAS, which is
 MKL in the official wheels, and on AMD processors (most cloud machines) MKL runs a slower code path. The
 same wheels ship oneDNN, whose kernels PyTorch already uses for bfloat16 and in ``torch.compile``'s
-frozen CPU graphs. Measured on a 2-core AMD EPYC (``bench/linear.py``): oneDNN multiplies GPT-2's
-projections 1.2-1.5× faster for 1,024 rows (training), about 2× for 1 to 32 rows (generation), and its
-output projection over 50,257 tokens up to 3× faster. Same float32 arithmetic, other summation order.
+frozen CPU graphs. On a 2-core AMD EPYC oneDNN multiplied GPT-2's projections faster for training's
+many rows, faster still for generation's few, and fastest for its output projection over 50,257 tokens
+(``bench/linear.py``; the figures are in docs/benchmarks.md). Same float32 arithmetic, other summation
+order.
 
 :func:`linear` takes oneDNN for float32 tensors on a CPU (with gradients, through :class:`_OneDNNLinear`),
 and ``F.linear`` everywhere else: GPUs, float64, bfloat16 (torch's own path is oneDNN already), under
@@ -20,7 +21,7 @@ parameters and state-dict keys, so checkpoints and conversions do not change.
 
 For inference, :func:`pack_for_inference` also keeps each weight in oneDNN's own blocked layout, as
 ``torch.compile``'s frozen CPU graphs and CTranslate2 do, so that oneDNN does not rearrange it at every
-call: the same products, 1.1-1.2x faster for 32-160 rows and 1.5-3x for 2-16 rows (``bench/linear.py``).
+call: the same products, faster, most of all for few rows (``bench/linear.py``, docs/benchmarks.md).
 Packed, oneDNN pays for any number of rows from two, so a packed weight is taken for few rows too (a
 beam search over one sentence, the last steps of a batch), where the plain one is left to ``F.linear``;
 a single row keeps the plain weight, which is as fast or faster there.
@@ -88,7 +89,7 @@ def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
 def padded_rows(n: int) -> int:
     """The number of rows oneDNN multiplies for ``n``: the next of 32 sizes per power of two.
 
-    oneDNN compiles a kernel for each new number of rows (about 8 ms, then cached), and a training run
+    oneDNN compiles a kernel for each new number of rows (milliseconds, then cached), and a training run
     whose batches hold different numbers of tokens would compile one nearly every step; so the rows are
     padded with zeros to one of these sizes (at most 3% more work, 1.5% on average). Callers that can
     make matrices of this many rows in the first place (packing.py) spare the copy."""

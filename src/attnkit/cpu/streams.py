@@ -4,9 +4,9 @@ A decoding step multiplies small matrices (one row per beam) and runs many small
 them, with Python in between. Spread over all the threads, each product gains little from the second
 thread, and while one thread works through Python the others wait. Run as ``streams`` independent
 workers instead, each decoding a whole batch on ``threads // streams`` threads, the cores stay busy:
-on 2 cores, two batches at a time on one thread each translated Multi30k's test set 1.2-1.3x faster,
-greedy and at beam 5, than one batch at a time on two threads, with the same outputs
-(``bench/translate_speed.py``). CTranslate2 offers the same choice (``inter_threads`` × ``intra_threads``).
+on 2 cores, two batches at a time on one thread each translated faster than one batch at a time on two
+threads, greedy and at beam 5, with the same outputs (``bench/translate_speed.py``; the figures are in
+docs/benchmarks.md). CTranslate2 offers the same choice (``inter_threads`` × ``intra_threads``).
 
 The workers share the model (inference only reads it) and each batch's search keeps its own state,
 so a batch's result does not depend on the others. PyTorch operations let go of Python's lock while

@@ -34,7 +34,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES
+from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES, DecodeConfig
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -56,6 +56,45 @@ class Decoding(Protocol):
     def reorder(self, index: Tensor) -> None: ...
 
     def keep(self, index: Tensor) -> None: ...
+
+
+@dataclass(frozen=True)
+class Search:
+    """The settings of one search (see the module docstring): a beam of ``beam_size`` (greedy search
+    takes only the length bounds), finished hypotheses ranked by ``penalty`` with ``alpha``, the
+    ``n_best`` best kept, the stopping rule ``stop``, and each output bounded to ``max_len_a · source
+    length + max_len_b`` tokens, never more than ``max_output_len`` (None: no bound but that)."""
+
+    beam_size: int = 5
+    alpha: float = 1.0
+    n_best: int = 1
+    penalty: str = "length"
+    stop: str = "no-better"
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    max_output_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
+        if self.stop not in BEAM_STOPS:
+            raise ValueError(f"unknown stopping rule {self.stop!r}; choose one of {', '.join(BEAM_STOPS)}")
+        if self.penalty not in LENGTH_PENALTIES:
+            choices = ", ".join(LENGTH_PENALTIES)
+            raise ValueError(f"unknown length penalty {self.penalty!r}; choose one of {choices}")
+
+    @classmethod
+    def of(cls, decode: DecodeConfig, **changes: object) -> Search:
+        """The search a run's decoding settings ask for, with ``changes`` (``beam_size=1``...)."""
+        settings = {
+            "beam_size": decode.beam_size,
+            "alpha": decode.alpha,
+            "penalty": decode.length_penalty,
+            "stop": decode.beam_stop,
+            "max_len_a": decode.max_len_a,
+            "max_len_b": decode.max_len_b,
+        }
+        return cls(**{**settings, **changes})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -226,18 +265,10 @@ def restrict(scores: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 
 
 def beam(
-    decoding: Decoding,
-    tokens: Tensor,
-    limits: Tensor,
-    specials: SpecialIds,
-    beam_size: int,
-    alpha: float = 1.0,
-    n_best: int = 1,
-    penalty: str = "length",
-    stop: str = "no-better",
+    decoding: Decoding, tokens: Tensor, limits: Tensor, specials: SpecialIds, search: Search
 ) -> list[list[Hypothesis]]:
     """Beam search after ``tokens (B, t)``, one prefix per row, with ``decoding`` made for those B rows;
-    the ``n_best`` best hypotheses per row, best first.
+    the ``search.n_best`` best hypotheses per row, best first (its length bounds are ``limits``).
 
     The first step runs on the B rows alone (all K beams of a row would start from the same prefix, so
     they would compute the same thing K times), then ``decoding.repeat(K)`` makes each row K beams.
@@ -248,13 +279,8 @@ def beam(
     This is done on tensors for all rows at once, with one read-back per step (the finished ones). A
     source whose search is over leaves the batch, so the steps after it run only on the others.
     """
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
-    if stop not in BEAM_STOPS:
-        raise ValueError(f"unknown stopping rule {stop!r}; choose one of {', '.join(BEAM_STOPS)}")
-    if penalty not in LENGTH_PENALTIES:
-        raise ValueError(f"unknown length penalty {penalty!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
-    K, start, device, patient = beam_size, tokens.size(1), tokens.device, stop == "no-better"
+    K, start, device, patient = search.beam_size, tokens.size(1), tokens.device, search.stop == "no-better"
+    alpha, penalty = search.alpha, search.penalty
     B = tokens.size(0)
     searching = list(range(B))  # the sources still searched, in the order of their rows
     beams = 1  # rows per source: one until the first step has run, then K
@@ -311,16 +337,16 @@ def beam(
             decoding.keep(index.view(-1))
         else:
             decoding.reorder(index.view(-1))
-    return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
+    return [sorted(f, key=lambda h: -h.score)[: search.n_best] for f in finished]
 
 
 # --- the encoder-decoder's entry points ------------------------------------------------------------
 
 
-def _limits(src: Tensor, pad_id: int, max_len_a: float, max_len_b: int, max_output_len: int | None) -> Tensor:
+def _limits(src: Tensor, pad_id: int, search: Search) -> Tensor:
     src_lengths = (src != pad_id).sum(-1)
-    limits = (max_len_a * src_lengths + max_len_b).long()
-    return limits.clamp(min=1, max=max_output_len)  # (B,)
+    limits = (search.max_len_a * src_lengths + search.max_len_b).long()
+    return limits.clamp(min=1, max=search.max_output_len)  # (B,)
 
 
 @torch.no_grad()
@@ -328,16 +354,15 @@ def greedy(
     model: EncoderDecoder,
     src: Tensor,
     specials: SpecialIds,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
+    search: Search = Search(),
     *,
-    max_output_len: int | None = None,
     use_cache: bool = True,
     decoding: Callable[[Tensor, bool], Decoding] | None = None,
 ) -> list[list[int]]:
-    """The most probable next token at every step, for a batch of sources ``(B, S)``; ``decoding``:
-    how to decode step by step (default ``model.decoding``; ``decode.compile`` hands its own)."""
-    limits = _limits(src, specials.pad, max_len_a, max_len_b, max_output_len)
+    """The most probable next token at every step, for a batch of sources ``(B, S)``, within the
+    search's length bounds; ``decoding``: how to decode step by step (default ``model.decoding``;
+    ``decode.compile`` hands its own)."""
+    limits = _limits(src, specials.pad, search)
     start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
     return extend((decoding or model.decoding)(src, use_cache), start, limits, specials, argmax)
 
@@ -347,22 +372,14 @@ def beam_search(
     model: EncoderDecoder,
     src: Tensor,
     specials: SpecialIds,
-    beam_size: int = 5,
-    alpha: float = 1.0,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
-    n_best: int = 1,
+    search: Search = Search(),
     *,
-    max_output_len: int | None = None,
     use_cache: bool = True,
-    penalty: str = "length",
-    stop: str = "no-better",
     decoding: Callable[[Tensor, bool], Decoding] | None = None,
 ) -> list[list[Hypothesis]]:
-    """The ``n_best`` best hypotheses per source (fewer if fewer finished), best first; ``penalty`` is
-    the length penalty's kind, ``stop`` the stopping rule (see the module docstring); ``decoding`` as
-    for :func:`greedy`."""
-    limits = _limits(src, specials.pad, max_len_a, max_len_b, max_output_len)
+    """The ``search.n_best`` best hypotheses per source (fewer if fewer finished), best first;
+    ``decoding`` as for :func:`greedy`."""
+    limits = _limits(src, specials.pad, search)
     steps = (decoding or model.decoding)(src, use_cache)  # encoded once; beam() makes each row K beams
     start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
-    return beam(steps, start, limits, specials, beam_size, alpha, n_best, penalty, stop)
+    return beam(steps, start, limits, specials, search)

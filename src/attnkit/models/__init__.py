@@ -47,20 +47,65 @@ _TRANSLATION = ("parallel", "dates", "copy", "summarise")  # files, generated pa
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
-        Architecture(TransformerConfig, EncoderDecoder, "a translation model", "text", _TRANSLATION,
-                     ("translate", "evaluate"), "pairs", ("hf", "ctranslate2")),
-        Architecture(DecoderModelConfig, DecoderModel, "a decoder (GPT-style) model", "text", ("text",),
-                     ("generate", "evaluate"), "text", ("hf", "ctranslate2")),
-        Architecture(EncoderModelConfig, EncoderModel, "an encoder (BERT-style) model", "text",
-                     ("classify", "mlm", "qa"), ("predict", "evaluate --data"), "labelled", ("hf",)),
-        Architecture(RNNConfig, RNNSeq2Seq, "an RNN translation model", "text", _TRANSLATION,
-                     ("translate", "evaluate"), "pairs"),
-        Architecture(GlimpseConfig, GlimpseClassifier, "a glimpse classifier", "images",
-                     ("cluttered-digits",), ("evaluate",), "images"),
-        Architecture(WholeImageConfig, WholeImageClassifier, "a whole-image classifier", "images",
-                     ("cluttered-digits",), ("evaluate",), "images"),
+        Architecture(
+            config=TransformerConfig,
+            model=EncoderDecoder,
+            kind="a translation model",
+            reads="text",
+            tasks=_TRANSLATION,
+            commands=("translate", "evaluate"),
+            scored_on="pairs",
+            exports=("hf", "ctranslate2"),
+        ),
+        Architecture(
+            config=DecoderModelConfig,
+            model=DecoderModel,
+            kind="a decoder (GPT-style) model",
+            reads="text",
+            tasks=("text",),
+            commands=("generate", "evaluate"),
+            scored_on="text",
+            exports=("hf", "ctranslate2"),
+        ),
+        Architecture(
+            config=EncoderModelConfig,
+            model=EncoderModel,
+            kind="an encoder (BERT-style) model",
+            reads="text",
+            tasks=("classify", "mlm", "qa"),
+            commands=("predict", "evaluate --data"),
+            scored_on="labelled",
+            exports=("hf",),
+        ),
+        Architecture(
+            config=RNNConfig,
+            model=RNNSeq2Seq,
+            kind="an RNN translation model",
+            reads="text",
+            tasks=_TRANSLATION,
+            commands=("translate", "evaluate"),
+            scored_on="pairs",
+        ),
+        Architecture(
+            config=GlimpseConfig,
+            model=GlimpseClassifier,
+            kind="a glimpse classifier",
+            reads="images",
+            tasks=("cluttered-digits",),
+            commands=("evaluate",),
+            scored_on="images",
+        ),
+        Architecture(
+            config=WholeImageConfig,
+            model=WholeImageClassifier,
+            kind="a whole-image classifier",
+            reads="images",
+            tasks=("cluttered-digits",),
+            commands=("evaluate",),
+            scored_on="images",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def archs(*, using: str | None = None, exporting: str | None = None, reading: str | None = None) -> tuple:

@@ -39,17 +39,11 @@ from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import new_temporary
 from attnkit.metrics import perplexity
 from attnkit.models import unwrap
+from attnkit.processes import close_world, init_world, resolve_device
 from attnkit.sharded import seal, without_ties, write_shards
 from attnkit.tasks import make_task
 from attnkit.tasks.protocol import TaskFactory
-from attnkit.train.distributed import (
-    close_world,
-    fully_shard_model,
-    init_world,
-    resolve_device,
-    shard,
-    whole_root,
-)
+from attnkit.train.distributed import fully_shard_model, shard, whole_root
 from attnkit.train.pretrained import read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 from attnkit.train.tensorboard import TensorBoardLog, memory_used, require_tensorboard

@@ -25,7 +25,7 @@ import torch
 from attnkit.attention.recording import Recording, recording
 from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import greedy
+from attnkit.decode.search import Search, greedy
 from attnkit.errors import AttnkitError
 from attnkit.models import DecoderModel, EncoderDecoder, EncoderModel
 
@@ -70,7 +70,9 @@ def collect_attention(
         limit = min(model.config.max_len - 1, limit or model.config.max_len)
         src = torch.tensor([[*ids[:limit], s.eos]])
         out = (
-            tokenizer.encode(target) if target is not None else greedy(model, src, s, max_output_len=limit)[0]
+            tokenizer.encode(target)
+            if target is not None
+            else greedy(model, src, s, Search(max_output_len=limit))[0]
         )
         batch = make_batch([ids[:limit]], [out[:limit]], s)
         encoder = [layer.self_attn for layer in model.encoder.layers]
