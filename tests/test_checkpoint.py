@@ -186,3 +186,33 @@ def test_a_process_killed_after_the_swap_leaves_the_new_copy_and_the_old_is_clea
     assert torch.equal(weights["encoder.layers.0.feed_forward.w_1.weight"],
                        expected["encoder.layers.0.feed_forward.w_1.weight"])  # fmt: skip
     assert not (tmp_path / ".step-0000001.replaced").exists()
+
+
+@pytest.fixture(scope="module")
+def dates_run(tmp_path_factory):
+    from attnkit.config import load_run_config
+    from attnkit.train.loop import Trainer
+
+    folder = tmp_path_factory.mktemp("dates")
+    config = load_run_config(None, [
+        "model.preset=tiny", "data.task=dates", "data.tokenizer=char", "data.n_train=200", "data.n_valid=8",
+        "train.max_tokens=500", "train.max_steps=2", "train.eval_every=2", "decode.beam_size=4",
+    ])  # fmt: skip
+    Trainer(config, folder, echo=lambda message: None).fit()
+    return folder
+
+
+def test_one_loader_applies_int8_and_decode_overrides_for_every_command_and_the_server(dates_run):
+    """What the CLI and the server load a model with: decode settings changed and checked, and int8 linear
+    maps in place of packed ones (CPU only)."""
+    model, _, config = ckpt.load_for_inference(dates_run, int8=True, overrides=["decode.beam_size=2"])
+    assert config.decode.beam_size == 2
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.int8_weight is not None and m.packed_weight is None for m in linears)
+    packed, _, plain = ckpt.load_for_inference(dates_run)
+    assert plain.decode.beam_size == 4
+    assert all(m.int8_weight is None for m in packed.modules() if isinstance(m, torch.nn.Linear))
+    with pytest.raises(AttnkitError, match=r"decode\.beam_size must be >= 1"):
+        ckpt.load_for_inference(dates_run, overrides=["decode.beam_size=0"])
+    with pytest.raises(AttnkitError, match=r"--int8 is for CPUs; this would decode on cuda"):
+        ckpt.load_for_inference(dates_run, "cuda", int8=True)

@@ -20,7 +20,7 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,8 +34,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
 from attnkit.atomic import open_own, write_text_atomic
-from attnkit.config import RunConfig
-from attnkit.cpu import speed_up
+from attnkit.config import RunConfig, with_decode_overrides
+from attnkit.cpu import quantize_int8, speed_up
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import MadeBy, recover, write_folder
@@ -431,12 +431,20 @@ def load_for_inference(
     prefer: str = "best",
     arch: str | tuple[str, ...] | None = None,
     pack: bool = True,
+    *,
+    int8: bool = False,
+    overrides: Sequence[str] = (),
 ):
     """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode, with
-    the CPU fast path applied on a CPU (``attnkit.cpu.speed_up``); with ``arch``, a checkpoint of
-    another architecture is an error that says which command fits it. ``pack``: on a CPU, also keep
-    the linear layers' weights in oneDNN's layout for faster inference (one more copy of them in
-    memory)."""
+    the CPU fast path applied on a CPU (``attnkit.cpu.speed_up``): what every command and the server
+    load a model to work with. With ``arch``, a checkpoint of another architecture is an error that says
+    which command fits it. ``pack``: on a CPU, also keep the linear layers' weights in oneDNN's layout
+    for faster inference (one more copy of them in memory); ``int8``: instead, the linear maps multiply
+    int8 weights and inputs (``--int8``, CPU only). ``overrides`` (``decode.field=value``) change the
+    run's decoding settings, checked before the model is built."""
+    device = torch.device(device)
+    if int8 and device.type != "cpu":
+        raise AttnkitError(f"--int8 is for CPUs; this would decode on {device.type}")
     checkpoint = resolve_checkpoint(path, prefer)
     config = read_run_config(checkpoint)
     if arch is not None and config.model.arch not in ((arch,) if isinstance(arch, str) else arch):
@@ -444,6 +452,7 @@ def load_for_inference(
             f"{checkpoint} holds {a_model(config.model.arch)}, which this command cannot use; "
             f"use {commands_for(config.model.arch)}"
         )
+    config.decode = with_decode_overrides(config.decode, list(overrides))
     tokenizer = read_tokenizer(checkpoint, config)
     if tokenizer is not None and config.model.pad_id != tokenizer.specials.pad:
         raise AttnkitError(
@@ -453,7 +462,9 @@ def load_for_inference(
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
     model = model.to(device).eval()
-    speed_up(model, inference=pack)
+    speed_up(model, inference=pack and not int8)
+    if int8:
+        quantize_int8(model)
     return model, tokenizer, config
 
 

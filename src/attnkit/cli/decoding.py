@@ -29,7 +29,6 @@ from attnkit.cli.loading import (
     check_engine,
     ctranslate2_translator,
     load_encoder,
-    load_model,
     load_translator,
     with_options,
 )
@@ -255,10 +254,11 @@ def _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world
     else:
         from dataclasses import replace
 
+        from attnkit.checkpoint import load_for_inference
         from attnkit.config import with_decode_overrides
 
         device = resolve_device()
-        model, tokenizer, config = load_model(ckpt, device, archs(using="generate"), int8)
+        model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="generate"), int8=int8)
         decode = with_options(
             given, lambda changes: replace(with_decode_overrides(config.decode, overrides), **changes)
         )

@@ -25,7 +25,6 @@ from attnkit.cli.loading import (
     check_engine,
     ctranslate2_translator,
     load_encoder,
-    load_model,
     load_translator,
     no_decoding,
 )
@@ -182,6 +181,7 @@ def _evaluate_text(ckpt: Path, data: Path, int8: bool, engine: str, overrides: S
     """A decoder's cross-entropy and perplexity on the text file ``data``, in blocks of its context: by
     attnkit (as training validates, ``train.max_tokens`` a batch) or by CTranslate2 (an exported folder,
     ``decode.batch_size`` blocks a batch)."""
+    from attnkit.checkpoint import load_for_inference
     from attnkit.data.readers import read_text
     from attnkit.processes import resolve_device
     from attnkit.tasks.language_modelling import text_perplexity
@@ -193,7 +193,7 @@ def _evaluate_text(ckpt: Path, data: Path, int8: bool, engine: str, overrides: S
         scored, context = generator.perplexity(read_text(data)), generator.context
     else:
         device = resolve_device()
-        model, tokenizer, config = load_model(ckpt, device, archs(using="generate"), int8)
+        model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="generate"), int8=int8)
         per_batch = max(1, config.train.max_tokens // config.model.max_len)  # as training's validation
         scored = text_perplexity(model, tokenizer, read_text(data), per_batch, device)
         context = config.model.max_len

@@ -55,26 +55,10 @@ def no_decoding(overrides: list[str], int8: bool, arch: str) -> None:
 def load_translator(ckpt: Path, device: torch.device, overrides: list[str], int8: bool = False):
     """A translation or summarisation checkpoint (Transformer or RNN) loaded for decoding on ``device``,
     its decode settings changed by ``overrides`` (``decode.field=value``); ``int8``: see
-    :func:`load_model`."""
-    from attnkit.config import with_decode_overrides
-
-    model, tokenizer, config = load_model(ckpt, device, archs(using="translate"), int8)
-    config.decode = with_decode_overrides(config.decode, overrides)
-    return model, tokenizer, config
-
-
-def load_model(ckpt: Path, device: torch.device, accepted: str | tuple[str, ...], int8: bool = False):
-    """``load_for_inference`` of a checkpoint of the ``accepted`` architectures; ``int8``: its linear
-    maps multiply int8 weights and inputs (``--int8``, CPU only) instead of packed float32 ones."""
+    ``checkpoint.load_for_inference``."""
     from attnkit.checkpoint import load_for_inference
-    from attnkit.cpu import quantize_int8
 
-    if int8 and device.type != "cpu":
-        raise AttnkitError(f"--int8 is for CPUs; this run would decode on {device.type}")
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=accepted, pack=not int8)
-    if int8:
-        quantize_int8(model)
-    return model, tokenizer, config
+    return load_for_inference(ckpt, device, arch=archs(using="translate"), int8=int8, overrides=overrides)
 
 
 def ctranslate2_translator(folder: Path, overrides: list[str]) -> CTranslate2Translator:

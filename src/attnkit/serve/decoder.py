@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
-from attnkit.config import DecodeConfig, with_decode_overrides
+from attnkit.config import DecodeConfig
 from attnkit.decode.generate import generate
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel, ServedModel
@@ -113,6 +113,7 @@ class ServedDecoder(SamplingModel, AttnkitModel):
 def load_decoder(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> ServedDecoder:
     """A decoder checkpoint (or run directory: its best) ready to serve."""
     checkpoint = resolve_checkpoint(ckpt)
-    model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="generate"))
-    config.decode = with_decode_overrides(config.decode, overrides)
+    model, tokenizer, config = load_for_inference(
+        checkpoint, device, arch=archs(using="generate"), overrides=overrides
+    )
     return ServedDecoder(checkpoint, tokenizer, model, config, torch.device(device))

@@ -15,10 +15,7 @@ from typing import ClassVar
 import torch
 
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
-from attnkit.config import with_decode_overrides
-from attnkit.cpu import quantize_int8
 from attnkit.decode.translate import translate_n_best
-from attnkit.errors import AttnkitError
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
@@ -53,15 +50,10 @@ def load_translator(
     ckpt: str | Path, overrides: list[str], *, int8: bool = False, device: str = "cpu"
 ) -> Translator:
     """A translation or summarisation checkpoint (or run directory: its best) ready to serve."""
-    if int8 and device != "cpu":
-        raise AttnkitError(f"--int8 is for CPUs; this server would decode on {device}")
     checkpoint = resolve_checkpoint(ckpt)
     model, tokenizer, config = load_for_inference(
-        checkpoint, device, arch=archs(using="translate"), pack=not int8
+        checkpoint, device, arch=archs(using="translate"), int8=int8, overrides=overrides
     )
-    if int8:
-        quantize_int8(model)
-    config.decode = with_decode_overrides(config.decode, overrides)
     translator = Translator(checkpoint, tokenizer, model, config, torch.device(device))
     # one sentence before the server says it is ready: a compiled decoding step (decode.compile) is
     # built now, not in the first client's request (about 20 s for a small model)
