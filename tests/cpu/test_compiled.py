@@ -11,7 +11,7 @@ from attnkit.config import DecodeConfig
 from attnkit.cpu import compiled
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.translate import Reporting, translate, translate_n_best
+from attnkit.decode.translate import Reporting, translate
 from attnkit.models.config import TransformerConfig
 
 pytestmark = [
@@ -73,9 +73,9 @@ def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_
     translate(model, tokenizer, texts, eager, beam_size=beam)
     assert counting.calls == calls  # without decode.compile, the eager step again
     if beam > 1:
-        best = translate_n_best(model, tokenizer, texts, eager, 2, beam_size=beam)
-        found = translate_n_best(
-            model, tokenizer, texts, DecodeConfig(batch_size=7, compile=True), 2, beam_size=beam
+        best = translate(model, tokenizer, texts, eager, n_best=2, beam_size=beam)
+        found = translate(
+            model, tokenizer, texts, DecodeConfig(batch_size=7, compile=True), n_best=2, beam_size=beam
         )
         assert [[text for text, _ in b] for b in found] == [[text for text, _ in b] for b in best]
         scores = [score for b in found for _, score in b], [score for b in best for _, score in b]

@@ -7,7 +7,7 @@ from attnkit import build_transformer
 from attnkit.config import DecodeConfig
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.translate import translate, translate_n_best
+from attnkit.decode.translate import translate
 from attnkit.models.config import TransformerConfig
 
 
@@ -48,7 +48,7 @@ def test_n_best_scores_are_each_translations_normalised_log_probability(model_an
     model, tokenizer = model_and_tokenizer
     texts = copy(6, seed=2, max_length=6).src
     decode = DecodeConfig(batch_size=4, streams=1, length_penalty=penalty, alpha=alpha)
-    found = translate_n_best(model, tokenizer, texts, decode, 3, beam_size=4)
+    found = translate(model, tokenizer, texts, decode, n_best=3, beam_size=4)
     assert translate(model, tokenizer, texts, decode, beam_size=4) == [best[0][0] for best in found]
     assert len({len(translation.split()) for best in found for translation, _ in best}) > 2  # lengths vary
     for text, best in zip(texts, found, strict=True):
@@ -67,11 +67,11 @@ def test_one_best_of_a_beam_of_one_is_greedy_searchs_translation(model_and_token
     model, tokenizer = model_and_tokenizer
     texts = [*copy(8, seed=3, max_length=6).src, ""]
     decode = DecodeConfig(batch_size=4, streams=1)
-    found = translate_n_best(model, tokenizer, texts, decode, 1, beam_size=1)
+    found = translate(model, tokenizer, texts, decode, n_best=1, beam_size=1)
     assert [best[0][0] for best in found[:-1]] == translate(model, tokenizer, texts, decode, beam_size=1)[:-1]
     assert found[-1] == []  # an empty line: no hypotheses
     with pytest.raises(ValueError, match=r"n_best \(3\) must not exceed the beam size \(2\)"):
-        translate_n_best(model, tokenizer, texts, decode, 3, beam_size=2)
+        translate(model, tokenizer, texts, decode, n_best=3, beam_size=2)
 
 
 def test_ctranslate2s_n_best_scores_follow_its_own_formula(model_and_tokenizer, tmp_path):

@@ -97,7 +97,7 @@ def translate(
 
 
 def _translate_with_attnkit(ckpt, beam, input, output, int8, n_best, overrides, world) -> None:
-    from attnkit.decode.translate import Reporting, translate_n_best
+    from attnkit.decode.translate import Reporting
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.processes import resolve_device
     from attnkit.tasks import task_of
@@ -109,13 +109,9 @@ def _translate_with_attnkit(ckpt, beam, input, output, int8, n_best, overrides, 
     settings = dict(beam_size=beam, device=device, source_limit=source_limit)
 
     def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
-        reporting = Reporting(note, progress, first)
-        if not n_best:
-            return translate_texts(model, tokenizer, texts, config.decode, reporting=reporting, **settings)
-        found = translate_n_best(
-            model, tokenizer, texts, config.decode, n_best, reporting=reporting, **settings
-        )
-        return n_best_lines(found, first)
+        found = translate_texts(model, tokenizer, texts, config.decode, n_best=n_best,
+                                reporting=Reporting(note, progress, first), **settings)  # fmt: skip
+        return n_best_lines(found, first) if n_best else found
 
     by_parts(input, output, translate_part, world)
 

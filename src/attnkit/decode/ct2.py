@@ -146,8 +146,8 @@ class CTranslate2Translator(_ExportedFolder):
         progress: Callable[[int], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """The ``n_best`` best translations of each text with their scores, best first (none for an empty
-        line), as attnkit's ``translate_n_best``, with CTranslate2's scores (see the module docstring).
-        Otherwise as :meth:`translate`."""
+        line), as attnkit's ``translate`` with ``n_best``, with CTranslate2's scores (see the module
+        docstring). Otherwise as :meth:`translate`."""
         return self._hypotheses(texts, beam_size, n_best, progress)
 
     def _hypotheses(

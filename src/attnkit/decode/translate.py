@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal, overload
 
 import torch
 
@@ -30,19 +31,53 @@ class Reporting:
     first_line: int = 1
 
 
+@overload
 def translate(
     model: EncoderDecoder,
     tokenizer: Tokenizer,
     texts: list[str],
     decode: DecodeConfig,
     *,
+    n_best: Literal[0] = 0,
     beam_size: int | None = None,
     device: torch.device | str = "cpu",
     source_limit: int | None = None,
     reporting: Reporting | None = None,
-) -> list[str]:
-    """Translate ``texts``; ``beam_size`` 1 is greedy search, default ``decode.beam_size``. On a CPU the
-    batches are searched ``decode.streams`` at a time (cpu/streams.py).
+) -> list[str]: ...
+
+
+@overload
+def translate(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    decode: DecodeConfig,
+    *,
+    n_best: int,
+    beam_size: int | None = None,
+    device: torch.device | str = "cpu",
+    source_limit: int | None = None,
+    reporting: Reporting | None = None,
+) -> list[list[tuple[str, float]]]: ...
+
+
+def translate(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    decode: DecodeConfig,
+    *,
+    n_best: int = 0,
+    beam_size: int | None = None,
+    device: torch.device | str = "cpu",
+    source_limit: int | None = None,
+    reporting: Reporting | None = None,
+) -> list[str] | list[list[tuple[str, float]]]:
+    """Translate ``texts``: each text's translation, or with ``n_best`` its ``n_best`` best translations
+    and their scores (``log P / lp``, as beam search ranks them; see search.py), best first, none for an
+    empty line. ``beam_size`` 1 is greedy search (with ``n_best`` 1, its translation scored), default
+    ``decode.beam_size``; ``n_best`` may not exceed it. On a CPU the batches are searched
+    ``decode.streams`` at a time (cpu/streams.py).
 
     An empty (or all-space) input line gives an empty output line without running the model. The model
     handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is
@@ -50,35 +85,15 @@ def translate(
     cut). ``source_limit`` cuts sources shorter still, to the length the model was trained on (a
     summariser's ``data.max_source_len``: it has only ever read an email's beginning).
     """
-    search = Search.of(decode, **({} if beam_size is None else {"beam_size": beam_size}))
-    found = _hypotheses(model, tokenizer, texts, decode, search, scored=False, device=device,
-                        source_limit=source_limit, reporting=reporting or Reporting())  # fmt: skip
-    return [tokenizer.decode(hypotheses[0].tokens) if hypotheses else "" for hypotheses in found]
-
-
-def translate_n_best(
-    model: EncoderDecoder,
-    tokenizer: Tokenizer,
-    texts: list[str],
-    decode: DecodeConfig,
-    n_best: int,
-    *,
-    beam_size: int | None = None,
-    device: torch.device | str = "cpu",
-    source_limit: int | None = None,
-    reporting: Reporting | None = None,
-) -> list[list[tuple[str, float]]]:
-    """The ``n_best`` best translations of each text with their scores (``log P / lp``, as beam search
-    ranks them; see search.py), best first, by beam search of ``beam_size`` (at least ``n_best``; 1
-    finds greedy search's translation, with its score); none for an empty line. Otherwise as
-    :func:`translate`."""
     beam = decode.beam_size if beam_size is None else beam_size
     if n_best > beam:
         raise ValueError(f"n_best ({n_best}) must not exceed the beam size ({beam})")
-    search = Search.of(decode, beam_size=beam, n_best=n_best)
-    found = _hypotheses(model, tokenizer, texts, decode, search, scored=True, device=device,
+    search = Search.of(decode, beam_size=beam, n_best=max(n_best, 1))
+    found = _hypotheses(model, tokenizer, texts, decode, search, scored=n_best > 0, device=device,
                         source_limit=source_limit, reporting=reporting or Reporting())  # fmt: skip
-    return [[(tokenizer.decode(h.tokens), h.score) for h in hypotheses] for hypotheses in found]
+    if n_best:
+        return [[(tokenizer.decode(h.tokens), h.score) for h in hypotheses] for hypotheses in found]
+    return [tokenizer.decode(hypotheses[0].tokens) if hypotheses else "" for hypotheses in found]
 
 
 def _hypotheses(

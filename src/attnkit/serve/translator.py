@@ -1,6 +1,6 @@
 """A translation or summarisation model as the server runs it: loaded once, searched as the CLI searches.
 
-``run`` is what the batcher calls on its workers: the same ``translate_n_best`` that ``attnkit
+``run`` is what the batcher calls on its workers: the same ``translate`` that ``attnkit
 translate`` uses, with the run's decoding settings (changed by ``decode.field=value`` as on the command
 line), so that an input gets the output the CLI gives it with the same beam.
 """
@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from attnkit.checkpoint import load_for_inference, resolve_checkpoint
-from attnkit.decode.translate import translate_n_best
+from attnkit.decode.translate import translate
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
@@ -42,8 +42,8 @@ class Translator(AttnkitModel):
     def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
         """Each text's ``n_best`` translations and scores by a beam of ``beam`` (1: greedy search)."""
         beam, n_best = settings  # type: ignore[misc]
-        return translate_n_best(self.model, self.tokenizer, texts, self.config.decode, n_best,
-                                beam_size=beam, device=self.device)  # fmt: skip
+        return translate(self.model, self.tokenizer, texts, self.config.decode, n_best=n_best, beam_size=beam,
+                         device=self.device)  # fmt: skip
 
 
 def load_translator(
