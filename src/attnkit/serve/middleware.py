@@ -29,7 +29,6 @@ Send = Callable[[dict], Awaitable[None]]
 
 UNMATCHED = "unmatched"  # the endpoint label of every path the server does not serve
 OPEN = frozenset({"/health"})  # endpoints that need no API key (an orchestrator's probe)
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
 class CountRequests:
