@@ -468,6 +468,14 @@ def load_for_inference(
     return model, tokenizer, config
 
 
+def check_head(checkpoint: Path, config: RunConfig, heads: tuple[str, ...]) -> None:
+    """A one-line error unless the encoder in ``checkpoint`` has one of ``heads`` (naming what it has)."""
+    if config.model.head not in heads:
+        what = {"mlm": "a masked-LM model (attnkit predict fills its masks; to fine-tune: train.init_from)",
+                "none": "an encoder without a head"}.get(config.model.head, config.model.head)  # fmt: skip
+        raise AttnkitError(f"{checkpoint} holds {what}; this needs a {' or '.join(heads)} head")
+
+
 def average_checkpoints(
     checkpoints: list[Path], out: Path, *, maker: MadeBy | None = None, overwrite: bool = False
 ) -> Path:

@@ -77,13 +77,7 @@ def evaluate(
     overrides = decode_overrides(ctx, streams)
     check_engine(engine, int8)
     if engine == "ctranslate2":  # an exported folder: a translation model, or a decoder's perplexity
-        if data is not None and src is None and ref is None:
-            _evaluate_text(ckpt, data, int8, engine, overrides)
-        elif data is not None or src is None or ref is None:
-            raise AttnkitError("--engine ctranslate2 scores a translation model (--src FILE --ref FILE) or a "
-                               "decoder's perplexity (--data FILE.txt)")  # fmt: skip
-        else:
-            _evaluate_translation(ckpt, src, ref, beam, overrides, engine, int8)
+        _evaluate_exported(ckpt, src, ref, data, beam, overrides)
         return
     run_config = read_run_config(resolve_checkpoint(ckpt))
     with_decode_overrides(run_config.decode, overrides)  # checked before any work
@@ -116,6 +110,24 @@ def evaluate(
         raise AttnkitError(f"{ckpt} holds {a_model(arch)}: evaluate it with --src FILE --ref FILE")
     else:
         _evaluate_translation(ckpt, src, ref, beam, overrides, engine, int8)
+
+
+def _evaluate_exported(
+    folder: Path,
+    src: Path | None,
+    ref: Path | None,
+    data: Path | None,
+    beam: int | None,
+    overrides: list[str],
+) -> None:
+    """A CTranslate2 folder: a translation model's BLEU, or a decoder's perplexity."""
+    if data is not None and src is None and ref is None:
+        _evaluate_text(folder, data, False, "ctranslate2", overrides)
+    elif data is not None or src is None or ref is None:
+        raise AttnkitError("--engine ctranslate2 scores a translation model (--src FILE --ref FILE) or a "
+                           "decoder's perplexity (--data FILE.txt)")  # fmt: skip
+    else:
+        _evaluate_translation(folder, src, ref, beam, overrides, "ctranslate2", False)
 
 
 def _evaluate_translation(

@@ -70,11 +70,8 @@ def ctranslate2_translator(folder: Path, overrides: list[str]) -> CTranslate2Tra
 
 def load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
     """An encoder checkpoint whose head is one of ``heads`` (a one-line error names what it has)."""
-    from attnkit.checkpoint import load_for_inference
+    from attnkit.checkpoint import check_head, load_for_inference
 
     model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="predict"))
-    if config.model.head not in heads:
-        what = {"mlm": "a masked-LM model (attnkit predict fills its masks; to fine-tune: train.init_from)",
-                "none": "an encoder without a head"}.get(config.model.head, config.model.head)  # fmt: skip
-        raise AttnkitError(f"{ckpt} holds {what}; this command needs a {' or '.join(heads)} head")
+    check_head(ckpt, config, heads)
     return model, tokenizer, config

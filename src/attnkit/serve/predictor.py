@@ -14,8 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
-from attnkit.errors import AttnkitError
+from attnkit.checkpoint import check_head, load_for_inference, resolve_checkpoint
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
@@ -67,6 +66,5 @@ def load_predictor(ckpt: str | Path, *, device: str = "cpu") -> Predictor:
     """An encoder checkpoint with a classification, question-answering or masked-LM head."""
     checkpoint = resolve_checkpoint(ckpt)
     model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="predict"))
-    if config.model.head not in HEADS:
-        raise AttnkitError(f"{checkpoint} holds an encoder without a head to predict with")
+    check_head(checkpoint, config, HEADS)
     return Predictor(checkpoint, tokenizer, model, config, torch.device(device))
