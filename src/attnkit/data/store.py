@@ -166,16 +166,20 @@ def write_store(
     with _removed_on_sigterm(work):
         outs = [(work / f"{name}.ids").open("wb") for name in columns]
         offsets = [array("q", [0]) for _ in columns]
+        digests = {f"{name}.ids": hashlib.sha256() for name in columns}  # hashed as written, not read back
         try:
             for block in in_blocks(rows, 65536):
-                for k, out in enumerate(outs):
+                for k, (out, digest) in enumerate(zip(outs, digests.values(), strict=True)):
                     column = [row[k] for row in block]
                     total = sum(map(len, column))
-                    out.write(
-                        np.fromiter(itertools.chain.from_iterable(column), dtype, count=total).tobytes()
-                    )
+                    written = np.fromiter(itertools.chain.from_iterable(column), dtype, count=total).tobytes()
+                    out.write(written)
+                    digest.update(written)
                     start = offsets[k][-1]
                     offsets[k].extend(start + end for end in itertools.accumulate(map(len, column)))
+            for out in outs:
+                out.flush()
+                os.fsync(out.fileno())
         finally:
             for out in outs:
                 out.close()
@@ -183,14 +187,18 @@ def write_store(
             np.save(work / f"{name}.offsets.npy", np.frombuffer(ends, dtype=np.int64))  # (rows + 1,)
         tokenizer.save(work / "tokenizer.json")
         files = sorted(work.iterdir())
+        small = [path for path in files if path.name not in digests]  # the offsets and the tokenizer
         meta = {"format": FORMAT, "dtype": dtype.name, "columns": list(columns),
                 "sizes": {path.name: path.stat().st_size for path in files},
-                "sha256": {path.name: _sha256(path) for path in files}, "report": report or {}}  # fmt: skip
+                "sha256": {**{name: d.hexdigest() for name, d in digests.items()},
+                           **{path.name: _sha256(path) for path in small}},
+                "report": report or {}}  # fmt: skip
         (work / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         for path in work.iterdir():
             make_shareable(path)
-            with path.open("rb") as written:
-                os.fsync(written.fileno())
+            if path.name not in digests:  # the ids were synced as they closed
+                with path.open("rb") as written:
+                    os.fsync(written.fileno())
         make_shareable(work)
         fsync_dir(work)
         # a folder appears whole, or not at all; if another process put its store here first, it is
