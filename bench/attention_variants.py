@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 from attnkit.metrics import bleu, exact_match
 from attnkit.tasks.translation import read_split
 from attnkit.train.loop import Trainer

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.data.cluttered_digits import DIGIT
+from attnkit.loading import load_for_inference
 from attnkit.tasks.image_classification import accuracy, image_batch, split_canvases
 from attnkit.train.loop import Trainer
 from attnkit.viz.glimpses import glimpse_paths, on_digit, plot_glimpse_paths

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES
 from attnkit.data.readers import read_parallel
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 
 
 def main() -> None:

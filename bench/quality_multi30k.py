@@ -23,9 +23,11 @@ from pathlib import Path
 
 import torch
 
-from attnkit.checkpoint import average_checkpoints, list_checkpoints, load_for_inference
+from attnkit.checkpoint.average import average_checkpoints
+from attnkit.checkpoint.folder import list_checkpoints
 from attnkit.config import load_run_config
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 from attnkit.metrics import bleu, chrf
 from attnkit.processes import resolve_device
 from attnkit.tasks.translation import read_split

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.decode.generate import generate
+from attnkit.loading import load_for_inference
 from attnkit.processes import resolve_device
 from attnkit.train.loop import Trainer
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.data.readers import read_labelled
+from attnkit.loading import load_for_inference
 from attnkit.processes import resolve_device
 from attnkit.tasks.classification import score_classifier
 from attnkit.train.loop import Trainer

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from attnkit.checkpoint import resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.data.tokenizer import Tokenizer
 
 

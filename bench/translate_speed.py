@@ -36,15 +36,15 @@ from pathlib import Path
 
 import torch
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.config import with_decode_overrides
 from attnkit.convert.export import export_ctranslate2, export_hf
 from attnkit.cpu import quantize_int8
-from attnkit.cpu.streams import fill_by_batch, stream_count
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Translator
+from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 from attnkit.metrics import bleu
 
 
@@ -52,7 +52,7 @@ def hf_translator(
     folder: Path, tokenizer, batch: int, alpha: float, streams: int
 ) -> Callable[[list[str], int], list[str]]:
     """HF ``generate`` over the batches attnkit makes (``batch`` sentences of similar length), sources
-    encoded as attnkit encodes them; ``streams`` batches at a time, as attnkit's (cpu/streams.py)."""
+    encoded as attnkit encodes them; ``streams`` batches at a time, as attnkit's (decode/streams.py)."""
     from transformers import MarianMTModel
 
     model = MarianMTModel.from_pretrained(folder).eval()

@@ -26,7 +26,8 @@ ORDER = [
     ("cpu", ["attnkit.cpu"]),  # the CPU fast path, applied to built models from above
     ("data", ["attnkit.data"]),
     ("config", ["attnkit.config"]),
-    ("checkpoint", ["attnkit.checkpoint", "attnkit.sharded"]),
+    ("checkpoint", ["attnkit.checkpoint"]),  # the format: read, write, sharded
+    ("loading", ["attnkit.loading"]),  # a model loaded to work with, CPU speed-ups applied
     ("convert", ["attnkit.convert"]),  # above the checkpoint format it reads and writes
     ("decode", ["attnkit.decode"]),  # searches and text in, text out: what tasks infer and score with
     ("tasks", ["attnkit.tasks"]),

@@ -235,7 +235,7 @@ class DecodeConfig:
     batch_size: int = 64  # sentences (or prompts) per decoding batch
     # on a CPU, batches translated at a time, each on its share of the threads; 0 = one per thread
     streams: int = 0
-    # translation on a CPU: the decoding step compiled ahead of time (cpu/compiled.py; same outputs)
+    # translation on a CPU: the decoding step compiled ahead of time (cpu/compiled/; same outputs)
     compile: bool = False
     # generation (decoder-only): sampling; the defaults are nanoGPT's sample.py
     max_new_tokens: int = 256
@@ -307,8 +307,10 @@ class RunConfig:
         for task, (trained, task_head, metrics) in TASKS_OF.items():
             if model.arch in trained and task_head in (None, head):
                 return cls(model=model, data=DataConfig(task=task), train=TrainConfig(eval_metric=metrics[0]))
-        raise ConfigError(f"a model.arch={model.arch!r} model with model.head={head!r} does no task by "
-                          "itself; fine-tune it with train.init_from")  # fmt: skip
+        raise ConfigError(
+            f"a model.arch={model.arch!r} model with model.head={head!r} does no task by "
+            "itself; fine-tune it with train.init_from"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

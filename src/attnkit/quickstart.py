@@ -16,11 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from attnkit.checkpoint import average_checkpoints, earlier_run, list_checkpoints, load_for_inference
+from attnkit.checkpoint.average import average_checkpoints
+from attnkit.checkpoint.folder import list_checkpoints
+from attnkit.checkpoint.run_dir import earlier_run
 from attnkit.config import RunConfig
 from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError
 from attnkit.folders import MadeBy, made_by
+from attnkit.loading import load_for_inference
 from attnkit.metrics import exact_match
 from attnkit.tasks.translation import read_split
 from attnkit.train.loop import Trainer
@@ -46,8 +49,10 @@ def run_quickstart(
     ``overwrite``: replace a run in ``out`` that is not an earlier quickstart's (deleted first)."""
     config = RunConfig.from_dict(RECIPE, "quickstart recipe")
     config.train.max_steps = max_steps or config.train.max_steps
-    echo(f"training a {config.model.encoder_layers}+{config.model.decoder_layers}-layer Transformer on "
-         f"'{config.data.task}' for {config.train.max_steps} steps in {out}")  # fmt: skip
+    echo(
+        f"training a {config.model.encoder_layers}+{config.model.decoder_layers}-layer Transformer on "
+        f"'{config.data.task}' for {config.train.max_steps} steps in {out}"
+    )
     if not overwrite:
         _refuse_other_runs(out)
     Trainer(config, out, overwrite=True, echo=echo, command=COMMAND).fit()

@@ -7,11 +7,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.convert.marian import with_concatenated_sinusoids
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 from attnkit.models import TransformerConfig, build_model
 from attnkit.train.loop import Trainer
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.loading import load_for_inference
 from tests.cli_checks import one_line_error
 
 transformers = pytest.importorskip("transformers", reason="HF transformers writes the folders")

@@ -1,5 +1,6 @@
-"""decode.compile (cpu/compiled.py): the decoding step compiled ahead of time translates exactly as the
-eager step, is kept and loaded again, follows changed weights, and steps aside where it cannot work."""
+"""decode.compile (cpu/compiled/, decode/compiled.py): the decoding step compiled ahead of time
+translates exactly as the eager step, is kept and loaded again, follows changed weights, and steps
+aside where it cannot work."""
 
 import shutil
 
@@ -8,7 +9,8 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.config import DecodeConfig
-from attnkit.cpu import compiled
+from attnkit.cpu.compiled import steps
+from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import Reporting, translate
@@ -45,13 +47,13 @@ class _Counting:
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        run = compiled.CompiledStep.__call__
+        run = CompiledStep.__call__
 
         def counted(step, *tensors):
             self.calls += 1
             return run(step, *tensors)
 
-        monkeypatch.setattr(compiled.CompiledStep, "__call__", counted)
+        monkeypatch.setattr(CompiledStep, "__call__", counted)
 
 
 @pytest.mark.parametrize("beam", [3, 1], ids=["beam 3", "greedy"])
@@ -91,8 +93,8 @@ def test_a_compiled_step_is_kept_and_loaded_again_until_the_weights_change(
     texts = copy(10, seed=3, max_length=6).src
     expected = translate(model, tokenizer, texts, DecodeConfig(streams=1), beam_size=3)
     built = []
-    build = compiled.build
-    monkeypatch.setattr(compiled, "build", lambda *args: built.append(args) or build(*args))
+    build = steps.build
+    monkeypatch.setattr(steps, "build", lambda *args: built.append(args) or build(*args))
     notes = []
     assert (
         translate(
@@ -123,7 +125,7 @@ def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
     def no_compiler(*args):
         raise RuntimeError("C++ compile error\nmore detail")
 
-    monkeypatch.setattr(compiled, "build", no_compiler)
+    monkeypatch.setattr(steps, "build", no_compiler)
     notes = []
     assert (
         translate(

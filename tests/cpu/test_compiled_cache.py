@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from attnkit import build_transformer
 from attnkit.cli import app
-from attnkit.cpu import compiled
+from attnkit.cpu.compiled import cache as compiled
 
 
 @pytest.fixture

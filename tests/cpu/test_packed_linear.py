@@ -101,9 +101,9 @@ def test_small_layers_and_the_state_dict_are_left_alone():
 
 
 def test_a_model_loaded_for_inference_translates_as_the_unpacked_model(tmp_path, weights_seen):
-    from attnkit.checkpoint import load_for_inference
     from attnkit.config import load_run_config
     from attnkit.decode.translate import translate
+    from attnkit.loading import load_for_inference
     from attnkit.train.loop import Trainer
 
     settings = ["data.task=dates", "data.tokenizer=char", "data.n_train=64", "data.n_valid=8",

@@ -153,7 +153,7 @@ def test_prompts_the_model_cannot_take_are_one_clear_error(model_and_tokenizer):
 def test_batches_side_by_side_give_what_one_at_a_time_gives_and_no_gradients(
     model_and_tokenizer, temperature, two_threads
 ):
-    """Two streams (cpu/streams.py), each batch sampling with its prompts' own generators: the same
+    """Two streams (decode/streams.py), each batch sampling with its prompts' own generators: the same
     texts as one batch at a time; no stream's thread records gradients (gradient mode is per thread)."""
     model, tokenizer = model_and_tokenizer
     prompts = [*PROMPTS, "that is", "all the", "or not"]

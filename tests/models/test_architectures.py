@@ -41,7 +41,7 @@ def test_the_commands_the_records_name_exist():
 
 def test_no_architecture_name_is_written_outside_its_record():
     """Only models/ names architectures (their config classes and records); everything else asks the
-    record (``archs(using=...)``, ``scored_on``) or the config class (``TransformerConfig.ARCH``), so a
+    record (``archs(using=...)``) or the config class (``TransformerConfig.ARCH``), so a
     new architecture is one record, not a hunt for tuples. (An attribute named like one, as
     ``getattr(model, "encoder")``, is not a name.)"""
     package = Path(__file__).resolve().parents[2] / "src" / "attnkit"

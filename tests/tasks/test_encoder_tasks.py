@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from attnkit.checkpoint import resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.batching import encoder_input
@@ -308,6 +308,8 @@ def test_encoder_commands_refuse_what_they_cannot_do_in_one_line(tsv_dir, tmp_pa
          r"decode\.alpha=0: an encoder model is scored without decoding"),
         (["evaluate", "--ckpt", str(tmp_path / "mlm"), "--data", str(tmp_path / "bad.tsv"), "--int8"],
          r"--int8: an encoder model is scored without decoding"),
+        (["evaluate", "--ckpt", str(tmp_path / "mlm"), "--data", str(tsv_dir / "train.tsv")],
+         r"holds a masked-LM model \(attnkit predict fills its masks; .*\); this needs a classify head"),
     ]  # fmt: skip
     for args, message in cases:
         result = runner.invoke(app, args)

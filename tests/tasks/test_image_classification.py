@@ -7,11 +7,12 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.cluttered_digits import cluttered_digits
 from attnkit.errors import ConfigError
+from attnkit.loading import load_for_inference
 
 pytest.importorskip("sklearn", reason="the cluttered-digits task draws scikit-learn's bundled digits")
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from attnkit.checkpoint import resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.errors import ConfigError

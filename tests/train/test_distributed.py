@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnkit.checkpoint import resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 
 pytestmark = pytest.mark.slow  # several processes each (the slow set)
 

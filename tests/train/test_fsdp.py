@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.checkpoint import read_weights, resolve_checkpoint
-from attnkit.sharded import SHARDED
+from attnkit.checkpoint.folder import read_weights, resolve_checkpoint
+from attnkit.checkpoint.sharded import SHARDED
 from tests.train.test_distributed import COMMON, DROPOUT, _launch, assert_same_weights, needs_distributed
 
 pytestmark = [pytest.mark.slow, needs_distributed]  # several processes each (the slow set)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnkit.checkpoint import resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import load_run_config
 from attnkit.train.loop import Trainer
 

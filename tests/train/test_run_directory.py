@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from attnkit import quickstart
-from attnkit.checkpoint import list_checkpoints, lock_run, read_run_config
+from attnkit.checkpoint.folder import list_checkpoints, read_run_config
+from attnkit.checkpoint.run_dir import lock_run
 from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.synthetic import copy
@@ -102,7 +103,7 @@ def test_a_run_directory_in_use_by_another_training_is_refused_and_left_as_it_is
 def test_a_killed_training_leaves_its_run_directory_free(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import pathlib, sys, time
-        from attnkit.checkpoint import lock_run
+        from attnkit.checkpoint.run_dir import lock_run
         held = lock_run(pathlib.Path({str(tmp_path / "run")!r}))  # kept open: the lock lives with it
         print("held", flush=True)
         time.sleep(60)
@@ -170,12 +171,12 @@ def test_a_resumed_run_refuses_model_or_vocabulary_changes_but_allows_new_dropou
 
 
 def test_a_file_system_without_locks_trains_unlocked_rather_than_refusing(tmp_path, monkeypatch):
-    from attnkit import checkpoint
+    from attnkit.checkpoint import run_dir
 
     def no_locks_here(*args):
         raise OSError(errno.ENOLCK, "No locks available")  # what some NFS mounts answer
 
-    monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks_here)
+    monkeypatch.setattr(run_dir.fcntl, "flock", no_locks_here)
     lock_run(tmp_path / "run").close()
 
 

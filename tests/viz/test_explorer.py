@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from attnkit import build_transformer
 from attnkit.attention.masks import padding_mask
 from attnkit.attention.recording import recording
-from attnkit.checkpoint import save_checkpoint
+from attnkit.checkpoint.folder import save_checkpoint
 from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.models import DecoderModelConfig, build_model

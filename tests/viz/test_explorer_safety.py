@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from attnkit import build_transformer
 from attnkit.attention.recording import recording
-from attnkit.checkpoint import save_checkpoint
+from attnkit.checkpoint.folder import save_checkpoint
 from attnkit.cli import app
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer

@@ -69,6 +69,17 @@ class KVCache:
         if self._key is not None:
             self._order = index if self._order is None else self._order.index_select(0, index)
 
+    def held(self) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """``(key, value, order)`` as held: the rows to keep (``order``, None for all) not yet picked
+        from the keys and values, for a step that picks them itself as it extends them (the compiled
+        decoding step: one copy of the cache per step, as :meth:`append` makes)."""
+        return self._key, self._value, self._order
+
+    def hold(self, key: Tensor, value: Tensor, order: Tensor | None = None) -> None:
+        """Hold ``key`` and ``value`` in place of the cache's, ``order`` the rows of them to keep when
+        next read or extended (None: all): what :meth:`held` gives, or a step's extended cache."""
+        self._key, self._value, self._order = key, value, order
+
     def _apply_order(self) -> None:
         if self._order is not None:
             self._key = self._key.index_select(0, self._order)

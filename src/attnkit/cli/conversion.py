@@ -26,18 +26,13 @@ def import_hf(
 
     Importing the same folder again replaces the earlier import; a run directory holding anything else
     (a trained run, another import) is refused unless --overwrite, which deletes its checkpoints first."""
-    from attnkit.checkpoint import (
-        a_model,
-        clear_run,
-        commands_for,
-        earlier_run,
-        list_checkpoints,
-        save_checkpoint,
-    )
+    from attnkit.checkpoint.folder import list_checkpoints, save_checkpoint
+    from attnkit.checkpoint.run_dir import clear_run, earlier_run
     from attnkit.config import RunConfig
     from attnkit.convert import from_hf
     from attnkit.convert.hf_folder import label_names
     from attnkit.folders import MadeBy, made_by
+    from attnkit.loading import a_model, commands_for
 
     maker = MadeBy.of("attnkit import-hf", folder)
     earlier = earlier_run(out)
@@ -91,14 +86,12 @@ def export(
     Models with the paper's interleaved sinusoids are reordered exactly into Marian's layout. Exporting
     the same checkpoint again replaces the earlier export; any other folder is refused unless
     --overwrite, and the checkpoint exported is never replaced."""
-    from attnkit.checkpoint import (
-        ctranslate2_command,
-        load_for_inference,
-        refuse_to_replace_a_source,
-        resolve_checkpoint,
-    )
+    from attnkit.checkpoint.average import refuse_to_replace_a_source
+    from attnkit.checkpoint.ctranslate2_folder import ctranslate2_command
+    from attnkit.checkpoint.folder import resolve_checkpoint
     from attnkit.convert.export import export_ctranslate2, export_hf, hf_class_and_inputs
     from attnkit.folders import MadeBy
+    from attnkit.loading import load_for_inference
 
     if to not in ("hf", "ctranslate2"):
         raise AttnkitError(f"--to {to!r}: attnkit exports to 'hf' (HF transformers) or 'ctranslate2'")
@@ -110,14 +103,17 @@ def export(
     refuse_to_replace_a_source(out, [checkpoint])
     maker = MadeBy.of(f"attnkit export --to {to}", checkpoint)
     if to == "ctranslate2":
-        written = export_ctranslate2(model, tokenizer, vars(config.decode), out, quantization,
-                                     maker=maker, overwrite=overwrite)  # fmt: skip
+        written = export_ctranslate2(
+            model, tokenizer, vars(config.decode), out, quantization, maker=maker, overwrite=overwrite
+        )
         arch = config.model.arch
         typer.echo(f"{written}: {ARCHITECTURES[arch].commands[0]} with {ctranslate2_command(written, arch)}")
         if arch == TransformerConfig.ARCH and config.decode.length_penalty != "length":
-            typer.echo(f"note: CTranslate2 ranks beams by log P / length^{config.decode.alpha}; this run's "
-                       f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",
-                       err=True)  # fmt: skip
+            typer.echo(
+                f"note: CTranslate2 ranks beams by log P / length^{config.decode.alpha}; this run's "
+                f"decode.length_penalty={config.decode.length_penalty} has no CTranslate2 equivalent",
+                err=True,
+            )
         return
     written = export_hf(model, tokenizer, out, config.data.labels, maker=maker, overwrite=overwrite)
     kind, inputs = hf_class_and_inputs(model)

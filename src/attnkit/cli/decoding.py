@@ -124,8 +124,9 @@ def check_n_best(n_best: int, beam: int) -> None:
 def n_best_lines(found: list[list[tuple[str, float]]], first: int) -> list[str]:
     """``LINE ||| TRANSLATION ||| SCORE`` for each hypothesis of each line (LINE from 0; ``first`` is the
     number of the part's first line, from 1)."""
-    return [f"{first - 1 + i} ||| {text} ||| {score:.4f}" for i, best in enumerate(found)
-            for text, score in best]  # fmt: skip
+    return [
+        f"{first - 1 + i} ||| {text} ||| {score:.4f}" for i, best in enumerate(found) for text, score in best
+    ]
 
 
 PART_LINES = 50_000  # lines translate and generate read at a time: memory bounded whatever the input's size
@@ -250,8 +251,8 @@ def _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world
     else:
         from dataclasses import replace
 
-        from attnkit.checkpoint import load_for_inference
         from attnkit.config import with_decode_overrides
+        from attnkit.loading import load_for_inference
 
         device = resolve_device()
         model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="generate"), int8=int8)

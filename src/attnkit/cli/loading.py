@@ -45,7 +45,7 @@ def check_engine(engine: str, int8: bool) -> None:
 
 def no_decoding(overrides: list[str], int8: bool, arch: str) -> None:
     """A one-line error if decode settings or --int8 were given for a model scored without decoding."""
-    from attnkit.checkpoint import a_model
+    from attnkit.loading import a_model
 
     if overrides or int8:
         given = " ".join(overrides + (["--int8"] if int8 else []))
@@ -56,7 +56,7 @@ def load_translator(ckpt: Path, device: torch.device, overrides: list[str], int8
     """A translation or summarisation checkpoint (Transformer or RNN) loaded for decoding on ``device``,
     its decode settings changed by ``overrides`` (``decode.field=value``); ``int8``: see
     ``checkpoint.load_for_inference``."""
-    from attnkit.checkpoint import load_for_inference
+    from attnkit.loading import load_for_inference
 
     return load_for_inference(ckpt, device, arch=archs(using="translate"), int8=int8, overrides=overrides)
 
@@ -70,7 +70,7 @@ def ctranslate2_translator(folder: Path, overrides: list[str]) -> CTranslate2Tra
 
 def load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
     """An encoder checkpoint whose head is one of ``heads`` (a one-line error names what it has)."""
-    from attnkit.checkpoint import check_head, load_for_inference
+    from attnkit.loading import check_head, load_for_inference
 
     model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="predict"))
     check_head(ckpt, config, heads)

@@ -186,8 +186,9 @@ def _attnkit_model(
 ) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
     """The served model's class for a checkpoint (it names its endpoints), and how to load it (after the
     server starts)."""
-    from attnkit.checkpoint import commands_for, read_run_config, resolve_checkpoint
+    from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
     from attnkit.config import with_decode_overrides
+    from attnkit.loading import commands_for
     from attnkit.models import archs
     from attnkit.serve.decoder import ServedDecoder, load_decoder
     from attnkit.serve.predictor import Predictor, load_predictor
@@ -216,7 +217,7 @@ def _engine_model(
 ) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
     """The served model's class for a CTranslate2 folder, and how to load it; a folder that is not one,
     or a machine without CTranslate2, is a one-line error now rather than a failed load."""
-    from attnkit.checkpoint import exported_model
+    from attnkit.checkpoint.ctranslate2_folder import exported_model
     from attnkit.decode.ct2 import check_exported_folder, exported_decode
     from attnkit.models import DecoderModelConfig
     from attnkit.serve.ctranslate2 import EngineDecoder, EngineTranslator, load_engine_model

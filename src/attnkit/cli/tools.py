@@ -39,7 +39,7 @@ def explore(
     a layers × heads grid, each head's matrix with its tokens, a token view and, for translation, the
     alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page."""
     from attnkit.atomic import write_text_atomic
-    from attnkit.checkpoint import load_for_inference
+    from attnkit.loading import load_for_inference
     from attnkit.viz import explorer as page
 
     if not serve:
@@ -97,7 +97,7 @@ app.add_typer(cache_app, name="cache")
 def cache_info() -> None:
     """Where the compiled steps are kept, how many, and how much room they take (at most 2 GiB: beyond
     that, and after 30 days unused, steps are deleted)."""
-    from attnkit.cpu.compiled import cache_folder, cached_steps
+    from attnkit.cpu.compiled.cache import cache_folder, cached_steps
 
     steps = cached_steps()
     size = sum(bytes_ for _, bytes_, _ in steps)
@@ -108,7 +108,7 @@ def cache_info() -> None:
 @one_line_errors
 def cache_clear() -> None:
     """Delete every compiled step (each is compiled again when next needed)."""
-    from attnkit.cpu.compiled import cache_folder, cached_steps, remove_step
+    from attnkit.cpu.compiled.cache import cache_folder, cached_steps, remove_step
 
     steps = cached_steps()
     for package, _, _ in steps:

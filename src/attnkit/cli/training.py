@@ -136,7 +136,7 @@ def train(
 
     config, overrides = recipe_and_overrides(config, ctx.args, data)
     if resume is not None:  # the run's own config (config.json is YAML too), plus any overrides
-        from attnkit.checkpoint import resolve_checkpoint
+        from attnkit.checkpoint.folder import resolve_checkpoint
 
         if run is not None and run.resolve() != resume.resolve():
             raise AttnkitError(
@@ -177,7 +177,8 @@ def average(
     Averaging the same run again replaces its earlier average; any other folder (a checkpoint, another
     run's average, your own files) is refused unless --overwrite. The folder records what made it
     (made_by.json)."""
-    from attnkit.checkpoint import average_checkpoints, list_checkpoints
+    from attnkit.checkpoint.average import average_checkpoints
+    from attnkit.checkpoint.folder import list_checkpoints
     from attnkit.folders import MadeBy
 
     at_least("--last", last, 1)

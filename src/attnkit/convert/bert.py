@@ -99,15 +99,18 @@ _HEAD_KEYS = {  # our head's layers -> HF's
 def _key_map(config: EncoderModelConfig) -> dict[str, list[str]]:
     """Our parameter name -> the HF name(s) it holds (several are stacked row-wise)."""
     body = "" if config.head == "none" else "bert."
-    keys = {"embed.words.lut.weight": [f"{body}embeddings.word_embeddings.weight"],
-            "embed.positions.weight": [f"{body}embeddings.position_embeddings.weight"],
-            "embed.token_types.weight": [f"{body}embeddings.token_type_embeddings.weight"]}  # fmt: skip
+    keys = {
+        "embed.words.lut.weight": [f"{body}embeddings.word_embeddings.weight"],
+        "embed.positions.weight": [f"{body}embeddings.position_embeddings.weight"],
+        "embed.token_types.weight": [f"{body}embeddings.token_type_embeddings.weight"],
+    }
     for part in ("weight", "bias"):
         keys[f"embed.norm.{part}"] = [f"{body}embeddings.LayerNorm.{part}"]
         for i in range(config.layers):
             ours, theirs = f"encoder.layers.{i}", f"{body}encoder.layer.{i}"
-            keys[f"{ours}.self_attn.in_proj.{part}"] = [f"{theirs}.attention.self.{p}.{part}"
-                                                       for p in ("query", "key", "value")]  # fmt: skip
+            keys[f"{ours}.self_attn.in_proj.{part}"] = [
+                f"{theirs}.attention.self.{p}.{part}" for p in ("query", "key", "value")
+            ]
             keys[f"{ours}.self_attn.out_proj.{part}"] = [f"{theirs}.attention.output.dense.{part}"]
             keys[f"{ours}.sublayer.0.norm.{part}"] = [f"{theirs}.attention.output.LayerNorm.{part}"]
             keys[f"{ours}.feed_forward.w_1.{part}"] = [f"{theirs}.intermediate.dense.{part}"]

@@ -53,8 +53,10 @@ def check_shapes(
         if sizes is None:
             continue
         if tensor.dim() != len(sizes):
-            raise ConversionError(f"{where}: model.safetensors's {name} has shape {tuple(tensor.shape)}; "
-                                  f"config.json implies {len(sizes)} dimensions")  # fmt: skip
+            raise ConversionError(
+                f"{where}: model.safetensors's {name} has shape {tuple(tensor.shape)}; "
+                f"config.json implies {len(sizes)} dimensions"
+            )
         for axis, (expression, size) in enumerate(zip(sizes, tensor.shape, strict=True)):
             wanted = config_size(hf_config, expression)
             if wanted is not None and wanted != size:

@@ -28,7 +28,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from torch import nn
 
-from attnkit.checkpoint import DECODE_FILE, MODEL_FILE
+from attnkit.checkpoint.ctranslate2_folder import DECODE_FILE, MODEL_FILE
 from attnkit.convert.bert import HF_CLASS, hf_bert_config_kwargs, to_hf_bert
 from attnkit.convert.ctranslate2 import ctranslate2_spec
 from attnkit.convert.gpt2 import hf_gpt2_config_kwargs, to_hf_gpt2

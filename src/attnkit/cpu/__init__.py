@@ -4,7 +4,7 @@ The paper's modules (``attnkit.attention``, ``attnkit.nn``, ``attnkit.models``) 
 ``nn.Linear``, ``nn.Dropout`` and ``F.linear``, and read like the paper. This package holds what makes
 them fast on a CPU, and :func:`speed_up` applies it to a built model from outside, in place, the way
 torchtitan applies compilation and FSDP to a plain model: whoever trains or loads a model calls it
-(the trainer, ``load_for_inference``), and the model knows nothing of it.
+(the trainer, ``attnkit.loading.load_for_inference``), and the model knows nothing of it.
 
 What it swaps, each a subclass with the same parameters, buffers and state-dict keys, made so by
 changing the module's class (as FSDP2's ``fully_shard`` does), so that optimizers, checkpoints,
@@ -18,8 +18,8 @@ conversions and hooks see the same model:
   the maps and the dropout it applies itself, and packed rows inside a packed encoder;
 - ``Encoder`` -> :class:`~attnkit.cpu.packing.PackedEncoder`: position-wise work on real tokens only.
 
-Elsewhere in the package: the decoding step compiled ahead of time (compiled.py) and batches decoded
-side by side (streams.py), which the searches in ``attnkit.decode`` take on a CPU.
+Also here, in ``compiled/``: a translation model's decoding step compiled ahead of time, which
+``attnkit.decode.compiled`` hands to the searches (``decode.compile``).
 
 Every private torch interface attnkit uses lives in this package, each tried on a small example before
 use, with a public fallback that gives the same outputs (tested by forcing each fallback). A model on

@@ -127,6 +127,8 @@ class EncoderBatch:
 
     def to(self, device: torch.device | str) -> EncoderBatch:
         return EncoderBatch(
-            self.ids.to(device), self.token_types.to(device), tuple(t.to(device) for t in self.targets),
+            self.ids.to(device),
+            self.token_types.to(device),
+            tuple(t.to(device) for t in self.targets),
             self.n_tokens,
-        )  # fmt: skip
+        )

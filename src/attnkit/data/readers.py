@@ -141,8 +141,10 @@ def iter_pairs(
         if not any_line:
             raise DataError(f"{path}: file is empty")
     if counts[0] != counts[1]:
-        raise DataError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}: "
-                        "parallel files must align line by line")  # fmt: skip
+        raise DataError(
+            f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}: "
+            "parallel files must align line by line"
+        )
 
 
 @dataclass

@@ -34,13 +34,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from attnkit.checkpoint import DECODE_FILE, ctranslate2_command, exported_model
+from attnkit.checkpoint.ctranslate2_folder import DECODE_FILE, ctranslate2_command, exported_model
 from attnkit.config import DecodeConfig, with_decode_overrides
-from attnkit.cpu.streams import stream_count
 from attnkit.data.batching import length_batches
 from attnkit.data.text_blocks import stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
+from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity
 from attnkit.models import ARCHITECTURES, DecoderModelConfig, TransformerConfig
@@ -72,7 +72,7 @@ class _ExportedFolder:
     (``decode.field=value``) change the folder's decoding settings, as they change a checkpoint's for
     attnkit's own search, and ``changes`` (``{"field": value}``) after them. ``decode.streams`` is
     CTranslate2's ``inter_threads``: batches run at a time, each on its share of torch's threads, as
-    attnkit's own (cpu/streams.py); fixed when the model loads."""
+    attnkit's own (decode/streams.py); fixed when the model loads."""
 
     ARCH: ClassVar[str]  # the architecture this engine runs
 
@@ -122,8 +122,10 @@ class CTranslate2Translator(_ExportedFolder):
     ) -> None:
         super().__init__(folder, overrides)
         if self.decode.length_penalty != "length" and warn is not None:
-            warn(f"CTranslate2 ranks hypotheses by log P / length^α; decode.length_penalty="
-                 f"{self.decode.length_penalty} is attnkit's search only")  # fmt: skip
+            warn(
+                f"CTranslate2 ranks hypotheses by log P / length^α; decode.length_penalty="
+                f"{self.decode.length_penalty} is attnkit's search only"
+            )
 
     def _load(self, ctranslate2: Any, folder: str, **threads: int) -> Any:
         return ctranslate2.Translator(folder, device="cpu", **threads)

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from attnkit.config import DecodeConfig
-from attnkit.cpu.streams import fill_by_batch, stream_count
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import extend, sampler
+from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.errors import AttnkitError
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
@@ -54,7 +54,7 @@ def generate(
     seeds = seeds or [decode.seed + first + i for i in range(len(prompts))]
     outputs = [""] * len(prompts)
     batches = length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size)
-    # Side by side on a CPU (cpu/streams.py), unless text is streamed: on_text then hears from one thread.
+    # Side by side on a CPU (decode/streams.py), unless text is streamed: on_text then hears from one thread.
     streams = 1 if on_text is not None else stream_count(decode.streams, device, len(batches))
 
     def continue_batch(rows: list[int]) -> list[str]:

@@ -291,8 +291,9 @@ def beam(
         n = len(searching)
         first_beam = torch.arange(n, device=device)[:, None] * beams  # (n, 1): row of each source's beam 0
         at_limit = (t + 1 >= limits).repeat_interleave(beams)  # (n·beams,)
-        top_scores, chosen_beam, words = best_continuations(decoding, tokens, at_limit, specials, scores,
-                                                            2 * K)  # (n, 2K) each, best first  # fmt: skip
+        top_scores, chosen_beam, words = best_continuations(
+            decoding, tokens, at_limit, specials, scores, 2 * K
+        )  # (n, 2K) each, best first
         rows = first_beam + chosen_beam  # the beam row of each
         needed = torch.tensor([K - (0 if patient else len(finished[b])) for b in searching], device=device)
         needed = needed[:, None]  # (n, 1): hypotheses each row may still finish

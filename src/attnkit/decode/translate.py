@@ -11,11 +11,11 @@ from typing import Literal, overload
 import torch
 
 from attnkit.config import DecodeConfig
-from attnkit.cpu.compiled import compiled_decoding
-from attnkit.cpu.streams import fill_by_batch, stream_count
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.search import Hypothesis, Search, beam_search, greedy
+from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import evaluating
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -77,7 +77,7 @@ def translate(
     and their scores (``log P / lp``, as beam search ranks them; see search.py), best first, none for an
     empty line. ``beam_size`` 1 is greedy search (with ``n_best`` 1, its translation scored), default
     ``decode.beam_size``; ``n_best`` may not exceed it. On a CPU the batches are searched
-    ``decode.streams`` at a time (cpu/streams.py).
+    ``decode.streams`` at a time (decode/streams.py).
 
     An empty (or all-space) input line gives an empty output line without running the model. The model
     handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is

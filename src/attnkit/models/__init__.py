@@ -35,7 +35,6 @@ class Architecture:
     reads: str  # "text" (through a tokenizer) or "images" (pixels: no vocabulary, no tokenizer.json)
     tasks: tuple[str, ...]  # the data.task values that train it (one: a run's default task)
     commands: tuple[str, ...]  # the attnkit commands that use a trained one, its main use first
-    scored_on: str  # what attnkit evaluate scores it on: "pairs", "text", "labelled" sentences, "images"
     exports: tuple[str, ...] = ()  # what attnkit export --to writes it as
 
     @property
@@ -54,7 +53,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="text",
             tasks=_TRANSLATION,
             commands=("translate", "evaluate"),
-            scored_on="pairs",
             exports=("hf", "ctranslate2"),
         ),
         Architecture(
@@ -64,7 +62,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="text",
             tasks=("text",),
             commands=("generate", "evaluate"),
-            scored_on="text",
             exports=("hf", "ctranslate2"),
         ),
         Architecture(
@@ -74,7 +71,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="text",
             tasks=("classify", "mlm", "qa"),
             commands=("predict", "evaluate --data"),
-            scored_on="labelled",
             exports=("hf",),
         ),
         Architecture(
@@ -84,7 +80,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="text",
             tasks=_TRANSLATION,
             commands=("translate", "evaluate"),
-            scored_on="pairs",
         ),
         Architecture(
             config=GlimpseConfig,
@@ -93,7 +88,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="images",
             tasks=("cluttered-digits",),
             commands=("evaluate",),
-            scored_on="images",
         ),
         Architecture(
             config=WholeImageConfig,
@@ -102,7 +96,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="images",
             tasks=("cluttered-digits",),
             commands=("evaluate",),
-            scored_on="images",
         ),
     )
 }

@@ -89,8 +89,9 @@ class WholeImageConfig(_Presets):
 
     @property
     def width(self) -> int:
-        return self.d_hidden or whole_image_width(GlimpseConfig(image_size=self.image_size,
-                                                                num_labels=self.num_labels))  # fmt: skip
+        return self.d_hidden or whole_image_width(
+            GlimpseConfig(image_size=self.image_size, num_labels=self.num_labels)
+        )
 
     def __post_init__(self) -> None:
         for name in ("d_hidden", "image_size", "num_labels"):

@@ -13,8 +13,9 @@ from attnkit.nn.transformer import EncoderLayer
 
 def attention(c: Any) -> MultiHeadAttention:
     """Multi-head attention of ``c.h`` heads with the config's dropout, normaliser and window."""
-    return MultiHeadAttention(c.d_model, c.h, c.attention_dropout, normaliser=c.attention_normaliser,
-                              window=c.attention_window)  # fmt: skip
+    return MultiHeadAttention(
+        c.d_model, c.h, c.attention_dropout, normaliser=c.attention_normaliser, window=c.attention_window
+    )
 
 
 def feed_forward(c: Any) -> PositionwiseFeedForward:

@@ -109,8 +109,9 @@ class RNNSeq2Seq(nn.Module):
         feed = c.d_hidden if c.attention == "bahdanau" or (self.luong and c.input_feeding) else 0
         self.decoder = rnn(c.d_embed + feed, c.d_hidden, c.layers, batch_first=True)
         if c.attention != "none":
-            self.attention = SourceAttention(c.attention, c.d_hidden, c.local, c.window, c.hard,
-                                             c.hard_expected, c.hard_soft_batches)  # fmt: skip
+            self.attention = SourceAttention(
+                c.attention, c.d_hidden, c.local, c.window, c.hard, c.hard_expected, c.hard_soft_batches
+            )
         if c.hard:
             self.baseline = MovingAverageBaseline()
         if self.luong:
@@ -127,8 +128,9 @@ class RNNSeq2Seq(nn.Module):
         """The source to attend to (annotations ``(B, S, d_hidden)``) and the decoder's first state."""
         c = self.config
         lengths = (src != c.pad_id).sum(-1).clamp(min=1).cpu()
-        packed = nn.utils.rnn.pack_padded_sequence(self.dropout(self.embed(src)), lengths, batch_first=True,
-                                                   enforce_sorted=False)  # fmt: skip
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.dropout(self.embed(src)), lengths, batch_first=True, enforce_sorted=False
+        )
         out, final = self.encoder(packed)
         annotations, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
         if c.attention == "none":  # nothing to attend to
@@ -200,8 +202,10 @@ class RNNSeq2Seq(nn.Module):
         ``project=False``: the output features, for a loss that applies :attr:`output_layer` itself."""
         features, alignments = self._decode(src, tgt_in)
         if self.config.hard and self.training:  # kept for policy_loss, which needs the targets
-            self._choices = (torch.stack([a.log_prob for a in alignments], 1),  # (B, T)
-                             torch.stack([a.entropy for a in alignments], 1))  # fmt: skip
+            self._choices = (
+                torch.stack([a.log_prob for a in alignments], 1),  # (B, T)
+                torch.stack([a.entropy for a in alignments], 1),
+            )
         return self.output(features) if project else features
 
     @torch.no_grad()
@@ -246,8 +250,9 @@ class RNNDecoding:
     def next_logits(self, tokens: Tensor) -> Tensor:
         logits = None
         for t in range(self.seen, tokens.size(1)):
-            logits, self.state, self.feed, _ = self.model.step(tokens[:, t], t, self.state, self.feed,
-                                                               self.source)  # fmt: skip
+            logits, self.state, self.feed, _ = self.model.step(
+                tokens[:, t], t, self.state, self.feed, self.source
+            )
         self.seen = tokens.size(1)
         return logits
 

@@ -51,8 +51,9 @@ class EncoderDecoder(nn.Module):
             )
         self.config, self.src_vocab, self.tgt_vocab = c, src_vocab, tgt_vocab
 
-        self.encoder = Encoder([encoder_layer(c) for _ in range(c.encoder_layers)],
-                               c.d_model, c.norm_first, c.layer_norm_eps)  # fmt: skip
+        self.encoder = Encoder(
+            [encoder_layer(c) for _ in range(c.encoder_layers)], c.d_model, c.norm_first, c.layer_norm_eps
+        )
         self.decoder = Decoder(
             [DecoderLayer(c.d_model, attention(c), attention(c), feed_forward(c), **residual(c))
              for _ in range(c.decoder_layers)],

@@ -10,7 +10,7 @@ settings (a beam of 1 and one of 5) do not share a search: each batch is split i
 settings, run one after another.
 
 ``workers`` batches run at a time (``decode.streams``, as the command line's translations run side by
-side, cpu/streams.py): a request that arrives while a batch runs can start on another worker instead of
+side, decode/streams.py): a request that arrives while a batch runs can start on another worker instead of
 waiting for it. Before each batch, ``prepare(running)`` tells its worker how many batches run now, this
 one included, so that a batch alone takes every thread of the CPU and batches side by side share
 them. Work that must not overlap a batch (the attention explorer hooks the model) is queued as a request

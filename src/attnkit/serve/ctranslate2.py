@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from attnkit.checkpoint import exported_model
+from attnkit.checkpoint.ctranslate2_folder import exported_model
 from attnkit.config import DecodeConfig
 from attnkit.decode.ct2 import CTranslate2Generator, CTranslate2Translator
 from attnkit.serve.decoder import Prompt, SamplingModel

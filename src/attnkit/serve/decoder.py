@@ -19,9 +19,10 @@ from typing import ClassVar
 
 import torch
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import DecodeConfig
 from attnkit.decode.generate import generate
+from attnkit.loading import load_for_inference
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel, ServedModel
 

@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import torch
 
-from attnkit.checkpoint import check_head, load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
+from attnkit.loading import check_head, load_for_inference
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
@@ -55,8 +56,10 @@ class Predictor(AttnkitModel):
         if self.head == "span":
             return {"answer": line}
         fields = line.split("\t")  # token, probability, token, probability, ...
-        pairs = [{"token": token, "probability": float(p)}
-                 for token, p in zip(fields[::2], fields[1::2], strict=True)]  # fmt: skip
+        pairs = [
+            {"token": token, "probability": float(p)}
+            for token, p in zip(fields[::2], fields[1::2], strict=True)
+        ]
         if self.head == "mlm":
             return {"masks": pairs}
         return {"label": pairs[0]["token"], "probability": pairs[0]["probability"]}

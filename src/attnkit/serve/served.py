@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import torch
 
 from attnkit.config import RunConfig
-from attnkit.cpu.streams import stream_count
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.streams import stream_count
 
 PRIVATE_DATA_FIELDS = ("dir", "train", "valid", "test", "store")  # where the run's files were
 
@@ -88,7 +88,7 @@ class AttnkitModel(ServedModel):
     @property
     def streams(self) -> int:
         """``decode.streams`` batches at a time (0: one per thread), each on its share of torch's
-        threads, as ``attnkit translate`` runs its batches (cpu/streams.py)."""
+        threads, as ``attnkit translate`` runs its batches (decode/streams.py)."""
         return self.workers
 
     def prepare_worker(self, running: int) -> None:

@@ -14,8 +14,9 @@ from typing import ClassVar
 
 import torch
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of

@@ -15,6 +15,7 @@ label's F1, so that a rare label counts as much as a common one).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
@@ -28,7 +29,8 @@ from attnkit.data.batching import EncoderBatch, encoder_input, length_batches, p
 from attnkit.data.readers import LabelledText, iter_labelled, iter_sentences, read_labelled
 from attnkit.data.store import TokenStore, in_blocks, prepared, store_root, uniform_sample
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.errors import DataError
+from attnkit.errors import AttnkitError, DataError
+from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss
 
 
@@ -164,11 +166,38 @@ def score_classifier(
     return accuracy, f1, sum(p == g for p, g in zip(predicted, gold, strict=True))
 
 
+# An encoder is scored as a classifier, on labelled sentences; another head is refused in one line.
+ENCODER_SCORING = Scoring(files=("data",), asks="evaluate it with --data FILE.tsv", heads=("classify",))
+
+
+class ScoredAsAClassifier:
+    """What ``attnkit evaluate`` does with an encoder trained on another task than classification
+    (masked-LM, question answering): it asks for labelled sentences, as of any encoder, and then refuses
+    the model's head in one line (``scoring.heads``), before its ``score`` would be called."""
+
+    scoring: ClassVar[Scoring] = ENCODER_SCORING
+
+    @classmethod
+    def score(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        given: Given,
+        device: torch.device | str,
+    ) -> list[str]:
+        """Refused: attnkit evaluate scores an encoder's classifier head only."""
+        raise AttnkitError(
+            f"attnkit evaluate scores a classifier, not a model with a {config.model.head} head"
+        )
+
+
 class ClassificationTask:
     """The trainer's view of classification: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "sentences"  # what the loss is summed over (the speed shown is sentences/s)
     metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_accuracy", "f1": "valid_f1", "loss": "valid_loss"}
+    scoring: ClassVar[Scoring] = ENCODER_SCORING
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         d = config.data
@@ -193,8 +222,10 @@ class ClassificationTask:
         self.valid_rows, valid_cut = encode_sentences(self.tokenizer, valid.sentences, config.model.max_len)
         if cut or valid_cut:
             echo(f"cut {cut} training and {valid_cut} validation sentences to model.max_len tokens")
-        echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; labels: "
-             f"{', '.join(labels)}; vocabulary: {self.tokenizer.vocab_size:,}")  # fmt: skip
+        echo(
+            f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; labels: "
+            f"{', '.join(labels)}; vocabulary: {self.tokenizer.vocab_size:,}"
+        )
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This epoch's batches of sentence indices, the same for the same (seed, epoch)."""
@@ -251,3 +282,24 @@ class ClassificationTask:
         best, label = probabilities.max(-1)
         labels = config.data.labels
         return [f"{labels[i]}\t{p:.4f}" for p, i in zip(best.tolist(), label.tolist(), strict=True)]
+
+    @classmethod
+    def score(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        given: Given,
+        device: torch.device | str,
+    ) -> list[str]:
+        """Accuracy and macro-F1 on the labelled sentences of ``given.data``."""
+        labelled = read_labelled(given.data)
+        began = time.perf_counter()
+        accuracy, f1, correct = score_classifier(
+            model, tokenizer, config.data.labels, labelled, given.data, config.decode.batch_size, device
+        )
+        seconds = time.perf_counter() - began
+        return [
+            f"accuracy {accuracy:.4f} ({correct}/{len(labelled)}), macro-F1 {f1:.4f}",
+            f"{len(labelled)} sentences of {given.data} in {seconds:.1f} s",
+        ]

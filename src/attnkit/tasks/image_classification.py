@@ -13,6 +13,7 @@ weights and config.json only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -25,6 +26,7 @@ from attnkit.config import RunConfig
 from attnkit.data.cluttered_digits import N_CLASSES, Canvases, cluttered_digits
 from attnkit.errors import AttnkitError
 from attnkit.models import evaluating, unwrap
+from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss
 
 
@@ -75,6 +77,7 @@ class ImageClassificationTask:
 
     unit: ClassVar[str] = "images"
     metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_accuracy", "loss": "valid_loss"}
+    scoring: ClassVar[Scoring] = Scoring(files=(), asks="it is evaluated on its own generated test images")
 
     def __init__(self, config: RunConfig, tokenizer: None, echo: Callable[[str], None]) -> None:
         self.config = config
@@ -82,8 +85,10 @@ class ImageClassificationTask:
         self.valid, self.tokenizer = split_canvases(config, "valid"), None
         self.train: tuple[int, Canvases] | None = None  # (epoch, its canvases)
         d = config.data
-        echo(f"training images: {d.n_train:,} an epoch, new each epoch; validation: {len(self.valid):,} "
-             f"({d.canvas}×{d.canvas}, {d.clutter} pieces of clutter)")  # fmt: skip
+        echo(
+            f"training images: {d.n_train:,} an epoch, new each epoch; validation: {len(self.valid):,} "
+            f"({d.canvas}×{d.canvas}, {d.clutter} pieces of clutter)"
+        )
 
     def epoch_batches(self, epoch: int) -> list[tuple[int, list[int]]]:
         """This epoch's batches, ``(epoch, image indices)``: consecutive runs of ``train.batch_size`` (the
@@ -102,8 +107,9 @@ class ImageClassificationTask:
         """Summed (label-smoothed) cross-entropy and NLL of the labels, plus the glimpse model's REINFORCE
         term for where it looked."""
         logits = model(batch.images).float()
-        loss = F.cross_entropy(logits, batch.labels, reduction="sum",
-                               label_smoothing=self.config.train.label_smoothing)  # fmt: skip
+        loss = F.cross_entropy(
+            logits, batch.labels, reduction="sum", label_smoothing=self.config.train.label_smoothing
+        )
         policy_loss = getattr(unwrap(model), "policy_loss", None)
         if policy_loss is not None:
             loss = loss + policy_loss(logits.detach(), batch.labels)
@@ -143,11 +149,27 @@ class ImageClassificationTask:
         size = config.model.image_size
         for number, image in enumerate(inputs, start=first):
             if tuple(image.shape) != (size, size):
-                raise AttnkitError(f"{where}:{number}: an image of {tuple(image.shape)}; this model reads "
-                                   f"({size}, {size})")  # fmt: skip
+                raise AttnkitError(
+                    f"{where}:{number}: an image of {tuple(image.shape)}; this model reads ({size}, {size})"
+                )
         digits = []
         with evaluating(model), torch.no_grad():
             for group in consecutive(len(inputs), config.train.batch_size):
                 images = torch.stack([inputs[i] for i in group]).unsqueeze(1).float().to(device) / 255
                 digits += model(images).argmax(-1).tolist()  # (B, 1, H, W) -> (B,)
         return [str(digit) for digit in digits]
+
+    @classmethod
+    def score(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: None,
+        config: RunConfig,
+        given: Given,
+        device: torch.device | str,
+    ) -> list[str]:
+        """Accuracy on the task's generated test images: digits never seen in training."""
+        test = split_canvases(config, "test")
+        began = time.perf_counter()
+        score = accuracy(model, test, config.train.batch_size, device)
+        return [f"accuracy {score:.4f} on {len(test)} test images ({time.perf_counter() - began:.1f} s)"]

@@ -36,6 +36,7 @@ from attnkit.decode.generate import generate
 from attnkit.errors import DataError
 from attnkit.models import evaluating
 from attnkit.tasks.losses import generative_loss
+from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss
 
 
@@ -57,9 +58,10 @@ def prepared_text(config: DataConfig, tokenizer: Tokenizer | None, echo: Callabl
     def build(given: Tokenizer | None):
         cut = None if config.valid else _valid_cut(files[0], config.valid_fraction)
         made_with = given or Tokenizer.train(
-            config.tokenizer, uniform_sample(_texts(files, "train", cut), config.tokenizer_sample),
+            config.tokenizer,
+            uniform_sample(_texts(files, "train", cut), config.tokenizer_sample),
             config.vocab_size,
-        )  # fmt: skip
+        )
 
         def rows() -> Iterator[tuple[list[int], list[int]]]:
             for column in ("train", "valid"):
@@ -189,6 +191,9 @@ class LanguageModellingTask:
 
     unit: ClassVar[str] = "tokens"  # what the loss is summed over (the speed shown is tokens/s)
     metrics: ClassVar[dict[str, str]] = {"loss": "valid_loss"}
+    scoring: ClassVar[Scoring] = Scoring(
+        files=("data",), asks="evaluate its perplexity with --data FILE.txt", int8=True
+    )
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         self.config = config
@@ -250,6 +255,29 @@ class LanguageModellingTask:
         """Each prompt's continuation (without the prompt), by the run's decode settings (as ``attnkit
         generate``)."""
         return generate(model, tokenizer, list(inputs), config.decode, device=device)
+
+    @classmethod
+    def score(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        given: Given,
+        device: torch.device | str,
+    ) -> list[str]:
+        """The cross-entropy and perplexity on the text of ``given.data``, in blocks of the model's
+        context, ``train.max_tokens`` a batch (as training validates)."""
+        per_batch = max(1, config.train.max_tokens // config.model.max_len)
+        scored = text_perplexity(model, tokenizer, read_text(given.data), per_batch, device)
+        return [perplexity_line(scored, config.model.max_len)]
+
+
+def perplexity_line(scored: dict[str, float], context: int) -> str:
+    """What ``attnkit evaluate`` says of a perplexity (:func:`text_perplexity`'s, or CTranslate2's)."""
+    return (
+        f"perplexity = {scored['perplexity']:.3f} (cross-entropy {scored['loss']:.4f} nats per token, "
+        f"{scored['tokens']:,} tokens predicted in blocks of {context})"
+    )
 
 
 @torch.no_grad()

@@ -32,7 +32,7 @@ from attnkit.data.readers import iter_sentences
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError, DataError
 from attnkit.models import evaluating
-from attnkit.tasks.classification import cut_row, encode_sentences, prepared_sentences
+from attnkit.tasks.classification import ScoredAsAClassifier, cut_row, encode_sentences, prepared_sentences
 from attnkit.tasks.losses import label_smoothed_loss
 from attnkit.tasks.validation import validation_loss
 
@@ -57,7 +57,7 @@ def mask_tokens(
     return inputs, chosen  # the remaining 10% of the chosen keep their token
 
 
-class MaskedLMTask:
+class MaskedLMTask(ScoredAsAClassifier):
     """The trainer's view of masked-LM pre-training (see the module docstring)."""
 
     unit: ClassVar[str] = "masked tokens"  # what the loss is summed over (the speed shown is masked tokens/s)
@@ -82,8 +82,10 @@ class MaskedLMTask:
             self.valid_rows, cut_valid = sentences.part(n_train, len(sentences)), store.report["cut"][1]
         if cut_train or cut_valid:
             echo(f"cut {cut_train} training and {cut_valid} validation sentences to model.max_len tokens")
-        echo(f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; "
-             f"vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
+        echo(
+            f"training sentences: {len(self.rows):,}; validation: {len(self.valid_rows):,}; "
+            f"vocabulary: {tokenizer.vocab_size:,}"
+        )
 
     def epoch_batches(self, epoch: int) -> list[tuple[np.ndarray, int]]:
         """This epoch's batches: sentence indices and the seed that masks them."""

@@ -32,6 +32,7 @@ from attnkit.data.batching import EncoderBatch, encoder_input, length_batches, p
 from attnkit.data.questions import QAExample, people_questions
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
+from attnkit.tasks.classification import ScoredAsAClassifier
 from attnkit.tasks.validation import validation_loss
 
 MAX_ANSWER_TOKENS = 30
@@ -152,14 +153,15 @@ def encode_examples(tokenizer: Tokenizer, examples: list[QAExample], max_len: in
     """Encoded examples whose answer fits in ``max_len`` tokens, and the examples they came from."""
     kept = []
     for x in examples:
-        e = encode_question(tokenizer, x.question, x.context, max_len,
-                            (x.answer_start, x.answer_start + len(x.answer)))  # fmt: skip
+        e = encode_question(
+            tokenizer, x.question, x.context, max_len, (x.answer_start, x.answer_start + len(x.answer))
+        )
         if e is not None:
             kept.append((e, x))
     return [e for e, _ in kept], [x for _, x in kept]
 
 
-class SpanQATask:
+class SpanQATask(ScoredAsAClassifier):
     """The trainer's view of extractive QA: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "questions"  # what the loss is summed over (the speed shown is questions/s)
@@ -179,8 +181,10 @@ class SpanQATask:
         dropped = len(train) + len(valid) - len(self.train) - len(self.valid)
         if dropped:
             echo(f"dropped {dropped} questions whose answer lies beyond model.max_len tokens")
-        echo(f"training questions: {len(self.train):,}; validation: {len(self.valid):,}; "
-             f"vocabulary: {tokenizer.vocab_size:,}")  # fmt: skip
+        echo(
+            f"training questions: {len(self.train):,}; validation: {len(self.valid):,}; "
+            f"vocabulary: {tokenizer.vocab_size:,}"
+        )
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         lengths = [len(e.ids) for e in self.train]
@@ -196,8 +200,10 @@ class SpanQATask:
     def _loss(self, start: Tensor, end: Tensor, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
         padding = batch.ids == self.tokenizer.specials.pad
         start, end = start.float().masked_fill(padding, -1e4), end.float().masked_fill(padding, -1e4)
-        loss = (F.cross_entropy(start, batch.targets[0], reduction="sum")
-                + F.cross_entropy(end, batch.targets[1], reduction="sum")) / 2  # fmt: skip
+        loss = (
+            F.cross_entropy(start, batch.targets[0], reduction="sum")
+            + F.cross_entropy(end, batch.targets[1], reduction="sum")
+        ) / 2
         return loss, loss.detach()
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:

@@ -13,6 +13,7 @@ summaries: ROUGE-1/2/L F1 against every reference, the best one counting).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,12 @@ from attnkit.data.readers import ParallelText, Records, iter_jsonl, iter_pairs, 
 from attnkit.data.store import StoreColumn, prepared, store_root, uniform_sample
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.translate import translate
+from attnkit.decode.translate import Reporting, translate
 from attnkit.errors import ConfigError, DataError
-from attnkit.metrics import bleu, exact_match, rouge
+from attnkit.metrics import bleu, chrf, exact_match, rouge
 from attnkit.models import unwrap
 from attnkit.tasks.losses import generative_loss
+from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss
 
 
@@ -48,8 +50,10 @@ class PreparedData:
         ``(pairs,)`` each: from a store's offsets without reading a token."""
         if isinstance(self.train_src, StoreColumn) and isinstance(self.train_tgt, StoreColumn):
             return _plus_one(self.train_src.lengths()), _plus_one(self.train_tgt.lengths())
-        return (_plus_one(np.fromiter(map(len, self.train_src), np.int32, len(self.train_src))),
-                _plus_one(np.fromiter(map(len, self.train_tgt), np.int32, len(self.train_tgt))))  # fmt: skip
+        return (
+            _plus_one(np.fromiter(map(len, self.train_src), np.int32, len(self.train_src))),
+            _plus_one(np.fromiter(map(len, self.train_tgt), np.int32, len(self.train_tgt))),
+        )
 
 
 def _plus_one(lengths: np.ndarray) -> np.ndarray:
@@ -138,9 +142,10 @@ def _from_store(
     def build(given: Tokenizer | None):
         report = {"dropped_empty": 0, "dropped_long": 0, "max_len": config.max_len}
         made_with = given or Tokenizer.train(
-            config.tokenizer, _sample(_training_texts(config, files, {}), config.tokenizer_sample),
+            config.tokenizer,
+            _sample(_training_texts(config, files, {}), config.tokenizer_sample),
             config.vocab_size,
-        )  # fmt: skip
+        )
         rows = _encoded_pairs(_training_texts(config, files, report), made_with, config, report)
         return made_with, ("src", "tgt"), rows, report
 
@@ -211,11 +216,15 @@ def _say_report(report: dict, echo: Callable[[str], None]) -> None:
     if report.get("dropped_empty"):
         echo(f"dropped {report['dropped_empty']} training pairs with an empty side")
     if report.get("cut"):
-        echo(f"cut {report['cut']:,} of {report['pairs']:,} training sources to data.max_source_len="
-             f"{report['source_limit']} tokens")  # fmt: skip
+        echo(
+            f"cut {report['cut']:,} of {report['pairs']:,} training sources to data.max_source_len="
+            f"{report['source_limit']} tokens"
+        )
     if report.get("dropped_long"):
-        echo(f"dropped {report['dropped_long']} training pairs longer than data.max_len="
-             f"{report['max_len']} tokens")  # fmt: skip
+        echo(
+            f"dropped {report['dropped_long']} training pairs longer than data.max_len="
+            f"{report['max_len']} tokens"
+        )
 
 
 def _encoded_training_pairs(
@@ -237,6 +246,9 @@ class TranslationTask:
 
     unit: ClassVar[str] = "target tokens"  # what the loss is summed over (the speed shown is target tokens/s)
     cuts_sources: ClassVar[bool] = False  # sources cut to data.max_source_len, in training and inference
+    scoring: ClassVar[Scoring] = Scoring(
+        files=("src", "ref"), asks="evaluate it with --src FILE --ref FILE", decodes=True, int8=True
+    )
     metrics: ClassVar[dict[str, str]] = {
         "bleu": "valid_bleu",
         "accuracy": "valid_accuracy",
@@ -320,12 +332,53 @@ class TranslationTask:
         limit = config.data.source_limit if cls.cuts_sources else None
         return translate(model, tokenizer, list(inputs), config.decode, device=device, source_limit=limit)
 
+    @classmethod
+    def score(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        given: Given,
+        device: torch.device | str,
+    ) -> list[str]:
+        """sacreBLEU's BLEU and chrF of the translations of ``given.src`` against ``given.ref``."""
+
+        def run(texts: list[str], progress: Callable[[int], None]) -> list[str]:
+            return translate(model, tokenizer, texts, config.decode, beam_size=given.beam, device=device,
+                             reporting=Reporting(given.warn, progress))  # fmt: skip
+
+        return score_translations(run, given)
+
+
+def score_translations(
+    run: Callable[[list[str], Callable[[int], None]], list[str]], given: Given
+) -> list[str]:
+    """BLEU and chrF of ``run``'s translations (``run(sources, progress)``: attnkit's or CTranslate2's)
+    of every line of ``given.src`` against the line of ``given.ref`` beside it, an empty source scored
+    as an empty translation; and the counts of empty sources and references."""
+    pairs = read_parallel(given.src, given.ref, drop_empty=False)
+    began = time.perf_counter()
+    with given.progress(len(pairs)) as bar:
+        hypotheses = run(pairs.src, bar.update)
+    seconds = time.perf_counter() - began
+    empty_src, empty_ref = pairs.count_empty()
+    return [
+        str(bleu(hypotheses, pairs.tgt)),
+        str(chrf(hypotheses, pairs.tgt)),
+        f"{len(pairs)} sentences in {seconds:.1f} s; {empty_src} with an empty source (scored as an "
+        f"empty translation), {empty_ref} with an empty reference",
+    ]
+
 
 class SummarisationTask(TranslationTask):
     """Summarisation: translation's batches and loss; validation by ROUGE of greedy summaries against
     every reference (the best one counting), on sources cut as in training."""
 
     cuts_sources: ClassVar[bool] = True  # an email's beginning: all a summariser has ever read
+    scoring: ClassVar[Scoring] = Scoring(
+        files=("data",), asks="evaluate it with --data FILE.jsonl", decodes=True, int8=True,
+        holder="a summariser",
+    )  # fmt: skip
     metrics: ClassVar[dict[str, str]] = {
         "rouge1": "valid_rouge1",
         "rouge2": "valid_rouge2",
@@ -345,3 +398,39 @@ class SummarisationTask(TranslationTask):
         hypotheses = translate(model, self.tokenizer, texts, self.config.decode, beam_size=1, device=device)
         r1, r2, rl = rouge(hypotheses, (valid.references or [[t] for t in valid.tgt])[:n])
         return {"valid_rouge1": r1.score, "valid_rouge2": r2.score, "valid_rougeL": rl.score}
+
+    @classmethod
+    def score(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        config: RunConfig,
+        given: Given,
+        device: torch.device | str,
+    ) -> list[str]:
+        """ROUGE of the summaries of ``given.data``'s sources, cut as in training, against the target
+        field and, where the run names one (``data.references``), against those references (the best
+        counting)."""
+        records = read_summaries(config.data, given.data)
+        _, cut = cut_sources(tokenizer.encode_batch(records.src), config.data.source_limit)
+        began = time.perf_counter()
+        limit = config.data.source_limit
+        summaries = translate(
+            model,
+            tokenizer,
+            records.src,
+            config.decode,
+            beam_size=given.beam,
+            device=device,
+            source_limit=limit,
+        )
+        seconds = time.perf_counter() - began
+        lines = []
+        for field, refs in records.references.items():
+            scores = rouge(summaries, refs)
+            lines.append(f"against {field!r}: " + ", ".join(f"{s.name} {s.score:.2f}" for s in scores))
+        lines.append(
+            f"({scores[0].signature}); {len(records)} records in {seconds:.1f} s, {cut} sources cut "
+            f"to {limit} tokens"
+        )
+        return lines

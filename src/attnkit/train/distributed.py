@@ -23,8 +23,9 @@ import torch
 from attnkit.processes import World
 
 
-def fully_shard_model(model: torch.nn.Module, world: World, device: torch.device,
-                      param_dtype: torch.dtype | None) -> None:  # fmt: skip
+def fully_shard_model(
+    model: torch.nn.Module, world: World, device: torch.device, param_dtype: torch.dtype | None
+) -> None:
     """Shard ``model`` in place over the processes (FSDP2): each layer of every stack (an encoder's or
     decoder's ``layers``) is a unit whose weights are gathered together, the rest (embeddings, output,
     final norms) the root unit. The model may be on the CPU: each unit's weights go to ``device`` as

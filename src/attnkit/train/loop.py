@@ -31,20 +31,21 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from attnkit import checkpoint as ckpt
 from attnkit.atomic import atomic_writer
+from attnkit.checkpoint.folder import load_model_weights, read_run_config, resolve_checkpoint, save_checkpoint
+from attnkit.checkpoint.run_dir import clear_run, earlier_run, lock_run
+from attnkit.checkpoint.trainer_state import load_trainer_state, rng_state
 from attnkit.config import RunConfig, TrainConfig
 from attnkit.cpu import speed_up
 from attnkit.errors import AttnkitError, ConfigError
-from attnkit.folders import new_temporary
+from attnkit.loading import build_for_tokenizer, read_tokenizer
 from attnkit.metrics import perplexity
 from attnkit.models import unwrap
 from attnkit.processes import close_world, init_world, resolve_device
-from attnkit.sharded import seal, without_ties, write_shards
 from attnkit.tasks import make_task
-from attnkit.tasks.protocol import TaskFactory
+from attnkit.tasks.protocol import Task, TaskFactory
 from attnkit.train.distributed import fully_shard_model, shard, whole_root
-from attnkit.train.pretrained import read_pretrained
+from attnkit.train.pretrained import Pretrained, read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 from attnkit.train.tensorboard import TensorBoardLog, memory_used, require_tensorboard
 
@@ -151,8 +152,10 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device)
         if p.requires_grad:
             kinds.setdefault((p.dim() >= 2, layer_lr_scale(name, model, t.layer_decay)), []).append(p)
     order = sorted(kinds, key=lambda kind: (not kind[0], kind[1]))  # decayed matrices first, slowest first
-    groups = [{"params": kinds[kind], "weight_decay": t.weight_decay if kind[0] else 0.0, "lr": kind[1]}
-              for kind in order]  # fmt: skip
+    groups = [
+        {"params": kinds[kind], "weight_decay": t.weight_decay if kind[0] else 0.0, "lr": kind[1]}
+        for kind in order
+    ]
     fused = device.type in FUSED_ADAMW_DEVICES
     return torch.optim.AdamW(groups, lr=1.0, betas=tuple(t.betas), eps=t.eps, fused=fused)
 
@@ -182,7 +185,7 @@ class Trainer:
         t = config.train
         self.config, self.run_dir, self.echo = config, Path(run_dir), echo
         self.command = command  # recorded in each checkpoint as what made it (folders.py)
-        self.make_task = task  # the run's task is made from its config and tokenizer in _set_up
+        self.make_task = task  # the run's task is made from its config and tokenizer (_prepared_task)
         self.device = resolve_device(t.device)
         self.world = init_world(self.device.type)
         if self.device.type == "cuda":
@@ -192,65 +195,88 @@ class Trainer:
         )
         # before anything reads or deletes the directory; a --resume of no directory fails below instead
         locks = self.world.is_main and (not resume or self.run_dir.is_dir())
-        self.lock = ckpt.lock_run(self.run_dir) if locks else None
+        self.lock = lock_run(self.run_dir) if locks else None
         try:
-            self._set_up(config, resume, overwrite)
+            resume_from, pretrained = self._starting_point(config, resume)
+            self._prepare_run_dir(replace=not resume, overwrite=overwrite)
+            torch.manual_seed(t.seed)  # the same initial weights in every process
+            self.task = self._prepared_task(config, resume_from, pretrained)
+            self.tokenizer = self.task.tokenizer
+            self.sharded = t.parallel == "fsdp" and self.world.size > 1  # else one process holds it all
+            self.model = self._placed_model(config, resume_from, pretrained)
+            torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
+            self.optimizer = make_optimizer(self.model, t, self.device)
+            decay_steps = t.decay_steps or t.max_steps
+            rate = learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model, decay_steps, t.min_lr)
+            self.scheduler = make_scheduler(self.optimizer, rate)
+            # Where the run is: moved by fit(), saved in every checkpoint, restored by a resumed run.
+            self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
+            self.best, self.bad_evals, self.history, self.scores = None, 0, [], {}
+            if resume_from:
+                self._restore(resume_from)
+            self.ddp = self._data_parallel()  # the model as the training step runs it
         except BaseException:
             self._let_go()
             raise
+        # What fit() measures as it goes (set again when it starts).
+        self.started, self.pace, self.out_of_time = 0.0, (self.step, 0.0), False
+        self.window = _new_window()  # training statistics since the last validation
+        self.grad_norm: float | None = None  # the last step's, when it was measured (_train_step)
+        self.board: TensorBoardLog | None = None  # TensorBoard's events (train.log), in the saving process
 
-    def _set_up(self, config: RunConfig, resume: bool, overwrite: bool) -> None:
-        t = config.train
-        resume_from = ckpt.resolve_checkpoint(self.run_dir, prefer="last") if resume else None
+    def _starting_point(self, config: RunConfig, resume: bool) -> tuple[Path | None, Pretrained | None]:
+        """The checkpoint a resumed run continues from, or the pretrained model a new one starts from
+        (``train.init_from``; its shape replaces ``config.model``'s), or neither."""
+        resume_from = resolve_checkpoint(self.run_dir, prefer="last") if resume else None
         if resume_from:
-            _check_resumable(ckpt.read_run_config(resume_from), config)
-        # Fine-tuning: the pretrained model's shape and tokenizer (a resumed run has its own weights).
-        pretrained = read_pretrained(t.init_from) if t.init_from and not resume_from else None
+            _check_resumable(read_run_config(resume_from), config)
+            return resume_from, None
+        pretrained = read_pretrained(config.train.init_from) if config.train.init_from else None
         if pretrained:
             config.model = pretrained.shape_for(config.model)
-        self._prepare_run_dir(replace=not resume, overwrite=overwrite)
-        torch.manual_seed(t.seed)  # the same initial weights in every process
-        tokenizer = ckpt.read_tokenizer(resume_from, config) if resume_from else None
+        return None, pretrained
+
+    def _prepared_task(
+        self, config: RunConfig, resume_from: Path | None, pretrained: Pretrained | None
+    ) -> Task:
+        """The run's task, its data prepared, with the tokenizer of the run resumed or the model
+        fine-tuned (None: the task learns one)."""
+        tokenizer = read_tokenizer(resume_from, config) if resume_from else None
         if pretrained:
             tokenizer = pretrained.tokenizer
         # One process prepares the data first (a token store is built once: data/store.py) and the
         # others then find what it left, instead of all building the same store at the same time.
-        self.task = self.world.in_turns(lambda: self.make_task(config, tokenizer, self._say))
-        self.tokenizer = self.task.tokenizer
-        self.model = ckpt.build_for_tokenizer(config, self.tokenizer)
+        return self.world.in_turns(lambda: self.make_task(config, tokenizer, self._say))
+
+    def _placed_model(self, config: RunConfig, resume_from: Path | None, pretrained: Pretrained | None):
+        """The model with its starting weights, frozen parts frozen, on the device: sharded over the
+        processes (``train.parallel=fsdp``), or whole with the CPU fast path."""
+        model = build_for_tokenizer(config, self.tokenizer)
         if pretrained:
-            pretrained.load_into(self.model, self._say)
+            pretrained.load_into(model, self._say)
         if resume_from:  # whole weights, before FSDP shards them (any format, any number of processes)
-            ckpt.load_model_weights(self.model, resume_from)
-        if t.freeze:
-            self._say(f"frozen: {freeze(self.model, t.freeze):,} parameters ({', '.join(t.freeze)})")
-        self.sharded = t.parallel == "fsdp" and self.world.size > 1  # else one process holds it all
+            load_model_weights(model, resume_from)
+        frozen = config.train.freeze
+        if frozen:
+            self._say(f"frozen: {freeze(model, frozen):,} parameters ({', '.join(frozen)})")
         if self.sharded:  # moves each layer's shards to the device: the whole model never is on it
-            fully_shard_model(self.model, self.world, self.device, self.autocast_dtype)
+            fully_shard_model(model, self.world, self.device, self.autocast_dtype)
         else:
-            self.model.to(self.device)
-            speed_up(self.model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
-        torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
-        self.optimizer = make_optimizer(self.model, t, self.device)
-        rate = learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model,
-                                t.decay_steps or t.max_steps, t.min_lr)  # fmt: skip
-        self.scheduler = make_scheduler(self.optimizer, rate)
-        self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
-        self.best, self.bad_evals, self.history, self.scores = None, 0, [], {}
-        if resume_from:
-            self._restore(resume_from)
-        self.grad_norm: float | None = None  # the last step's, when it was measured (_train_step)
-        self.board = None  # TensorBoard's events (train.log), opened by fit() in the process that saves
-        self.ddp = (
-            DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
-            if self.world.size > 1 and not self.sharded
-            else self.model
+            model.to(self.device)
+            speed_up(model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
+        return model
+
+    def _data_parallel(self) -> torch.nn.Module:
+        """The model wrapped in DDP when several processes each hold it whole; the model itself when
+        one process trains or FSDP shards it."""
+        if self.world.size == 1 or self.sharded:
+            return self.model
+        return DistributedDataParallel(
+            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
 
     def _let_go(self) -> None:
-        """Release the run directory (:func:`checkpoint.lock_run`) for the next run."""
+        """Release the run directory (:func:`attnkit.checkpoint.run_dir.lock_run`) for the next run."""
         if self.lock is not None:
             self.lock.close()
             self.lock = None
@@ -262,7 +288,7 @@ class Trainer:
     def _prepare_run_dir(self, replace: bool, overwrite: bool) -> None:
         """A new run needs a directory without an earlier run (or deletes it, with ``overwrite``); any
         run needs one it can write to, which is checked now rather than at the first checkpoint."""
-        earlier = ckpt.earlier_run(self.run_dir) if replace else []
+        earlier = earlier_run(self.run_dir) if replace else []
         if earlier and not overwrite:
             names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")
             raise AttnkitError(
@@ -272,7 +298,7 @@ class Trainer:
         if not self.world.is_main:
             return
         if earlier:
-            ckpt.clear_run(self.run_dir)
+            clear_run(self.run_dir)
             self._say(f"overwrite: deleted the earlier run in {self.run_dir} ({len(earlier)} entries)")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -296,8 +322,10 @@ class Trainer:
                    dynamic_ncols=True, leave=False)  # fmt: skip
         self.window = _new_window()
         if self._finished():
-            self._say(f"nothing to train: the run is at step {self.step} (epoch {self.epoch}), where its "
-                      "limits end it; raise train.max_steps, max_epochs or max_minutes to go on")  # fmt: skip
+            self._say(
+                f"nothing to train: the run is at step {self.step} (epoch {self.epoch}), where its "
+                "limits end it; raise train.max_steps, max_epochs or max_minutes to go on"
+            )
         if "tensorboard" in t.log and self.world.is_main:
             self.board = TensorBoardLog(self.run_dir / "tensorboard", first_step=self.step + 1)
         try:
@@ -361,8 +389,10 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", per_s=f"{speed:,.0f}")
         elif due:
             norm = f", gradient norm {self.grad_norm:.3g}" if self.grad_norm is not None else ""
-            self._say(f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}{norm}, {speed:,.0f} {self.task.unit}/s"
-                      + self._time_left())  # fmt: skip
+            self._say(
+                f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}{norm}, {speed:,.0f} {self.task.unit}/s"
+                + self._time_left()
+            )
 
     def _logs(self, step: int) -> bool:
         """Whether step ``step`` is one that ``train.log_every`` reports."""
@@ -464,48 +494,34 @@ class Trainer:
             self.board.add(self.step, {**{f"valid/{k.removeprefix('valid_')}": v for k, v in scores.items()},
                                        **memory_used(self.device)})  # fmt: skip
         shown = ", ".join(f"{name.removeprefix('valid_')} {value:.4g}" for name, value in scores.items())
-        self._say(f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid {shown}"
-                  + ("  (best)" if is_best else ""))  # fmt: skip
-        rng = self.world.all_gather(ckpt.rng_state())  # every process's, so each resumes its own stream
+        self._say(
+            f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid {shown}"
+            + ("  (best)" if is_best else "")
+        )
+        rng = self.world.all_gather(rng_state())  # every process's, so each resumes its own stream
         self._save(is_best, rng)
         if self.world.is_main:
             self._write_log()
         self.window = _new_window()  # started after validation and saving: they are not training time
 
     def _save(self, is_best: bool, rng: list) -> None:
-        """Write a checkpoint: the first process writes it, after every process has written its shards
-        of the model and the optimizer there (a sharded run)."""
-        temporary = self._write_shards() if self.sharded else None
-        if not self.world.is_main:
+        """Write a checkpoint: the first process writes it (in a sharded run, after every process has
+        written its shards of the model and the optimizer there)."""
+        if not (self.world.is_main or self.sharded):
             return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position, "elapsed": self.elapsed,
                  "best": self.best, "bad_evals": self.bad_evals, "history": self.history,
                  "scheduler": self.scheduler.state_dict()}  # fmt: skip
-        ckpt.save_checkpoint(
+        save_checkpoint(
             self.run_dir, self.step, model=self.model, config=self.config.to_dict(),
             tokenizer_json=self.tokenizer and self.tokenizer.to_str(), optimizer=self.optimizer,
             trainer_state=state, rng=rng, is_best=is_best, keep_last=self.config.train.keep_last,
-            command=self.command, temporary=temporary,
+            command=self.command, shard_over=self.world if self.sharded else None,
         )  # fmt: skip
-
-    def _write_shards(self) -> Path:
-        """Every process writes its shards into the first process's new checkpoint folder (it must be
-        on a file system that all machines share); returns that folder."""
-        final = ckpt.checkpoint_folder(self.run_dir, self.step)
-        temporary = Path(self.world.all_gather(str(new_temporary(final)) if self.world.is_main else "")[0])
-        parts = {
-            "model": without_ties(self.model.state_dict()),
-            "optimizer": ckpt.optimizer_tensors(self.optimizer),
-        }
-        write_shards(temporary, parts)
-        self.world.barrier()
-        if self.world.is_main:
-            seal(temporary)
-        return temporary
 
     def _restore(self, checkpoint: Path) -> None:
         """The training state of ``checkpoint`` (its weights are loaded before the model is sharded)."""
-        state = ckpt.load_trainer_state(checkpoint, self.optimizer, self.world.rank)
+        state = load_trainer_state(checkpoint, self.optimizer, self.world.rank)
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.elapsed, self.best, self.bad_evals = state["elapsed"], state["best"], state["bad_evals"]
         self.history = state["history"]
@@ -514,8 +530,10 @@ class Trainer:
             f"resumed from {checkpoint} at step {self.step} (epoch {self.epoch}, batch {self.position})"
         )
         if state["world_size"] != self.world.size:
-            self._say(f"note: saved by {state['world_size']} process(es) and resumed with {self.world.size}: "
-                      "training continues, but not bit for bit as the uninterrupted run would")  # fmt: skip
+            self._say(
+                f"note: saved by {state['world_size']} process(es) and resumed with {self.world.size}: "
+                "training continues, but not bit for bit as the uninterrupted run would"
+            )
 
     def _write_log(self) -> None:
         """metrics.csv, rewritten whole from the history (so a resumed run has no stale rows): the

@@ -65,8 +65,9 @@ class Pretrained:
         shape = {name: getattr(self.config, name) for name in kept}  # pad_id comes from the tokenizer
         self._refuse_overrides(run_model, shape, f"train.init_from={self.source!r} has",
                                ": a fine-tuned model keeps the pretrained shape")  # fmt: skip
-        return dataclasses.replace(self.config, **{name: getattr(run_model, name) for name in RUN_FIELDS
-                                                    if hasattr(run_model, name)})  # fmt: skip
+        return dataclasses.replace(
+            self.config, **{name: getattr(run_model, name) for name in RUN_FIELDS if hasattr(run_model, name)}
+        )
 
     def _warm_starts_encoder(self, run_model: object) -> bool:
         return isinstance(self.config, EncoderModelConfig) and isinstance(run_model, TransformerConfig)
@@ -134,8 +135,8 @@ class Pretrained:
 def read_pretrained(path: str | Path) -> Pretrained:
     """The model at ``path``: an HF model folder (its ``config.json`` has a ``model_type``) through
     :func:`attnkit.convert.from_hf`, otherwise an attnkit checkpoint or run directory."""
-    from attnkit.checkpoint import load_for_inference
     from attnkit.convert import from_hf
+    from attnkit.loading import load_for_inference
 
     folder = Path(path)
     if not folder.exists():

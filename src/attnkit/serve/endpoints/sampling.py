@@ -54,8 +54,10 @@ async def prepared(server: ServerState, prompts: list[str], seed: int | None, **
             raise RequestError(422, "invalid_request", f"prompt {i}: empty; give at least one character")
     server.check_lengths(tokens, model.context - 1, "inputs")  # one position left to continue
     if seed is not None and sampling.temperature > 0 and not model.seeds_per_request:
-        message = (f"seed: {model.engine} draws from one generator, seeded when the model loaded "
-                   f"(decode.seed {model.decode.seed}); per-request seeds need --engine attnkit")  # fmt: skip
+        message = (
+            f"seed: {model.engine} draws from one generator, seeded when the model loaded "
+            f"(decode.seed {model.decode.seed}); per-request seeds need --engine attnkit"
+        )
         raise RequestError(422, "invalid_request", message)
     return Prepared(model, sampling, tokens, model.decode.seed if seed is None else seed)
 

@@ -27,7 +27,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from attnkit.checkpoint.optimizer import optimizer_tensors
 from attnkit.errors import AttnkitError
+from attnkit.folders import new_temporary
+from attnkit.processes import World
 
 # torch.distributed.checkpoint is imported where it is used: it costs 0.6 s, which every command that
 # loads a one-file checkpoint would pay
@@ -58,6 +61,23 @@ def without_ties(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             seen.add(where)
             kept[name] = tensor
     return kept
+
+
+def write_sharded(
+    final: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World
+) -> Path:
+    """Every process writes its shards of ``model`` and ``optimizer`` into a new temporary folder of the
+    first process, which is to become checkpoint folder ``final`` (it must be on a file system that all
+    machines share); returns that folder (``folder.save_checkpoint`` then completes it). Collective: every
+    process calls it."""
+    temporary = Path(world.all_gather(str(new_temporary(final)) if world.is_main else "")[0])
+    write_shards(
+        temporary, {"model": without_ties(model.state_dict()), "optimizer": optimizer_tensors(optimizer)}
+    )
+    world.barrier()
+    if world.is_main:
+        seal(temporary)
+    return temporary
 
 
 def write_shards(folder: Path, parts: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -146,16 +166,3 @@ def read_whole(folder: Path, part: str, like: Callable[[str], torch.Tensor | Non
     except (SafetensorError, OSError, KeyError, ValueError, RuntimeError, CheckpointException) as error:
         raise AttnkitError(f"{where}: corrupt sharded checkpoint ({error})") from None
     return tensors
-
-
-def shard_like(value: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
-    """``value``, a whole tensor of the optimizer's state for ``parameter``, as ``parameter`` is held:
-    this process's slice of it where FSDP shards the parameter (a DTensor), else as it is."""
-    sharded = hasattr(parameter, "device_mesh") and not hasattr(value, "device_mesh")
-    if not sharded or value.shape != parameter.shape:
-        return value
-    from torch.distributed.tensor import distribute_tensor
-
-    # every process has the whole tensor: each keeps its slice, nothing is sent (src_data_rank=None)
-    return distribute_tensor(value.to(parameter.device), parameter.device_mesh, parameter.placements,
-                             src_data_rank=None)  # fmt: skip

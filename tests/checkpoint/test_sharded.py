@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from attnkit.checkpoint import holds_weights, read_weights
+from attnkit.checkpoint.folder import holds_weights, read_weights
+from attnkit.checkpoint.sharded import SHARDED, read_whole, seal, without_ties, write_shards
 from attnkit.errors import AttnkitError
-from attnkit.sharded import SHARDED, read_whole, seal, without_ties, write_shards
 
 
 @pytest.fixture

@@ -11,13 +11,22 @@ import torch
 from safetensors.torch import load_file
 
 from attnkit import build_transformer
-from attnkit import checkpoint as ckpt
+from attnkit.checkpoint import folder
+from attnkit.checkpoint.average import average_checkpoints
+from attnkit.checkpoint.folder import (
+    list_checkpoints,
+    load_model_weights,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from attnkit.checkpoint.trainer_state import load_trainer_state
 from attnkit.errors import AttnkitError
+from attnkit.loading import load_for_inference
 
 
 def _save(run, step, model, optimizer=None, **kw):
     state = {"step": step} if optimizer is not None else None
-    return ckpt.save_checkpoint(run, step, model=model, config={"note": "test"}, tokenizer_json="{}",
+    return save_checkpoint(run, step, model=model, config={"note": "test"}, tokenizer_json="{}",
                                 optimizer=optimizer, trainer_state=state, **kw)  # fmt: skip
 
 
@@ -31,12 +40,12 @@ def test_weights_optimizer_and_rng_round_trip_and_tied_weights_stay_tied(tmp_pat
     expected_random = torch.rand(3)  # drawn after the RNG state was saved
 
     loaded = build_transformer("tiny", 20)
-    ckpt.load_model_weights(loaded, path)
+    load_model_weights(loaded, path)
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert loaded.generator.proj.weight is loaded.src_embed.lut.weight
     new_optimizer = torch.optim.Adam(loaded.parameters(), lr=1e-3)
-    meta = ckpt.load_trainer_state(path, new_optimizer)
+    meta = load_trainer_state(path, new_optimizer)
     assert meta["step"] == 7
     assert torch.equal(torch.rand(3), expected_random)
     old_state, new_state = optimizer.state_dict()["state"], new_optimizer.state_dict()["state"]
@@ -51,12 +60,12 @@ def test_pointers_name_complete_checkpoints_and_pruning_keeps_the_best(tmp_path)
     _save(tmp_path, 1, model, is_best=True, keep_last=2)
     for step in (2, 3, 4):
         _save(tmp_path, step, model, keep_last=2)
-    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["step-0000001", "step-0000003", "step-0000004"]
-    assert ckpt.resolve_checkpoint(tmp_path, "best").name == "step-0000001"
-    assert ckpt.resolve_checkpoint(tmp_path, "last").name == "step-0000004"
+    assert resolve_checkpoint(tmp_path, "best").name == "step-0000001"
+    assert resolve_checkpoint(tmp_path, "last").name == "step-0000004"
     with pytest.raises(AttnkitError, match="no checkpoint here"):
-        ckpt.resolve_checkpoint(tmp_path / "elsewhere")
+        resolve_checkpoint(tmp_path / "elsewhere")
 
 
 def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_intact(tmp_path):
@@ -66,16 +75,18 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_intact(tmp
     script = textwrap.dedent(f"""
         import os
         from attnkit import build_transformer
-        from attnkit import checkpoint as ckpt
+        import shutil
+        from attnkit.checkpoint.average import average_checkpoints
+        from attnkit.checkpoint.folder import save_checkpoint
         def die_mid_save(src, dst):  # the files are written; the process dies before the rename
             os._exit(9)
-        ckpt.os.replace = die_mid_save
+        os.replace = die_mid_save
         run = __import__("pathlib").Path({str(tmp_path)!r})
-        ckpt.save_checkpoint(run, 2, model=build_transformer("tiny", 20), config={{}}, tokenizer_json="{{}}")
+        save_checkpoint(run, 2, model=build_transformer("tiny", 20), config={{}}, tokenizer_json="{{}}")
     """)
     result = subprocess.run([sys.executable, "-c", script], check=False)
     assert result.returncode == 9
-    assert ckpt.resolve_checkpoint(tmp_path, "last").name == "step-0000001"
+    assert resolve_checkpoint(tmp_path, "last").name == "step-0000001"
     after = load_file(str(tmp_path / "step-0000001" / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not (tmp_path / "step-0000002").exists()
@@ -89,7 +100,7 @@ def test_a_failed_save_cleans_up_and_raises(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "save_model", broken)
+    monkeypatch.setattr(folder, "save_model", broken)
     with pytest.raises(AttnkitError, match=r"step-0000002: cannot write there \(disk full\)"):
         _save(tmp_path, 2, model)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".step")] == []
@@ -100,9 +111,9 @@ def test_averaging_gives_the_element_wise_mean(tmp_path):
     torch.manual_seed(0)
     models = [build_transformer("tiny", 20) for _ in range(3)]
     paths = [_save(tmp_path, i + 1, m, keep_last=5) for i, m in enumerate(models)]
-    out = ckpt.average_checkpoints(paths, tmp_path / "avg")
+    out = average_checkpoints(paths, tmp_path / "avg")
     averaged = build_transformer("tiny", 20)
-    ckpt.load_model_weights(averaged, out)
+    load_model_weights(averaged, out)
     expected = torch.stack([m.encoder.layers[0].feed_forward.w_1.weight for m in models]).mean(0)
     torch.testing.assert_close(averaged.encoder.layers[0].feed_forward.w_1.weight, expected)
     assert json.loads((out / "config.json").read_text(encoding="utf-8")) == {"note": "test"}
@@ -113,7 +124,7 @@ def test_checkpoints_get_the_users_usual_permissions_not_tempfiles_private_ones(
     old_mask = os.umask(0o022)
     try:
         path = _save(tmp_path, 1, build_transformer("tiny", 20))
-        averaged = ckpt.average_checkpoints([path], tmp_path / "avg")
+        averaged = average_checkpoints([path], tmp_path / "avg")
     finally:
         os.umask(old_mask)
     assert path.stat().st_mode & 0o777 == 0o755
@@ -127,7 +138,9 @@ def _replace_in_a_process_that_dies(tmp_path, kill_at: str, average: bool = Fals
     script = textwrap.dedent(f"""
         import os, pathlib, torch
         from attnkit import build_transformer
-        from attnkit import checkpoint as ckpt
+        import shutil
+        from attnkit.checkpoint.average import average_checkpoints
+        from attnkit.checkpoint.folder import save_checkpoint
         run = pathlib.Path({str(tmp_path)!r})
         renames = []
         real_replace = os.replace
@@ -139,18 +152,18 @@ def _replace_in_a_process_that_dies(tmp_path, kill_at: str, average: bool = Fals
         def rmtree(path, ignore_errors=False):
             os._exit(9)
         def die_in_the_replacement():
-            ckpt.os.replace = replace
+            os.replace = replace
             if {kill_at!r} == "before delete":
-                ckpt.shutil.rmtree = rmtree
+                shutil.rmtree = rmtree
         torch.manual_seed(1)
         model = build_transformer("tiny", 20)
         if {average!r}:
-            path = ckpt.save_checkpoint(run, 2, model=model, config={{}}, tokenizer_json="{{}}", keep_last=9)
+            path = save_checkpoint(run, 2, model=model, config={{}}, tokenizer_json="{{}}", keep_last=9)
             die_in_the_replacement()
-            ckpt.average_checkpoints([path], run / "avg")
+            average_checkpoints([path], run / "avg")
         else:
             die_in_the_replacement()
-            ckpt.save_checkpoint(run, 1, model=model, config={{}}, tokenizer_json="{{}}")
+            save_checkpoint(run, 1, model=model, config={{}}, tokenizer_json="{{}}")
     """)
     return subprocess.run([sys.executable, "-c", script], check=False).returncode
 
@@ -160,13 +173,11 @@ def test_a_process_killed_between_the_renames_of_a_replacement_leaves_the_old_co
     torch.manual_seed(0)
     model = build_transformer("tiny", 20)
     first = _save(tmp_path, 1, model)
-    target = ckpt.average_checkpoints([first], tmp_path / "avg") if average else first
+    target = average_checkpoints([first], tmp_path / "avg") if average else first
     before = load_file(str(target / "model.safetensors"))
     assert _replace_in_a_process_that_dies(tmp_path, "between renames", average) == 9
     assert not target.exists()  # the kill came after the old copy was renamed aside ...
-    found = (
-        ckpt.resolve_checkpoint(tmp_path / "avg") if average else ckpt.resolve_checkpoint(tmp_path, "last")
-    )
+    found = resolve_checkpoint(tmp_path / "avg") if average else resolve_checkpoint(tmp_path, "last")
     assert found == target  # ... and the next reader puts it back
     after = load_file(str(found / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -180,7 +191,7 @@ def test_a_process_killed_after_the_swap_leaves_the_new_copy_and_the_old_is_clea
     torch.manual_seed(1)
     expected = build_transformer("tiny", 20).state_dict()
     assert (tmp_path / ".step-0000001.replaced").is_dir()
-    found = ckpt.list_checkpoints(tmp_path)
+    found = list_checkpoints(tmp_path)
     assert [p.name for p in found] == ["step-0000001"]
     weights = load_file(str(found[0] / "model.safetensors"))
     assert torch.equal(weights["encoder.layers.0.feed_forward.w_1.weight"],
@@ -205,14 +216,14 @@ def dates_run(tmp_path_factory):
 def test_one_loader_applies_int8_and_decode_overrides_for_every_command_and_the_server(dates_run):
     """What the CLI and the server load a model with: decode settings changed and checked, and int8 linear
     maps in place of packed ones (CPU only)."""
-    model, _, config = ckpt.load_for_inference(dates_run, int8=True, overrides=["decode.beam_size=2"])
+    model, _, config = load_for_inference(dates_run, int8=True, overrides=["decode.beam_size=2"])
     assert config.decode.beam_size == 2
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.int8_weight is not None and m.packed_weight is None for m in linears)
-    packed, _, plain = ckpt.load_for_inference(dates_run)
+    packed, _, plain = load_for_inference(dates_run)
     assert plain.decode.beam_size == 4
     assert all(m.int8_weight is None for m in packed.modules() if isinstance(m, torch.nn.Linear))
     with pytest.raises(AttnkitError, match=r"decode\.beam_size must be >= 1"):
-        ckpt.load_for_inference(dates_run, overrides=["decode.beam_size=0"])
+        load_for_inference(dates_run, overrides=["decode.beam_size=0"])
     with pytest.raises(AttnkitError, match=r"--int8 is for CPUs; this would decode on cuda"):
-        ckpt.load_for_inference(dates_run, "cuda", int8=True)
+        load_for_inference(dates_run, "cuda", int8=True)

@@ -1,4 +1,4 @@
-"""Batches decoded side by side (cpu/streams.py): in order, each stream on its share of the threads,
+"""Batches decoded side by side (decode/streams.py): in order, each stream on its share of the threads,
 torch's thread count as before afterwards, and the same translations as one batch at a time."""
 
 import dataclasses
@@ -9,9 +9,9 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.config import DecodeConfig
-from attnkit.cpu.streams import fill_by_batch, in_streams, stream_count
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.streams import fill_by_batch, in_streams, stream_count
 from attnkit.decode.translate import translate
 from attnkit.errors import ConfigError
 

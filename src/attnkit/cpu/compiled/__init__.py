@@ -1,0 +1,33 @@
+"""A translation model's decoding step compiled ahead of time, for CPU translation (``decode.compile``).
+
+Why: one step of a search (``Seq2SeqDecoding.next_logits``) is about a hundred small PyTorch operations
+between a few matrix products, each issued from Python. Traced once and compiled, the step becomes one
+function of C++ loops around oneDNN's products, with the weights packed at compile time and the
+residual sums, layer norms and attention scaling fused: beam 5 over Multi30k's test set takes less
+time, with the same outputs (``bench/translate_speed.py --compile``; the figures are in
+docs/benchmarks.md).
+
+How, one module a step:
+
+- ``trace.py``: ``torch.export`` traces the model's own :meth:`EncoderDecoder.decode` with a KV cache
+  rebuilt from tensors, so there is no second copy of the decoder to keep in step with the first; the
+  cached length, the rows and the source length are symbols, so one compiled step serves every batch.
+- ``build.py``: AOTInductor compiles the trace (with frozen weights) into a shared library, once per
+  model and beam width: about 20 s.
+- ``cache.py``: the library is kept in ``$XDG_CACHE_HOME/attnkit/steps`` under a key of the weights,
+  the model's settings, the torch version and the processor's instruction sets, so that later runs load
+  it in a moment. The cache is bounded: steps unused for 30 days go, and beyond 2 GiB the least
+  recently used; ``attnkit cache clear`` empties it.
+- ``library.py``: the library is called through ``ctypes``, which lets go of Python's lock for the whole
+  step; PyTorch's own loader keeps it, which would let only one of the decoding streams run at a time.
+  Its container holds one copy of the step per stream.
+- ``steps.py``: :func:`~attnkit.cpu.compiled.steps.compiled_step`, the step of a model, built or loaded
+  once per process and weights; where compiling fails (no C++ compiler, say), it says so once and
+  translation goes on without it.
+
+The search takes the step through ``attnkit.decode.compiled``, the model's own decoding with its
+``next_logits`` swapped: the model knows nothing of it. Only the steps after the first, one new token
+per row, take the compiled path; the first (which also computes the cross-attention's keys) stays
+eager, as do models the trace cannot express (the copy mechanism, another device or dtype:
+:func:`~attnkit.cpu.compiled.build.compilable`).
+"""

@@ -1,0 +1,46 @@
+"""The traced step compiled by AOTInductor into a package holding a shared library (about 20 s)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from attnkit.cpu.compiled.trace import CachedStep, example
+
+if TYPE_CHECKING:
+    from attnkit.models.seq2seq import EncoderDecoder
+
+
+def compilable(model: nn.Module) -> bool:
+    """Whether the step of ``model`` can be compiled: a Transformer encoder-decoder on the CPU in
+    float32, without the copy mechanism (its extra inputs are not traced)."""
+    from attnkit.models.seq2seq import EncoderDecoder
+
+    weight = next(model.parameters())
+    return (
+        isinstance(model, EncoderDecoder)
+        and model.pointer is None
+        and weight.is_cpu
+        and weight.dtype == torch.float32
+        and hasattr(torch._C, "_aoti")
+    )
+
+
+def build(model: EncoderDecoder, beams: int, package: Path) -> None:
+    """Export and compile the step into the AOTInductor package ``package`` (written atomically)."""
+    import torch._inductor.config as inductor
+
+    inputs, shapes = example(model, beams)
+    with torch.no_grad():
+        program = torch.export.export(CachedStep(model).eval(), inputs, dynamic_shapes=shapes)
+        package.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=package.parent) as work:
+            written = Path(work) / package.name
+            with inductor.patch(freezing=True):  # weights as constants: packed once, for oneDNN
+                torch._inductor.aoti_compile_and_package(program, package_path=str(written))
+            os.replace(written, package)

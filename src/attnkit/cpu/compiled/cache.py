@@ -1,0 +1,94 @@
+"""Where compiled steps are kept between runs, under a key of everything the step depends on, and the
+bound on how much they take: steps unused for :data:`MAX_CACHE_DAYS` go, and beyond
+:data:`MAX_CACHE_BYTES` the least recently used."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+import attnkit
+
+if TYPE_CHECKING:
+    from attnkit.models.seq2seq import EncoderDecoder
+
+MAX_CACHE_BYTES = 2 * 2**30  # beyond this the least recently used steps go (each is 1-50 MB)
+MAX_CACHE_DAYS = 30  # a step unused for this long goes
+
+
+def cpu_capabilities() -> str:
+    """The processor the step is compiled for: its architecture, the vector instructions torch uses
+    on it, and every instruction-set flag the system reports (Linux: ``/proc/cpuinfo``). Code built for
+    a processor with AVX-512 crashes on one without, so a cache folder shared by machines (a home
+    folder on a cluster's file system) must keep their steps apart."""
+    flags = ""
+    with contextlib.suppress(OSError):
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        flags = next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "")
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{platform.machine()} {platform.processor()} {capability} {' '.join(sorted(flags.split()))}"
+
+
+def cache_key(model: EncoderDecoder, beams: int) -> str:
+    """What the compiled step depends on: the weights, the model's settings, the beam width, torch's
+    and attnkit's versions, and the processor it runs on."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    settings = {"config": repr(model.config), "beams": beams, "torch": torch.__version__,
+                "attnkit": attnkit.__version__, "cpu": cpu_capabilities()}  # fmt: skip
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    return digest.hexdigest()[:32]
+
+
+def cache_folder() -> Path:
+    """Where compiled steps are kept: ``$XDG_CACHE_HOME/attnkit/steps`` (``~/.cache/attnkit/steps``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit" / "steps"
+
+
+def cached_steps(folder: Path | None = None) -> list[tuple[Path, int, float]]:
+    """Each step in the cache: ``(package, bytes with its unpacked library, last used)``, least recently
+    used first (a step's package is touched each time it is loaded)."""
+    folder = folder or cache_folder()
+    steps = []
+    for package in folder.glob("*.pt2") if folder.is_dir() else []:
+        unpacked = package.with_suffix(".unpacked")
+        files = [package, *(unpacked.rglob("*") if unpacked.is_dir() else [])]
+        with contextlib.suppress(OSError):  # another process pruned it meanwhile
+            size = sum(f.stat().st_size for f in files if f.is_file())
+            steps.append((package, size, package.stat().st_mtime))
+    return sorted(steps, key=lambda step: step[2])
+
+
+def remove_step(package: Path) -> None:
+    """Delete a cached step: its package and its unpacked library (a process still running it keeps its
+    copy, which the system frees when the process lets go)."""
+    package.unlink(missing_ok=True)
+    shutil.rmtree(package.with_suffix(".unpacked"), ignore_errors=True)
+
+
+def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Delete the steps unused for :data:`MAX_CACHE_DAYS` days, then the least recently used until the
+    cache holds at most :data:`MAX_CACHE_BYTES` (never ``keep``, the step in hand); returns the deleted."""
+    now = time.time() if now is None else now
+    steps = cached_steps()
+    total = sum(size for _, size, _ in steps)
+    removed = []
+    for package, size, used in steps:
+        if package == keep:
+            continue
+        if now - used > MAX_CACHE_DAYS * 86400 or total > MAX_CACHE_BYTES:
+            remove_step(package)
+            removed.append(package)
+            total -= size
+    return removed
