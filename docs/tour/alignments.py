@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import load_run_config
 from attnkit.data.batching import make_batch
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 from attnkit.metrics import exact_match
 from attnkit.tasks.translation import read_split
 from attnkit.train.loop import Trainer

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.checkpoint import load_for_inference
 from attnkit.config import load_run_config
 from attnkit.data.cluttered_digits import DIGIT, cluttered_digits
+from attnkit.loading import load_for_inference
 from attnkit.models.glimpse import GlimpseConfig, retina
 from attnkit.tasks.image_classification import accuracy, image_batch, split_canvases
 from attnkit.train.loop import Trainer

@@ -26,9 +26,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import RunConfig
 from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
 from attnkit.metrics import exact_match
 from attnkit.quickstart import RECIPE
 from attnkit.tasks.translation import read_split

@@ -24,10 +24,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import load_run_config
 from attnkit.data.batching import encoder_input
 from attnkit.data.synthetic import ANIMALS, PLACES, VERBS, slot_sentences
+from attnkit.loading import load_for_inference
 from attnkit.tasks.masked_lm import MaskedLMTask, mask_tokens
 from attnkit.train.loop import Trainer
 

@@ -26,11 +26,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from attnkit.checkpoint import load_for_inference, resolve_checkpoint
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import load_run_config
 from attnkit.data.synthetic import PLACES, slot_sentences
 from attnkit.decode.generate import generate
 from attnkit.decode.search import restrict
+from attnkit.loading import load_for_inference
 from attnkit.train.loop import Trainer
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
