@@ -6,9 +6,12 @@ embedding, positions and tied output layer (attnkit computes the
 loss as its training does, fused with the output layer: ``generative_loss``; the peer is
 ``forward.TorchTransformerPeer``), and the same dropout at the same places on both sides
 (``forward.like_for_like``). Prints target tokens/s of each and ``ours/torch_transformer tok/s`` (above
-1.0 = ours trains faster). ``--compile`` applies ``torch.compile`` to both.
+1.0 = ours trains faster). ``--compile`` applies ``torch.compile`` to both. ``--precision bf16`` trains
+both as ``attnkit train`` does with ``train.precision=bf16``: float32 weights and optimizer, the steps
+under bf16 autocast (``--dtype bfloat16`` instead casts the models' weights).
 
-Run: ``python bench/train_speed.py [--preset small] [--batch 32x32]`` (``--device cuda`` on a GPU).
+Run: ``python bench/train_speed.py [--preset small] [--batch 32x32] [--precision bf16]`` (``--device
+cuda`` on a GPU).
 """
 
 from __future__ import annotations
@@ -41,13 +44,15 @@ def main() -> None:
     parser.add_argument("--batch", default="32x32", help="sentences x longest length")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast")
     args = parser.parse_args()
+    autocast = torch.autocast(args.device.split(":")[0], torch.bfloat16, enabled=args.precision == "bf16")
     dtype = resolve_dtype(args)
     config = like_for_like(args.preset, args.dropout)
     print(
         setup(args),
         f"preset {args.preset}, vocab {args.vocab}, batch {args.batch}, {describe_dropout(config)},",
-        "fused Adam",
+        f"fused Adam, precision {args.precision}{' (autocast)' if args.precision == 'bf16' else ''}",
     )
     torch.manual_seed(0)
     models = {"ours": build_transformer(config, args.vocab), "peer": TorchTransformerPeer(config, args.vocab)}
@@ -63,13 +68,14 @@ def main() -> None:
 
         def step(forward=forward, optimizer=optimizer, name=name):
             optimizer.zero_grad(set_to_none=True)
-            if name == "ours":  # as attnkit trains: the output layer and the loss fused
-                loss, _ = generative_loss(
-                    forward, (batch.src, batch.tgt_in), batch.tgt_out, 0.1, SPECIALS.pad
-                )
-            else:
-                logits = forward(batch.src, batch.tgt_in)
-                loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1, SPECIALS.pad)
+            with autocast:
+                if name == "ours":  # as attnkit trains: the output layer and the loss fused
+                    loss, _ = generative_loss(
+                        forward, (batch.src, batch.tgt_in), batch.tgt_out, 0.1, SPECIALS.pad
+                    )
+                else:
+                    logits = forward(batch.src, batch.tgt_in)
+                    loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1, SPECIALS.pad)
             (loss / batch.n_tokens).backward()
             optimizer.step()
 

@@ -198,3 +198,46 @@ def test_encoders_in_several_threads_each_pack_their_own_batch():
         assert len(results[i]) == 20
         for out in results[i]:
             torch.testing.assert_close(out, alone[i])
+
+
+def _fused_kernel_dtypes(monkeypatch) -> list[torch.dtype]:
+    """The dtypes torch's fused attention kernel is called with, from here on."""
+    seen, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, *args, **kwargs):
+        seen.append(q.dtype)
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["fused kernel", "dropout on the weights"])
+def test_under_bf16_autocast_training_runs_the_fused_attention_kernel_in_float32(monkeypatch, dropout):
+    """The fused kernel's CPU backward is several times slower in bf16 than in float32, so the CPU fast
+    path trains attention between positions in float32 (the projections stay bf16); the paper's module
+    leaves it to autocast (bf16), and the reference path (dropout on the weights) keeps bf16 too."""
+    torch.manual_seed(0)
+    paper = MultiHeadAttention(64, 4, dropout=dropout).train()
+    fast = MultiHeadAttention(64, 4, dropout=dropout).train()
+    fast.load_state_dict(paper.state_dict())
+    speed_up(fast)
+    assert isinstance(fast, CPUMultiHeadAttention)
+    x = torch.randn(3, 7, 64, requires_grad=True)
+    seen = _fused_kernel_dtypes(monkeypatch)
+    outputs = {}
+    for name, module in (("paper", paper), ("fast", fast)):
+        with torch.autocast("cpu", torch.bfloat16):
+            out, _ = module(x)
+        assert out.dtype == torch.bfloat16  # W^O under autocast, as before
+        outputs[name] = out
+        out.float().sum().backward()
+    if dropout:  # the reference path on both: no fused kernel
+        assert seen == []
+    else:
+        assert seen == [torch.bfloat16, torch.float32]  # the paper's module, then the CPU fast path's
+        torch.testing.assert_close(outputs["fast"], outputs["paper"], atol=0.05, rtol=0.05)
+    seen.clear()
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):  # not training: as autocast says
+        fast.eval()(x)
+    assert seen == [torch.bfloat16]

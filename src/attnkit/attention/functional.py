@@ -66,13 +66,7 @@ def attend(
             f"attention masks are boolean (True = may attend), got dtype {mask.dtype}; convert with "
             "attnkit.attention.masks (e.g. from_hf_attention_mask) instead of passing 0/1 or additive masks"
         )
-    fast = (
-        not need_weights
-        and normaliser == "softmax"
-        and isinstance(score, str)
-        and score in _FAST_SCORE_SCALE
-        and not (dropout_p > 0.0 and q.is_cpu)  # see below
-    )
+    fast = fused(q, score=score, normaliser=normaliser, dropout_p=dropout_p, need_weights=need_weights)
     if fast and causal and mask is None and q.size(-2) == k.size(-2):  # SDPA's is_causal: square only
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=_FAST_SCORE_SCALE[score]
@@ -89,6 +83,19 @@ def attend(
         q, k, v, mask, score=score, normaliser=normaliser, dropout_p=dropout_p, dropout_fn=dropout_fn,
         need_weights=need_weights,
     )  # fmt: skip
+
+
+def fused(q: Tensor, *, score: str | ScoreFn, normaliser: str, dropout_p: float, need_weights: bool) -> bool:
+    """Whether :func:`attend` takes torch's fused kernel (``F.scaled_dot_product_attention``) for these
+    settings, rather than the reference path: softmax of (scaled) dot products, no weights wanted, and on
+    a CPU no dropout on the weights (see :func:`attend`)."""
+    return (
+        not need_weights
+        and normaliser == "softmax"
+        and isinstance(score, str)
+        and score in _FAST_SCORE_SCALE
+        and not (dropout_p > 0.0 and q.is_cpu)
+    )
 
 
 def attend_reference(

@@ -175,18 +175,7 @@ class MultiHeadAttention(nn.Module):
                 return self._merge_heads(out), None
             band = local_window_mask(q.size(-2), k.size(-2), window=self.window, device=q.device)
             mask = band if mask is None else mask & band
-        out, weights = attend(
-            q,
-            k,
-            v,
-            mask,
-            score=self.score,
-            normaliser=self.normaliser,
-            dropout_p=self.dropout if self.training else 0.0,
-            dropout_fn=self.drop_weights,
-            need_weights=weights_wanted,
-            causal=causal,
-        )
+        out, weights = self._attend(q, k, v, mask, need_weights=weights_wanted, causal=causal)
         if recorder is not None:
             recorder.keep(self, weights)
         return self._merge_heads(out), (weights if need_weights else None)
@@ -203,10 +192,23 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             mask = mask[::G]  # (N, 1, T_q or 1, T_k): each group's own
             mask = mask.repeat(1, 1, G, 1) if mask.size(-2) > 1 else mask  # query g·T + t: row t's
-        dropout = self.dropout if self.training else 0.0
-        out, _ = attend(grouped, k, v, mask, score=self.score, normaliser=self.normaliser,
-                        dropout_p=dropout, dropout_fn=self.drop_weights)  # fmt: skip
+        out, _ = self._attend(grouped, k, v, mask)
         return out.view(-1, h, G, T, d_k).transpose(1, 2).reshape(B, h, T, d_k)
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        need_weights: bool = False,
+        causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Every head's attention (eq. 1) with this module's score, normaliser and dropout (during
+        training): ``(B, h, T_q, d_k)`` out, and the weights ``(B, h, T_q, T_k)`` if asked for."""
+        return attend(q, k, v, mask, score=self.score, normaliser=self.normaliser,
+                      dropout_p=self.dropout if self.training else 0.0, dropout_fn=self.drop_weights,
+                      need_weights=need_weights, causal=causal)  # fmt: skip
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         """Concat(head_1..h) W^O: ``(B, h, T_q, d_k) -> (B, T_q, d_model)``."""

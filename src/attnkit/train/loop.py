@@ -45,6 +45,7 @@ from attnkit.processes import close_world, init_world, resolve_device
 from attnkit.tasks import make_task
 from attnkit.tasks.protocol import Task, TaskFactory
 from attnkit.train.distributed import fully_shard_model, shard, whole_root
+from attnkit.train.precision import training_precision
 from attnkit.train.pretrained import Pretrained, read_pretrained
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 from attnkit.train.tensorboard import TensorBoardLog, memory_used, require_tensorboard
@@ -190,13 +191,13 @@ class Trainer:
         self.world = init_world(self.device.type)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.world.local_rank)
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp32": None}.get(
-            t.precision, torch.bfloat16 if self.device.type == "cuda" else None
-        )
+        self.autocast_dtype, precision = training_precision(t.precision, self.device)
+        t.precision = "fp32" if self.autocast_dtype is None else "bf16"  # what config.json records
         # before anything reads or deletes the directory; a --resume of no directory fails below instead
         locks = self.world.is_main and (not resume or self.run_dir.is_dir())
         self.lock = lock_run(self.run_dir) if locks else None
         try:
+            self._say(f"precision: {precision}")
             resume_from, pretrained = self._starting_point(config, resume)
             self._prepare_run_dir(replace=not resume, overwrite=overwrite)
             torch.manual_seed(t.seed)  # the same initial weights in every process
