@@ -174,3 +174,18 @@ def test_hard_attention_can_start_soft():
     shares = [attention.train().prepare(annotations, src, 0).expected for _ in range(3)]
     assert shares[0].all() and shares[1].all() and shares[2] is None  # then expected = 0: all sampled
     assert attention.batches.item() == 3
+
+
+def test_under_bf16_autocast_hard_attention_samples_from_float32_probabilities():
+    """REINFORCE's gradient is ∇ log p(s): bf16's 8-bit mantissa would make it coarse, so the policy's
+    distribution stays float32 under autocast (the annotations and the score's products are bf16), as
+    the softmax of a float32 run, to bf16's rounding of the scores."""
+    torch.manual_seed(0)
+    attention = SourceAttention("general", D_HIDDEN, hard=True).train()
+    src = torch.randint(4, 20, (3, 6))
+    annotations, query = torch.randn(3, 6, D_HIDDEN), torch.randn(3, 1, D_HIDDEN)
+    with torch.autocast("cpu", torch.bfloat16):
+        _, alignment = attention(query, 0, attention.prepare(annotations, src, pad_id=0))
+    assert alignment.weights.dtype == alignment.log_prob.dtype == torch.float32
+    _, exact = attention.eval()(query, 0, attention.prepare(annotations, src, pad_id=0))
+    torch.testing.assert_close(alignment.weights, exact.weights, atol=0.02, rtol=0.05)

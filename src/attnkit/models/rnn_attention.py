@@ -108,6 +108,8 @@ class SourceAttention(nn.Module):
         """The context ``(B, 1, d_hidden)`` for a query ``(B, 1, d_hidden)`` at target step ``t``."""
         _, match = split_score(self.score)
         scores, mask = match(query, source.keys), source.mask  # (B, 1, S) each
+        if self.hard:  # a policy's probabilities in float32 (or 64), also under bf16 autocast: log p is
+            scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # REINFORCE's gradient
         if self.local != "none":
             centre = self.centre(query, t, source.length)  # (B, 1, 1)
             mask = mask & keys_near(centre, scores.size(-1), self.window)
