@@ -3,8 +3,8 @@ them (Intel's AMX tiles, AVX512-BF16, AVX512-VNNI; Arm's BF16 and I8MM), float32
 
 Why it matters: a processor with bf16 matrix units multiplies bf16 matrices several times faster than
 float32 ones, through the same oneDNN kernels torch already ships; one without them emulates bf16 and
-gains nothing (or loses). So ``train.precision: auto`` asks :func:`matrix_units` before it chooses bf16
-on a CPU (a GPU always has them).
+gains nothing (or loses). So training asks :func:`matrix_units` whether bf16 would pay on this CPU
+(``attnkit.train.precision``: the run's first line says so).
 
 Why a probe and not a list of processor names: the instruction flags say whether the units exist (Linux's
 ``/proc/cpuinfo``; where the system does not say, they are taken to be there and the product decides),
@@ -40,7 +40,7 @@ class MatrixUnits:
 
     @property
     def why(self) -> str:
-        """One line for a run's log: what was found, and so which precision ``auto`` picks."""
+        """One line for a run's log: the bf16 instructions found, and how fast a bf16 product ran."""
         flags = "the system lists no CPU flags" if self.bf16_flags is None else (
             ", ".join(self.bf16_flags) or "no bf16 matrix instructions (amx_bf16, avx512_bf16)")  # fmt: skip
         if not self.bf16_speedup:

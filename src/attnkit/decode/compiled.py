@@ -26,11 +26,9 @@ def compiled_next_logits(step: CompiledStep, decoding: Seq2SeqDecoding, tokens: 
     on as the eager step moves it: the step picks the rows to keep (beam search's ``order``) as it
     extends the self-attention keys and values, and returns them extended."""
     layers = decoding.cache.layers
-    order = layers[0].self_attn.held()[2]  # the same in every layer
-    if order is None:
-        order = torch.arange(tokens.size(0))
-    kept = [layer.self_attn.held()[0].contiguous() for layer in layers]
-    kept += [layer.self_attn.held()[1].contiguous() for layer in layers]
+    keys, values, orders = zip(*(layer.self_attn.held() for layer in layers), strict=True)
+    order = orders[0] if orders[0] is not None else torch.arange(tokens.size(0))  # the same in every layer
+    kept = [key.contiguous() for key in keys] + [value.contiguous() for value in values]
     kept += [layer.src_attn.key.contiguous() for layer in layers]  # (the sources kept: applied)
     kept += [layer.src_attn.value.contiguous() for layer in layers]
     out = step(tokens[:, -1:].contiguous(), order, decoding.src_mask.contiguous(), *kept)

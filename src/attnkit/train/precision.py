@@ -27,6 +27,7 @@ def training_precision(precision: str, device: torch.device) -> tuple[torch.dtyp
         return torch.bfloat16, "bf16 autocast (train.precision=bf16)"
     if device.type == "cuda":
         return torch.bfloat16, "bf16 autocast (train.precision=auto: a GPU)"
-    if device.type == "cpu" and matrix_units().bf16:
-        return None, f"fp32 (train.precision=auto); {matrix_units().why}: train.precision=bf16 trains faster"
+    units = matrix_units() if device.type == "cpu" else None
+    if units is not None and units.bf16:
+        return None, f"fp32 (train.precision=auto); {units.why}: train.precision=bf16 trains faster"
     return None, f"fp32 (train.precision=auto on a {device.type.upper()})"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import attnkit
+from attnkit.cpu.precision import cpu_flags
 
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
@@ -30,12 +31,9 @@ def cpu_capabilities() -> str:
     on it, and every instruction-set flag the system reports (Linux: ``/proc/cpuinfo``). Code built for
     a processor with AVX-512 crashes on one without, so a cache folder shared by machines (a home
     folder on a cluster's file system) must keep their steps apart."""
-    flags = ""
-    with contextlib.suppress(OSError):
-        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        flags = next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "")
+    flags = " ".join(sorted(cpu_flags() or ()))
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{platform.machine()} {platform.processor()} {capability} {' '.join(sorted(flags.split()))}"
+    return f"{platform.machine()} {platform.processor()} {capability} {flags}"
 
 
 def cache_key(model: EncoderDecoder, beams: int) -> str:
