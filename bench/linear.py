@@ -7,9 +7,12 @@ d_ff 3,072, Q/K/V stacked into 2,304 rows, 50,257 output tokens), all-MiniLM-L6-
 training batch). Same float32 inputs, same threads, forward only. Prints, per shape, both times and
 ``ours/F.linear time`` (below 1: ours faster), for ``linear`` (training and inference) and for a
 ``Linear`` whose weight :func:`pack_for_inference` keeps in oneDNN's layout (what ``attnkit
-translate`` and ``generate`` load), then the largest difference of the outputs to float64.
+translate`` and ``generate`` load), then the largest difference of the outputs to float64. With
+``--bf16``, also a ``Linear`` whose packed weight is bf16 (``decode.precision=bf16``: inputs rounded to
+bf16, sums in float32, for the processor's bf16 units), and its own largest difference to float64
+(bf16's rounding, not comparable to float32's).
 
-Run: ``python bench/linear.py [--rows 1,5,32,160,1024]``.
+Run: ``python bench/linear.py [--rows 1,5,32,160,1024] [--bf16]``.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ SHAPES = {
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--rows", default="1,5,32,160,1024", help="rows (tokens) multiplied per call")
+    bf16_help = "also a packed bf16 weight (decode.precision=bf16)"
+    parser.add_argument("--bf16", action="store_true", help=bf16_help)
     parser.set_defaults(rounds=5)
     args = parser.parse_args()
-    print(setup(args), "float32, forward with bias")
-    worst = 0.0
+    print(setup(args), "float32 (and bf16 weights, if --bf16), forward with bias")
+    worst, worst_bf16 = 0.0, 0.0
     for rows in (int(r) for r in args.rows.split(",")):
         for name, (d_out, d_in) in SHAPES.items():
             torch.manual_seed(0)
@@ -57,13 +62,24 @@ def main() -> None:
                 layer.weight.copy_(weight), layer.bias.copy_(bias)
             if layer.pack_for_inference() and rows > 1 and onednn_applies(x, weight, packed=True):
                 ours["oneDNN with the packed weight"] = torch.no_grad()(lambda x=x, layer=layer: layer(x))
+            bf16 = Linear(d_in, d_out)
+            with torch.no_grad():
+                bf16.weight.copy_(weight), bf16.bias.copy_(bias)
+            # where it does not pay (few rows of a small map: OneDNNLinear._pays) the layer takes F.linear
+            if args.bf16 and bf16.pack_for_inference(torch.bfloat16) and bf16._packed_applies(x):
+                ours["a packed bf16 weight"] = torch.no_grad()(lambda x=x, layer=bf16: layer(x))
             exact = F.linear(x.double(), weight.double(), bias.double())
             for label, fn in ours.items():
                 compare(f"{name} {d_out}x{d_in}, {rows} rows, ours via {label}", fn,
                         lambda x=x, w=weight, b=bias: F.linear(x, w, b), "F.linear",
                         device="cpu", rounds=args.rounds, min_seconds=0.05)  # fmt: skip
-                worst = max(worst, (fn().double() - exact).abs().max().item())
-    print(f"largest |ours - float64| = {worst:.2e}")
+                error = (fn().double() - exact).abs().max().item()
+                if label == "a packed bf16 weight":
+                    worst_bf16 = max(worst_bf16, error)
+                else:
+                    worst = max(worst, error)
+    with_bf16 = f"; with bf16 weights {worst_bf16:.2e}" if args.bf16 else ""
+    print(f"largest |ours - float64| = {worst:.2e}{with_bf16}")
 
 
 if __name__ == "__main__":

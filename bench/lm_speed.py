@@ -14,10 +14,15 @@ so every weight is equal. HF uses its default attention (``sdpa``).
   tokens, at each of ``--gen-batch``: ours (``attnkit.decode.search.extend``, its weights packed for
   inference as ``attnkit generate`` loads them; ``--no-pack``: not) against HF ``generate``; prints new
   tokens/s and ``ours/hf_generate tok/s``; and against CTranslate2's ``Generator`` on the same weights
-  (``attnkit export --to ctranslate2``'s spec, float32, one batch at a time on the same threads), where
-  CTranslate2 is installed: ``ours/ctranslate2 tok/s``, and whether its tokens are ours.
+  (``attnkit export --to ctranslate2``'s spec, one batch at a time on the same threads; float32, and with
+  ``--precision bf16`` or ``int8`` its int8 too), where CTranslate2 is installed: ``ours/ctranslate2
+  tok/s``, and whether its tokens are ours. ``--precision bf16|int8`` generates with our linear maps in
+  bf16 (``attnkit generate --precision bf16``: bf16 copies of the weights for the processor's bf16
+  units) or int8 (``--int8``), and prints how many of the generated tokens are float32's (random weights
+  give flat distributions, whose argmax rounding flips more often than a trained model's).
 
-Run: ``python bench/lm_speed.py`` (``--device cuda`` on a GPU, bf16 there).
+Run: ``python bench/lm_speed.py [--generation-only] [--precision bf16]`` (``--device cuda`` on a GPU,
+bf16 there).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from tokenizers.models import WordLevel
 
 from attnkit.convert import hf_gpt2_config_kwargs, to_hf_gpt2
 from attnkit.convert.export import export_ctranslate2
-from attnkit.cpu import speed_up
+from attnkit.cpu import pack_for_inference, quantize_int8, speed_up
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.search import argmax, extend
 from attnkit.models import build_model, from_preset
@@ -65,6 +70,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--no-pack", action="store_true", help="generate without pack_for_inference")
     parser.add_argument("--generation-only", action="store_true", help="skip the training step")
+    precision_help = "CPU generation: our linear maps in fp32, bf16 or int8 (decode.precision)"
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"), help=precision_help)
     args = parser.parse_args()
     from transformers import GPT2Config, GPT2LMHeadModel  # the peer; attnkit itself never imports it
 
@@ -118,11 +125,28 @@ def generation_speed(ours, peer, end: int, dtype: torch.dtype, args) -> None:
     scratch = tempfile.TemporaryDirectory()
     on_cpu = args.device == "cpu" and dtype == torch.float32  # CTranslate2 gets float32 weights on a CPU
     ct2 = ctranslate2_generator(ours, args.vocab, Path(scratch.name) / "ct2") if on_cpu else None
-    if not args.no_pack:
+    engines = {"ctranslate2": ct2} if ct2 is not None else {}
+    if ct2 is not None and args.precision != "fp32":  # its int8 from the same folder, as compute_type
+        import ctranslate2
+
+        engines["ctranslate2-int8"] = ctranslate2.Generator(
+            str(Path(scratch.name) / "ct2"), device="cpu", compute_type="int8",
+            intra_threads=torch.get_num_threads()
+        )  # fmt: skip
+    batches = [int(b) for b in args.gen_batch.split(",")]
+    prompts_of = {b: torch.randint(0, end, (b, args.prompt_len), device=args.device) for b in batches}
+    float32 = {}  # our float32 tokens, before the precision changes
+    if args.precision != "fp32":
+        float32 = {b: _greedy(ours, prompts_of[b], specials, args) for b in batches}
+    if args.precision == "int8":
+        print(f"generation: {quantize_int8(ours)} linear layers of ours with int8 weights")
+    elif not args.no_pack:
         packed = speed_up(ours, inference=True).packed_weights  # as attnkit's loader does
-        print(f"generation: {packed} linear layers of ours with packed weights")
-    for batch in (int(b) for b in args.gen_batch.split(",")):
-        prompts = torch.randint(0, end, (batch, args.prompt_len), device=args.device)
+        if args.precision == "bf16":
+            packed = pack_for_inference(ours, torch.bfloat16)
+        print(f"generation: {packed} linear layers of ours with packed {args.precision} weights")
+    for batch in batches:
+        prompts = prompts_of[batch]
         valid = torch.ones_like(prompts, dtype=torch.bool)
         limits = torch.full((batch,), args.new_tokens + 1, device=args.device)
 
@@ -142,21 +166,35 @@ def generation_speed(ours, peer, end: int, dtype: torch.dtype, args) -> None:
         ratio = compare(label, ours_generate, peer_generate, "hf_generate", device=args.device,
                         rounds=args.rounds, tokens=batch * args.new_tokens)  # fmt: skip
         print(f"ours/hf_generate tok/s (batch {batch}) = {1 / ratio:.3f}")
-        if ct2 is None:
-            continue
-        names = [[f"w{i}" for i in row] for row in prompts.tolist()]
-
-        def ct2_generate(names=names):
-            # prompts of one length: CTranslate2 returns the continuations alone, new_tokens each
-            return ct2.generate_batch(names, max_length=args.new_tokens, min_length=args.new_tokens,
-                                      sampling_topk=1, include_prompt_in_result=False)  # fmt: skip
-
-        ratio = compare(label, ours_generate, ct2_generate, "ctranslate2", device=args.device,
-                        rounds=args.rounds, tokens=batch * args.new_tokens)  # fmt: skip
-        print(f"ours/ctranslate2 tok/s (batch {batch}) = {1 / ratio:.3f}")
         ours_tokens = [row[: args.new_tokens] for row in ours_generate()]  # the weights CTranslate2 has
-        theirs = [result.sequences_ids[0] for result in ct2_generate()]
-        print(f"the same tokens as ctranslate2: {ours_tokens == theirs}")
+        if batch in float32:
+            same = sum(a == b for mine, theirs in zip(ours_tokens, float32[batch], strict=True)
+                       for a, b in zip(mine, theirs, strict=False))  # fmt: skip
+            total = batch * args.new_tokens
+            print(f"{args.precision}: {same} of {total} tokens are float32's (batch {batch})")
+        names = [[f"w{i}" for i in row] for row in prompts.tolist()]
+        for engine_name, engine in engines.items():
+
+            def ct2_generate(names=names, engine=engine):
+                # prompts of one length: CTranslate2 returns the continuations alone, new_tokens each
+                return engine.generate_batch(names, max_length=args.new_tokens, min_length=args.new_tokens,
+                                             sampling_topk=1, include_prompt_in_result=False)  # fmt: skip
+
+            ratio = compare(label, ours_generate, ct2_generate, engine_name, device=args.device,
+                            rounds=args.rounds, tokens=batch * args.new_tokens)  # fmt: skip
+            print(f"ours/{engine_name} tok/s (batch {batch}) = {1 / ratio:.3f}")
+            theirs = [result.sequences_ids[0] for result in ct2_generate()]
+            print(f"the same tokens as {engine_name}: {ours_tokens == theirs}")
+
+
+def _greedy(model, prompts: torch.Tensor, specials: SpecialIds, args) -> list[list[int]]:
+    """``model``'s greedy continuations of ``prompts``, ``--new-tokens`` each."""
+    with torch.inference_mode():
+        model.eval()
+        limits = torch.full((prompts.size(0),), args.new_tokens + 1, device=args.device)
+        found = extend(model.decoding(torch.ones_like(prompts, dtype=torch.bool)), prompts, limits, specials,
+                       argmax)  # fmt: skip
+    return [row[: args.new_tokens] for row in found]
 
 
 if __name__ == "__main__":

@@ -5,22 +5,28 @@ attnkit's own search, HF transformers' ``MarianMTModel.generate`` on the same we
 first ``--n`` lines of ``--src`` in batches of ``--batch`` sentences, greedy and with beam search, on
 ``--threads`` threads. Each row: target tokens per second (attnkit's tokenizer counts the outputs), the
 outputs' sacreBLEU against ``--ref`` (to show they translate alike) and the ratio of attnkit's speed to
-the engine's. ``attnkit-int8`` is attnkit with ``--int8`` (int8 weights and activations in every
-linear map, as CTranslate2's int8). Settings on every side: no sampling, the start token ``<s>``,
-``<pad>`` and ``<s>`` never produced; beam search ranks finished hypotheses by log P / length^α on
-every side, with ``--alpha`` (default: the run's ``decode.alpha``), each with its own stopping rule
-(attnkit's default and HF's: a sentence is done when no running beam can beat its K finished
-hypotheses; CTranslate2's: as soon as it has K). Every engine translates ``--streams`` batches at a
-time, each on its share of the threads (0, the default: one per thread, as ``attnkit translate`` does;
-CTranslate2's ``inter_threads``; HF's batches on as many Python threads), so that the engines split
-their threads alike; ``--streams 1`` is one batch at a time on all of them. Each engine runs in its own
-process, ``--rounds`` timed runs after an untimed one, the engines taking turns (round k of every
-engine within the same minute); the table gives the median time and the median, lowest and highest of
-the rounds' speed ratios.
+the engine's. attnkit runs in each precision of ``--precisions``: ``attnkit`` is float32,
+``attnkit-bf16`` multiplies its linear maps in bf16 (``--precision bf16``, the processor's bf16 units;
+CTranslate2 has no bf16 on CPU), ``attnkit-int8`` in int8 weights and activations (``--int8``, as
+CTranslate2's int8); with ``--compile``, each again with its decoding step compiled
+(``attnkit-compiled``, ``attnkit-bf16-compiled``, ...). The lines after the table give, per beam, how
+many of each attnkit row's outputs are float32 attnkit's and its BLEU's distance from it, and the
+fastest attnkit row against CTranslate2's float32 and int8. Settings on every side: no sampling, the
+start token ``<s>``, ``<pad>`` and ``<s>`` never produced; beam search ranks finished hypotheses by log
+P / length^α on every side, with ``--alpha`` (default: the run's ``decode.alpha``), each with its own
+stopping rule (attnkit's default and HF's: a sentence is done when no running beam can beat its K
+finished hypotheses; CTranslate2's: as soon as it has K). Every engine translates ``--streams`` batches
+at a time, each on its share of the threads (0, the default: one per thread, as ``attnkit translate``
+does; CTranslate2's ``inter_threads``; HF's batches on as many Python threads), so that the engines
+split their threads alike; ``--streams 1`` is one batch at a time on all of them. Each engine runs in
+its own process, ``--rounds`` timed runs after an untimed one, the engines taking turns (round k of
+every engine within the same minute); the table gives the median time and the median, lowest and highest
+of the rounds' speed ratios.
 
 Run: ``python bench/translate_speed.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz
---ref data/multi30k/test_2016_flickr.en.gz --n 500`` (the HF rows need ``transformers``, the CTranslate2
-rows ``ctranslate2``; an engine that is not installed is skipped with a note).
+--ref data/multi30k/test_2016_flickr.en.gz --n 500 [--compile] [--precisions fp32,bf16,int8]`` (the HF
+rows need ``transformers``, the CTranslate2 rows ``ctranslate2``; an engine that is not installed is
+skipped with a note).
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ import torch
 
 from attnkit.config import with_decode_overrides
 from attnkit.convert.export import export_ctranslate2, export_hf
-from attnkit.cpu import quantize_int8
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Translator
@@ -90,15 +95,14 @@ def serve_engine(
     batch size and α it will search with; then, for each beam size ``conn`` sends, translate ``sources``
     once (after an untimed run the first time) and send back the seconds and the outputs; None ends it."""
     torch.set_num_threads(threads)
-    model, tokenizer, config = load_for_inference(ckpt)
+    precision = next((p for p in ("bf16", "int8") if f"-{p}" in engine), "fp32")
+    model, tokenizer, config = load_for_inference(ckpt, overrides=[f"decode.precision={precision}"])
     # the same settings for attnkit and CTranslate2, which read them alike (HF generate takes arguments)
     settings = [f"decode.batch_size={batch}", "decode.length_penalty=length", f"decode.alpha={alpha}",
                 f"decode.streams={streams}"]  # fmt: skip
-    compiled = ["decode.compile=true"] if engine == "attnkit-compiled" else []
+    compiled = ["decode.compile=true"] if engine.endswith("-compiled") else []
     decode = with_decode_overrides(config.decode, settings + compiled)
     if engine.startswith("attnkit"):
-        if engine == "attnkit-int8":
-            quantize_int8(model)
         run = lambda texts, beam: translate(model, tokenizer, texts, decode, beam_size=beam)  # noqa: E731
         conn.send((decode.batch_size, decode.alpha))
     elif engine == "hf-generate":
@@ -173,6 +177,8 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=None, help="length^α (default: the run's)")
     compile_help = "also attnkit with decode.compile (its decoding step compiled ahead of time)"
     parser.add_argument("--compile", action="store_true", help=compile_help)
+    precisions_help = "attnkit's precisions, comma-separated: fp32 (always), bf16, int8"
+    parser.add_argument("--precisions", default="fp32,bf16,int8", help=precisions_help)
     args = parser.parse_args()
     model, tokenizer, config = load_for_inference(args.ckpt)
     pairs = read_parallel(Path(args.src), Path(args.ref))
@@ -181,7 +187,14 @@ def main() -> None:
     decode.length_penalty = "length"
     decode.alpha = decode.alpha if args.alpha is None else args.alpha
     scratch = Path(tempfile.mkdtemp(prefix="translate_speed."))
-    folders = {"attnkit": "", "attnkit-int8": ""} | ({"attnkit-compiled": ""} if args.compile else {})
+    precisions = ["fp32", *(p for p in args.precisions.split(",") if p != "fp32")]
+    ours = [
+        name
+        for compiled in ([False, True] if args.compile else [False])
+        for p in precisions
+        if (name := "attnkit" + ("" if p == "fp32" else f"-{p}") + ("-compiled" if compiled else ""))
+    ]
+    folders = dict.fromkeys(ours, "")
     if importlib.util.find_spec("transformers"):
         folders["hf-generate"] = str(export_hf(model, tokenizer, scratch / "hf"))
     else:
@@ -230,6 +243,18 @@ def main() -> None:
                             for name in folders if name != "attnkit-compiled")  # fmt: skip
         verdict = "are" if same else "are NOT"
         print(f"beam {beam}: attnkit-compiled's outputs {verdict} attnkit's; its speed / {against}")
+    float32 = {beam: bleu(outputs["attnkit"][beam], references).score for beam in beams}
+    for beam in beams:
+        for name in ours[1:]:
+            found, reference = outputs[name][beam], outputs["attnkit"][beam]
+            same = sum(a == b for a, b in zip(found, reference, strict=True)) / len(found)
+            delta = bleu(found, references).score - float32[beam]
+            print(f"beam {beam}: {name}: {same:.1%} of the outputs are float32 attnkit's, BLEU {delta:+.2f}")
+        fastest = min(ours, key=lambda name: statistics.median(times[name][beam]))
+        against = ", ".join(f"{name}'s {speed_ratios(fastest, name, beam)}" for name in folders
+                            if name.startswith("ctranslate2"))  # fmt: skip
+        versus = f"; its speed / {against}" if against else ""
+        print(f"beam {beam}: the fastest attnkit row is {fastest}{versus}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,24 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
             r"ours/hf_generate tok/s \(batch 2\) = \d+\.\d+\n(.|\n)*"
             r"ours/ctranslate2 tok/s \(batch 2\) = \d+\.\d+\nthe same tokens as ctranslate2: True",
         ),
+        (
+            "lm_speed.py",
+            [
+                "--preset",
+                "tiny-decoder",
+                "--vocab",
+                "100",
+                "--gen-batch",
+                "2",
+                "--new-tokens",
+                "3",
+                "--generation-only",
+                "--precision",
+                "bf16",
+            ],
+            r"with packed bf16 weights\n(.|\n)*bf16: \d+ of 6 tokens are float32's \(batch 2\)\n(.|\n)*"
+            r"ours/ctranslate2-int8 tok/s \(batch 2\) = \d+\.\d+\nthe same tokens as ctranslate2-int8: ",
+        ),
     ],
 )
 def test_benchmark_prints_ours_over_peer_ratios(script, arguments, summary):
@@ -180,12 +198,18 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
     assert "batch 4, " in header and "(each engine's batch size and α as it reported them)" in header
     ratio = r"([\d.]+) \(([\d.]+)–([\d.]+)\)"  # median (lowest–highest) of the rounds' speed ratios
     rows = re.findall(rf"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| {ratio} \|", result.stdout)
-    engines = ["attnkit", "attnkit-int8", *(["attnkit-compiled"] if compiles else []), "hf-generate",
+    ours = ["attnkit", "attnkit-bf16", "attnkit-int8"]
+    engines = [*ours, *([f"{name}-compiled" for name in ours] if compiles else []), "hf-generate",
                "ctranslate2", "ctranslate2-int8"]  # fmt: skip
     assert [(row[0], row[1]) for row in rows] == [(e, b) for b in "12" for e in engines], result.stdout
     if compiles:
         same = rf"beam 2: attnkit-compiled's outputs are attnkit's; its speed / attnkit's {ratio}, "
         assert re.search(same, result.stdout), result.stdout
+    for name in engines[1 : engines.index("hf-generate")]:  # each against float32 attnkit
+        assert re.search(rf"beam 2: {name}: [\d.]+% of the outputs are float32 attnkit's, BLEU [+-][\d.]+\n",
+                         result.stdout), result.stdout  # fmt: skip
+    assert re.search(r"beam 1: the fastest attnkit row is attnkit[\w-]*; its speed / ctranslate2's "
+                     rf"{ratio}, ctranslate2-int8's {ratio}\n", result.stdout), result.stdout  # fmt: skip
     for name, _, _, median, lowest, highest in rows:
         assert float(lowest) <= float(median) <= float(highest)
         if name == "attnkit":

@@ -162,26 +162,34 @@ def test_translate_writes_n_best_lists_with_the_line_of_each(trained, tmp_path, 
     assert "--n-best 3 needs a beam at least as wide: give --beam 3" in refused.stderr
 
 
-def test_translate_int8_quantises_the_linear_maps_and_translates_alike(trained, copy_data, tmp_path):
+@pytest.mark.parametrize("flags", [["--int8"], ["--precision", "int8"], ["--precision", "bf16"]])
+def test_translate_in_int8_or_bf16_translates_alike(trained, copy_data, tmp_path, flags):
+    """--int8 (--precision int8: int8 linear maps) and --precision bf16 against --precision fp32."""
     outputs = {}
-    for flags in ([], ["--int8"]):
-        out = tmp_path / f"out{len(flags)}.txt"
+    for name, given in (("fp32", ["--precision", "fp32"]), ("other", flags)):
+        out = tmp_path / f"{name}.txt"
         result = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", str(copy_data / "valid.src"),
-                                     "-o", str(out), "--beam", "1", *flags])  # fmt: skip
+                                     "-o", str(out), "--beam", "1", *given])  # fmt: skip
         assert result.exit_code == 0, result.output
-        outputs[len(flags)] = out.read_text(encoding="utf-8").splitlines()
-    same = sum(a == b for a, b in zip(outputs[0], outputs[1], strict=True))
-    print(f"int8 and float32 agree on {same} of 20 lines")
-    assert len(outputs[1]) == 20 and same >= 14
-    result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--engine", "ctranslate2", "--int8"])
-    assert result.exit_code == 2 and "--quantization int8" in result.output
+        outputs[name] = out.read_text(encoding="utf-8").splitlines()
+    same = sum(a == b for a, b in zip(outputs["fp32"], outputs["other"], strict=True))
+    print(f"{' '.join(flags)} and float32 agree on {same} of 20 lines")
+    assert len(outputs["other"]) == 20 and same >= 14
+    result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--engine", "ctranslate2", *flags])
+    refused = r"is attnkit's; CTranslate2 takes .* export.*--quantization"
+    assert result.exit_code == 2 and re.search(refused, result.stderr), result.output
     scored = runner.invoke(app, ["evaluate", "--ckpt", str(trained), "--src", str(copy_data / "valid.src"),
-                                 "--ref", str(copy_data / "valid.tgt"), "--beam", "1", "--int8"])  # fmt: skip
+                                 "--ref", str(copy_data / "valid.tgt"), "--beam", "1", *flags])  # fmt: skip
     assert scored.exit_code == 0, scored.output
     expected = BLEU().corpus_score(
-        outputs[1], [(copy_data / "valid.tgt").read_text(encoding="utf-8").splitlines()]
+        outputs["other"], [(copy_data / "valid.tgt").read_text(encoding="utf-8").splitlines()]
     )
-    assert scored.stdout.startswith(f"BLEU = {expected.score:.2f}")  # the int8 translations' score
+    assert scored.stdout.startswith(f"BLEU = {expected.score:.2f}")  # the int8 or bf16 translations' score
+
+
+def test_int8_and_another_precision_together_are_one_line(trained):
+    result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--int8", "--precision", "bf16"])
+    assert result.exit_code == 2 and "--int8 means --precision int8" in result.stderr
 
 
 def test_translate_streams_translate_as_one_batch_at_a_time(trained, copy_data, tmp_path):

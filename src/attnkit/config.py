@@ -34,6 +34,8 @@ PARALLEL = ("ddp", "fsdp")  # train.parallel: how several processes share the mo
 SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (train/schedules.py)
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
+# what a trained model's linear maps multiply in for inference (attnkit.loading.inference_precision)
+INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
 TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
@@ -171,7 +173,7 @@ class TrainConfig:
     keep_last: int = 5  # checkpoints kept besides the best (for averaging)
     log_every: int = 50  # steps between progress lines (without a terminal) and TensorBoard's training points
     log: list[str] = field(default_factory=lambda: ["csv"])  # also "tensorboard": RUN/tensorboard event files
-    precision: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "fp32" or "bf16"
+    precision: str = "auto"  # "auto" (bf16 autocast on GPU and on CPUs with fast bf16 units), "fp32", "bf16"
     device: str = "auto"  # "auto" (the GPU if there is one), "cpu", "cuda", "cuda:1", ...
     # several processes (torchrun): "ddp" keeps the whole model in each; "fsdp" shards the weights, the
     # gradients and the optimizer's state over them (FSDP2), for a model too big for one device
@@ -237,6 +239,9 @@ class DecodeConfig:
     streams: int = 0
     # translation on a CPU: the decoding step compiled ahead of time (cpu/compiled/; same outputs)
     compile: bool = False
+    # the linear maps' numbers for inference on a CPU, every command and the server: bf16 (on a CPU whose
+    # bf16 products are fast: auto's choice there), int8 weights and inputs (--int8), or float32
+    precision: str = "auto"
     # generation (decoder-only): sampling; the defaults are nanoGPT's sample.py
     max_new_tokens: int = 256
     temperature: float = 0.8  # 0 = greedy
@@ -252,6 +257,7 @@ class DecodeConfig:
             require_at_least(f"decode.{name}", getattr(self, name), low)
         require_one_of("decode.length_penalty", self.length_penalty, LENGTH_PENALTIES)
         require_one_of("decode.beam_stop", self.beam_stop, BEAM_STOPS)
+        require_one_of("decode.precision", self.precision, INFERENCE_PRECISIONS)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"decode.top_p must be in (0, 1]; got {self.top_p!r}")
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -1,7 +1,14 @@
 """Loading a model to work with: a checkpoint folder or run directory in, ``(model, tokenizer, run
-config)`` out, the model built for its tokenizer, in eval mode, with the CPU speed-ups applied. What
-every command, the server and fine-tuning load a model with; the trainer builds its model the same way
-(:func:`build_for_tokenizer`). The files themselves are ``attnkit.checkpoint``'s.
+config)`` out, the model built for its tokenizer, in eval mode, with the CPU speed-ups applied in the
+precision ``decode.precision`` asks for. What every command, the server and fine-tuning load a model
+with; the trainer builds its model the same way (:func:`build_for_tokenizer`). The files themselves are
+``attnkit.checkpoint``'s.
+
+Precision (:func:`inference_precision`): the weights stay float32 as trained; what changes is the copy
+the linear maps multiply by. ``bf16``: a bf16 copy for the processor's bf16 units, inputs rounded to bf16
+on the way in, products summed and returned in float32 (``attnkit.cpu.linear``), everything else float32;
+``int8``: int8 weights and inputs (``--int8``, CTranslate2's int8); ``fp32``: float32 throughout.
+``auto`` is bf16 on a CPU whose bf16 products are fast (``attnkit.cpu.precision``), float32 elsewhere.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ import torch
 
 from attnkit.checkpoint.folder import load_model_weights, read_run_config, resolve_checkpoint
 from attnkit.config import RunConfig, with_decode_overrides
-from attnkit.cpu import quantize_int8, speed_up
+from attnkit.cpu import pack_for_inference, quantize_int8, speed_up
+from attnkit.cpu.precision import matrix_units
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, build_model
@@ -46,6 +54,19 @@ def a_model(arch: str) -> str:
     return f"{'an' if arch[0] in 'aeiour' else 'a'} {arch} model"  # 'r': "an rnn", read ar-en-en
 
 
+def inference_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """``decode.precision`` resolved for ``device`` (``fp32``, ``bf16`` or ``int8``; see the module
+    docstring), and why, in words; a one-line error for bf16 or int8 off a CPU."""
+    if precision != "auto":
+        if precision != "fp32" and device.type != "cpu":
+            raise AttnkitError(f"decode.precision={precision} is for CPUs; this would run on {device.type}")
+        return precision, f"decode.precision={precision}"
+    if device.type != "cpu":
+        return "fp32", f"decode.precision=auto on a {device.type.upper()}"
+    units = matrix_units()
+    return ("bf16" if units.bf16 else "fp32"), f"decode.precision=auto: {units.why}"
+
+
 def load_for_inference(
     path: str | Path,
     device: torch.device | str = "cpu",
@@ -53,19 +74,17 @@ def load_for_inference(
     arch: str | tuple[str, ...] | None = None,
     pack: bool = True,
     *,
-    int8: bool = False,
     overrides: Sequence[str] = (),
 ):
     """``(model, tokenizer, run config)`` from a checkpoint folder or run directory, in eval mode, with
     the CPU fast path applied on a CPU (``attnkit.cpu.speed_up``): what every command and the server
     load a model to work with. With ``arch``, a checkpoint of another architecture is an error that says
-    which command fits it. ``pack``: on a CPU, also keep the linear layers' weights in oneDNN's layout
-    for faster inference (one more copy of them in memory); ``int8``: instead, the linear maps multiply
-    int8 weights and inputs (``--int8``, CPU only). ``overrides`` (``decode.field=value``) change the
-    run's decoding settings, checked before the model is built."""
+    which command fits it. ``overrides`` (``decode.field=value``) change the run's decoding settings,
+    checked before the model is built; ``decode.precision`` picks what the linear maps multiply in (see
+    the module docstring), and the config returned holds the precision it resolved to. ``pack=False``:
+    float32 weights as they are, without the copies that make inference faster (for a model loaded to
+    train further or to convert)."""
     device = torch.device(device)
-    if int8 and device.type != "cpu":
-        raise AttnkitError(f"--int8 is for CPUs; this would decode on {device.type}")
     checkpoint = resolve_checkpoint(path, prefer)
     config = read_run_config(checkpoint)
     if arch is not None and config.model.arch not in ((arch,) if isinstance(arch, str) else arch):
@@ -74,6 +93,7 @@ def load_for_inference(
             f"use {commands_for(config.model.arch)}"
         )
     config.decode = with_decode_overrides(config.decode, list(overrides))
+    config.decode.precision = inference_precision(config.decode.precision, device)[0] if pack else "fp32"
     tokenizer = read_tokenizer(checkpoint, config)
     if tokenizer is not None and config.model.pad_id != tokenizer.specials.pad:
         raise AttnkitError(
@@ -83,8 +103,11 @@ def load_for_inference(
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
     model = model.to(device).eval()
-    speed_up(model, inference=pack and not int8)
-    if int8:
+    precision = config.decode.precision
+    speed_up(model, inference=pack and precision == "fp32")
+    if precision == "bf16":
+        pack_for_inference(model, torch.bfloat16)
+    elif precision == "int8":
         quantize_int8(model)
     return model, tokenizer, config
 

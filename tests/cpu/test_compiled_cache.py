@@ -44,6 +44,25 @@ def test_the_key_holds_the_processor(monkeypatch):
     assert compiled.cache_key(model, 3) != here  # another instruction set: another step
 
 
+def test_the_key_holds_what_the_linear_maps_multiply_in():
+    """A model whose maps multiply bf16 copies or int8 weights compiles a step of its own: the weights
+    (the state dict) are the same, and an int8 model once loaded the float32 step in their place."""
+    from attnkit.cpu import pack_for_inference, quantize_int8, speed_up
+    from attnkit.cpu.linear import _packing_works
+
+    keys = set()
+    for precision in ("fp32", "bf16", "int8"):
+        torch.manual_seed(0)
+        model = build_transformer("tiny", 30).eval()
+        speed_up(model, inference=precision == "fp32")
+        if precision == "bf16":
+            pack_for_inference(model, torch.bfloat16)
+        elif precision == "int8":
+            quantize_int8(model)
+        keys.add(compiled.cache_key(model, 3))
+    assert len(keys) == (3 if _packing_works(torch.bfloat16) else 2)  # without bf16 copies, bf16 is fp32
+
+
 def test_the_cache_drops_old_steps_then_the_least_recently_used_beyond_its_size(cache, monkeypatch):
     monkeypatch.setattr(compiled, "MAX_CACHE_BYTES", 10 * 2**20)
     old = _step(cache, "old", 1, days_ago=31)

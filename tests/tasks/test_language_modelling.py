@@ -198,12 +198,16 @@ def test_evaluate_gives_a_decoders_perplexity_on_a_text_as_training_validates_it
     held_out = "".join(f"line {i}: the lazy dog sleeps, and the quick fox jumps.\n" for i in range(12))
     (text_dir / "valid.txt").write_text(held_out, encoding="utf-8")
     run = tmp_path / "run"
+    # float32 on both sides, to the third decimal (training validates in its precision, bf16 autocast on a CPU
+    # with bf16 units, and evaluate multiplies in decode.precision's, which rounds otherwise)
     result = runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
-                                 "data.valid=[valid.txt]", "train.max_steps=20"])  # fmt: skip
+                                 "data.valid=[valid.txt]", "train.max_steps=20",
+                                 "train.precision=fp32"])  # fmt: skip
     assert result.exit_code == 0, result.output
     last = (run / "metrics.csv").read_text(encoding="utf-8").splitlines()[-1].split(",")
     valid_ppl = float(last[-2])
-    result = runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(text_dir / "valid.txt")])
+    result = runner.invoke(app, ["evaluate", "--ckpt", str(run), "--data", str(text_dir / "valid.txt"),
+                                 "--precision", "fp32"])  # fmt: skip
     assert result.exit_code == 0, result.output
     tokens = len(held_out) - 1  # characters, every one but the first predicted
     assert re.fullmatch(rf"perplexity = {valid_ppl:.3f} \(cross-entropy [\d.]+ nats per token, {tokens:,} "

@@ -39,8 +39,14 @@ OutputFile = Annotated[
     Path | None,
     typer.Option("-o", "--output", help="Output file (default: stdout).", callback=_dash_is_standard_stream),
 ]
-Int8 = Annotated[
-    bool, typer.Option("--int8", help="CPU: int8 weights and activations in the linear maps (faster).")
+Int8 = Annotated[bool, typer.Option("--int8", help="The same as --precision int8.")]
+Precision = Annotated[
+    str | None,
+    typer.Option(
+        help="CPU: what the linear maps multiply in: bf16 (the processor's bf16 units), int8 (weights and "
+        "activations), fp32, or auto (bf16 where this CPU's bf16 products are fast). Default: the run's "
+        "decode.precision (auto)."
+    ),
 ]
 Overwrite = Annotated[
     bool,
@@ -120,6 +126,15 @@ def decode_overrides(ctx: typer.Context, streams: int | None = None) -> list[str
     ``--streams`` as ``decode.streams``: settings that change how a trained model decodes."""
     overrides = parse_overrides(ctx.args, example="decode.alpha=0.6")
     return overrides + ([f"decode.streams={streams}"] if streams is not None else [])
+
+
+def precision_override(precision: str | None, int8: bool) -> list[str]:
+    """``--precision`` (or ``--int8``, its alias for int8) as a ``decode.precision`` override; none
+    given, none."""
+    if int8 and precision not in (None, "int8"):
+        raise AttnkitError(f"--int8 means --precision int8; give one, not --precision {precision} too")
+    chosen = "int8" if int8 else precision
+    return [] if chosen is None else [f"decode.precision={chosen}"]
 
 
 def write_output(output: Path | None, text: str) -> None:

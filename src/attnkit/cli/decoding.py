@@ -14,12 +14,14 @@ from attnkit.cli.app import (
     Engine,
     Int8,
     OutputFile,
+    Precision,
     app,
     as_sent,
     at_least,
     decode_overrides,
     note,
     one_line_errors,
+    precision_override,
     progress_bar,
     stream_out,
     writable_file,
@@ -50,6 +52,7 @@ def translate(
     input: Annotated[Path | None, typer.Option("-i", "--input", help="Source file (default: stdin).")] = None,
     output: OutputFile = None,
     engine: Engine = "attnkit",
+    precision: Precision = None,
     int8: Int8 = False,
     streams: Annotated[
         int | None,
@@ -77,8 +80,8 @@ def translate(
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
     at_least("--n-best", n_best, 0)
-    overrides = decode_overrides(ctx, streams)
-    check_engine(engine, int8)
+    check_engine(engine, precision, int8)
+    overrides = decode_overrides(ctx, streams) + precision_override(precision, int8)
     if output is not None:
         writable_file(output)
     with processes(input) as world:
@@ -93,17 +96,17 @@ def translate(
 
             by_parts(input, output, ct2_part, world)
         else:
-            _translate_with_attnkit(ckpt, beam, input, output, int8, n_best, overrides, world)
+            _translate_with_attnkit(ckpt, beam, input, output, n_best, overrides, world)
 
 
-def _translate_with_attnkit(ckpt, beam, input, output, int8, n_best, overrides, world) -> None:
+def _translate_with_attnkit(ckpt, beam, input, output, n_best, overrides, world) -> None:
     from attnkit.decode.translate import Reporting
     from attnkit.decode.translate import translate as translate_texts
     from attnkit.processes import resolve_device
     from attnkit.tasks import task_of
 
     device = resolve_device()
-    model, tokenizer, config = load_translator(ckpt, device, overrides, int8)
+    model, tokenizer, config = load_translator(ckpt, device, overrides)
     check_n_best(n_best, beam or config.decode.beam_size)
     source_limit = config.data.source_limit if task_of(config).cuts_sources else None  # as in training
     settings = dict(beam_size=beam, device=device, source_limit=source_limit)
@@ -215,6 +218,7 @@ def generate(
         int | None, typer.Option(help="CPU, with -i: batches at a time, each on its share of the threads.")
     ] = None,
     engine: Engine = "attnkit",
+    precision: Precision = None,
     int8: Int8 = False,
 ) -> None:
     """Continue text with a decoder (GPT-style) model; the run's decode settings unless overridden (by
@@ -225,17 +229,17 @@ def generate(
     terminal; prompt i samples with seed + i whichever part it falls in."""
     if prompt is not None and input is not None:
         raise AttnkitError("give --prompt TEXT or -i FILE, not both")
-    check_engine(engine, int8)
+    check_engine(engine, precision, int8)
     if output is not None:
         writable_file(output)
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
              "seed": seed, "stop": stop, "streams": streams}  # fmt: skip
-    overrides = decode_overrides(ctx)
+    overrides = decode_overrides(ctx) + precision_override(precision, int8)
     with processes(input) as world:
-        _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world)
+        _generate(ckpt, prompt, input, output, engine, given, overrides, world)
 
 
-def _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world) -> None:
+def _generate(ckpt, prompt, input, output, engine, given, overrides, world) -> None:
     import json
 
     from attnkit.decode.generate import generate as generate_texts
@@ -251,14 +255,13 @@ def _generate(ckpt, prompt, input, output, engine, int8, given, overrides, world
     else:
         from dataclasses import replace
 
-        from attnkit.config import with_decode_overrides
         from attnkit.loading import load_for_inference
 
         device = resolve_device()
-        model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="generate"), int8=int8)
-        decode = with_options(
-            given, lambda changes: replace(with_decode_overrides(config.decode, overrides), **changes)
+        model, tokenizer, config = load_for_inference(
+            ckpt, device, arch=archs(using="generate"), overrides=overrides
         )
+        decode = with_options(given, lambda changes: replace(config.decode, **changes))
 
         def run(texts: list[str], on_text=None, **part) -> list[str]:
             return generate_texts(model, tokenizer, texts, decode, device=device, on_text=on_text, **part)
@@ -293,6 +296,8 @@ def predict(
         Path | None, typer.Option("-i", "--input", help="One input per line (default: stdin).")
     ] = None,
     output: OutputFile = None,
+    precision: Precision = None,
+    int8: Int8 = False,
 ) -> None:
     """Run an encoder model on each input line. A classifier prints ``label<TAB>probability``; a
     question-answering model reads ``question<TAB>passage`` and prints the answer span; a masked-LM
@@ -307,7 +312,8 @@ def predict(
         writable_file(output)
     with processes(input if text is None else None) as world:
         device = resolve_device()
-        model, tokenizer, config = load_encoder(ckpt, ("classify", "span", "mlm"), device)
+        overrides = precision_override(precision, int8)
+        model, tokenizer, config = load_encoder(ckpt, ("classify", "span", "mlm"), device, overrides)
         task = task_of(config)
         if text is not None:
             rows = task.infer(model, tokenizer, config, [text], device, where="--text")

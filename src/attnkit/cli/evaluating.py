@@ -11,11 +11,13 @@ from attnkit.cli.app import (
     EXTRA_ARGS,
     Engine,
     Int8,
+    Precision,
     app,
     at_least,
     decode_overrides,
     note,
     one_line_errors,
+    precision_override,
     progress_bar,
     writable_file,
 )
@@ -50,6 +52,7 @@ def evaluate(
     plot: Annotated[
         Path | None, typer.Option(help="Glimpse model: save its glimpse paths on 8 test images (PNG).")
     ] = None,
+    precision: Precision = None,
     int8: Int8 = False,
 ) -> None:
     """Score a model: a translation model's sacreBLEU BLEU and chrF on --src against --ref, a
@@ -63,18 +66,18 @@ def evaluate(
     how a translation model or summariser decodes, as for translate."""
     at_least("--beam", beam, 1)
     at_least("--streams", streams, 0)
-    overrides = decode_overrides(ctx, streams)
-    check_engine(engine, int8)
+    check_engine(engine, precision, int8)
+    overrides = decode_overrides(ctx, streams) + precision_override(precision, int8)
     given = Given(src, ref, data, beam, progress_bar, note)
     if engine == "ctranslate2":  # an exported folder: a translation model, or a decoder's perplexity
         lines = _score_exported(ckpt, given, overrides)
     else:
-        lines = _score(ckpt, given, overrides, int8, plot)
+        lines = _score(ckpt, given, overrides, plot)
     for line in lines:
         typer.echo(line)
 
 
-def _score(ckpt: Path, given: Given, overrides: list[str], int8: bool, plot: Path | None) -> list[str]:
+def _score(ckpt: Path, given: Given, overrides: list[str], plot: Path | None) -> list[str]:
     """What the task of the run in ``ckpt`` scores its model on, checked, then scored (as the task says)."""
     from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
     from attnkit.config import with_decode_overrides
@@ -92,11 +95,11 @@ def _score(ckpt: Path, given: Given, overrides: list[str], int8: bool, plot: Pat
     given_files = tuple(name for name in ("src", "ref", "data") if getattr(given, name) is not None)
     if given_files != scoring.files:
         raise AttnkitError(f"{ckpt} holds {scoring.holder or a_model(arch)}: {scoring.asks}")
-    no_decoding([] if scoring.decodes else overrides, int8 and not scoring.int8, arch)
+    no_decoding([] if scoring.decodes else overrides, arch)
     if plot is not None:
         writable_file(plot)
     device = resolve_device()
-    model, tokenizer, config = load_for_inference(checkpoint, device, int8=int8, overrides=overrides)
+    model, tokenizer, config = load_for_inference(checkpoint, device, overrides=overrides)
     if scoring.heads:
         check_head(ckpt, config, scoring.heads)
     lines = task.score(model, tokenizer, config, given, device)

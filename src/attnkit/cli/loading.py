@@ -34,31 +34,40 @@ def with_options(given: dict[str, Any], load: Callable[[dict[str, Any]], T]) -> 
         raise AttnkitError(message) from None
 
 
-def check_engine(engine: str, int8: bool) -> None:
-    """A one-line error unless ``--engine`` names one of :data:`ENGINES`, or if ``--int8`` (attnkit's own
-    quantisation) comes with CTranslate2, whose int8 is chosen at export."""
+def check_engine(engine: str, precision: str | None = None, int8: bool = False) -> None:
+    """A one-line error unless ``--engine`` names one of :data:`ENGINES`, or if ``--precision`` or
+    ``--int8`` (attnkit's own) comes with CTranslate2, whose precision is chosen at export."""
     if engine not in ENGINES:
         raise AttnkitError(f"--engine {engine!r}: choose {' or '.join(ENGINES)}")
-    if int8 and engine == "ctranslate2":
-        raise AttnkitError("--int8 is attnkit's; CTranslate2 takes int8 at export: --quantization int8")
+    if engine == "ctranslate2" and (int8 or precision is not None):
+        given = "--int8" if int8 else f"--precision {precision}"
+        at_export = "int8 at export: --quantization int8" if int8 or precision == "int8" else (
+            "its precision at export (--quantization)")  # fmt: skip
+        raise AttnkitError(f"{given} is attnkit's; CTranslate2 takes {at_export}")
 
 
-def no_decoding(overrides: list[str], int8: bool, arch: str) -> None:
-    """A one-line error if decode settings or --int8 were given for a model scored without decoding."""
+def without_precision(overrides: list[str]) -> list[str]:
+    """The overrides other than ``decode.precision``: what a model that does not decode cannot take
+    (every model takes a precision)."""
+    return [override for override in overrides if not override.startswith("decode.precision=")]
+
+
+def no_decoding(overrides: list[str], arch: str) -> None:
+    """A one-line error if decode settings (but the precision) were given for a model scored without
+    decoding."""
     from attnkit.loading import a_model
 
-    if overrides or int8:
-        given = " ".join(overrides + (["--int8"] if int8 else []))
+    if without_precision(overrides):
+        given = " ".join(without_precision(overrides))
         raise AttnkitError(f"{given}: {a_model(arch)} is scored without decoding")
 
 
-def load_translator(ckpt: Path, device: torch.device, overrides: list[str], int8: bool = False):
+def load_translator(ckpt: Path, device: torch.device, overrides: list[str]):
     """A translation or summarisation checkpoint (Transformer or RNN) loaded for decoding on ``device``,
-    its decode settings changed by ``overrides`` (``decode.field=value``); ``int8``: see
-    ``checkpoint.load_for_inference``."""
+    its decode settings changed by ``overrides`` (``decode.field=value``, ``decode.precision`` too)."""
     from attnkit.loading import load_for_inference
 
-    return load_for_inference(ckpt, device, arch=archs(using="translate"), int8=int8, overrides=overrides)
+    return load_for_inference(ckpt, device, arch=archs(using="translate"), overrides=overrides)
 
 
 def ctranslate2_translator(folder: Path, overrides: list[str]) -> CTranslate2Translator:
@@ -68,10 +77,12 @@ def ctranslate2_translator(folder: Path, overrides: list[str]) -> CTranslate2Tra
     return CTranslate2Translator(folder, overrides, warn=note)
 
 
-def load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device):
-    """An encoder checkpoint whose head is one of ``heads`` (a one-line error names what it has)."""
+def load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device, overrides: list[str] = ()):
+    """An encoder checkpoint whose head is one of ``heads`` (a one-line error names what it has), in the
+    precision ``overrides`` may give (``decode.precision=bf16``)."""
     from attnkit.loading import check_head, load_for_inference
 
-    model, tokenizer, config = load_for_inference(ckpt, device, arch=archs(using="predict"))
+    encoders = archs(using="predict")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=encoders, overrides=overrides)
     check_head(ckpt, config, heads)
     return model, tokenizer, config

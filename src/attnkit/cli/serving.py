@@ -15,13 +15,15 @@ from attnkit.cli.app import (
     EXTRA_ARGS,
     Engine,
     Int8,
+    Precision,
     app,
     at_least,
     decode_overrides,
     note,
     one_line_errors,
+    precision_override,
 )
-from attnkit.cli.loading import check_engine
+from attnkit.cli.loading import check_engine, without_precision
 from attnkit.errors import AttnkitError
 
 if TYPE_CHECKING:
@@ -87,6 +89,7 @@ def serve(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     engine: Engine = "attnkit",
+    precision: Precision = None,
     int8: Int8 = False,
     max_batch_tokens: MaxBatchTokens = 4096,
     max_wait_ms: MaxWaitMs = 0.0,
@@ -117,8 +120,8 @@ def serve(
               "--max-explore-tokens": (max_explore_tokens, 1), "--stall-after": (stall_after, 1)}  # fmt: skip
     for option, (value, low) in lowest.items():
         at_least(option, value, low)
-    check_engine(engine, int8)
-    overrides = decode_overrides(ctx)
+    check_engine(engine, precision, int8)
+    overrides = decode_overrides(ctx) + precision_override(precision, int8)
     try:
         import uvicorn  # noqa: F401 (the server's, checked here: a missing one is one line)
 
@@ -126,7 +129,7 @@ def serve(
     except ImportError as error:
         raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
     key = api_key or os.environ.get(API_KEY_VARIABLE, "")
-    served, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides, int8)
+    served, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides)
     listening = _listening_socket(host, port)  # before the model loads: a busy port is one line now
     settings = ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key, max_body_bytes=max_body_bytes,
                              max_explore_tokens=max_explore_tokens, stall_after_s=stall_after,
@@ -181,9 +184,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return listening
 
 
-def _attnkit_model(
-    ckpt: Path, overrides: list[str], int8: bool
-) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
+def _attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
     """The served model's class for a checkpoint (it names its endpoints), and how to load it (after the
     server starts)."""
     from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
@@ -199,22 +200,21 @@ def _attnkit_model(
     with_decode_overrides(config.decode, overrides)  # a bad decode setting too (decode.beam_size=0)
     arch = config.model.arch
     if arch in archs(using="translate"):
-        return Translator, lambda: load_translator(checkpoint, overrides, int8=int8)
+        return Translator, lambda: load_translator(checkpoint, overrides)
     if arch in archs(using="generate"):
         return ServedDecoder, lambda: load_decoder(checkpoint, overrides)
     if arch in archs(using="predict"):
-        if overrides or int8:
+        if without_precision(overrides):
             raise AttnkitError(
-                "decode settings and --int8 are for translation and decoder models, not encoders"
+                f"{' '.join(without_precision(overrides))}: decode settings are for translation and decoder "
+                "models, not encoders (--precision is for every model)"
             )
-        return Predictor, lambda: load_predictor(checkpoint)
+        return Predictor, lambda: load_predictor(checkpoint, overrides)
     served = f"attnkit serve does not serve {arch} models yet"
     raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
 
 
-def _engine_model(
-    folder: Path, overrides: list[str], int8: bool
-) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
+def _engine_model(folder: Path, overrides: list[str]) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
     """The served model's class for a CTranslate2 folder, and how to load it; a folder that is not one,
     or a machine without CTranslate2, is a one-line error now rather than a failed load."""
     from attnkit.checkpoint.ctranslate2_folder import exported_model

@@ -26,6 +26,14 @@ Packed, oneDNN pays for any number of rows from two, so a packed weight is taken
 beam search over one sentence, the last steps of a batch), where the plain one is left to ``F.linear``;
 a single row keeps the plain weight, which is as fast or faster there.
 
+On a CPU with bf16 matrix units (AMX, AVX512-BF16: ``attnkit.cpu.precision``), the packed copy may be
+bf16 (``pack_for_inference(torch.bfloat16)``, what ``decode.precision=bf16`` does): each input is
+rounded to bf16 on its way in, the products are summed in float32 by the units, and the output comes
+back as float32 with the float32 bias added, so the layer norms, attention, softmax and search around
+the maps stay float32. For the Multi30k model's maps that is 2-3.5x faster than float32 from 64 rows
+(``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product); for few rows of a
+small map, rounding the inputs costs more than it saves, and float32's ``F.linear`` serves.
+
 The private operations (``torch.ops.mkldnn._linear_pointwise``, ``_reorder_linear_weight``,
 ``torch._int_mm``) may change with any torch release, so each is tried once on a small example
 against its public equivalent before it is used (:func:`_probe_linear`,
@@ -64,6 +72,7 @@ def _probe_linear():
 _onednn_linear = _probe_linear()  # None: F.linear everywhere
 # below these F.linear is as fast or faster (bench/linear.py): see the module docstring
 MIN_WEIGHTS, MIN_MULTIPLY_ADDS, ENOUGH_WEIGHTS = 2**17, 2**22, 2**19
+BF16_MULTIPLY_ADDS = 2**21  # below this a packed bf16 weight is slower than float32's F.linear
 
 
 def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
@@ -156,33 +165,48 @@ class OneDNNLinear(nn.Linear):
     # int8 weights, transposed (d_in, d_out), and their per-output scales (d_out,): quantize_int8
     int8_weight: Tensor | None = None
     int8_scale: Tensor | None = None
-    # the weight in oneDNN's blocked layout, and which weight it was made from: pack_for_inference
+    # the weight in oneDNN's blocked layout, which weight it was made from, and its dtype (float32 or
+    # bfloat16): pack_for_inference
     packed_weight: Tensor | None = None
     packed_from: tuple[int, int] | None = None
+    packed_dtype: torch.dtype = torch.float32
 
     def forward(self, x: Tensor) -> Tensor:
         int8 = self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32
         if int8 and not _needs_gradient(x, self.weight, self.bias):
             return self._int8_forward(x)
-        # torch.compile lowers F.linear itself, and cannot trace _packed_applies's data pointers
-        if self.packed_weight is not None and not torch.compiler.is_compiling() and self._packed_applies(x):
-            return _multiply(x, self.packed_weight, self.bias)
-        return linear(x, self.weight, self.bias)
+        if self.packed_weight is None:
+            return linear(x, self.weight, self.bias)
+        bf16 = self.packed_dtype == torch.bfloat16
+        # torch.compile lowers F.linear itself (a bf16 weight made from a frozen one is packed once), and
+        # cannot trace _packed_applies's data pointers
+        if torch.compiler.is_compiling():
+            if not bf16 or x.dtype != torch.float32 or _needs_gradient(x, self.weight, self.bias):
+                return linear(x, self.weight, self.bias)
+            return _with_bias(F.linear(x.to(torch.bfloat16), self.weight.to(torch.bfloat16)), self.bias)
+        if not self._packed_applies(x):
+            return linear(x, self.weight, self.bias)
+        if bf16:  # (..., d_in) rounded to bf16, summed in float32, (..., d_out) float32 again
+            return _with_bias(_multiply(x.to(torch.bfloat16), self.packed_weight, None), self.bias)
+        return _multiply(x, self.packed_weight, self.bias)
 
-    def pack_for_inference(self) -> bool:
+    def pack_for_inference(self, dtype: torch.dtype = torch.float32) -> bool:
         """Keep a copy of the weight in oneDNN's blocked layout for CPU inference (see the module
-        docstring); True if this layer's products go through oneDNN at all. The copy serves only while
-        the weight is unchanged (any in-place update, as an optimizer step or ``load_state_dict``,
-        retires it), without gradients, and for inputs of more than one row."""
+        docstring), in ``dtype``: float32, or bfloat16 for the processor's bf16 units; True if this
+        layer's products go through oneDNN at all. The copy serves only while the weight is unchanged
+        (any in-place update, as an optimizer step or ``load_state_dict``, retires it), without
+        gradients, and for inputs of enough rows to pay (:meth:`_pays`; fewer take ``F.linear``)."""
         weight = self.weight
-        if not _packing_works() or not weight.is_cpu or weight.dtype != torch.float32:
+        if not _packing_works(dtype) or not weight.is_cpu or weight.dtype != torch.float32:
             return False
-        if weight.numel() < MIN_WEIGHTS:
+        if weight.numel() < MIN_WEIGHTS and dtype == torch.float32:  # bf16 still gains on many rows
             return False
         if weight.is_inference():  # made under torch.inference_mode: no version counter to retire a copy by
             return False
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 128)
+        copy = weight.detach().to(dtype).contiguous()
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(copy, 128)
         self.packed_from = (weight.data_ptr(), weight._version)
+        self.packed_dtype = dtype
         return True
 
     def _packed_applies(self, x: Tensor) -> bool:
@@ -192,12 +216,22 @@ class OneDNNLinear(nn.Linear):
         return (
             x.dtype == torch.float32
             and x.is_cpu
-            and x.numel() > x.size(-1)  # more than one row
+            and self._pays(x.numel() // x.size(-1))
             and self.packed_from == (weight.data_ptr(), weight._version)
             and not _needs_gradient(x, weight, self.bias)
             and torch.backends.mkldnn.enabled
             and not torch.is_autocast_enabled("cpu")
         )
+
+    def _pays(self, rows: int) -> bool:
+        """Whether the packed weight is faster than ``F.linear``'s float32 for ``rows`` rows: a float32
+        one from two rows; a bf16 one, whose rounding of the inputs costs a little too, from
+        :data:`BF16_MULTIPLY_ADDS` (8 rows of a 256 x 1024 map), or for any rows of a weight of
+        :data:`ENOUGH_WEIGHTS` (an output layer), as ``bench/linear.py --bf16`` measured."""
+        if self.packed_dtype == torch.float32:
+            return rows > 1
+        numel = self.weight.numel()
+        return rows * numel >= BF16_MULTIPLY_ADDS or numel >= ENOUGH_WEIGHTS
 
     def quantize_int8(self) -> None:
         """Multiply by int8 weights from now on, in CPU inference, by dynamic quantisation (as
@@ -224,6 +258,12 @@ class OneDNNLinear(nn.Linear):
         return out.view(*x.shape[:-1], -1)  # (..., d_out)
 
 
+def _with_bias(product: Tensor, bias: Tensor | None) -> Tensor:
+    """A bf16 product back in float32, plus the float32 bias (added after rounding, not rounded itself)."""
+    out = product.float()
+    return out if bias is None else out.add_(bias)
+
+
 def _int32_product(a: Tensor, b: Tensor) -> Tensor:
     """``torch._int_mm``'s product of two int8 matrices, in int32 by public operations (slower)."""
     return a.to(torch.int32) @ b.to(torch.int32)
@@ -241,13 +281,15 @@ def _probe_int_mm() -> bool:
 
 
 @functools.cache
-def _packing_works() -> bool:
-    """Whether oneDNN's blocked weights (``_reorder_linear_weight``) give ``F.linear``'s product here."""
+def _packing_works(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN's blocked weights (``_reorder_linear_weight``) of ``dtype`` give ``F.linear``'s
+    product here (bf16: within its rounding)."""
     if _onednn_linear is None:
         return False
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(_W, 128)
-        return torch.allclose(_onednn_linear(_X, packed, _B, "none", [], ""), F.linear(_X, _W, _B), atol=1e-5)
+        packed = torch.ops.mkldnn._reorder_linear_weight(_W.to(dtype), 128)
+        product = _onednn_linear(_X.to(dtype), packed, None, "none", [], "").float() + _B
+        return torch.allclose(product, F.linear(_X, _W, _B), atol=1e-5 if dtype == torch.float32 else 2e-2)
     except (AttributeError, RuntimeError, TypeError):
         return False
 
@@ -273,8 +315,19 @@ def quantize_int8(model: nn.Module) -> int:
     return len(layers)
 
 
-def pack_for_inference(model: nn.Module) -> int:
-    """:meth:`OneDNNLinear.pack_for_inference` for every :class:`OneDNNLinear` of ``model``; returns how
-    many took it (layers too small for oneDNN keep ``F.linear``)."""
+def linear_precision(model: nn.Module) -> str:
+    """What ``model``'s linear maps multiply in for inference: ``"int8"`` after :func:`quantize_int8`,
+    ``"bf16"`` after :func:`pack_for_inference` in bfloat16, ``"fp32"`` otherwise."""
     layers = [module for module in model.modules() if isinstance(module, OneDNNLinear)]
-    return sum(layer.pack_for_inference() for layer in layers)
+    if any(layer.int8_weight is not None for layer in layers):
+        return "int8"
+    if any(layer.packed_weight is not None and layer.packed_dtype == torch.bfloat16 for layer in layers):
+        return "bf16"
+    return "fp32"
+
+
+def pack_for_inference(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """:meth:`OneDNNLinear.pack_for_inference` in ``dtype`` for every :class:`OneDNNLinear` of ``model``;
+    returns how many took it (float32 layers too small for oneDNN keep ``F.linear``)."""
+    layers = [module for module in model.modules() if isinstance(module, OneDNNLinear)]
+    return sum(layer.pack_for_inference(dtype) for layer in layers)

@@ -65,9 +65,12 @@ class Predictor(AttnkitModel):
         return {"label": pairs[0]["token"], "probability": pairs[0]["probability"]}
 
 
-def load_predictor(ckpt: str | Path, *, device: str = "cpu") -> Predictor:
-    """An encoder checkpoint with a classification, question-answering or masked-LM head."""
+def load_predictor(ckpt: str | Path, overrides: list[str] = (), *, device: str = "cpu") -> Predictor:
+    """An encoder checkpoint with a classification, question-answering or masked-LM head; ``overrides``
+    may give its precision (``decode.precision=bf16``)."""
     checkpoint = resolve_checkpoint(ckpt)
-    model, tokenizer, config = load_for_inference(checkpoint, device, arch=archs(using="predict"))
+    model, tokenizer, config = load_for_inference(
+        checkpoint, device, arch=archs(using="predict"), overrides=overrides
+    )
     check_head(checkpoint, config, HEADS)
     return Predictor(checkpoint, tokenizer, model, config, torch.device(device))

@@ -47,13 +47,11 @@ class Translator(AttnkitModel):
                          device=self.device)  # fmt: skip
 
 
-def load_translator(
-    ckpt: str | Path, overrides: list[str], *, int8: bool = False, device: str = "cpu"
-) -> Translator:
+def load_translator(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> Translator:
     """A translation or summarisation checkpoint (or run directory: its best) ready to serve."""
     checkpoint = resolve_checkpoint(ckpt)
     model, tokenizer, config = load_for_inference(
-        checkpoint, device, arch=archs(using="translate"), int8=int8, overrides=overrides
+        checkpoint, device, arch=archs(using="translate"), overrides=overrides
     )
     translator = Translator(checkpoint, tokenizer, model, config, torch.device(device))
     # one sentence before the server says it is ready: a compiled decoding step (decode.compile) is

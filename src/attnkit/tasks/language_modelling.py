@@ -191,9 +191,7 @@ class LanguageModellingTask:
 
     unit: ClassVar[str] = "tokens"  # what the loss is summed over (the speed shown is tokens/s)
     metrics: ClassVar[dict[str, str]] = {"loss": "valid_loss"}
-    scoring: ClassVar[Scoring] = Scoring(
-        files=("data",), asks="evaluate its perplexity with --data FILE.txt", int8=True
-    )
+    scoring: ClassVar[Scoring] = Scoring(files=("data",), asks="evaluate its perplexity with --data FILE.txt")
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         self.config = config

@@ -27,7 +27,6 @@ class Scoring:
     files: tuple[str, ...]  # the options naming its files: ("src", "ref"), ("data",); (): its own test data
     asks: str  # what its error asks for when they are missing: "evaluate it with --data FILE.tsv"
     decodes: bool = False  # takes decode settings (decode.field=value), --beam and --streams
-    int8: bool = False  # takes --int8
     heads: tuple[str, ...] = ()  # an encoder: the heads it scores (another head is a one-line error)
     holder: str = ""  # what its errors call the model ("a summariser"; default: its architecture's name)
 

@@ -247,7 +247,7 @@ class TranslationTask:
     unit: ClassVar[str] = "target tokens"  # what the loss is summed over (the speed shown is target tokens/s)
     cuts_sources: ClassVar[bool] = False  # sources cut to data.max_source_len, in training and inference
     scoring: ClassVar[Scoring] = Scoring(
-        files=("src", "ref"), asks="evaluate it with --src FILE --ref FILE", decodes=True, int8=True
+        files=("src", "ref"), asks="evaluate it with --src FILE --ref FILE", decodes=True
     )
     metrics: ClassVar[dict[str, str]] = {
         "bleu": "valid_bleu",
@@ -376,7 +376,7 @@ class SummarisationTask(TranslationTask):
 
     cuts_sources: ClassVar[bool] = True  # an email's beginning: all a summariser has ever read
     scoring: ClassVar[Scoring] = Scoring(
-        files=("data",), asks="evaluate it with --data FILE.jsonl", decodes=True, int8=True,
+        files=("data",), asks="evaluate it with --data FILE.jsonl", decodes=True,
         holder="a summariser",
     )  # fmt: skip
     metrics: ClassVar[dict[str, str]] = {

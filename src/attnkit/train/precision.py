@@ -1,11 +1,12 @@
 """Which precision a run trains in: ``train.precision`` resolved for its device, with the reason, for the
 run's first lines and its ``config.json``.
 
-``auto`` is bf16 autocast on a GPU and float32 on a CPU; where the CPU has bf16 matrix units
-(:func:`attnkit.cpu.precision.matrix_units` finds them: AMX, AVX512-BF16), the line says so, since
-``train.precision=bf16`` then trains faster (bench/train_speed.py ``--precision bf16``; the figures are
-in docs/benchmarks.md). ``auto`` stays float32 on such CPUs until bf16 is shown to reach float32's
-quality on every task (a model trained with REINFORCE learns less well in bf16 today). Under autocast
+``auto`` is bf16 autocast on a GPU, and on a CPU whose bf16 matrix products are fast
+(:func:`attnkit.cpu.precision.matrix_units` finds the units, AMX or AVX512-BF16, and times a product):
+there bf16 trains about 1.6-1.8x float32's tokens a second to the same validation loss
+(bench/train_speed.py ``--precision``; the figures are in docs/benchmarks.md). Elsewhere (a CPU without
+such units, which emulates bf16, or another device) it is float32. ``train.precision=fp32`` keeps
+float32 anywhere. Under autocast
 the weights, gradients and the optimizer's state stay float32 (mixed precision: Micikevicius et al.,
 2018, with bf16's range needing no loss scaling), the matrix products run in bf16, and the losses'
 log-softmax in float32 (tasks/losses.py).
@@ -29,5 +30,7 @@ def training_precision(precision: str, device: torch.device) -> tuple[torch.dtyp
         return torch.bfloat16, "bf16 autocast (train.precision=auto: a GPU)"
     units = matrix_units() if device.type == "cpu" else None
     if units is not None and units.bf16:
-        return None, f"fp32 (train.precision=auto); {units.why}: train.precision=bf16 trains faster"
+        return torch.bfloat16, f"bf16 autocast (train.precision=auto: {units.why})"
+    if units is not None:
+        return None, f"fp32 (train.precision=auto: {units.why})"
     return None, f"fp32 (train.precision=auto on a {device.type.upper()})"

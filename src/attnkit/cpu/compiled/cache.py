@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import attnkit
+from attnkit.cpu.linear import linear_precision
 from attnkit.cpu.precision import cpu_flags
 
 if TYPE_CHECKING:
@@ -37,13 +38,14 @@ def cpu_capabilities() -> str:
 
 
 def cache_key(model: EncoderDecoder, beams: int) -> str:
-    """What the compiled step depends on: the weights, the model's settings, the beam width, torch's
-    and attnkit's versions, and the processor it runs on."""
+    """What the compiled step depends on: the weights, the model's settings, the beam width, what its
+    linear maps multiply in, torch's and attnkit's versions, and the processor it runs on."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    settings = {"config": repr(model.config), "beams": beams, "torch": torch.__version__,
+    settings = {"config": repr(model.config), "beams": beams, "linear": linear_precision(model),
+                "torch": torch.__version__,
                 "attnkit": attnkit.__version__, "cpu": cpu_capabilities()}  # fmt: skip
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:32]

@@ -1,0 +1,99 @@
+"""bf16 linear maps for CPU inference (``decode.precision=bf16``): each product is that of the inputs and
+weights rounded to bf16, summed in float32 (checked against float64 sums of the rounded numbers), with
+the float32 bias added; the output is float32; the bf16 copy is used where it pays, for few rows of a
+small map float32's ``F.linear``; and a compiled model multiplies in bf16 too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit.cpu.linear as linear_module
+from attnkit.cpu.linear import BF16_MULTIPLY_ADDS, OneDNNLinear, linear_precision, pack_for_inference
+
+pytestmark = pytest.mark.skipif(
+    not linear_module._packing_works(torch.bfloat16), reason="this torch's oneDNN has no bf16 linear"
+)
+
+
+def _layer(d_in: int, d_out: int, seed: int = 0) -> OneDNNLinear:
+    torch.manual_seed(seed)
+    return OneDNNLinear(d_in, d_out)
+
+
+def _rounded_product(x: torch.Tensor, layer: OneDNNLinear) -> torch.Tensor:
+    """The definition: inputs and weights rounded to bf16, their products summed exactly (float64), the
+    sum rounded to bf16 (oneDNN's output), then the float32 bias added."""
+    rounded = x.bfloat16().double() @ layer.weight.bfloat16().double().T  # (..., d_out)
+    return rounded.bfloat16().float() + layer.bias
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (3, 40, 256), (1, 256), (67, 256)])
+def test_a_bf16_weight_gives_the_product_of_the_rounded_numbers_in_float32(shape):
+    layer = _layer(256, 2048)  # 2^19 weights: bf16 pays for any number of rows
+    assert layer.pack_for_inference(torch.bfloat16)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        got = layer(x)
+    assert got.dtype == torch.float32 and got.shape == (*shape[:-1], 2048)
+    # float32 sums of bf16 numbers differ from exact sums in the last bf16 bit at most
+    torch.testing.assert_close(got, _rounded_product(x, layer), rtol=2**-7, atol=1e-3)
+    exact = x.double() @ layer.weight.double().T + layer.bias.double()
+    assert (got.double() - exact).abs().max() > 1e-4  # not float32's product: bf16's rounding shows
+
+
+def test_few_rows_of_a_small_map_take_float32_where_bf16_does_not_pay(monkeypatch):
+    """256 x 256 weights: one row is float32's F.linear (rounding to bf16 costs more than it saves),
+    enough rows for BF16_MULTIPLY_ADDS are bf16."""
+    layer = _layer(256, 256)
+    assert layer.pack_for_inference(torch.bfloat16)
+    calls = []
+    real = linear_module._onednn_linear
+    spy = lambda x, *rest: calls.append(x.dtype) or real(x, *rest)  # noqa: E731
+    monkeypatch.setattr(linear_module, "_onednn_linear", spy)
+    few, many = torch.randn(2, 256), torch.randn(BF16_MULTIPLY_ADDS // (256 * 256), 256)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(few), F.linear(few, layer.weight, layer.bias))
+        assert calls == []
+        torch.testing.assert_close(layer(many), _rounded_product(many, layer), rtol=2**-7, atol=1e-3)
+        assert calls == [torch.bfloat16]
+
+
+def test_the_bf16_copy_retires_when_the_weight_changes_and_gradients_take_float32():
+    layer = _layer(256, 2048)
+    layer.pack_for_inference(torch.bfloat16)
+    x = torch.randn(8, 256, requires_grad=True)
+    y = layer(x)  # gradients on: the float32 weight, as training multiplies
+    torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        layer.weight.mul_(2)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_says_what_its_maps_multiply_in():
+    model = torch.nn.Sequential(OneDNNLinear(256, 512), torch.nn.ReLU(), OneDNNLinear(512, 256))
+    assert linear_precision(model) == "fp32"
+    assert pack_for_inference(model, torch.bfloat16) == 2 and linear_precision(model) == "bf16"
+    linear_module.quantize_int8(model)
+    assert linear_precision(model) == "int8"
+
+
+def test_without_bf16_packing_a_model_keeps_float32(monkeypatch):
+    """The fallback: where this torch's oneDNN cannot pack bf16 weights, no layer takes a bf16 copy."""
+    monkeypatch.setattr(linear_module, "_packing_works", lambda dtype=torch.float32: dtype == torch.float32)
+    model = torch.nn.Sequential(OneDNNLinear(256, 512))
+    assert pack_for_inference(model, torch.bfloat16) == 0 and linear_precision(model) == "fp32"
+
+
+def test_compiled_a_bf16_layer_multiplies_in_bf16_as_eager_does():
+    """Under torch.compile (the compiled decoding step) the packed copy cannot serve; the layer hands the
+    compiler a bf16 product of the same numbers instead."""
+    layer = _layer(256, 2048).eval()
+    layer.pack_for_inference(torch.bfloat16)
+    x = torch.randn(16, 256)
+    with torch.no_grad():
+        eager = layer(x)
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, rtol=2**-7, atol=1e-3)
+    torch.testing.assert_close(compiled, _rounded_product(x, layer), rtol=2**-7, atol=1e-3)
