@@ -3,8 +3,9 @@ them (Intel's AMX tiles, AVX512-BF16, AVX512-VNNI; Arm's BF16 and I8MM), float32
 
 Why it matters: a processor with bf16 matrix units multiplies bf16 matrices several times faster than
 float32 ones, through the same oneDNN kernels torch already ships; one without them emulates bf16 and
-gains nothing (or loses). So training asks :func:`matrix_units` whether bf16 would pay on this CPU
-(``attnkit.train.precision``: the run's first line says so).
+gains nothing (or loses). So ``auto`` asks :func:`matrix_units` whether bf16 pays on this CPU, for
+training (``attnkit.train.precision``: the run's first line says so) and for inference
+(``attnkit.loading.inference_precision``: ``decode.precision``).
 
 Why a probe and not a list of processor names: the instruction flags say whether the units exist (Linux's
 ``/proc/cpuinfo``; where the system does not say, they are taken to be there and the product decides),
