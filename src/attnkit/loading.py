@@ -105,8 +105,9 @@ def load_for_inference(
     model = model.to(device).eval()
     precision = config.decode.precision
     speed_up(model, inference=pack and precision == "fp32")
-    if precision == "bf16":
-        pack_for_inference(model, torch.bfloat16)
+    if precision == "bf16" and not pack_for_inference(model, torch.bfloat16):
+        config.decode.precision = "fp32"  # this torch's oneDNN packs no bf16 weights: float32's, packed
+        pack_for_inference(model)
     elif precision == "int8":
         quantize_int8(model)
     return model, tokenizer, config

@@ -240,6 +240,16 @@ def test_one_loader_applies_the_precision_and_decode_overrides_for_every_command
             load_for_inference(dates_run, "cuda", overrides=[f"decode.precision={precision}"])
 
 
+def test_where_bf16_weights_cannot_be_packed_the_loader_says_float32(dates_run, monkeypatch):
+    """The fallback: a torch whose oneDNN packs no bf16 weights serves float32, and the config says so."""
+    from attnkit.cpu import linear
+
+    monkeypatch.setattr(linear, "_packing_works", lambda dtype=torch.float32: dtype == torch.float32)
+    model, _, config = load_for_inference(dates_run, overrides=["decode.precision=bf16"])
+    assert config.decode.precision == "fp32"
+    assert all(m.packed_dtype == torch.float32 for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
 @pytest.mark.parametrize(("bf16_units", "resolved"), [(True, "bf16"), (False, "fp32")])
 def test_auto_precision_follows_the_cpus_bf16_units_and_is_float32_on_a_gpu(monkeypatch, bf16_units,
                                                                              resolved):  # fmt: skip
