@@ -14,12 +14,23 @@ state-dict keys) with four changes, each where it pays on a CPU and a no-op else
   takes torch's fused kernel (``attention.functional.fused``): that kernel's CPU backward is several
   times slower in bf16 than in float32 (bench/train_speed.py ``--precision bf16``; docs/benchmarks.md),
   and its products are a small share of a step next to the projections, which stay bf16. The reference
-  path (dropout on the weights) keeps bf16, whose batched products are the faster there.
+  path (dropout on the weights) keeps bf16, whose batched products are the faster there;
+- traced into a compiled decoding step (:func:`decoding_step`), attention of a few queries is written as
+  products and sums (:func:`attend_few_queries`) rather than the fused kernel's call, so that the
+  compiler fuses it with the reading of the keys and values: the step's self-attention gathers each
+  row's past keys through an index of slots (``attnkit.cpu.compiled.trace``) and reads them once, where
+  the fused kernel would take them copied into one tensor first. That copy of every row's keys at every
+  step, and the kernel's cost per row and head for one query, were half of a beam-5 step's time.
 
 :func:`attnkit.cpu.speed_up` makes a model's ``MultiHeadAttention`` modules this class.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +69,9 @@ class CPUMultiHeadAttention(MultiHeadAttention):
     ) -> tuple[Tensor, Tensor | None]:
         dropout = self.dropout if self.training else 0.0
         settings = {"score": self.score, "normaliser": self.normaliser, "dropout_p": dropout}
+        if _IN_DECODING_STEP.get() and not causal and fused(q, **settings, need_weights=need_weights):
+            scale = 1.0 / math.sqrt(q.size(-1)) if self.score == "scaled_dot" else 1.0
+            return attend_few_queries(q, k, v, mask, scale), None
         if not (_trained_in_bf16(q) and fused(q, **settings, need_weights=need_weights)):
             return super()._attend(q, k, v, mask, need_weights, causal)
         with torch.autocast("cpu", enabled=False):  # else autocast would cast them back to bf16
@@ -70,6 +84,33 @@ class CPUMultiHeadAttention(MultiHeadAttention):
         B, _, T_q, _ = out.shape
         merged = out.transpose(1, 2).reshape(B, T_q, self.d_model)  # (B, h, T, d_k) -> (B, T, d_model)
         return self.out_proj(packing.pack(merged))  # (rows, d_model)
+
+
+_IN_DECODING_STEP: ContextVar[bool] = ContextVar("in_decoding_step", default=False)
+
+
+@contextmanager
+def decoding_step() -> Iterator[None]:
+    """While a decoding step of one new token per row is traced for compiling, attention of softmaxed
+    (scaled) dot products takes :func:`attend_few_queries` (see the module docstring)."""
+    token = _IN_DECODING_STEP.set(True)
+    try:
+        yield
+    finally:
+        _IN_DECODING_STEP.reset(token)
+
+
+def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """``softmax(scale · q kᵀ, masked) v`` (eq. 1) as elementwise products and sums, which a compiler
+    fuses with whatever produced ``k`` and ``v`` (a gather, a concatenation, a dtype's widening) instead
+    of materialising them; worth it for a few queries, whose products are too small for a matrix
+    kernel. ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``, ``mask`` boolean,
+    broadcastable to ``(..., T_q, T_k)``, True = may attend; every query must see some key."""
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3).to(q.dtype)).sum(-1) * scale  # (..., T_q, T_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(-1)
+    return (weights.unsqueeze(-1) * v.unsqueeze(-3).to(q.dtype)).sum(-2)  # (..., T_q, d_v)
 
 
 def _trained_in_bf16(q: Tensor) -> bool:

@@ -2,7 +2,13 @@
 
 :class:`CompiledDecoding` is the model's own decoding (``model.decoding(src)``) with ``next_logits``
 swapped: the steps after the first, one new token per row at the step's beam width, run the compiled
-step on the KV cache's tensors; every other step runs the model as usual. The model knows nothing of it.
+step; every other step runs the model as usual. The model knows nothing of it.
+
+From the first compiled step on, the self-attention's keys and values live in a :class:`History`
+(buffers of one position per row and slots saying whose, as the compiled step reads them: see
+``attnkit.cpu.compiled.trace``): a step writes one new position into it, and beam search's
+reordering and dropped sentences move slots, not keys. Where a step must run eagerly after all, the
+keys go back into the model's own cache first.
 """
 
 from __future__ import annotations
@@ -13,29 +19,66 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from attnkit.attention.multihead import KVCache
 from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.cpu.compiled.steps import compiled_step
+from attnkit.cpu.compiled.trace import history_dtype
 from attnkit.models.seq2seq import Seq2SeqDecoding
+from attnkit.nn.transformer import DecoderCache
 
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
 
 
-def compiled_next_logits(step: CompiledStep, decoding: Seq2SeqDecoding, tokens: Tensor) -> Tensor:
-    """:meth:`Seq2SeqDecoding.next_logits` for one new token per row, run by ``step``, the cache moved
-    on as the eager step moves it: the step picks the rows to keep (beam search's ``order``) as it
-    extends the self-attention keys and values, and returns them extended."""
-    layers = decoding.cache.layers
-    keys, values, orders = zip(*(layer.self_attn.held() for layer in layers), strict=True)
-    order = orders[0] if orders[0] is not None else torch.arange(tokens.size(0))  # the same in every layer
-    kept = [key.contiguous() for key in keys] + [value.contiguous() for value in values]
-    kept += [layer.src_attn.key.contiguous() for layer in layers]  # (the sources kept: applied)
-    kept += [layer.src_attn.value.contiguous() for layer in layers]
-    out = step(tokens[:, -1:].contiguous(), order, decoding.src_mask.contiguous(), *kept)
-    n = len(layers)
-    for i, layer in enumerate(layers):
-        layer.self_attn.hold(out[1 + i], out[1 + n + i])
-    return out[0]
+class History:
+    """Every layer's self-attention keys and values of the positions decoded so far, as the compiled
+    step reads them: ``keys[i]`` and ``values[i]`` ``(capacity, P, h, d_k)``, position t of the rows in
+    ``keys[i][t]``, and ``slots (R, T)``, the slot of ``keys[i][t]`` that holds row r's position t."""
+
+    def __init__(self, cache: DecoderCache, dtype: torch.dtype) -> None:
+        """Take the keys and values over from ``cache`` (whose self-attention caches are emptied)."""
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        for layer in cache.layers:
+            for held, buffers in ((layer.self_attn.key, self.keys), (layer.self_attn.value, self.values)):
+                R, h, T, d_k = held.shape
+                buffer = held.new_empty((max(2 * T, 16), R, h, d_k), dtype=dtype)
+                buffer[:T] = held.permute(2, 0, 1, 3)  # (R, h, T, d_k) -> (T, R, h, d_k)
+                buffers.append(buffer)
+            layer.self_attn = KVCache()
+        self.slots = torch.arange(R, device=held.device)[:, None].repeat(1, T)  # (R, T): its own row
+
+    def __len__(self) -> int:
+        return self.slots.size(1)
+
+    def step_inputs(self) -> list[Tensor]:
+        """The slots and the buffers' positions so far, as the step takes them."""
+        T = len(self)
+        return [self.slots, *(keys[:T] for keys in self.keys), *(values[:T] for values in self.values)]
+
+    def extend(self, new_keys: list[Tensor], new_values: list[Tensor]) -> None:
+        """Add the positions a step computed, ``(R, h, 1, d_k)`` per layer: row r's in slot r."""
+        T, R = len(self), self.slots.size(0)
+        if self.keys[0].size(0) == T:  # full: twice the positions
+            self.keys = [torch.cat([keys, torch.empty_like(keys)]) for keys in self.keys]
+            self.values = [torch.cat([values, torch.empty_like(values)]) for values in self.values]
+        for buffers, new in ((self.keys, new_keys), (self.values, new_values)):
+            for buffer, position in zip(buffers, new, strict=True):
+                buffer[T, :R] = position.reshape(R, *buffer.shape[2:])
+        own = torch.arange(R, device=self.slots.device)[:, None]
+        self.slots = torch.cat([self.slots, own], dim=1)  # (R, T + 1)
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows ``index`` (in that order): beam search's reordering, or dropped rows."""
+        self.slots = self.slots.index_select(0, index)
+
+    def give_back(self, cache: DecoderCache) -> None:
+        """Put every row's keys and values into ``cache``, as the eager step reads them."""
+        positions = torch.arange(len(self), device=self.slots.device)[None, :]  # (1, T)
+        for layer, keys, values in zip(cache.layers, self.keys, self.values, strict=True):
+            key = keys[positions, self.slots].transpose(1, 2).float()  # (R, T, h, d_k) -> (R, h, T, d_k)
+            value = values[positions, self.slots].transpose(1, 2).float()
+            layer.self_attn = KVCache(key.contiguous(), value.contiguous())
 
 
 class CompiledDecoding(Seq2SeqDecoding):
@@ -46,12 +89,44 @@ class CompiledDecoding(Seq2SeqDecoding):
     def __init__(self, model: EncoderDecoder, src: Tensor, use_cache: bool, step: CompiledStep, beams: int):
         super().__init__(model, src, use_cache)
         self.step, self.step_beams = step, beams
+        self.history: History | None = None
 
     def next_logits(self, tokens: Tensor) -> Tensor:
-        cached = self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1
-        if cached and self.beams == self.step_beams:
-            return compiled_next_logits(self.step, self, tokens)
-        return super().next_logits(tokens)
+        if self.history is not None and len(self.history) != tokens.size(1) - 1:
+            self._leave_history()  # not one new token: the eager step, on the model's cache
+        if self.history is None:
+            cached = self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1
+            if not (cached and self.beams == self.step_beams):
+                return super().next_logits(tokens)
+            self.history = History(self.cache, history_dtype(self.model))
+        layers = self.cache.layers
+        crossed = [layer.src_attn.key.contiguous() for layer in layers]  # (the sources kept: applied)
+        crossed += [layer.src_attn.value.contiguous() for layer in layers]
+        slots, *buffers = self.history.step_inputs()
+        out = self.step(tokens[:, -1:].contiguous(), slots, self.src_mask.contiguous(), *buffers, *crossed)
+        n = len(layers)
+        self.history.extend(out[1 : 1 + n], out[1 + n :])
+        return out[0]
+
+    def reorder(self, index: Tensor) -> None:
+        if self.history is not None:
+            self.history.select(index)
+        else:
+            super().reorder(index)
+
+    def keep(self, index: Tensor) -> None:
+        if self.history is not None:
+            self.history.select(index)
+        super().keep(index)  # (the model's self-attention caches are empty meanwhile)
+
+    def repeat(self, times: int) -> None:
+        self._leave_history()
+        super().repeat(times)
+
+    def _leave_history(self) -> None:
+        if self.history is not None:
+            self.history.give_back(self.cache)
+            self.history = None
 
 
 def compiled_decoding(

@@ -112,13 +112,19 @@ def length_penalty(length: int, alpha: float, kind: str = "length") -> float:
     raise ValueError(f"unknown length penalty {kind!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
 
 
-def next_log_probs(decoding: Decoding, tokens: Tensor, at_limit: Tensor, specials: SpecialIds) -> Tensor:
+def next_log_probs(
+    decoding: Decoding, tokens: Tensor, at_limit: Tensor, specials: SpecialIds, normalised: bool = True
+) -> Tensor:
     """Log-probabilities of the next token after ``tokens (N, t)``: ``(N, V)``, in float32 at least.
 
     ``<pad>`` and ``<s>`` are never generated; rows ``at_limit`` may only end (``</s>``), keeping the
-    model's probability of ending so that scores stay true log-probabilities.
+    model's probability of ending so that scores stay true log-probabilities. ``normalised=False``
+    leaves the logits as the model gives them, with the same tokens ruled out: what a choice that only
+    compares a row's entries (greedy search's argmax) needs, one pass over ``(N, V)`` cheaper.
     """
     logits = decoding.next_logits(tokens)
+    if not normalised:
+        return _only_allowed(logits, at_limit, specials)
     # On a CPU each pass over the (N, V) matrix costs as much as the rest of the search step, and one
     # into a second matrix more than one over the logits the product has just written (3.6% of a beam
     # search, measured): so the log-probabilities overwrite the logits (ours to overwrite, see
@@ -133,12 +139,18 @@ def next_log_probs(decoding: Decoding, tokens: Tensor, at_limit: Tensor, special
         log_probs = torch.log_softmax(logits, -1, out=logits)
     else:
         log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    log_probs[:, sorted({specials.pad, specials.bos} - {specials.eos})] = float("-inf")
+    return _only_allowed(log_probs, at_limit, specials)
+
+
+def _only_allowed(scores: Tensor, at_limit: Tensor, specials: SpecialIds) -> Tensor:
+    """``scores (N, V)`` with the tokens never generated, and every token but ``</s>`` in rows
+    ``at_limit``, ruled out (``-inf``, in place)."""
+    scores[:, sorted({specials.pad, specials.bos} - {specials.eos})] = float("-inf")
     if at_limit.any():
-        end = log_probs[at_limit, specials.eos]
-        log_probs[at_limit] = float("-inf")
-        log_probs[at_limit, specials.eos] = end
-    return log_probs
+        end = scores[at_limit, specials.eos]
+        scores[at_limit] = float("-inf")
+        scores[at_limit, specials.eos] = end
+    return scores
 
 
 def top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
@@ -192,7 +204,8 @@ def extend(
     """Append one token per step to every row of ``tokens (N, t)`` (``<s>``, or a prompt) until it has
     ended or reached its limit; returns the generated ids of each row, without ``</s>``.
 
-    ``choose`` picks each row's next token (argmax for greedy search, or a sampler); ``observe``, if
+    ``choose`` picks each row's next token (:func:`argmax` for greedy search, which is given the logits
+    rather than the log-probabilities: the same order, one pass fewer; or a sampler); ``observe``, if
     given, sees the generated tokens ``(N, steps)`` after every step (``<pad>`` after a row's end; to
     stream them) and may return a mask of rows to end there (stop strings). A row that has ended leaves
     the batch: later steps run only on the others.
@@ -200,7 +213,8 @@ def extend(
     rows = torch.arange(tokens.size(0), device=tokens.device)  # the rows still being extended
     generated = tokens.new_full((tokens.size(0), 0), specials.pad)  # (N, steps)
     for t in range(int(limits.max()) if len(limits) else 0):
-        log_probs = next_log_probs(decoding, tokens, t + 1 >= limits[rows], specials)
+        at_limit = t + 1 >= limits[rows]
+        log_probs = next_log_probs(decoding, tokens, at_limit, specials, normalised=choose is not argmax)
         next_token = choose(log_probs, rows)  # (n,)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         column = generated.new_full((generated.size(0), 1), specials.pad)

@@ -12,6 +12,9 @@ How, one module a step:
 - ``trace.py``: ``torch.export`` traces the model's own :meth:`EncoderDecoder.decode` with a KV cache
   rebuilt from tensors, so there is no second copy of the decoder to keep in step with the first; the
   cached length, the rows and the source length are symbols, so one compiled step serves every batch.
+  The self-attention's past keys and values come as buffers of one position per row and an index of
+  which row's is where (``SlotHistory``; bf16 where the linear maps multiply in bf16): beam search
+  moves the index, not the keys, and the step reads each key once, inside the attention.
 - ``build.py``: AOTInductor compiles the trace (with frozen weights) into a shared library, once per
   model and beam width: about 20 s.
 - ``cache.py``: the library is kept in ``$XDG_CACHE_HOME/attnkit/steps`` under a key of the weights,

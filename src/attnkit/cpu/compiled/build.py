@@ -41,6 +41,9 @@ def build(model: EncoderDecoder, beams: int, package: Path) -> None:
         package.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=package.parent) as work:
             written = Path(work) / package.name
-            with inductor.patch(freezing=True):  # weights as constants: packed once, for oneDNN
+            # freezing: weights as constants, packed once for oneDNN; pointwise concatenation: the
+            # self-attention's past keys and the new one are read where they are (trace.py), not copied
+            # into one tensor first (the CPU default)
+            with inductor.patch(freezing=True, force_pointwise_cat=True):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(written))
             os.replace(written, package)

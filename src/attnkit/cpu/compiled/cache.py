@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 MAX_CACHE_BYTES = 2 * 2**30  # beyond this the least recently used steps go (each is 1-50 MB)
 MAX_CACHE_DAYS = 30  # a step unused for this long goes
+# What the step takes and returns (trace.py); a new layout gets a new number, so that a step cached by
+# an earlier attnkit of the same version string is never called with inputs it does not expect.
+STEP_LAYOUT = 2
 
 
 def cpu_capabilities() -> str:
@@ -39,13 +42,14 @@ def cpu_capabilities() -> str:
 
 def cache_key(model: EncoderDecoder, beams: int) -> str:
     """What the compiled step depends on: the weights, the model's settings, the beam width, what its
-    linear maps multiply in, torch's and attnkit's versions, and the processor it runs on."""
+    linear maps multiply in, its inputs' layout, torch's and attnkit's versions, and the processor it
+    runs on."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     settings = {"config": repr(model.config), "beams": beams, "linear": linear_precision(model),
-                "torch": torch.__version__,
+                "layout": STEP_LAYOUT, "torch": torch.__version__,
                 "attnkit": attnkit.__version__, "cpu": cpu_capabilities()}  # fmt: skip
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:32]

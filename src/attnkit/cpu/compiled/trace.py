@@ -1,5 +1,13 @@
 """The decoding step as ``torch.export`` traces it: the model's own ``decode`` of one new token per row,
-with its KV cache rebuilt from tensors, and example inputs whose sizes are symbols."""
+with its KV cache rebuilt from tensors, and example inputs whose sizes are symbols.
+
+The self-attention's past keys and values come in as :class:`SlotHistory`: one buffer per layer and
+kind, ``(T, P, h, d_k)``, position t of every row in ``buffer[t]``, and ``slots (R, T)``, which slot of
+``buffer[t]`` holds row r's position t. Beam search's reordering then moves slots (R·T small integers)
+instead of copying every row's keys at every step, and the step reads each row's keys once, gathered
+by the slots inside the attention (:func:`attnkit.cpu.attention.attend_few_queries`); it returns only
+the new position's keys and values, which the caller writes into ``buffer[T]`` (decode/compiled.py).
+"""
 
 from __future__ import annotations
 
@@ -8,54 +16,92 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.multihead import KVCache
+from attnkit.cpu.attention import decoding_step
+from attnkit.cpu.linear import linear_precision
+
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
 
 
+class SlotHistory(KVCache):
+    """A self-attention cache of ``T`` positions held as buffers ``(T, P, h, d_k)`` and ``slots (R, T)``
+    (see the module docstring); ``append`` returns every row's keys and values so far, ``(R, h, T + 1,
+    d_k)``, as an expression of the buffers that the compiler fuses into the attention reading them,
+    and keeps the new ones (``new_key``, ``new_value``: ``(R, h, 1, d_k)``)."""
+
+    def __init__(self, keys: Tensor, values: Tensor, slots: Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.slots = keys, values, slots
+        self.new_key: Tensor | None = None
+        self.new_value: Tensor | None = None
+
+    def positions(self) -> int:
+        return self.keys.size(0)
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        self.new_key, self.new_value = key, value
+        positions = torch.arange(self.keys.size(0), device=key.device)[None, :]  # (1, T)
+        past_keys = self.keys[positions, self.slots].transpose(1, 2)  # (R, T, h, d_k) -> (R, h, T, d_k)
+        past_values = self.values[positions, self.slots].transpose(1, 2)
+        keys = torch.cat([past_keys.to(key.dtype), key], dim=2)  # (R, h, T + 1, d_k)
+        return keys, torch.cat([past_values.to(value.dtype), value], dim=2)
+
+
 class CachedStep(nn.Module):
     """``model.decode`` of one new token per row with a cache made of tensors, as export traces it:
-    ``(new (R, 1), order (R,), src_mask (R, 1, S), the layers' self-attention keys, their values,
-    cross-attention keys, values)`` -> ``(logits (R, V), new self-attention keys..., values...)``.
-    ``order`` picks each row's cached keys (beam search's re-ranking, dropped sentences)."""
+    ``(new (R, 1), slots (R, T), src_mask (R, 1, S), the layers' self-attention key buffers (T, P, h,
+    d_k), their value buffers, cross-attention keys (N, h, S, d_k), values)`` -> ``(logits (R, V), the
+    new position's self-attention keys (R, h, 1, d_k)..., values...)``."""
 
     def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, new: Tensor, order: Tensor, src_mask: Tensor, *cached: Tensor) -> tuple[Tensor, ...]:
+    def forward(self, new: Tensor, slots: Tensor, src_mask: Tensor, *cached: Tensor) -> tuple[Tensor, ...]:
         cache = self.model.new_cache()
         n = len(cache.layers)
         for i, layer in enumerate(cache.layers):
-            layer.self_attn.hold(cached[i], cached[n + i], order)
+            layer.self_attn = SlotHistory(cached[i], cached[n + i], slots)
             layer.src_attn.hold(cached[2 * n + i], cached[3 * n + i])
         unused_memory = cached[2 * n]  # the cross-attention reads its cache, not the memory
-        hidden = self.model.decode(unused_memory, src_mask, new, cache=cache)[:, -1]  # (R, d_model)
-        keys = [layer.self_attn.key for layer in cache.layers]
-        values = [layer.self_attn.value for layer in cache.layers]
+        with decoding_step():
+            hidden = self.model.decode(unused_memory, src_mask, new, cache=cache)[:, -1]  # (R, d_model)
+        keys = [layer.self_attn.new_key for layer in cache.layers]
+        values = [layer.self_attn.new_value for layer in cache.layers]
         return (self.model.generator(hidden), *keys, *values)
+
+
+def history_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the self-attention buffers the step of ``model`` reads: bfloat16 where its linear
+    maps multiply in bf16 (the keys and values are products of such maps; half the bytes to read at
+    every step), float32 otherwise."""
+    return torch.bfloat16 if linear_precision(model) == "bf16" else torch.float32
 
 
 def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tuple]:
     """Inputs to trace with (sizes all different, so that none is taken for another) and their
-    dynamic sizes: sources N, rows R = N·beams, cached rows before the step, cached length, source
-    length."""
+    dynamic sizes: sources N, rows R = N·beams, buffer slots P, cached length T, source length."""
     from torch.export import Dim
 
     c = model.config
     n, h, d_k = c.decoder_layers, c.h, c.d_model // c.h
-    sources, before, length, source_len = 6, 33, 5, 9
+    sources, length, source_len = 6, 5, 9
     rows = sources * beams
+    slots = rows + 11
+    dtype = history_dtype(model)
     inputs = (
         torch.randint(4, 20, (rows, 1)),
-        torch.randint(0, before, (rows,)),
+        torch.randint(0, slots, (rows, length)),
         torch.ones(rows, 1, source_len, dtype=torch.bool),
-        *[torch.randn(before, h, length, d_k) for _ in range(2 * n)],
+        *[torch.randn(length, slots, h, d_k, dtype=dtype) for _ in range(2 * n)],
         *[torch.randn(sources, h, source_len, d_k) for _ in range(2 * n)],
     )
     N = Dim("sources", min=1, max=4096)
     R = N * beams if beams > 1 else N
     # a cached length leaves room for the new position; a source has at most max_len tokens
     cached, source = Dim("cached", min=1, max=c.max_len - 1), Dim("source_len", min=1, max=c.max_len)
-    self_kv = {0: Dim("before", min=1, max=4096 * beams), 2: cached}
-    shapes = ({0: R}, {0: R}, {0: R, 2: source}, (*[self_kv] * (2 * n), *[{0: N, 2: source}] * (2 * n)))
+    buffer = {0: cached, 1: Dim("slots", min=1, max=4096 * beams)}
+    tensors = (*[buffer] * (2 * n), *[{0: N, 2: source}] * (2 * n))
+    shapes = ({0: R}, {0: R, 1: cached}, {0: R, 2: source}, tensors)
     return inputs, shapes
