@@ -9,7 +9,7 @@ import torch
 from attnkit import build_transformer
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import Search, beam_search, greedy, length_penalty
-from attnkit.decode.search import beam, best_continuations, next_log_probs, top_k
+from attnkit.decode.search import argmax, beam, best_continuations, next_log_probs, top_k
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the tiny model's sources below use ids 4..15
 PAD_ID, BOS_ID, EOS_ID = IDS.pad, IDS.bos, IDS.eos
@@ -255,6 +255,42 @@ def test_blockwise_top_k_equals_torch_topk(V, k):
     torch.testing.assert_close(values, want_values)
     finite = want_values > float("-inf")
     assert torch.equal(index[finite], want_index[finite])  # no ties among finite random entries
+
+
+@pytest.mark.parametrize("V", [8000, 8001, 9999, 300, 100])
+def test_blockwise_argmax_equals_torch_argmax_ties_included(V):
+    """The first largest entry of each row, as Tensor.argmax: ties inside a block, across blocks and
+    with the last (partial) block, rows of -inf but one entry, and integer-valued rows full of ties."""
+    torch.manual_seed(V)
+    x = torch.randn(10, V)
+    x[1, 70] = x[1, V - 5] = 50.0  # a tie across blocks: the first wins
+    x[2, 65] = x[2, 66] = 50.0  # inside one block
+    x[3, -1] = 60.0  # the last entry (in the partial block, where there is one)
+    x[4, 10] = x[4, -1] = 60.0  # a tie between the first block and the last entry: the first wins
+    x[5] = float("-inf")
+    x[5, V // 3] = 0.0
+    x[6] = torch.randint(0, 3, (V,)).float()  # ties everywhere
+    for rows in (x, x[:, : V - 1], x.bfloat16()):  # a strided view, another dtype
+        assert torch.equal(argmax(rows), rows.argmax(-1))
+
+
+def test_greedy_search_takes_the_unnormalised_logits_in_its_bounds():
+    """Greedy search chooses from the logits (no log-softmax: the same order), with <pad> and <s>
+    never chosen and rows at their bound ending, as from log-probabilities."""
+    model, src = _model_and_src(6)
+    with torch.no_grad():
+        model.generator.proj.weight[IDS.pad] += 5.0  # <pad> would be the most probable token
+    outputs = greedy(model, src, IDS, Search(max_len_a=0.0, max_len_b=3))
+    assert all(len(out) <= 2 for out in outputs)  # 3 tokens with </s>
+    assert not any(IDS.pad in out or IDS.bos in out for out in outputs)
+    with torch.no_grad():  # the same choices as from the log-probabilities, step by step
+        steps = model.decoding(src)
+        tokens = torch.full((src.size(0), 1), IDS.bos)
+        at_limit = torch.zeros(src.size(0), dtype=torch.bool)
+        log_probs = next_log_probs(steps, tokens, at_limit, IDS)
+    assert [out[0] for out in outputs if out] == [
+        t for t, out in zip(log_probs.argmax(-1).tolist(), outputs, strict=True) if out
+    ]
 
 
 @pytest.mark.parametrize("kind", ["float32", "strided view", "bfloat16"])
