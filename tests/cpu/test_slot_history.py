@@ -12,7 +12,7 @@ from attnkit import build_transformer
 from attnkit.attention.multihead import KVCache
 from attnkit.cpu import speed_up
 from attnkit.cpu.attention import attend_few_queries
-from attnkit.cpu.compiled.trace import CachedStep
+from attnkit.cpu.compiled.trace import CachedStep, FirstStep
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import Search, beam_search, greedy
 from attnkit.decode.compiled import CompiledDecoding, History
@@ -82,9 +82,10 @@ def test_a_full_history_grows():
     assert given.layers[0].self_attn.key[:, :, 16:].eq(1).all()
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["eager first step", "traced first step"])
 @pytest.mark.parametrize("fast_path", [False, True], ids=["paper's modules", "CPU fast path"])
 @pytest.mark.parametrize("beams", [1, 3], ids=["greedy", "beam 3"])
-def test_the_traced_step_run_eagerly_decodes_as_the_model(fast_path, beams):
+def test_the_traced_steps_run_eagerly_decode_as_the_model(fast_path, beams, first):
     torch.manual_seed(0)
     model = build_transformer("tiny", 16).eval()
     with torch.no_grad():
@@ -101,8 +102,12 @@ def test_the_traced_step_run_eagerly_decodes_as_the_model(fast_path, beams):
         taken.append(len(tensors))
         return step(*tensors)
 
+    def encoded(*tensors):
+        taken.append("first")
+        return FirstStep(model)(*tensors)
+
     def decoding(src, use_cache=True):
-        return CompiledDecoding(model, src, use_cache, counted, beams)
+        return CompiledDecoding(model, src, use_cache, counted, beams, (encoded, IDS.bos) if first else None)
 
     search = Search(beam_size=beams, n_best=beams, max_len_a=1.0, max_len_b=6)
     with torch.no_grad():
@@ -115,3 +120,17 @@ def test_the_traced_step_run_eagerly_decodes_as_the_model(fast_path, beams):
             for a, b in zip(found, expected, strict=True):
                 assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
     assert len(taken) >= 4  # the traced step took the steps after the first
+    assert taken.count("first") == (1 if first else 0)  # one batch: encoded once, by the traced first step
+
+
+def test_a_first_step_for_another_start_decodes_eagerly():
+    """The compiled first step decodes the start token it was made for; other first tokens are decoded
+    by the model, on the memory the step computed."""
+    torch.manual_seed(0)
+    model = build_transformer("tiny", 16).eval()
+    src = torch.randint(4, 16, (3, 5))
+    decoding = CompiledDecoding(model, src, True, CachedStep(model), 1, (FirstStep(model), IDS.bos))
+    other = torch.full((3, 1), 7)
+    with torch.no_grad():
+        expected = model.decoding(src).next_logits(other)
+        torch.testing.assert_close(decoding.next_logits(other), expected)

@@ -78,8 +78,10 @@ class PackedEncoder(Encoder):
         causal: bool = False,
         valid: Tensor | None = None,
     ) -> Tensor:
-        """As ``Encoder.forward``; with ``valid (B, T)`` and padding in it (and no caches), on packed rows."""
-        if valid is None or caches is not None or bool(valid.all()):
+        """As ``Encoder.forward``; with ``valid (B, T)`` and padding in it (and no caches), on packed rows.
+        Traced for a compiler, on the padded layout: the number of real tokens is data, which a trace
+        cannot branch on."""
+        if torch.compiler.is_compiling() or valid is None or caches is not None or bool(valid.all()):
             return super().forward(x, mask, caches, causal)
         packing = Packing(valid)
         token = _ACTIVE.set(packing)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from attnkit.attention.multihead import KVCache
+from attnkit.cpu.compiled.build import FIRST_STEP
 from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.cpu.compiled.steps import compiled_step
 from attnkit.cpu.compiled.trace import history_dtype
@@ -86,12 +87,40 @@ class CompiledDecoding(Seq2SeqDecoding):
     width, run the compiled step; every other step (the first, which also computes the cross-attention
     keys, or another beam width) runs the model as usual."""
 
-    def __init__(self, model: EncoderDecoder, src: Tensor, use_cache: bool, step: CompiledStep, beams: int):
-        super().__init__(model, src, use_cache)
+    def __init__(
+        self,
+        model: EncoderDecoder,
+        src: Tensor,
+        use_cache: bool,
+        step: CompiledStep,
+        beams: int,
+        first: tuple[CompiledStep, int] | None = None,
+    ):
+        """``first``: the compiled first step and the start token it decodes after each source, which
+        then encodes the sources here, and decodes the start token with them (its logits kept for the
+        first :meth:`next_logits`); without it (or the cache) the model encodes them as usual."""
         self.step, self.step_beams = step, beams
         self.history: History | None = None
+        self.first_logits: Tensor | None = None  # (N, V): the first step's, computed with the memory
+        if first is None or not use_cache:
+            super().__init__(model, src, use_cache)
+            return
+        first_step, self.start_token = first
+        start = torch.full((src.size(0), 1), self.start_token, dtype=src.dtype, device=src.device)
+        logits, memory, *kept = first_step(src.contiguous(), start)
+        super().__init__(model, src, use_cache, memory=memory)
+        n = len(self.cache.layers)
+        for i, layer in enumerate(self.cache.layers):
+            layer.self_attn = KVCache(kept[i], kept[n + i])
+            layer.src_attn = KVCache(kept[2 * n + i], kept[3 * n + i])
+        self.first_logits = logits
 
     def next_logits(self, tokens: Tensor) -> Tensor:
+        if self.first_logits is not None:  # the first step ran with the encoder: its logits, once
+            logits, self.first_logits = self.first_logits, None
+            if tokens.shape == (logits.size(0), 1) and bool((tokens == self.start_token).all()):
+                return logits
+            self.cache = self.model.new_cache()  # not the start token after each source: decode them
         if self.history is not None and len(self.history) != tokens.size(1) - 1:
             self._leave_history()  # not one new token: the eager step, on the model's cache
         if self.history is None:
@@ -130,12 +159,18 @@ class CompiledDecoding(Seq2SeqDecoding):
 
 
 def compiled_decoding(
-    model: EncoderDecoder, beams: int, warn: Callable[[str], None] | None = None
+    model: EncoderDecoder,
+    beams: int,
+    warn: Callable[[str], None] | None = None,
+    start_token: int | None = None,
 ) -> Callable[[Tensor, bool], Seq2SeqDecoding] | None:
-    """What searches of ``model`` with ``beams`` rows per source decode with to take its compiled step
+    """What searches of ``model`` with ``beams`` rows per source decode with to take its compiled steps
     (:func:`compiled_step`): ``decoding(src, use_cache)``, as ``model.decoding``; None where there is
-    no compiled step (the search then takes ``model.decoding``)."""
+    no compiled step (the search then takes ``model.decoding``). With ``start_token`` (``<s>``, which
+    every search decodes first), the first step, and the encoder with it, is compiled too."""
     step = compiled_step(model, beams, warn)
     if step is None:
         return None
-    return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams)
+    first_step = compiled_step(model, FIRST_STEP, warn) if start_token is not None else None
+    first = (first_step, start_token) if first_step is not None else None
+    return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams, first)

@@ -131,7 +131,9 @@ def _hypotheses(
     if reporting.progress is not None:
         reporting.progress(len(texts) - len(todo))  # the empty lines
     with evaluating(model):  # the step is compiled (traced) in eval mode too
-        decoding = compiled_decoding(model, search.beam_size, reporting.warn) if compiled else None
+        decoding = None
+        if compiled:
+            decoding = compiled_decoding(model, search.beam_size, reporting.warn, specials.bos)
         return fill_by_batch(
             partial(searched, decoding=decoding), batches, streams, found, reporting.progress
         )

@@ -166,10 +166,13 @@ class Seq2SeqDecoding:
     attention reads them once per source (``MultiHeadAttention._shared``).
     """
 
-    def __init__(self, model: EncoderDecoder, src: Tensor, use_cache: bool) -> None:
+    def __init__(
+        self, model: EncoderDecoder, src: Tensor, use_cache: bool, memory: Tensor | None = None
+    ) -> None:
+        """``memory``: the sources' encoding where it is computed already (by a compiled first step)."""
         self.model = model
         self.src_mask = padding_mask(src, model.config.pad_id)  # (N, 1, S)
-        self.memory = model.encode(src, self.src_mask)  # (N, S, d_model)
+        self.memory = model.encode(src, self.src_mask) if memory is None else memory  # (N, S, d_model)
         self.cache = model.new_cache() if use_cache else None
         self.beams = 1  # consecutive rows per source
         self.src = src  # (N, S): the pointer-generator copies these ids

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from attnkit.cpu.compiled.trace import CachedStep, example
+from attnkit.cpu.compiled.trace import CachedStep, FirstStep, example, first_example
 
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
@@ -31,13 +31,20 @@ def compilable(model: nn.Module) -> bool:
     )
 
 
+FIRST_STEP = 0  # in place of a beam width: the first step (trace.FirstStep), which every width shares
+
+
 def build(model: EncoderDecoder, beams: int, package: Path) -> None:
-    """Export and compile the step into the AOTInductor package ``package`` (written atomically)."""
+    """Export and compile the step for ``beams`` rows per source (:data:`FIRST_STEP`: the first step)
+    into the AOTInductor package ``package`` (written atomically)."""
     import torch._inductor.config as inductor
 
-    inputs, shapes = example(model, beams)
+    if beams == FIRST_STEP:
+        step, (inputs, shapes) = FirstStep(model), first_example(model)
+    else:
+        step, (inputs, shapes) = CachedStep(model), example(model, beams)
     with torch.no_grad():
-        program = torch.export.export(CachedStep(model).eval(), inputs, dynamic_shapes=shapes)
+        program = torch.export.export(step.eval(), inputs, dynamic_shapes=shapes)
         package.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=package.parent) as work:
             written = Path(work) / package.name

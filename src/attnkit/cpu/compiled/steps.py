@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from attnkit.cpu.compiled.build import build, compilable
+from attnkit.cpu.compiled.build import FIRST_STEP, build, compilable
 from attnkit.cpu.compiled.cache import cache_folder, cache_key, prune_cache
 from attnkit.cpu.compiled.library import CompiledStep
 
@@ -34,8 +34,9 @@ def _fingerprint(model: nn.Module) -> tuple:
 def compiled_step(
     model: EncoderDecoder, beams: int, warn: Callable[[str], None] | None = None
 ) -> CompiledStep | None:
-    """The compiled step of ``model`` for searches of ``beams`` rows per source (greedy: 1): built, or
-    loaded from the cache folder, the first time; None, with a note to ``warn``, where it cannot be."""
+    """The compiled step of ``model`` for searches of ``beams`` rows per source (greedy: 1;
+    :data:`FIRST_STEP`: the first step, the encoder with it): built, or loaded from the cache folder,
+    the first time; None, with a note to ``warn``, where it cannot be."""
     with _COMPILING:
         built = _BUILT.setdefault(model, {})
         fingerprint = _fingerprint(model)
@@ -53,9 +54,11 @@ def compiled_step(
         try:
             if not package.is_file():
                 if warn is not None:
+                    which = f"the decoding step for beam {beams}"
+                    which = "the first decoding step" if beams == FIRST_STEP else which
                     warn(
-                        f"decode.compile: compiling the decoding step for beam {beams} (about 20 s, once; "
-                        f"kept in {package.parent}; attnkit cache clear deletes it)"
+                        f"decode.compile: compiling {which} (about 20 s, once; kept in {package.parent}; "
+                        "attnkit cache clear deletes it)"
                     )
                 build(model, beams, package)
             os.utime(package)  # used now: the cache keeps the most recently used steps

@@ -1,5 +1,7 @@
-"""The decoding step as ``torch.export`` traces it: the model's own ``decode`` of one new token per row,
-with its KV cache rebuilt from tensors, and example inputs whose sizes are symbols.
+"""The decoding steps as ``torch.export`` traces them: :class:`FirstStep`, the model's own ``encode``
+and first ``decode`` (the start token after each source), and :class:`CachedStep`, its ``decode`` of
+one new token per row with its KV cache rebuilt from tensors; and example inputs whose sizes are
+symbols.
 
 The self-attention's past keys and values come in as :class:`SlotHistory`: one buffer per layer and
 kind, ``(T, P, h, d_k)``, position t of every row in ``buffer[t]``, and ``slots (R, T)``, which slot of
@@ -46,6 +48,33 @@ class SlotHistory(KVCache):
         past_values = self.values[positions, self.slots].transpose(1, 2)
         keys = torch.cat([past_keys.to(key.dtype), key], dim=2)  # (R, h, T + 1, d_k)
         return keys, torch.cat([past_values.to(value.dtype), value], dim=2)
+
+
+class FirstStep(nn.Module):
+    """``model.encode`` of the sources and ``model.decode`` of the start token, as export traces them:
+    ``(src (N, S), start (N, 1))`` -> ``(logits (N, V), memory (N, S, d_model), the layers'
+    self-attention keys (N, h, 1, d_k)..., values..., cross-attention keys (N, h, S, d_k)...,
+    values...)``: everything the steps after it take (:class:`CachedStep`)."""
+
+    def __init__(self, model: EncoderDecoder) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+        from attnkit.attention.masks import padding_mask
+
+        src_mask = padding_mask(src, self.model.config.pad_id)  # (N, 1, S)
+        memory = self.model.encode(src, src_mask)  # (N, S, d_model)
+        cache = self.model.new_cache()
+        with decoding_step():
+            hidden = self.model.decode(memory, src_mask, start, cache=cache)[:, -1]  # (N, d_model)
+        kept = [
+            getattr(getattr(layer, kind), part)
+            for kind in ("self_attn", "src_attn")
+            for part in ("key", "value")
+            for layer in cache.layers
+        ]
+        return (self.model.generator(hidden), memory, *kept)
 
 
 class CachedStep(nn.Module):
@@ -105,3 +134,13 @@ def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tupl
     tensors = (*[buffer] * (2 * n), *[{0: N, 2: source}] * (2 * n))
     shapes = ({0: R}, {0: R, 1: cached}, {0: R, 2: source}, tensors)
     return inputs, shapes
+
+
+def first_example(model: EncoderDecoder) -> tuple[tuple[Tensor, ...], tuple]:
+    """Inputs to trace :class:`FirstStep` with and their dynamic sizes: sources N, source length."""
+    from torch.export import Dim
+
+    sources, source_len = 6, 9
+    inputs = (torch.randint(4, 20, (sources, source_len)), torch.full((sources, 1), 2))
+    N, S = Dim("sources", min=1, max=4096), Dim("source_len", min=1, max=model.config.max_len)
+    return inputs, ({0: N, 1: S}, {0: N})
