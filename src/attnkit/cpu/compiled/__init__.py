@@ -28,9 +28,10 @@ How, one module a step:
   once per process and weights; where compiling fails (no C++ compiler, say), it says so once and
   translation goes on without it.
 
-The search takes the step through ``attnkit.decode.compiled``, the model's own decoding with its
-``next_logits`` swapped: the model knows nothing of it. Only the steps after the first, one new token
-per row, take the compiled path; the first (which also computes the cross-attention's keys) stays
-eager, as do models the trace cannot express (the copy mechanism, another device or dtype:
+The search takes the steps through ``attnkit.decode.compiled``, the model's own decoding with its
+``next_logits`` swapped: the model knows nothing of it. Two steps are compiled: the first (``FirstStep``:
+the encoder, the start token's decoding and the cross-attention's keys, one row per source; the same
+for every beam width) and the next (``CachedStep``: one new token per row, one library per beam
+width). Models the trace cannot express stay eager (the copy mechanism, another device or dtype:
 :func:`~attnkit.cpu.compiled.build.compilable`).
 """
