@@ -57,7 +57,9 @@ def test_the_history_holds_what_the_model_cache_would_after_reordering_and_new_p
         values = [torch.randn(rows, 2, 1, 4, generator=generator) for _ in eager.layers]
         for layer, key, value in zip(eager.layers, keys, values, strict=True):
             layer.self_attn.append(key, value)
-        history.extend(keys, values)
+        history.extend(
+            torch.stack([position.squeeze(2) for position in keys + values])
+        )  # (2 layers, R, h, d_k)
         index = torch.tensor(kept)
         for layer in eager.layers:
             layer.self_attn.reorder(index)
@@ -73,10 +75,10 @@ def test_the_history_holds_what_the_model_cache_would_after_reordering_and_new_p
 
 def test_a_full_history_grows():
     history = History(_cache(rows=2, positions=16), torch.float32)
-    assert history.keys[0].size(0) == 32
+    assert history.buffer.shape == (32, 4, 2, 2, 4)  # 32 positions of 2 layers' keys and values
     for _ in range(17):
-        history.extend([torch.ones(2, 2, 1, 4)] * 2, [torch.zeros(2, 2, 1, 4)] * 2)
-    assert len(history) == 33 and history.keys[0].size(0) == 64
+        history.extend(torch.stack([torch.ones(2, 2, 4)] * 2 + [torch.zeros(2, 2, 4)] * 2))
+    assert len(history) == 33 and history.buffer.size(0) == 64
     given = DecoderCache(2)
     history.give_back(given)
     assert given.layers[0].self_attn.key[:, :, 16:].eq(1).all()

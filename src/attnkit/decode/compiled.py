@@ -33,39 +33,37 @@ if TYPE_CHECKING:
 
 class History:
     """Every layer's self-attention keys and values of the positions decoded so far, as the compiled
-    step reads them: ``keys[i]`` and ``values[i]`` ``(capacity, P, h, d_k)``, position t of the rows in
-    ``keys[i][t]``, and ``slots (R, T)``, the slot of ``keys[i][t]`` that holds row r's position t."""
+    step reads them (``attnkit.cpu.compiled.trace``): ``buffer (capacity, 2·layers, P, h, d_k)``,
+    position t of the rows at ``[t]`` (layer i's keys at ``[t, i]``, its values at ``[t, layers + i]``:
+    the positions so far are one contiguous block); and ``slots (R, T)``, the slot of ``[t]`` that
+    holds row r's position t."""
 
     def __init__(self, cache: DecoderCache, dtype: torch.dtype) -> None:
         """Take the keys and values over from ``cache`` (whose self-attention caches are emptied)."""
-        self.keys: list[Tensor] = []
-        self.values: list[Tensor] = []
+        held = [layer.self_attn.key for layer in cache.layers] + [
+            layer.self_attn.value for layer in cache.layers
+        ]
+        R, h, T, d_k = held[0].shape
+        self.buffer = held[0].new_empty((max(2 * T, 16), len(held), R, h, d_k), dtype=dtype)
+        for i, kept in enumerate(held):
+            self.buffer[:T, i] = kept.permute(2, 0, 1, 3)  # (R, h, T, d_k) -> (T, R, h, d_k)
         for layer in cache.layers:
-            for held, buffers in ((layer.self_attn.key, self.keys), (layer.self_attn.value, self.values)):
-                R, h, T, d_k = held.shape
-                buffer = held.new_empty((max(2 * T, 16), R, h, d_k), dtype=dtype)
-                buffer[:T] = held.permute(2, 0, 1, 3)  # (R, h, T, d_k) -> (T, R, h, d_k)
-                buffers.append(buffer)
             layer.self_attn = KVCache()
-        self.slots = torch.arange(R, device=held.device)[:, None].repeat(1, T)  # (R, T): its own row
+        self.slots = torch.arange(R, device=self.buffer.device)[:, None].repeat(1, T)  # (R, T): its own row
 
     def __len__(self) -> int:
         return self.slots.size(1)
 
-    def step_inputs(self) -> list[Tensor]:
-        """The slots and the buffers' positions so far, as the step takes them."""
-        T = len(self)
-        return [self.slots, *(keys[:T] for keys in self.keys), *(values[:T] for values in self.values)]
+    def step_inputs(self) -> tuple[Tensor, Tensor]:
+        """The slots and the positions so far, as the step takes them."""
+        return self.slots, self.buffer[: len(self)]
 
-    def extend(self, new_keys: list[Tensor], new_values: list[Tensor]) -> None:
-        """Add the positions a step computed, ``(R, h, 1, d_k)`` per layer: row r's in slot r."""
+    def extend(self, added: Tensor) -> None:
+        """Add the position a step computed, ``(2·layers, R, h, d_k)``: row r's in slot r."""
         T, R = len(self), self.slots.size(0)
-        if self.keys[0].size(0) == T:  # full: twice the positions
-            self.keys = [torch.cat([keys, torch.empty_like(keys)]) for keys in self.keys]
-            self.values = [torch.cat([values, torch.empty_like(values)]) for values in self.values]
-        for buffers, new in ((self.keys, new_keys), (self.values, new_values)):
-            for buffer, position in zip(buffers, new, strict=True):
-                buffer[T, :R] = position.reshape(R, *buffer.shape[2:])
+        if self.buffer.size(0) == T:  # full: twice the positions
+            self.buffer = torch.cat([self.buffer, torch.empty_like(self.buffer)])
+        self.buffer[T, :, :R] = added
         own = torch.arange(R, device=self.slots.device)[:, None]
         self.slots = torch.cat([self.slots, own], dim=1)  # (R, T + 1)
 
@@ -76,10 +74,15 @@ class History:
     def give_back(self, cache: DecoderCache) -> None:
         """Put every row's keys and values into ``cache``, as the eager step reads them."""
         positions = torch.arange(len(self), device=self.slots.device)[None, :]  # (1, T)
-        for layer, keys, values in zip(cache.layers, self.keys, self.values, strict=True):
-            key = keys[positions, self.slots].transpose(1, 2).float()  # (R, T, h, d_k) -> (R, h, T, d_k)
-            value = values[positions, self.slots].transpose(1, 2).float()
-            layer.self_attn = KVCache(key.contiguous(), value.contiguous())
+        n = len(cache.layers)
+        # (T, 2n, P, h, d_k) -> (R, T, 2n, h, d_k): each row's positions, gathered by their slots
+        gathered = (
+            self.buffer.transpose(1, 2)[positions, self.slots].transpose(1, 2).float()
+        )  # (R, 2n, T, h, d_k)
+        for i, layer in enumerate(cache.layers):
+            key = gathered[:, i].transpose(1, 2).contiguous()  # (R, h, T, d_k)
+            value = gathered[:, n + i].transpose(1, 2).contiguous()
+            layer.self_attn = KVCache(key, value)
 
 
 class CompiledDecoding(Seq2SeqDecoding):
@@ -131,11 +134,12 @@ class CompiledDecoding(Seq2SeqDecoding):
         layers = self.cache.layers
         crossed = [layer.src_attn.key.contiguous() for layer in layers]  # (the sources kept: applied)
         crossed += [layer.src_attn.value.contiguous() for layer in layers]
-        slots, *buffers = self.history.step_inputs()
-        out = self.step(tokens[:, -1:].contiguous(), slots, self.src_mask.contiguous(), *buffers, *crossed)
-        n = len(layers)
-        self.history.extend(out[1 : 1 + n], out[1 + n :])
-        return out[0]
+        slots, history = self.history.step_inputs()
+        logits, added = self.step(
+            tokens[:, -1:].contiguous(), slots, self.src_mask.contiguous(), history, *crossed
+        )
+        self.history.extend(added)
+        return logits
 
     def reorder(self, index: Tensor) -> None:
         if self.history is not None:

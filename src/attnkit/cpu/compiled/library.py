@@ -38,8 +38,9 @@ class CompiledStep:
         self._run = run
 
     def __call__(self, *tensors: Tensor) -> list[Tensor]:
-        """Run the step: its inputs, contiguous (the library takes the strides it was compiled for on
-        trust), in; its outputs out."""
+        """Run the step: its inputs in, made contiguous where they are not (the library takes the
+        strides it was compiled for on trust, and would read a strided view wrongly); its outputs out."""
+        tensors = tuple(t if t.is_contiguous() else t.contiguous() for t in tensors)
         handles = [_pointer(c) for c in torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(list(tensors))]
         inputs = (ctypes.c_void_p * len(handles))(*handles)  # the library takes these handles over
         outputs = (ctypes.c_void_p * self._outputs)()

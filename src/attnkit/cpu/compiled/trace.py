@@ -3,12 +3,14 @@ and first ``decode`` (the start token after each source), and :class:`CachedStep
 one new token per row with its KV cache rebuilt from tensors; and example inputs whose sizes are
 symbols.
 
-The self-attention's past keys and values come in as :class:`SlotHistory`: one buffer per layer and
-kind, ``(T, P, h, d_k)``, position t of every row in ``buffer[t]``, and ``slots (R, T)``, which slot of
-``buffer[t]`` holds row r's position t. Beam search's reordering then moves slots (R·T small integers)
-instead of copying every row's keys at every step, and the step reads each row's keys once, gathered
-by the slots inside the attention (:func:`attnkit.cpu.attention.attend_few_queries`); it returns only
-the new position's keys and values, which the caller writes into ``buffer[T]`` (decode/compiled.py).
+The self-attention's past keys and values come in as one tensor, ``history (T, 2·layers, P, h, d_k)``
+(position t of every row at ``[t]``: layer i's keys at ``[t, i]``, its values at ``[t, layers + i]``),
+and ``slots (R, T)``, which slot of ``[t]`` holds row r's position t (:class:`SlotHistory`). Beam
+search's reordering then moves slots (R·T small integers) instead of copying every row's keys at
+every step, and the step reads each row's keys once, gathered by the slots inside the attention
+(:func:`attnkit.cpu.attention.attend_few_queries`); it returns only the new position's keys and
+values, ``(2·layers, R, h, d_k)`` in the history's dtype, which the caller writes into ``[T]``
+(decode/compiled.py): one copy a step.
 """
 
 from __future__ import annotations
@@ -79,26 +81,29 @@ class FirstStep(nn.Module):
 
 class CachedStep(nn.Module):
     """``model.decode`` of one new token per row with a cache made of tensors, as export traces it:
-    ``(new (R, 1), slots (R, T), src_mask (R, 1, S), the layers' self-attention key buffers (T, P, h,
-    d_k), their value buffers, cross-attention keys (N, h, S, d_k), values)`` -> ``(logits (R, V), the
-    new position's self-attention keys (R, h, 1, d_k)..., values...)``."""
+    ``(new (R, 1), slots (R, T), src_mask (R, 1, S), history (T, 2·layers, P, h, d_k), cross-attention
+    keys (N, h, S, d_k)..., values...)`` -> ``(logits (R, V), the new position's self-attention keys
+    and values (2·layers, R, h, d_k))`` (see the module docstring)."""
 
     def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, new: Tensor, slots: Tensor, src_mask: Tensor, *cached: Tensor) -> tuple[Tensor, ...]:
+    def forward(
+        self, new: Tensor, slots: Tensor, src_mask: Tensor, history: Tensor, *crossed: Tensor
+    ) -> tuple[Tensor, Tensor]:
         cache = self.model.new_cache()
         n = len(cache.layers)
         for i, layer in enumerate(cache.layers):
-            layer.self_attn = SlotHistory(cached[i], cached[n + i], slots)
-            layer.src_attn.hold(cached[2 * n + i], cached[3 * n + i])
-        unused_memory = cached[2 * n]  # the cross-attention reads its cache, not the memory
+            layer.self_attn = SlotHistory(history[:, i], history[:, n + i], slots)
+            layer.src_attn.hold(crossed[i], crossed[n + i])
+        unused_memory = crossed[0]  # the cross-attention reads its cache, not the memory
         with decoding_step():
             hidden = self.model.decode(unused_memory, src_mask, new, cache=cache)[:, -1]  # (R, d_model)
-        keys = [layer.self_attn.new_key for layer in cache.layers]
-        values = [layer.self_attn.new_value for layer in cache.layers]
-        return (self.model.generator(hidden), *keys, *values)
+        kept = [layer.self_attn.new_key for layer in cache.layers]
+        kept += [layer.self_attn.new_value for layer in cache.layers]
+        added = torch.stack([position.squeeze(2) for position in kept]).to(history.dtype)  # (2n, R, h, d_k)
+        return self.model.generator(hidden), added
 
 
 def history_dtype(model: nn.Module) -> torch.dtype:
@@ -123,16 +128,15 @@ def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tupl
         torch.randint(4, 20, (rows, 1)),
         torch.randint(0, slots, (rows, length)),
         torch.ones(rows, 1, source_len, dtype=torch.bool),
-        *[torch.randn(length, slots, h, d_k, dtype=dtype) for _ in range(2 * n)],
+        torch.randn(length, 2 * n, slots, h, d_k, dtype=dtype),
         *[torch.randn(sources, h, source_len, d_k) for _ in range(2 * n)],
     )
     N = Dim("sources", min=1, max=4096)
     R = N * beams if beams > 1 else N
     # a cached length leaves room for the new position; a source has at most max_len tokens
     cached, source = Dim("cached", min=1, max=c.max_len - 1), Dim("source_len", min=1, max=c.max_len)
-    buffer = {0: cached, 1: Dim("slots", min=1, max=4096 * beams)}
-    tensors = (*[buffer] * (2 * n), *[{0: N, 2: source}] * (2 * n))
-    shapes = ({0: R}, {0: R, 1: cached}, {0: R, 2: source}, tensors)
+    history = {0: cached, 2: Dim("slots", min=1, max=4096 * beams)}
+    shapes = ({0: R}, {0: R, 1: cached}, {0: R, 2: source}, history, tuple([{0: N, 2: source}] * (2 * n)))
     return inputs, shapes
 
 
