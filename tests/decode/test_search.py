@@ -212,14 +212,19 @@ class RandomLogits:
         return self.logits.clone() if self.copy else self.logits
 
 
+@pytest.mark.parametrize(
+    "V", [50, 8000, 8001, 1030], ids=["few tokens", "whole blocks", "a partial block", "V=1030"]
+)
 @pytest.mark.parametrize("K", [1, 3, 5])
-def test_best_continuations_are_the_top_of_all_k_times_v_candidates(K):
+def test_best_continuations_are_the_top_of_all_k_times_v_candidates(K, V):
     """Each beam's best 2K tokens and the log-normaliser give what the top 2K of every source's K·V
     candidates (score + log_softmax, the textbook step) give: the same scores, beams and tokens, with
-    <pad>/<s> never chosen, rows at their bound only ending, and dead beams (score -inf) never chosen."""
-    torch.manual_seed(K)
-    n, V = 4, 50
+    <pad>/<s> never chosen, rows at their bound only ending, and dead beams (score -inf) never chosen;
+    with few tokens per row, and by blocks (with the last block partial or not)."""
+    torch.manual_seed(K + V)
+    n = 4
     logits = torch.randn(n * K, V) * 3
+    logits[-1, -1] += 20  # the last beam's last token wins: in the partial block, where there is one
     scores = torch.randn(n, K) - 5
     scores[0, 1:] = float("-inf")  # a source whose other beams are dead (the first step)
     at_limit = torch.zeros(n * K, dtype=torch.bool)
