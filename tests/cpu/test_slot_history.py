@@ -74,14 +74,14 @@ def test_the_history_holds_what_the_model_cache_would_after_reordering_and_new_p
 
 
 def test_a_full_history_grows():
-    history = History(_cache(rows=2, positions=16), torch.float32)
-    assert history.buffer.shape == (32, 4, 2, 2, 4)  # 32 positions of 2 layers' keys and values
-    for _ in range(17):
+    history = History(_cache(rows=2, positions=40), torch.float32)
+    assert history.buffer.shape == (80, 4, 2, 2, 4)  # 80 positions of 2 layers' keys and values
+    for _ in range(41):
         history.extend(torch.stack([torch.ones(2, 2, 4)] * 2 + [torch.zeros(2, 2, 4)] * 2))
-    assert len(history) == 33 and history.buffer.size(0) == 64
+    assert len(history) == 81 and history.buffer.size(0) == 160
     given = DecoderCache(2)
     history.give_back(given)
-    assert given.layers[0].self_attn.key[:, :, 16:].eq(1).all()
+    assert given.layers[0].self_attn.key[:, :, 40:].eq(1).all()
 
 
 @pytest.mark.parametrize("first", [False, True], ids=["eager first step", "traced first step"])

@@ -44,7 +44,9 @@ class History:
             layer.self_attn.value for layer in cache.layers
         ]
         R, h, T, d_k = held[0].shape
-        self.buffer = held[0].new_empty((max(2 * T, 16), len(held), R, h, d_k), dtype=dtype)
+        # room for 64 positions (most outputs; the pages are touched only as positions are written),
+        # doubled whenever full
+        self.buffer = held[0].new_empty((max(2 * T, 64), len(held), R, h, d_k), dtype=dtype)
         for i, kept in enumerate(held):
             self.buffer[:T, i] = kept.permute(2, 0, 1, 3)  # (R, h, T, d_k) -> (T, R, h, d_k)
         for layer in cache.layers:
