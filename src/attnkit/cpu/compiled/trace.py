@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.masks import padding_mask
 from attnkit.attention.multihead import KVCache
 from attnkit.cpu.attention import decoding_step
 from attnkit.cpu.linear import linear_precision
@@ -63,19 +64,14 @@ class FirstStep(nn.Module):
         self.model = model
 
     def forward(self, src: Tensor, start: Tensor) -> tuple[Tensor, ...]:
-        from attnkit.attention.masks import padding_mask
-
         src_mask = padding_mask(src, self.model.config.pad_id)  # (N, 1, S)
         memory = self.model.encode(src, src_mask)  # (N, S, d_model)
         cache = self.model.new_cache()
         with decoding_step():
             hidden = self.model.decode(memory, src_mask, start, cache=cache)[:, -1]  # (N, d_model)
-        kept = [
-            getattr(getattr(layer, kind), part)
-            for kind in ("self_attn", "src_attn")
-            for part in ("key", "value")
-            for layer in cache.layers
-        ]
+        layers = cache.layers
+        kept = [layer.self_attn.key for layer in layers] + [layer.self_attn.value for layer in layers]
+        kept += [layer.src_attn.key for layer in layers] + [layer.src_attn.value for layer in layers]
         return (self.model.generator(hidden), memory, *kept)
 
 
