@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from attnkit.serve.state import ServeSettings
 
 API_KEY_VARIABLE = "ATTNKIT_API_KEY"
+BATCHINGS = ("batches", "continuous")
 
 
 # the server's options, declared once here so that the command's signature reads as a list
@@ -79,6 +80,14 @@ StallAfter = Annotated[
         "'stalled' (503)."
     ),
 ]
+Batching = Annotated[
+    str,
+    typer.Option(
+        help="'batches': a batch runs to its end while the next one gathers; 'continuous': requests "
+        "join a running batch at its next step and leave it when done (translation and summarisation, "
+        "attnkit's engine; eager steps, not decode.compile's).",
+    ),
+]
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -99,6 +108,7 @@ def serve(
     max_body_bytes: MaxBodyBytes = 1_048_576,
     max_explore_tokens: MaxExploreTokens = 64,
     stall_after: StallAfter = 300.0,
+    batching: Batching = "batches",
 ) -> None:
     """Serve a trained model over HTTP, with concurrent requests batched together.
 
@@ -129,11 +139,17 @@ def serve(
     except ImportError as error:
         raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
     key = api_key or os.environ.get(API_KEY_VARIABLE, "")
+    if batching not in BATCHINGS:
+        raise AttnkitError(f"--batching {batching}: choose one of {', '.join(BATCHINGS)}")
     served, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides)
+    if batching == "continuous" and not served.steps_continuously:
+        what = "CTranslate2's engine" if engine == "ctranslate2" else "this model"
+        raise AttnkitError(f"--batching continuous: {what} has no running batch yet; use --batching batches")
     listening = _listening_socket(host, port)  # before the model loads: a busy port is one line now
     settings = ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key, max_body_bytes=max_body_bytes,
                              max_explore_tokens=max_explore_tokens, stall_after_s=stall_after,
-                             hosts=LOOPBACK_NAMES if host in LOOPBACK_HOSTS else ())  # fmt: skip
+                             hosts=LOOPBACK_NAMES if host in LOOPBACK_HOSTS else (),
+                             batching=batching)  # fmt: skip
     _serve_until_stopped(served, load, settings, listening, grace)
 
 

@@ -340,6 +340,18 @@ def beam(
 ) -> list[list[Hypothesis]]:
     """Beam search after ``tokens (B, t)``, one prefix per row, with ``decoding`` made for those B rows;
     the ``search.n_best`` best hypotheses per row, best first (its length bounds are ``limits``).
+    :class:`Beams` does the steps."""
+    beams = Beams(decoding, tokens, limits, specials, search)
+    found: list[list[Hypothesis]] = [[] for _ in range(tokens.size(0))]
+    while beams.sources:
+        for source, hypotheses in beams.step():
+            found[source] = hypotheses
+    return found
+
+
+class Beams:
+    """Beam search of some sources, a step at a time: what :func:`beam` runs to the end, and what a
+    server's running batch (decode/continuous.py) steps while sources join (:meth:`merge`) and leave.
 
     The first step runs on the B rows alone (all K beams of a row would start from the same prefix, so
     they would compute the same thing K times), then ``decoding.repeat(K)`` makes each row K beams.
@@ -348,74 +360,155 @@ def beam(
     than K others came before it (and, with ``stop="k-finished"``, while its row still needs some); the
     first K others are the next beams.
     This is done on tensors for all rows at once, with one read-back per step (the finished ones). A
-    source whose search is over leaves the batch, so the steps after it run only on the others.
+    source whose search is over leaves the batch, so the steps after it run only on the others. Each
+    source counts its own steps (sources that joined later are at earlier ones): its length bound and
+    penalty are its own, and its tokens are right-aligned in ``tokens`` (padding before them).
     """
-    K, start, device, patient = search.beam_size, tokens.size(1), tokens.device, search.stop == "no-better"
-    alpha, penalty = search.alpha, search.penalty
-    B = tokens.size(0)
-    searching = list(range(B))  # the sources still searched, in the order of their rows
-    beams = 1  # rows per source: one until the first step has run, then K
-    scores = torch.zeros((B, 1), device=device)  # (n, beams): each beam's log-probability so far
-    position = torch.arange(2 * K, device=device)  # a candidate's rank in its row
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    for t in range(int(limits.max()) if B else 0):
-        n = len(searching)
+
+    def __init__(
+        self,
+        decoding: Decoding,
+        tokens: Tensor,
+        limits: Tensor,
+        specials: SpecialIds,
+        search: Search,
+        sources: list | None = None,
+    ) -> None:
+        """``sources``: what :meth:`step` calls the B rows when they finish (default 0..B-1)."""
+        B, device = tokens.size(0), tokens.device
+        self.decoding, self.tokens, self.limits, self.specials, self.search = (
+            decoding,
+            tokens,
+            limits,
+            specials,
+            search,
+        )
+        self.sources = list(range(B)) if sources is None else list(sources)  # searched, in row order
+        self.beams = 1  # rows per source: one until the first step has run, then K
+        self.scores = torch.zeros((B, 1), device=device)  # (n, beams): each beam's log-probability so far
+        self.steps = torch.zeros(B, dtype=torch.long, device=device)  # (n,): each source's steps so far
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(B)]  # each source's, in row order
+        self.prefix = tokens.size(1)  # each row's prefix (<s>, or a prompt), before what is generated
+
+    def step(self) -> list[tuple[int, list[Hypothesis]]]:
+        """One step of every source; returns those whose search is over, with their ``n_best`` best
+        hypotheses (best first), and takes them out."""
+        K, device, specials = self.search.beam_size, self.tokens.device, self.specials
+        patient, alpha, penalty = self.search.stop == "no-better", self.search.alpha, self.search.penalty
+        n, beams, steps = len(self.sources), self.beams, self.steps
         first_beam = torch.arange(n, device=device)[:, None] * beams  # (n, 1): row of each source's beam 0
-        at_limit = (t + 1 >= limits).repeat_interleave(beams)  # (n·beams,)
+        at_limit = (steps + 1 >= self.limits).repeat_interleave(beams)  # (n·beams,)
         top_scores, chosen_beam, words = best_continuations(
-            decoding, tokens, at_limit, specials, scores, 2 * K
+            self.decoding, self.tokens, at_limit, specials, self.scores, 2 * K
         )  # (n, 2K) each, best first
+        position = torch.arange(top_scores.size(1), device=device)  # a candidate's rank in its row
         rows = first_beam + chosen_beam  # the beam row of each
-        needed = torch.tensor([K - (0 if patient else len(finished[b])) for b in searching], device=device)
+        needed = torch.tensor([K - (0 if patient else len(f)) for f in self.finished], device=device)
         needed = needed[:, None]  # (n, 1): hypotheses each row may still finish
         alive = (top_scores > float("-inf")) & (needed > 0)
         ends, goes_on = alive & (words == specials.eos), alive & (words != specials.eos)
         others_before = goes_on.cumsum(-1) - goes_on.long()  # candidates that go on, ranked higher
         ends &= (others_before < K) & (ends.cumsum(-1) <= needed)
-        for i, p in ends.nonzero().tolist():
-            hypothesis = tokens[rows[i, p], start:].tolist()
-            score = top_scores[i, p].item() / length_penalty(t + 1, alpha, penalty)
-            finished[searching[i]].append(Hypothesis(hypothesis, score))
+        lengths = (steps + 1).tolist()  # each source's output length, </s> included, if it ends now
+        penalties = [length_penalty(length, alpha, penalty) for length in lengths]
+        columns = self.tokens.size(1)
+        for i, p in ends.nonzero().tolist():  # its generated tokens: the last steps[i] columns
+            hypothesis = self.tokens[rows[i, p], columns - lengths[i] + 1 :].tolist()
+            self.finished[i].append(Hypothesis(hypothesis, top_scores[i, p].item() / penalties[i]))
         if patient:  # keep the K best; done when the best running beam, ended now, would not beat them
-            running = torch.where(goes_on, top_scores, float("-inf")).amax(-1)
-            best_running = (running / length_penalty(t + 1, alpha, penalty)).tolist()
-            for b in searching:
-                finished[b] = sorted(finished[b], key=lambda h: -h.score)[:K]
+            running = torch.where(goes_on, top_scores, float("-inf")).amax(-1).tolist()
+            self.finished = [sorted(f, key=lambda h: -h.score)[:K] for f in self.finished]
             done = [
-                len(finished[b]) >= K and best_running[i] <= finished[b][-1].score
-                for i, b in enumerate(searching)
+                len(f) >= K and running[i] / penalties[i] <= f[-1].score for i, f in enumerate(self.finished)
             ]
         else:
-            done = [len(finished[b]) >= K for b in searching]
+            done = [len(f) >= K for f in self.finished]
+        # a source at its bound is done too: it could only have ended in </s>
+        done = [d or at for d, at in zip(done, (steps + 1 >= self.limits).tolist(), strict=True)]
+        over = [(s, sorted(f, key=lambda h: -h.score)[: self.search.n_best])
+                for s, f, d in zip(self.sources, self.finished, done, strict=True) if d]  # fmt: skip
         if all(done):
-            break
+            self.sources, self.finished = [], []
+            return over
         # The next beams: the first K candidates that go on, in score order; too few: dead beams.
-        order = torch.where(goes_on, position[: top_scores.size(1)], 2 * K + position[: top_scores.size(1)])
+        order = torch.where(goes_on, position, 2 * K + position)
         chosen = order.argsort(-1)[:, :K]  # (n, K)
         real = goes_on.gather(-1, chosen)
         index = torch.where(real, rows.gather(-1, chosen), first_beam)  # (n, K): rows of `tokens`
         next_tokens = torch.where(real, words.gather(-1, chosen), specials.pad)  # (n, K)
-        scores = torch.where(real, top_scores.gather(-1, chosen), float("-inf"))  # (n, K)
-        if any(done):  # the finished sources leave: their rows are neither decoded nor kept
+        self.scores = torch.where(real, top_scores.gather(-1, chosen), float("-inf"))  # (n, K)
+        self.steps = steps + 1
+        if over:  # the finished sources leave: their rows are neither decoded nor kept
             going = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
-            index, next_tokens, scores = index[going], next_tokens[going], scores[going]
-            limits = limits[going]
-            searching = [b for b, d in zip(searching, done, strict=True) if not d]
-        tokens = torch.cat([tokens[index.view(-1)], next_tokens.view(-1, 1)], dim=1)  # (n·K, t + 1)
+            index, next_tokens, self.scores = index[going], next_tokens[going], self.scores[going]
+            self.limits, self.steps = self.limits[going], self.steps[going]
+            self.sources = [s for s, d in zip(self.sources, done, strict=True) if not d]
+            self.finished = [f for f, d in zip(self.finished, done, strict=True) if not d]
+        self.tokens = torch.cat([self.tokens[index.view(-1)], next_tokens.view(-1, 1)], dim=1)  # (n·K, t + 1)
         if beams != K:  # from now on K rows per source: row i becomes rows i·K .. i·K + K - 1, alike
-            decoding.repeat(K)
-            index, beams = index * K, K
-        if any(done):
-            decoding.keep(index.view(-1))
+            self.decoding.repeat(K)
+            index, self.beams = index * K, K
+        if over:
+            self.decoding.keep(index.view(-1))
+            self.tokens = self.tokens[:, self._unused() :]
         else:
-            decoding.reorder(index.view(-1))
-    return [sorted(f, key=lambda h: -h.score)[: search.n_best] for f in finished]
+            self.decoding.reorder(index.view(-1))
+        return over
+
+    def merge(self, other: Beams) -> None:
+        """Add the sources of ``other`` (the same search, past its first step, with prefixes as long as
+        these) after these: sources that came while these were searched (decode/continuous.py). Their
+        decodings merge too (``Seq2SeqDecoding.merge``); the shorter tokens are padded on the left."""
+        K = self.search.beam_size
+        if other.search != self.search or other.beams != K or other.prefix != self.prefix:
+            raise ValueError("only searches with the same settings, past their first step, merge")
+        if not self.sources:  # nothing left here: the other's search goes on alone
+            self.__dict__.update(other.__dict__)
+            return
+        if self.beams != K:
+            raise ValueError("merge a search into one past its first step")
+        columns = max(self.tokens.size(1), other.tokens.size(1))
+        self.tokens = torch.cat([_left_padded(self.tokens, columns, self.specials.pad),
+                                 _left_padded(other.tokens, columns, self.specials.pad)])  # fmt: skip
+        self.decoding.merge(other.decoding)  # type: ignore[attr-defined]
+        self.scores, self.limits = (
+            torch.cat([self.scores, other.scores]),
+            torch.cat([self.limits, other.limits]),
+        )
+        self.steps = torch.cat([self.steps, other.steps])
+        self.sources, self.finished = self.sources + other.sources, self.finished + other.finished
+
+    def leave(self, sources: set) -> None:
+        """Take ``sources`` out (their hypotheses unfinished: nobody waits for them any more)."""
+        staying = [i for i, source in enumerate(self.sources) if source not in sources]
+        if len(staying) == len(self.sources):
+            return
+        kept = torch.tensor(staying, dtype=torch.long, device=self.tokens.device)  # (n',)
+        rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).view(-1)
+        self.scores, self.limits, self.steps = self.scores[kept], self.limits[kept], self.steps[kept]
+        self.sources = [self.sources[i] for i in staying]
+        self.finished = [self.finished[i] for i in staying]
+        if staying:
+            self.decoding.keep(rows)
+            self.tokens = self.tokens[rows][:, self._unused() :]
+
+    def _unused(self) -> int:
+        """Leading columns of :attr:`tokens` that no source's tokens reach any more (the padding of
+        sources that began earlier and have left); the decoding forgets as many cached positions."""
+        return self.tokens.size(1) - self.prefix - int(self.steps.max())
+
+
+def _left_padded(tokens: Tensor, columns: int, pad: int) -> Tensor:
+    """``tokens (N, t)`` with ``columns - t`` columns of ``pad`` before them."""
+    padding = tokens.new_full((tokens.size(0), columns - tokens.size(1)), pad)
+    return torch.cat([padding, tokens], dim=1)
 
 
 # --- the encoder-decoder's entry points ------------------------------------------------------------
 
 
-def _limits(src: Tensor, pad_id: int, search: Search) -> Tensor:
+def limits_of(src: Tensor, pad_id: int, search: Search) -> Tensor:
+    """Each source's bound on its output's tokens (``</s>`` included): see the module docstring."""
     src_lengths = (src != pad_id).sum(-1)
     limits = (search.max_len_a * src_lengths + search.max_len_b).long()
     return limits.clamp(min=1, max=search.max_output_len)  # (B,)
@@ -434,7 +527,7 @@ def greedy(
     """The most probable next token at every step, for a batch of sources ``(B, S)``, within the
     search's length bounds; ``decoding``: how to decode step by step (default ``model.decoding``;
     ``decode.compile`` hands its own)."""
-    limits = _limits(src, specials.pad, search)
+    limits = limits_of(src, specials.pad, search)
     start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
     return extend((decoding or model.decoding)(src, use_cache), start, limits, specials, argmax)
 
@@ -451,7 +544,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """The ``search.n_best`` best hypotheses per source (fewer if fewer finished), best first;
     ``decoding`` as for :func:`greedy`."""
-    limits = _limits(src, specials.pad, search)
+    limits = limits_of(src, specials.pad, search)
     steps = (decoding or model.decoding)(src, use_cache)  # encoded once; beam() makes each row K beams
     start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
     return beam(steps, start, limits, specials, search)

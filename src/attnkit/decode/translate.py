@@ -111,9 +111,7 @@ def _hypotheses(
     """Each text's hypotheses, best first, by ``search`` (bounded by the model's positions), batched as
     ``decode`` says; a beam of one without ``scored`` is greedy search, whose hypotheses have no score."""
     specials, longest = tokenizer.specials, model.config.max_len
-    limit = longest if source_limit is None else min(source_limit, longest)  # tokens with </s>
-    encoded = _cut(tokenizer.encode_batch(texts), limit, longest, reporting)
-    encoded = [[*ids, specials.eos] for ids in encoded]
+    encoded = cut_sources(tokenizer, texts, longest, source_limit, reporting)
     search = dataclasses.replace(search, max_output_len=longest)
     found: list[list[Hypothesis]] = [[] for _ in texts]
     todo = [i for i, text in enumerate(texts) if text.strip()]
@@ -137,6 +135,16 @@ def _hypotheses(
         return fill_by_batch(
             partial(searched, decoding=decoding), batches, streams, found, reporting.progress
         )
+
+
+def cut_sources(
+    tokenizer: Tokenizer, texts: list[str], longest: int, source_limit: int | None, reporting: Reporting
+) -> list[list[int]]:
+    """Each text's ids as the model reads them: cut to fit ``longest`` positions (a summariser's
+    ``source_limit``: shorter), then ``</s>``."""
+    limit = longest if source_limit is None else min(source_limit, longest)  # tokens with </s>
+    encoded = _cut(tokenizer.encode_batch(texts), limit, longest, reporting)
+    return [[*ids, tokenizer.specials.eos] for ids in encoded]
 
 
 def _cut(encoded: list[list[int]], limit: int, longest: int, reporting: Reporting) -> list[list[int]]:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.attention.masks import causal_mask, padding_mask
+from attnkit.attention.multihead import KVCache
 from attnkit.errors import ConfigError
 from attnkit.models.config import TransformerConfig
 from attnkit.models.layers import attention, encoder_layer, feed_forward, residual
@@ -132,17 +133,20 @@ class EncoderDecoder(nn.Module):
         tgt: Tensor,
         tgt_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """Decoder states ``(B, T, d_model)`` for target tokens ``tgt (B, T)``.
 
         ``tgt_mask=None`` means causal: with right-padded targets, padding only ever follows the real
         tokens, so the causal mask already hides it from them. With a ``cache`` (from :meth:`new_cache`),
-        pass only the new tokens; they are placed after the positions already cached.
+        pass only the new tokens; they are placed after the positions already cached. ``positions (B,
+        T)``: each token's position, where rows are at different ones (rows that joined a running batch
+        at different steps: their caches are padded on the left, which ``tgt_mask`` then hides).
         """
         start = cache.positions() if cache is not None else 0
         if tgt_mask is None and tgt.size(1) > 1:  # one new token may see every position: no mask at all
             tgt_mask = causal_mask(tgt.size(1), start + tgt.size(1), device=tgt.device)
-        x = self.tgt_pos(self.tgt_embed(tgt), start)
+        x = self.tgt_pos(self.tgt_embed(tgt), start, positions)
         return self.decoder(
             x if self.tgt_norm is None else self.tgt_norm(x), memory, src_mask, tgt_mask, cache
         )
@@ -178,12 +182,24 @@ class Seq2SeqDecoding:
         self.src = src  # (N, S): the pointer-generator copies these ids
         self.pointer_keys = None if model.pointer is None else model.pointer.keys(self.memory)
         self.src_valid = self.src_mask  # (N, 1, S): one row per source, as memory, src and pointer_keys
+        # (R,): where each row's first token is in the cache, once rows that started at other steps
+        # have joined (merge); None while every row starts at position 0
+        self.first: Tensor | None = None
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
-        ``model.copy``)."""
+        ``model.copy``). After a :meth:`merge`, each row's tokens are right-aligned (padding first)."""
         new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
-        hidden = self.model.decode(self.memory, self.src_mask, new, cache=self.cache)[:, -1]  # (R, d_model)
+        positions = tgt_mask = None
+        if self.first is not None:  # rows at different positions: each its own, its padding hidden
+            columns = torch.arange(tokens.size(1), device=tokens.device)  # (t,)
+            positions = (columns[None, -new.size(1) :] - self.first[:, None]).clamp(min=0)  # (R, new)
+            tgt_mask = (columns[None, None, :] >= self.first[:, None, None]) & (
+                columns[None, -new.size(1) :, None] >= columns[None, None, :]
+            )  # (R, new, t): its own tokens, none after the query
+        hidden = self.model.decode(
+            self.memory, self.src_mask, new, tgt_mask, cache=self.cache, positions=positions
+        )[:, -1]  # (R, d_model)
         logits = self.model.generator(hidden)  # (R, V)
         if self.model.pointer is None:
             return logits
@@ -204,6 +220,8 @@ class Seq2SeqDecoding:
     def reorder(self, index: Tensor) -> None:
         if self.cache is not None:  # beams of one source share its memory: only the target side moves
             self.cache.reorder(index, sources_too=False)
+        if self.first is not None:
+            self.first = self.first.index_select(0, index)
 
     def keep(self, index: Tensor) -> None:
         """Keep rows ``index`` of any sources (search drops the finished ones, all beams of a source
@@ -217,6 +235,67 @@ class Seq2SeqDecoding:
         for layer in self.cache.layers:
             layer.self_attn.reorder(index)
             layer.src_attn.reorder(sources)
+        if self.first is not None:
+            self.first = self.first.index_select(0, index)
+            self._forget_unused()
+
+    def merge(self, other: Seq2SeqDecoding) -> None:
+        """Add ``other``'s rows after these: sources that began later (continuous batching,
+        decode/continuous.py), with as many rows per source and a KV cache each. The shorter cache is
+        padded on the left, its rows' first positions noted (:attr:`first`), so that each row goes on
+        at its own position with its own tokens; the sources are padded to the longer one's length."""
+        if self.cache is None or other.cache is None or self.beams != other.beams:
+            raise ValueError("only cached decodings with as many rows per source merge")
+        T, T_other = len(self.cache), len(other.cache)
+        first = self._firsts() + max(T_other - T, 0)
+        first_other = other._firsts() + max(T - T_other, 0)
+        S = max(self.memory.size(1), other.memory.size(1))
+        pad_id = self.model.config.pad_id
+
+        def sources(mine: Tensor, theirs: Tensor, fill: float) -> Tensor:  # (N, S, ...) along S, then N
+            return torch.cat([_padded(mine, 1, S, fill), _padded(theirs, 1, S, fill)])
+
+        self.memory = sources(self.memory, other.memory, 0.0)
+        self.src = sources(self.src, other.src, pad_id)
+        self.src_valid = sources(self.src_valid.transpose(1, 2), other.src_valid.transpose(1, 2), False)
+        self.src_valid = self.src_valid.transpose(1, 2)  # (N, 1, S)
+        self.src_mask = sources(self.src_mask.transpose(1, 2), other.src_mask.transpose(1, 2), False)
+        self.src_mask = self.src_mask.transpose(1, 2)  # (R, 1, S)
+        if self.pointer_keys is not None:
+            self.pointer_keys = sources(self.pointer_keys, other.pointer_keys, 0.0)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            length = max(T, T_other)  # self-attention (R, h, T, d_k): padded on the left
+            key = torch.cat([_padded(mine.self_attn.key, 2, length, 0.0, left=True),
+                             _padded(theirs.self_attn.key, 2, length, 0.0, left=True)])  # fmt: skip
+            value = torch.cat([_padded(mine.self_attn.value, 2, length, 0.0, left=True),
+                               _padded(theirs.self_attn.value, 2, length, 0.0, left=True)])  # fmt: skip
+            mine.self_attn = KVCache(key, value)
+            # cross-attention (N, h, S, d_k): the sources' keys and values, padded on the right
+            key = torch.cat([_padded(mine.src_attn.key, 2, S, 0.0), _padded(theirs.src_attn.key, 2, S, 0.0)])
+            value = torch.cat(
+                [_padded(mine.src_attn.value, 2, S, 0.0), _padded(theirs.src_attn.value, 2, S, 0.0)]
+            )
+            mine.src_attn = KVCache(key, value)
+        self.first = torch.cat([first, first_other])
+
+    def _firsts(self) -> Tensor:
+        """Each row's first position in the cache (:attr:`first`, zeros before any merge)."""
+        if self.first is not None:
+            return self.first
+        return torch.zeros(self.src_mask.size(0), dtype=torch.long, device=self.src_mask.device)
+
+    def _forget_unused(self) -> None:
+        """Drop the cached positions no row reads any more (those before every row's first): the
+        padding of rows that have left. Once no row has any, the steps mask nothing again."""
+        assert self.first is not None and self.cache is not None
+        unused = int(self.first.min()) if len(self.first) else 0
+        if unused:
+            for layer in self.cache.layers:
+                kept = layer.self_attn.key[:, :, unused:], layer.self_attn.value[:, :, unused:]
+                layer.self_attn = KVCache(*kept)
+        self.first = self.first - unused
+        if not bool(self.first.any()):  # every row starts at position 0
+            self.first = None
 
     def repeat(self, times: int) -> None:
         """Each row becomes ``times`` consecutive rows (beam search's beams; at most once, before or
@@ -227,10 +306,23 @@ class Seq2SeqDecoding:
         rows = torch.arange(self.src_mask.size(0), device=self.src_mask.device).repeat_interleave(times)
         self.src_mask = self.src_mask.index_select(0, rows)  # (N·times, 1, S)
         self.beams = times
+        if self.first is not None:
+            self.first = self.first.index_select(0, rows)
         if self.cache is None:
             self._select_sources(rows)  # memory (N·times, S, d_model)
             return
         self.cache.reorder(rows, sources_too=False)
+
+
+def _padded(x: Tensor, dim: int, size: int, fill: float, left: bool = False) -> Tensor:
+    """``x`` padded with ``fill`` along ``dim`` to ``size`` (after it, or ``left``: before it)."""
+    missing = size - x.size(dim)
+    if missing <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    padding = x.new_full(shape, fill)
+    return torch.cat([padding, x] if left else [x, padding], dim=dim)
 
 
 def build_transformer(

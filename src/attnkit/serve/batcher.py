@@ -198,9 +198,9 @@ class Batcher:
             try:
                 result = await loop.run_in_executor(self.threads[0], self._alone, job.work, job.inputs)
             except Exception as error:
-                _settle(job, error=error)
+                settle(job, error=error)
             else:
-                _settle(job, result=result)
+                settle(job, result=result)
         finally:
             self.taken = []
             self.progressed = time.monotonic()
@@ -254,7 +254,7 @@ class Batcher:
             )
         except Exception as error:
             if len(jobs) == 1:
-                _settle(jobs[0], error=error)
+                settle(jobs[0], error=error)
             else:  # find the request that fails: each alone
                 for job in jobs:
                     await self._run_group(settings, [job], worker, running)
@@ -262,11 +262,11 @@ class Batcher:
         self.observe(len(jobs), len(inputs), time.perf_counter() - began)
         start = 0
         for job in jobs:
-            _settle(job, result=outputs[start : start + len(job.inputs)])
+            settle(job, result=outputs[start : start + len(job.inputs)])
             start += len(job.inputs)
 
 
-def _settle(job: Job, result: Any = None, error: BaseException | None = None) -> None:
+def settle(job: Job, result: Any = None, error: BaseException | None = None) -> None:
     """Answer a job's waiting request, unless its client has gone."""
     if job.future.done():
         return

@@ -34,6 +34,31 @@ class Metrics:
         self.batch_seconds = Histogram("attnkit_batch_seconds", "Time to run one batch", registry=r)
         self.output_tokens = Counter("attnkit_output_tokens", "Tokens of the outputs", registry=r)
         self.latency = Histogram("attnkit_request_seconds", "Request latency", ["endpoint"], registry=r)
+        # continuous batching (--batching continuous): what the running batches do at every step
+        self.running_rows = Gauge(
+            "attnkit_running_rows", "Rows decoded at a running batch's step", registry=r
+        )
+        self.running_sources = Gauge("attnkit_running_sources", "Inputs in the running batches", registry=r)
+        self.steps = Counter(
+            "attnkit_steps", "Steps of the running batches (their rate is steps/s)", registry=r
+        )
+        self.step_seconds = Histogram(
+            "attnkit_step_seconds", "Time of one step (newcomers' first step included)", registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
+        )  # fmt: skip
+        self.admission_seconds = Histogram(
+            "attnkit_admission_seconds", "Time a request waits before it joins a running batch", registry=r
+        )
+
+    def iteration(self, rows: int, sources: int, waited: list[float], seconds: float) -> None:
+        """One step of a running batch: the rows and inputs of all running batches after it, the waits
+        of the requests that joined it, its time."""
+        self.running_rows.set(rows)
+        self.running_sources.set(sources)
+        self.steps.inc()
+        self.step_seconds.observe(seconds)
+        for wait in waited:
+            self.admission_seconds.observe(wait)
 
     def batch(self, requests: int, inputs: int, seconds: float) -> None:
         """One batch run: its requests, inputs and time."""

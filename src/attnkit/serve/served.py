@@ -32,6 +32,7 @@ class ServedModel:
     engine: ClassVar[str]  # "attnkit" or "ctranslate2"
     dialects: ClassVar[tuple[str, ...]]  # the endpoints it answers (serve/endpoints: ROUTERS)
     shows_attention: ClassVar[bool] = False  # whether explore() has attention weights to show
+    steps_continuously: ClassVar[bool] = False  # whether running_batch() has one to give
 
     def tokens(self, texts: list[str]) -> list[int]:
         """How many tokens each text is (for the length limits and the batches' token budget)."""
@@ -61,6 +62,11 @@ class ServedModel:
     def run(self, inputs: list[Any], settings: Hashable) -> list[Any]:
         """Each input's output (blocking; called by one of the batcher's workers, ``streams`` at a time
         in all)."""
+        raise NotImplementedError
+
+    def running_batch(self) -> Any:
+        """A running batch that inputs join at any step (``--batching continuous``, serve/continuous.py),
+        where the model has one (``steps_continuously``)."""
         raise NotImplementedError
 
     def abandon(self, inputs: list[Any]) -> None:

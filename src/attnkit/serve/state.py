@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import Request
 
 from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.continuous import ContinuousBatcher
 from attnkit.serve.errors import RequestError
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.served import ServedModel
@@ -38,6 +39,7 @@ class ServeSettings:
     max_explore_tokens: int = 64  # /explore: tokens of the text (and of the output it shows), at most
     stall_after_s: float = 300.0  # /health says "stalled" when requests wait this long with no batch moving
     hosts: tuple[str, ...] = ()  # the Host header names accepted (empty: any)
+    batching: str = "batches"  # "continuous": a running batch that requests join at any step (continuous.py)
 
 
 @dataclass
@@ -49,15 +51,26 @@ class ServerState:
     stopping: Callable[[], bool] = lambda: False
     metrics: Metrics = field(default_factory=Metrics)
     model: ServedModel | None = None
-    batcher: Batcher | None = None
+    batcher: Batcher | ContinuousBatcher | None = None
     failed: str | None = None
 
     def start(self, model: ServedModel) -> None:
         """Serve ``model`` (on the event loop): its batcher starts, and requests are answered."""
         s = self.settings
-        batcher = Batcher(model.run, max_batch_tokens=s.max_batch_tokens, max_wait_ms=s.max_wait_ms,
-                          max_queue=s.max_queue, workers=model.streams, prepare=model.prepare_worker,
-                          observe=self.metrics.batch, abandon=model.abandon)  # fmt: skip
+        batcher: Batcher | ContinuousBatcher
+        if s.batching == "continuous":
+            batcher = ContinuousBatcher(
+                model.running_batch,
+                max_batch_tokens=s.max_batch_tokens,
+                max_queue=s.max_queue,
+                workers=model.streams,
+                prepare=model.prepare_worker,
+                observe=self.metrics.iteration,
+            )
+        else:
+            batcher = Batcher(model.run, max_batch_tokens=s.max_batch_tokens, max_wait_ms=s.max_wait_ms,
+                              max_queue=s.max_queue, workers=model.streams, prepare=model.prepare_worker,
+                              observe=self.metrics.batch, abandon=model.abandon)  # fmt: skip
         batcher.start()
         self.model, self.batcher = model, batcher
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from attnkit.checkpoint.folder import resolve_checkpoint
+from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.translate import translate
 from attnkit.loading import load_for_inference
 from attnkit.models import archs
@@ -25,6 +26,7 @@ from attnkit.tasks import task_of
 @dataclass
 class Translator(AttnkitModel):
     dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
+    steps_continuously: ClassVar[bool] = True
 
     @property
     def beam_size(self) -> int:
@@ -45,6 +47,11 @@ class Translator(AttnkitModel):
         beam, n_best = settings  # type: ignore[misc]
         return translate(self.model, self.tokenizer, texts, self.config.decode, n_best=n_best, beam_size=beam,
                          device=self.device)  # fmt: skip
+
+    def running_batch(self) -> RunningTranslations:
+        """Inputs ``(text, (beam, n_best))`` searched as :meth:`run` searches them, in a running batch
+        (decode/continuous.py; the model's own steps, not ``decode.compile``'s)."""
+        return RunningTranslations(self.model, self.tokenizer, self.config.decode, self.device)
 
 
 def load_translator(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> Translator:

@@ -1,0 +1,113 @@
+"""Continuous batching: a running batch of translations that sources join at any step and leave as soon
+as their search is over.
+
+``translate`` searches a batch to its end: the batch is as slow as its longest sentence, and a
+sentence that comes meanwhile waits for all of it. A server does better with one running batch
+(:class:`RunningTranslations`) that it advances a step at a time (:meth:`~RunningTranslations.iterate`):
+at every step, the sources that came since the last one are encoded and take their first step (as
+their own small batch), then join the running rows (``Beams.merge``, which pads the shorter KV
+caches on the left and lets each row go on at its own position); every running source takes one
+step; those whose search is over leave at once, and their rows are not decoded again.
+
+Each source gets what ``translate`` gives it alone, whatever shares its steps: it is cut, bounded
+and searched with the same settings and the same code (``search.Beams``), its rows see only their
+own keys (the padding is masked) and its scores are its own. Sources with other settings (a beam of
+1 and one of 5, or another ``n_best``) run in running batches of their own, stepped one after the
+other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from attnkit.config import DecodeConfig
+from attnkit.data.batching import pad
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.search import Beams, Hypothesis, Search, limits_of
+from attnkit.decode.translate import Reporting, cut_sources
+from attnkit.models.seq2seq import EncoderDecoder
+
+# what a caller calls each source it hands in, and hears back when its translation is done
+Key = Hashable
+# a source's n_best translations and their scores, best first (translate's n_best output)
+Translations = list[tuple[str, float]]
+
+
+@dataclass
+class RunningTranslations:
+    """The running batches of one model, one per search setting (beam and ``n_best``)."""
+
+    model: EncoderDecoder
+    tokenizer: Tokenizer
+    decode: DecodeConfig
+    device: torch.device | str = "cpu"
+    running: dict[tuple[int, int], Beams] = field(default_factory=dict)  # (beam, n_best) -> its batch
+
+    @property
+    def rows(self) -> int:
+        """Rows decoded at the next step: every running source's beams."""
+        return sum(len(beams.sources) * beams.beams for beams in self.running.values())
+
+    @property
+    def sources(self) -> int:
+        """Sources being searched."""
+        return sum(len(beams.sources) for beams in self.running.values())
+
+    @torch.no_grad()
+    def iterate(
+        self, joining: list[tuple[Key, str, tuple[int, int]]], leaving: set[Key] = frozenset()
+    ) -> list[tuple[Key, Translations]]:
+        """One step: the sources ``leaving`` (nobody waits for them) leave; ``joining`` (each source's
+        key, text and ``(beam, n_best)``) join after their first step; every running source takes one
+        step. Returns the sources whose translations are done, with them (an empty text at once, with
+        no translations, as ``translate`` gives it)."""
+        if leaving:
+            self._leave(set(leaving))
+        done: list[tuple[Key, list[Hypothesis]]] = []
+        by_settings: dict[tuple[int, int], list[tuple[Key, str]]] = {}
+        for key, text, settings in joining:
+            if text.strip():
+                by_settings.setdefault(settings, []).append((key, text))
+            else:
+                done.append((key, []))
+        for settings, sources in by_settings.items():
+            done += self._join(settings, sources)
+        for settings in list(self.running):
+            done += self.running[settings].step()
+            if not self.running[settings].sources:
+                del self.running[settings]
+        return [(key, [(self.tokenizer.decode(h.tokens), h.score) for h in found]) for key, found in done]
+
+    def _join(
+        self, settings: tuple[int, int], sources: list[tuple[Key, str]]
+    ) -> list[tuple[Key, list[Hypothesis]]]:
+        """Encode ``sources``, take their first step as a batch of their own, and merge those still
+        searched into the running batch of their settings; returns those already done."""
+        beam, n_best = settings
+        model, specials = self.model, self.tokenizer.specials
+        search = Search.of(self.decode, beam_size=beam, n_best=n_best, max_output_len=model.config.max_len)
+        encoded = cut_sources(
+            self.tokenizer, [text for _, text in sources], model.config.max_len, None, Reporting()
+        )
+        src = pad(encoded, specials.pad).to(self.device)  # (N, S)
+        start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=self.device)
+        keys = [key for key, _ in sources]
+        joining = Beams(
+            model.decoding(src), start, limits_of(src, specials.pad, search), specials, search, keys
+        )
+        done = joining.step()  # the first step, on one row per source; then K beams each
+        if joining.sources:
+            if settings in self.running:
+                self.running[settings].merge(joining)
+            else:
+                self.running[settings] = joining
+        return done
+
+    def _leave(self, keys: set[Key]) -> None:
+        for settings in list(self.running):
+            self.running[settings].leave(keys)
+            if not self.running[settings].sources:
+                del self.running[settings]

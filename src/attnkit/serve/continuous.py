@@ -1,0 +1,253 @@
+"""Continuous batching: requests join a running batch at its next step and leave it as soon as they are
+done (``attnkit serve --batching continuous``; translation and summarisation on attnkit's engine).
+
+The batcher of batcher.py runs a batch to its end: a request that comes meanwhile waits for the
+batch's longest sentence. Here each worker keeps one running batch (an engine such as
+``attnkit.decode.continuous.RunningTranslations``) and loops: it admits waiting requests, oldest
+first, while its batch holds fewer than ``max_batch_tokens`` source tokens (a request that does not
+fit waits at the front, and nothing overtakes it, so a long request is never starved); it runs one
+iteration on its thread (the newcomers' first step, then one step of every running sentence); it
+answers the requests whose sentences are all done. A request whose client has gone leaves the
+batch at the next iteration. While nothing runs or waits, the workers sleep.
+
+It has the batcher's interface (``submit``, ``alone``, ``waiting``, ``stalled_for``, ``start``,
+``stop``), so the server's state takes either. Work that must not overlap a step (the attention
+explorer hooks the model) pauses every worker between two iterations, runs, and lets them go on.
+An iteration that fails answers every request of its worker's batch with the error (the engine
+starts afresh): unlike a batch, a running batch cannot be rerun request by request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from attnkit.serve.batcher import Job, QueueFullError, settle
+
+LOG = logging.getLogger("uvicorn.error")
+
+
+class Engine(Protocol):
+    """A running batch: ``iterate(joining, leaving)`` admits ``joining`` (``(key, input, settings)``),
+    drops the sources ``leaving``, steps every source and returns ``(key, output)`` of those done."""
+
+    sources: int  # sources running
+    rows: int  # rows decoded at the next step
+
+    def iterate(self, joining: list[tuple[Hashable, Any, Hashable]], leaving: set[Hashable]) -> list: ...
+
+
+@dataclass
+class Flight:
+    """A request in a worker's running batch: its outputs as they come."""
+
+    job: Job
+    outputs: list[Any]
+    left: int  # inputs not yet done
+    joined: float = field(default_factory=time.perf_counter)
+
+
+class ContinuousBatcher:
+    """Runs requests through ``workers`` running batches, each made by ``engine()`` and stepped on its
+    own thread (see the module docstring). ``prepare(running)`` readies a worker's thread (its share
+    of the CPU); ``observe(rows, sources, waited, seconds)`` hears of every iteration (for metrics)."""
+
+    def __init__(
+        self,
+        engine: Callable[[], Engine],
+        *,
+        max_batch_tokens: int,
+        max_queue: int,
+        workers: int = 1,
+        prepare: Callable[[int], None] = lambda running: None,
+        observe: Callable[[int, int, list[float], float], None] = lambda rows, sources, waited, seconds: None,
+    ) -> None:
+        self.make_engine, self.prepare, self.observe = engine, prepare, observe
+        self.max_batch_tokens, self.max_queue, self.workers = max_batch_tokens, max_queue, workers
+        self.queue: list[Job] = []  # oldest first
+        self.arrived: asyncio.Event | None = None  # set when a job is queued (made in the loop)
+        self.threads = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"attnkit-model-{i}") for i in range(workers)
+        ]
+        self.engines = [engine() for _ in range(workers)]
+        self.flights: list[dict[int, Flight]] = [{} for _ in range(workers)]  # each worker's requests
+        self.ids = itertools.count()
+        self.loops: list[asyncio.Task] = []
+        self.pause: asyncio.Future | None = None  # while set, workers wait for it between iterations
+        self.iterating = 0  # workers in an iteration now
+        self.prepared = [0] * workers  # the running workers each worker's thread was last readied for
+        self.progressed = time.monotonic()  # when an iteration last ended or a request came to an idle server
+
+    def start(self) -> None:
+        self.arrived = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self.loops = [loop.create_task(self._work(worker)) for worker in range(self.workers)]
+
+    async def stop(self) -> None:
+        """Stop the workers (after their iteration) and drop what waits: as Batcher.stop."""
+        for task in self.loops:
+            task.cancel()
+        for task in self.loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for job in self.queue:
+            job.future.cancel()
+        self.queue = []
+        for flights in self.flights:
+            for flight in flights.values():
+                flight.job.future.cancel()
+        for thread in self.threads:
+            await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
+
+    def waiting(self) -> int:
+        """Requests not yet in a running batch."""
+        return len(self.queue)
+
+    def running_rows(self) -> int:
+        """Rows the running batches decode at their next steps."""
+        return sum(engine.rows for engine in self.engines)
+
+    def stalled_for(self) -> float:
+        """Seconds without an iteration ending while requests wait or run (0 when idle)."""
+        if not self.queue and not any(self.flights):
+            return 0.0
+        return time.monotonic() - self.progressed
+
+    async def submit(self, inputs: list[Any], settings: Hashable, tokens: int) -> list[Any]:
+        """The outputs of ``inputs``, once all are done; :class:`QueueFullError` at once if the queue is
+        full. Cancelling the caller (a client gone) takes its inputs out of the running batch."""
+        return await self._queued(Job(inputs, settings, tokens, asyncio.get_running_loop().create_future()))
+
+    async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` while no worker steps: queued behind the requests already waiting."""
+        job = Job(list(args), None, 0, asyncio.get_running_loop().create_future(), work=work)
+        return await self._queued(job)
+
+    async def _queued(self, job: Job) -> Any:
+        assert self.arrived is not None
+        if len(self.queue) >= self.max_queue:
+            raise QueueFullError(f"{self.max_queue} requests are already waiting")
+        if not self.queue and not any(self.flights):
+            self.progressed = time.monotonic()
+        self.queue.append(job)
+        self.arrived.set()
+        return await job.future
+
+    async def _work(self, worker: int) -> None:
+        """One worker's loop: admit, iterate, answer; sleep while there is nothing to do."""
+        assert self.arrived is not None
+        loop, flights = asyncio.get_running_loop(), self.flights[worker]
+        while True:
+            if self.pause is not None:
+                await self.pause
+                continue
+            if self.queue and self.queue[0].work is not None:
+                await self._run_alone(self.queue[0])
+                continue
+            joining = self._admit(worker)
+            if not joining and not flights:
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
+            gone = [job_id for job_id, flight in flights.items() if flight.job.future.done()]
+            leaving = {(job_id, i) for job_id in gone for i in range(len(flights.pop(job_id).outputs))}
+            inputs = [((job_id, i), x, flights[job_id].job.settings)
+                      for job_id in joining for i, x in enumerate(flights[job_id].job.inputs)]  # fmt: skip
+            began = time.perf_counter()
+            self.iterating += 1
+            try:
+                done = await loop.run_in_executor(
+                    self.threads[worker], self._iterate, worker, inputs, leaving
+                )
+            except Exception as error:
+                LOG.exception("a running batch failed; its requests are answered with the error")
+                for flight in flights.values():
+                    settle(flight.job, error=error)
+                flights.clear()
+                self.engines[worker] = self.make_engine()
+                continue
+            finally:
+                self.iterating -= 1
+                self.progressed = time.monotonic()
+            waited = [began - flights[job_id].job.queued for job_id in joining]
+            sources = sum(engine.sources for engine in self.engines)
+            self.observe(self.running_rows(), sources, waited, time.perf_counter() - began)
+            for (job_id, i), output in done:
+                flight = flights.get(job_id)
+                if flight is None:
+                    continue
+                flight.outputs[i] = output
+                flight.left -= 1
+                if flight.left == 0:
+                    settle(flight.job, result=flight.outputs)
+                    del flights[job_id]
+
+    def _load(self, worker: int) -> int:
+        """Source tokens in a worker's running batch."""
+        return sum(flight.job.tokens for flight in self.flights[worker].values())
+
+    def _admit(self, worker: int) -> list[int]:
+        """Waiting requests, oldest first, that fit the worker's budget (the first always fits an empty
+        batch; one that does not fit stops the admission), while no other worker holds fewer tokens
+        (the load is spread), and no idle worker comes before it: they join its running batch."""
+        flights, tokens = self.flights[worker], self._load(worker)
+        if not flights and not all(self.flights[:worker]):
+            return []  # an idle worker before this one takes them: at a low load the same thread
+            # runs step after step (the CPU threads of another, left idle, would spin meanwhile)
+        others = [self._load(other) for other in range(self.workers) if other != worker]
+        joining = []
+        while self.queue and self.queue[0].work is None:
+            job = self.queue[0]
+            if job.future.done():  # its client went while it waited
+                self.queue.pop(0)
+                continue
+            if flights and (tokens + job.tokens > self.max_batch_tokens or any(o < tokens for o in others)):
+                break
+            self.queue.pop(0)
+            job_id = next(self.ids)
+            flights[job_id] = Flight(job, [None] * len(job.inputs), len(job.inputs))
+            tokens += job.tokens
+            joining.append(job_id)
+        return joining
+
+    def _iterate(self, worker: int, joining: list, leaving: set) -> list:
+        # the CPU's threads shared among the workers with requests (one alone takes them all); set
+        # only when that changes (setting them costs more than a small step)
+        running = max(1, sum(1 for flights in self.flights if flights))
+        if self.prepared[worker] != running:
+            self.prepare(running)
+            self.prepared[worker] = running
+        return self.engines[worker].iterate(joining, leaving)
+
+    async def _run_alone(self, job: Job) -> None:
+        """Pause every worker between iterations, run ``job.work`` on the first one's thread, go on."""
+        assert job.work is not None
+        self.queue.remove(job)
+        loop = asyncio.get_running_loop()
+        self.pause = loop.create_future()
+        try:
+            while self.iterating:  # the other workers end their iteration, then wait for the pause
+                await asyncio.sleep(0.001)
+            if not job.future.done():
+                try:
+                    result = await loop.run_in_executor(self.threads[0], self._alone, job.work, job.inputs)
+                except Exception as error:
+                    settle(job, error=error)
+                else:
+                    settle(job, result=result)
+        finally:
+            self.pause.set_result(None)
+            self.pause = None
+            self.progressed = time.monotonic()
+
+    def _alone(self, work: Callable[..., Any], args: list[Any]) -> Any:
+        self.prepare(1)
+        self.prepared[0] = 1
+        return work(*args)

@@ -1,0 +1,90 @@
+"""Continuous batching (decode/continuous.py): each source gets what ``translate`` gives it alone,
+whichever sources share its steps, join after it, or leave before it."""
+
+import pytest
+import torch
+
+from attnkit import build_transformer
+from attnkit.config import DecodeConfig
+from attnkit.data.synthetic import copy
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.continuous import RunningTranslations
+from attnkit.decode.translate import translate
+from attnkit.models.config import TransformerConfig
+
+
+def _model(tokenizer: Tokenizer, **changes) -> torch.nn.Module:
+    """A random model (its hypotheses differ in length and score) that never finds <unk> likely."""
+    torch.manual_seed(5)
+    config = TransformerConfig.from_preset("tiny", output_bias=True, **changes)
+    model = build_transformer(config, tokenizer.vocab_size)
+    with torch.no_grad():
+        model.generator.proj.bias[tokenizer.specials.unk] = -1e4
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.train("word", copy(300, seed=0, max_length=9).src)
+
+
+def _alone(model, tokenizer, decode, text, beam, n_best):
+    """What ``translate`` gives ``text`` in a batch of its own."""
+    return translate(model, tokenizer, [text], decode, n_best=n_best, beam_size=beam)[0]
+
+
+def _run(running: RunningTranslations, arrivals: dict[int, list], leaving: dict[int, set] | None = None):
+    """Iterate until every source is done: ``arrivals[i]`` join at iteration i, ``leaving[i]`` leave."""
+    done, i = {}, 0
+    while i <= max(arrivals) or running.sources:
+        for key, found in running.iterate(arrivals.get(i, []), (leaving or {}).get(i, set())):
+            assert key not in done
+            done[key] = found
+        i += 1
+        assert i < 500
+    return done
+
+
+def _assert_same(found, expected):
+    assert [text for text, _ in found] == [text for text, _ in expected]
+    for (_, score), (_, wanted) in zip(found, expected, strict=True):
+        assert score == pytest.approx(wanted, abs=1e-5)
+
+
+@pytest.mark.parametrize("changes", [{}, {"positions": "learned"}, {"copy": True}])
+def test_sources_joining_at_any_step_get_their_translation_alone(tokenizer, changes):
+    """Sources join a running batch at several steps, with other beams and n-best lists beside them
+    (and an empty line): each gets exactly ``translate``'s translations of it alone, with its scores."""
+    model = _model(tokenizer, **changes)
+    decode = DecodeConfig(batch_size=64, streams=1)
+    texts = copy(14, seed=3, max_length=9).src
+    settings = [(4, 1), (4, 2), (1, 1), (3, 3)]
+    arrivals: dict[int, list] = {}
+    for n, text in enumerate(texts):  # two at the first step, then one or two every few steps
+        arrivals.setdefault(0 if n < 2 else n // 2 + n % 3, []).append((n, text, settings[n % len(settings)]))
+    arrivals[3].append(("empty", "  ", (4, 1)))
+    running = RunningTranslations(model, tokenizer, decode)
+    done = _run(running, arrivals)
+    assert done.pop("empty") == []
+    assert sorted(done) == list(range(len(texts)))
+    lengths = {len(found[0][0].split()) for found in done.values()}
+    assert len(lengths) > 2  # the outputs differ in length: sources leave at different steps
+    for n, text in enumerate(texts):
+        beam, n_best = settings[n % len(settings)]
+        _assert_same(done[n], _alone(model, tokenizer, decode, text, beam, n_best))
+    assert running.rows == 0 and not running.running
+
+
+def test_sources_that_leave_change_nothing_for_the_others(tokenizer):
+    """Sources taken out mid-search (their client gone) are not answered, and the others' translations
+    are still their own."""
+    model = _model(tokenizer)
+    decode = DecodeConfig(batch_size=64, streams=1)
+    texts = copy(8, seed=4, max_length=9).src
+    arrivals = {0: [(n, text, (4, 1)) for n, text in enumerate(texts[:5])],
+                2: [(n, text, (4, 1)) for n, text in enumerate(texts[5:], start=5)]}  # fmt: skip
+    running = RunningTranslations(model, tokenizer, decode)
+    done = _run(running, arrivals, leaving={1: {0, 3}, 3: {6}})
+    assert sorted(done) == [1, 2, 4, 5, 7]
+    for n in done:
+        _assert_same(done[n], _alone(model, tokenizer, decode, texts[n], 4, 1))

@@ -1,0 +1,140 @@
+"""The continuous batcher alone (serve/continuous.py), with a stand-in engine: requests join a running
+batch at its next iteration, oldest first within the token budget (a large one is never overtaken),
+spread over the workers; a request whose client has gone leaves the batch; a failing iteration answers
+its requests with the error and the worker goes on; work alone runs while no iteration does."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from attnkit.serve.batcher import QueueFullError
+from attnkit.serve.continuous import ContinuousBatcher
+
+
+class Engine:
+    """Input ``"word:n"`` is done after n iterations, as ``"WORD"``; ``"boom"`` makes the iteration fail.
+    Records what each iteration was handed."""
+
+    def __init__(self):
+        self.left, self.iterations, self.lock = {}, [], threading.Lock()
+
+    @property
+    def sources(self):
+        return len(self.left)
+
+    @property
+    def rows(self):
+        return len(self.left)
+
+    def iterate(self, joining, leaving):
+        time.sleep(0.002)  # a step takes time
+        self.iterations.append(([x for _, x, _ in joining], set(leaving)))
+        if any(x == "boom" for _, x, _ in joining):
+            raise ValueError("boom is not a sentence")
+        for key in leaving:
+            self.left.pop(key, None)
+        for key, x, _ in joining:
+            word, n = x.split(":")
+            self.left[key] = [word.upper(), int(n)]
+        done = []
+        for key, state in list(self.left.items()):
+            state[1] -= 1
+            if state[1] <= 0:
+                done.append((key, state[0]))
+                del self.left[key]
+        return done
+
+
+def _batcher(engines, **settings):
+    made = iter(engines)
+    settings = {"max_batch_tokens": 100, "max_queue": 16, **settings}
+    return ContinuousBatcher(lambda: next(made), **settings)
+
+
+def test_requests_join_at_the_next_iteration_and_leave_when_done():
+    engine = Engine()
+
+    async def go():
+        batcher = _batcher([engine])
+        batcher.start()
+        long = asyncio.ensure_future(batcher.submit(["a:100"], None, 1))
+        await asyncio.sleep(0.02)  # the long one runs alone, then a short one joins it
+        short = await batcher.submit(["b:1", "c:2"], None, 2)
+        assert not long.done()  # the short request did not wait for the long one
+        result = await long, short
+        await batcher.stop()
+        return result
+
+    assert asyncio.run(go()) == (["A"], ["B", "C"])
+    joined = [x for joining, _ in engine.iterations for x in joining]
+    assert joined == ["a:100", "b:1", "c:2"]
+
+
+def test_the_oldest_request_that_does_not_fit_is_not_overtaken():
+    engine = Engine()
+
+    async def go():
+        batcher = _batcher([engine], max_batch_tokens=10)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(["a:3"], None, 6))
+        await asyncio.sleep(0.01)
+        big = asyncio.ensure_future(batcher.submit(["big:1"], None, 8))  # 6 + 8 > 10: waits
+        small = asyncio.ensure_future(batcher.submit(["s:1"], None, 1))  # would fit, but came later
+        answers = await asyncio.gather(first, big, small)
+        await batcher.stop()
+        return answers
+
+    results = asyncio.run(go())
+    assert results == [["A"], ["BIG"], ["S"]]
+    order = [x for joining, _ in engine.iterations for x in joining]
+    assert order == ["a:3", "big:1", "s:1"]
+    assert not any("big:1" in joining and "a:3" in joining for joining, _ in engine.iterations)
+
+
+def test_a_gone_client_leaves_the_batch_and_a_failure_answers_only_its_batch():
+    engines = [Engine(), Engine()]
+
+    async def go():
+        batcher = _batcher(engines, workers=2)
+        batcher.start()
+        gone = asyncio.ensure_future(batcher.submit(["g:50"], None, 1))
+        await asyncio.sleep(0.02)
+        gone.cancel()
+        await asyncio.sleep(0.02)
+        with pytest.raises(ValueError, match="boom"):
+            await batcher.submit(["boom"], None, 1)
+        after = await batcher.submit(["x:2"], None, 1)  # the failed worker starts afresh
+        await batcher.stop()
+        return after
+
+    engines.append(Engine())  # the fresh engine after the failure
+    assert asyncio.run(go()) == ["X"]
+    left = [leaving for engine in engines for _, leaving in engine.iterations if leaving]
+    assert len(left) == 1 and len(next(iter(left))) == 1  # g's one input left, once
+    assert not engines[0].left and not engines[1].left
+
+
+def test_work_alone_runs_while_no_iteration_does_and_a_full_queue_refuses():
+    engine, seen = Engine(), []
+
+    def alone(x):
+        seen.append((x, engine.sources))  # between two iterations of a running batch
+        return x * 2
+
+    async def go():
+        batcher = _batcher([engine], max_queue=2)
+        batcher.start()
+        running = asyncio.ensure_future(batcher.submit(["a:30"], None, 1))
+        await asyncio.sleep(0.01)
+        doubled = await batcher.alone(alone, 21)
+        # three at once, while an iteration runs: two wait, the third finds the queue full
+        asked = [batcher.submit([f"q{i}:1"], None, 1) for i in range(3)]
+        answers = await asyncio.gather(running, *asked, return_exceptions=True)
+        await batcher.stop()
+        return doubled, answers
+
+    doubled, answers = asyncio.run(go())
+    assert doubled == 42 and seen == [(21, 1)]
+    assert answers[:3] == [["A"], ["Q0"], ["Q1"]] and isinstance(answers[3], QueueFullError)
