@@ -194,13 +194,7 @@ class Batcher:
             if job.future.cancelled():
                 return
             self.progressed = time.monotonic()
-            loop = asyncio.get_running_loop()
-            try:
-                result = await loop.run_in_executor(self.threads[0], self._alone, job.work, job.inputs)
-            except Exception as error:
-                settle(job, error=error)
-            else:
-                settle(job, result=result)
+            await settle_with(job, self.threads[0], self._alone, job.work, job.inputs)
         finally:
             self.taken = []
             self.progressed = time.monotonic()
@@ -264,6 +258,16 @@ class Batcher:
         for job in jobs:
             settle(job, result=outputs[start : start + len(job.inputs)])
             start += len(job.inputs)
+
+
+async def settle_with(job: Job, thread: ThreadPoolExecutor, call: Callable[..., Any], *args: Any) -> None:
+    """Answer ``job`` with what ``call(*args)`` gives (or raises) on ``thread``."""
+    try:
+        result = await asyncio.get_running_loop().run_in_executor(thread, call, *args)
+    except Exception as error:
+        settle(job, error=error)
+    else:
+        settle(job, result=result)
 
 
 def settle(job: Job, result: Any = None, error: BaseException | None = None) -> None:

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from attnkit.serve.batcher import Job, QueueFullError, settle
+from attnkit.serve.batcher import Job, QueueFullError, settle, settle_with
 
 LOG = logging.getLogger("uvicorn.error")
 
@@ -230,18 +230,12 @@ class ContinuousBatcher:
         """Pause every worker between iterations, run ``job.work`` on the first one's thread, go on."""
         assert job.work is not None
         self.queue.remove(job)
-        loop = asyncio.get_running_loop()
-        self.pause = loop.create_future()
+        self.pause = asyncio.get_running_loop().create_future()
         try:
             while self.iterating:  # the other workers end their iteration, then wait for the pause
                 await asyncio.sleep(0.001)
             if not job.future.done():
-                try:
-                    result = await loop.run_in_executor(self.threads[0], self._alone, job.work, job.inputs)
-                except Exception as error:
-                    settle(job, error=error)
-                else:
-                    settle(job, result=result)
+                await settle_with(job, self.threads[0], self._alone, job.work, job.inputs)
         finally:
             self.pause.set_result(None)
             self.pause = None
