@@ -156,3 +156,28 @@ def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
         reporting=Reporting(warn=notes.append),
     )
     assert "this model's step is not compiled" in notes[0]
+
+
+def test_a_running_batch_takes_the_compiled_steps_and_gives_each_source_its_translation(
+    cache, model_and_tokenizer, monkeypatch
+):
+    """Continuous batching (decode/continuous.py) with decode.compile: sources that join the compiled
+    step's history at later steps get the eager ``translate``'s translation of them, with its scores."""
+    from attnkit.decode.continuous import RunningTranslations
+
+    model, tokenizer = model_and_tokenizer
+    texts = copy(24, seed=8, max_length=6).src
+    eager = DecodeConfig(batch_size=64, streams=1)
+    counting = _Counting(monkeypatch)
+    running = RunningTranslations(model, tokenizer, DecodeConfig(batch_size=64, streams=1, compile=True))
+    waiting = [(n, text, (3, 2) if n % 2 else (1, 1)) for n, text in enumerate(texts)]
+    done = {}
+    while waiting or running.sources:
+        joining, waiting = waiting[:2], waiting[2:]  # two join at every step
+        done.update(running.iterate(joining))
+    assert counting.calls > 20
+    for n, text in enumerate(texts):
+        beam, n_best = (3, 2) if n % 2 else (1, 1)
+        (expected,) = translate(model, tokenizer, [text], eager, beam_size=beam, n_best=n_best)
+        assert [t for t, _ in done[n]] == [t for t, _ in expected]
+        assert [s for _, s in done[n]] == pytest.approx([s for _, s in expected], abs=1e-5)

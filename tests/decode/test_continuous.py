@@ -6,8 +6,11 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.config import DecodeConfig
+from attnkit.cpu import speed_up
+from attnkit.cpu.compiled.trace import CachedStep, FirstStep
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.compiled import CompiledDecoding
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.translate import translate
 from attnkit.models.config import TransformerConfig
@@ -88,3 +91,39 @@ def test_sources_that_leave_change_nothing_for_the_others(tokenizer):
     assert sorted(done) == [1, 2, 4, 5, 7]
     for n in done:
         _assert_same(done[n], _alone(model, tokenizer, decode, texts[n], 4, 1))
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["paper's modules", "CPU fast path"])
+def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer, fast_path):
+    """With decode.compile's steps (the traced first step and cached step, run eagerly here: no
+    compiler needed), sources that join the running batch's history at later steps, and leave it,
+    still get ``translate``'s translations of them alone."""
+    model = _model(tokenizer)
+    if fast_path:
+        speed_up(model)
+    decode = DecodeConfig(batch_size=64, streams=1)
+    taken = []
+
+    def traced(beams):
+        step, first = CachedStep(model), FirstStep(model)
+
+        def counted(*tensors):
+            taken.append(beams)
+            return step(*tensors)
+
+        return lambda src, use_cache=True: CompiledDecoding(
+            model, src, use_cache, counted, beams, (first, tokenizer.specials.bos)
+        )
+
+    texts = copy(12, seed=6, max_length=9).src
+    settings = [(4, 2), (1, 1), (4, 1)]
+    arrivals: dict[int, list] = {}
+    for n, text in enumerate(texts):
+        arrivals.setdefault(n // 2 + n % 2, []).append((n, text, settings[n % len(settings)]))
+    running = RunningTranslations(model, tokenizer, decode, decodings={1: traced(1), 4: traced(4)})
+    done = _run(running, arrivals, leaving={3: {4}})
+    assert sorted(done) == [n for n in range(len(texts)) if n != 4]
+    for n in done:
+        beam, n_best = settings[n % len(settings)]
+        _assert_same(done[n], _alone(model, tokenizer, decode, texts[n], beam, n_best))
+    assert taken.count(4) >= 5 and taken.count(1) >= 5  # the traced steps took the steps after the first

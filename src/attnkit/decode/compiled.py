@@ -34,15 +34,14 @@ if TYPE_CHECKING:
 class History:
     """Every layer's self-attention keys and values of the positions decoded so far, as the compiled
     step reads them (``attnkit.cpu.compiled.trace``): ``buffer (capacity, 2·layers, P, h, d_k)``,
-    position t of the rows at ``[t]`` (layer i's keys at ``[t, i]``, its values at ``[t, layers + i]``:
-    the positions so far are one contiguous block); and ``slots (R, T)``, the slot of ``[t]`` that
-    holds row r's position t."""
+    position t of the rows at ``[start + t]`` (layer i's keys at ``[·, i]``, its values at ``[·,
+    layers + i]``: the positions so far are one contiguous block); and ``slots (R, T)``, the slot of
+    ``[start + t]`` that holds row r's position t. ``used[t]``: the slots of ``[start + t]`` taken so
+    far (rows that join a running batch take fresh ones, :meth:`merge`)."""
 
     def __init__(self, cache: DecoderCache, dtype: torch.dtype) -> None:
         """Take the keys and values over from ``cache`` (whose self-attention caches are emptied)."""
-        held = [layer.self_attn.key for layer in cache.layers] + [
-            layer.self_attn.value for layer in cache.layers
-        ]
+        held = _keys_then_values(cache)
         R, h, T, d_k = held[0].shape
         # room for 64 positions (most outputs; the pages are touched only as positions are written),
         # doubled whenever full
@@ -52,32 +51,73 @@ class History:
         for layer in cache.layers:
             layer.self_attn = KVCache()
         self.slots = torch.arange(R, device=self.buffer.device)[:, None].repeat(1, T)  # (R, T): its own row
+        self.start, self.used = 0, [R] * T
 
     def __len__(self) -> int:
         return self.slots.size(1)
 
     def step_inputs(self) -> tuple[Tensor, Tensor]:
         """The slots and the positions so far, as the step takes them."""
-        return self.slots, self.buffer[: len(self)]
+        return self.slots, self.buffer[self.start : self.start + len(self)]
 
     def extend(self, added: Tensor) -> None:
         """Add the position a step computed, ``(2·layers, R, h, d_k)``: row r's in slot r."""
         T, R = len(self), self.slots.size(0)
-        if self.buffer.size(0) == T:  # full: twice the positions
-            self.buffer = torch.cat([self.buffer, torch.empty_like(self.buffer)])
-        self.buffer[T, :, :R] = added
+        self._make_room(R)
+        if self.start + T == self.buffer.size(0):  # full: the positions no row reads go, or twice as many
+            if self.start:
+                self.buffer[:T] = self.buffer[self.start : self.start + T].clone()
+                self.start = 0
+            else:
+                self.buffer = torch.cat([self.buffer, torch.empty_like(self.buffer)])
+        self.buffer[self.start + T, :, :R] = added
         own = torch.arange(R, device=self.slots.device)[:, None]
         self.slots = torch.cat([self.slots, own], dim=1)  # (R, T + 1)
+        self.used.append(R)
 
     def select(self, index: Tensor) -> None:
         """Keep rows ``index`` (in that order): beam search's reordering, or dropped rows."""
         self.slots = self.slots.index_select(0, index)
 
+    def forget(self, count: int) -> None:
+        """Drop the first ``count`` positions of every row (no row reads them any more)."""
+        self.slots, self.start, self.used = self.slots[:, count:], self.start + count, self.used[count:]
+
+    def merge(self, cache: DecoderCache) -> None:
+        """Add the rows whose keys and values ``cache`` holds, ``(R', h, t, d_k)`` with t at most
+        ``len(self)``, after these (its self-attention caches are emptied): their positions go to the
+        last t positions, in slots no row reads, and the earlier positions are padding to them (their
+        slots point anywhere; the step masks them)."""
+        held = torch.stack(_keys_then_values(cache))  # (2·layers, R', h, t, d_k)
+        added, t, T = held.size(1), held.size(3), len(self)
+        if not 0 < t <= T:
+            raise ValueError(f"rows of {t} positions cannot join a history of {T}")
+        self._make_room(max(self.used[T - t :]) + added)
+        slots = self.slots.new_zeros((added, T))
+        for j in range(t):
+            at, taken = T - t + j, self.used[T - t + j]
+            self.buffer[self.start + at, :, taken : taken + added] = held[:, :, :, j]
+            slots[:, at] = torch.arange(taken, taken + added, device=slots.device)
+            self.used[at] = taken + added
+        for layer in cache.layers:
+            layer.self_attn = KVCache()
+        self.slots = torch.cat([self.slots, slots])  # (R + R', T)
+
+    def _make_room(self, slots: int) -> None:
+        """At least ``slots`` slots per position (twice as many as held, when more are needed)."""
+        if slots > self.buffer.size(2):
+            shape = list(self.buffer.shape)
+            shape[2] = max(slots, 2 * shape[2])
+            grown = self.buffer.new_empty(shape)
+            live = slice(self.start, self.start + len(self))
+            grown[live, :, : self.buffer.size(2)] = self.buffer[live]
+            self.buffer = grown
+
     def give_back(self, cache: DecoderCache) -> None:
         """Put every row's keys and values into ``cache``, as the eager step reads them."""
-        positions = torch.arange(len(self), device=self.slots.device)[None, :]  # (1, T)
+        positions = self.start + torch.arange(len(self), device=self.slots.device)[None, :]  # (1, T)
         n = len(cache.layers)
-        # (T, 2n, P, h, d_k) -> (R, T, 2n, h, d_k): each row's positions, gathered by their slots
+        # (·, 2n, P, h, d_k) -> (R, T, 2n, h, d_k): each row's positions, gathered by their slots
         gathered = (
             self.buffer.transpose(1, 2)[positions, self.slots].transpose(1, 2).float()
         )  # (R, 2n, T, h, d_k)
@@ -85,6 +125,11 @@ class History:
             key = gathered[:, i].transpose(1, 2).contiguous()  # (R, h, T, d_k)
             value = gathered[:, n + i].transpose(1, 2).contiguous()
             layer.self_attn = KVCache(key, value)
+
+
+def _keys_then_values(cache: DecoderCache) -> list[Tensor]:
+    """Every layer's self-attention keys, then every layer's values, ``(R, h, T, d_k)`` each."""
+    return [layer.self_attn.key for layer in cache.layers] + [layer.self_attn.value for layer in cache.layers]
 
 
 class CompiledDecoding(Seq2SeqDecoding):
@@ -137,17 +182,43 @@ class CompiledDecoding(Seq2SeqDecoding):
         crossed = [layer.src_attn.key.contiguous() for layer in layers]  # (the sources kept: applied)
         crossed += [layer.src_attn.value.contiguous() for layer in layers]
         slots, history = self.history.step_inputs()
+        first = self._firsts()  # where each row's own positions begin
         logits, added = self.step(
-            tokens[:, -1:].contiguous(), slots, self.src_mask.contiguous(), history, *crossed
+            tokens[:, -1:].contiguous(), slots, first, self.src_mask.contiguous(), history, *crossed
         )
         self.history.extend(added)
         return logits
 
-    def reorder(self, index: Tensor) -> None:
+    def merge(self, other: Seq2SeqDecoding) -> None:
+        """As ``Seq2SeqDecoding.merge``; with the history already made, ``other``'s keys and values go
+        into it (:meth:`History.merge`) rather than the history back into the model's cache."""
+        if isinstance(other, CompiledDecoding):
+            other._leave_history()
+        if self.history is None or other.cache is None or len(other.cache) > len(self.history):
+            self._leave_history()
+            super().merge(other)
+            return
+        if self.beams != other.beams:
+            raise ValueError("only cached decodings with as many rows per source merge")
+        T, t = len(self.history), len(other.cache)
+        first = torch.cat([self._firsts(), other._firsts() + T - t])
+        self._merge_sources(other)
+        self.history.merge(other.cache)
+        self.first = first
+
+    def _drop_positions(self, count: int) -> None:
         if self.history is not None:
-            self.history.select(index)
+            self.history.forget(count)
         else:
+            super()._drop_positions(count)
+
+    def reorder(self, index: Tensor) -> None:
+        if self.history is None:
             super().reorder(index)
+            return
+        self.history.select(index)
+        if self.first is not None:
+            self.first = self.first.index_select(0, index)
 
     def keep(self, index: Tensor) -> None:
         if self.history is not None:

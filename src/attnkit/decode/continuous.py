@@ -11,24 +11,29 @@ step; those whose search is over leave at once, and their rows are not decoded a
 
 Each source gets what ``translate`` gives it alone, whatever shares its steps: it is cut, bounded
 and searched with the same settings and the same code (``search.Beams``), its rows see only their
-own keys (the padding is masked) and its scores are its own. Sources with other settings (a beam of
+own keys (the padding is masked) and its scores are its own. With ``decode.compile``, the steps are
+the compiled ones, as ``translate`` takes them (decode/compiled.py: newcomers' keys join the
+history in slots of their own). Sources with other settings (a beam of
 1 and one of 5, or another ``n_best``) run in running batches of their own, stepped one after the
 other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.search import Beams, Hypothesis, Search, limits_of
 from attnkit.decode.translate import Reporting, cut_sources
-from attnkit.models.seq2seq import EncoderDecoder
+from attnkit.models import evaluating
+from attnkit.models.seq2seq import EncoderDecoder, Seq2SeqDecoding
 
 # what a caller calls each source it hands in, and hears back when its translation is done
 Key = Hashable
@@ -45,6 +50,9 @@ class RunningTranslations:
     decode: DecodeConfig
     device: torch.device | str = "cpu"
     running: dict[tuple[int, int], Beams] = field(default_factory=dict)  # (beam, n_best) -> its batch
+    # how sources are decoded, by beam: decode.compile's compiled steps where they can be (as
+    # translate decodes them), else the model's own
+    decodings: dict[int, Callable[[Tensor], Seq2SeqDecoding]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -96,7 +104,7 @@ class RunningTranslations:
         start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=self.device)
         keys = [key for key, _ in sources]
         joining = Beams(
-            model.decoding(src), start, limits_of(src, specials.pad, search), specials, search, keys
+            self._decoding(beam)(src), start, limits_of(src, specials.pad, search), specials, search, keys
         )
         done = joining.step()  # the first step, on one row per source; then K beams each
         if joining.sources:
@@ -105,6 +113,15 @@ class RunningTranslations:
             else:
                 self.running[settings] = joining
         return done
+
+    def _decoding(self, beam: int) -> Callable[[Tensor], Seq2SeqDecoding]:
+        if beam not in self.decodings:
+            compiled = None
+            if self.decode.compile and torch.device(self.device).type == "cpu":
+                with evaluating(self.model):
+                    compiled = compiled_decoding(self.model, beam, start_token=self.tokenizer.specials.bos)
+            self.decodings[beam] = compiled or self.model.decoding
+        return self.decodings[beam]
 
     def _leave(self, keys: set[Key]) -> None:
         for settings in list(self.running):

@@ -247,36 +247,36 @@ class Seq2SeqDecoding:
         if self.cache is None or other.cache is None or self.beams != other.beams:
             raise ValueError("only cached decodings with as many rows per source merge")
         T, T_other = len(self.cache), len(other.cache)
-        first = self._firsts() + max(T_other - T, 0)
-        first_other = other._firsts() + max(T - T_other, 0)
-        S = max(self.memory.size(1), other.memory.size(1))
-        pad_id = self.model.config.pad_id
-
-        def sources(mine: Tensor, theirs: Tensor, fill: float) -> Tensor:  # (N, S, ...) along S, then N
-            return torch.cat([_padded(mine, 1, S, fill), _padded(theirs, 1, S, fill)])
-
-        self.memory = sources(self.memory, other.memory, 0.0)
-        self.src = sources(self.src, other.src, pad_id)
-        self.src_valid = sources(self.src_valid.transpose(1, 2), other.src_valid.transpose(1, 2), False)
-        self.src_valid = self.src_valid.transpose(1, 2)  # (N, 1, S)
-        self.src_mask = sources(self.src_mask.transpose(1, 2), other.src_mask.transpose(1, 2), False)
-        self.src_mask = self.src_mask.transpose(1, 2)  # (R, 1, S)
-        if self.pointer_keys is not None:
-            self.pointer_keys = sources(self.pointer_keys, other.pointer_keys, 0.0)
+        first = torch.cat([self._firsts() + max(T_other - T, 0), other._firsts() + max(T - T_other, 0)])
+        self._merge_sources(other)
+        length = max(T, T_other)
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            length = max(T, T_other)  # self-attention (R, h, T, d_k): padded on the left
+            # self-attention (R, h, T, d_k): padded on the left
             key = torch.cat([_padded(mine.self_attn.key, 2, length, 0.0, left=True),
                              _padded(theirs.self_attn.key, 2, length, 0.0, left=True)])  # fmt: skip
             value = torch.cat([_padded(mine.self_attn.value, 2, length, 0.0, left=True),
                                _padded(theirs.self_attn.value, 2, length, 0.0, left=True)])  # fmt: skip
             mine.self_attn = KVCache(key, value)
-            # cross-attention (N, h, S, d_k): the sources' keys and values, padded on the right
-            key = torch.cat([_padded(mine.src_attn.key, 2, S, 0.0), _padded(theirs.src_attn.key, 2, S, 0.0)])
-            value = torch.cat(
-                [_padded(mine.src_attn.value, 2, S, 0.0), _padded(theirs.src_attn.value, 2, S, 0.0)]
-            )
-            mine.src_attn = KVCache(key, value)
-        self.first = torch.cat([first, first_other])
+        self.first = first
+
+    def _merge_sources(self, other: Seq2SeqDecoding) -> None:
+        """Add ``other``'s sources after these (:meth:`merge`): memories, masks, ids and the
+        cross-attention's keys and values, padded on the right to the longer source."""
+        S, pad_id = max(self.memory.size(1), other.memory.size(1)), self.model.config.pad_id
+
+        def sources(mine: Tensor, theirs: Tensor, fill: float, dim: int = 1) -> Tensor:  # along S, then N
+            return torch.cat([_padded(mine, dim, S, fill), _padded(theirs, dim, S, fill)])
+
+        self.memory = sources(self.memory, other.memory, 0.0)  # (N, S, d_model)
+        self.src = sources(self.src, other.src, pad_id)  # (N, S)
+        self.src_valid = sources(self.src_valid, other.src_valid, False, dim=2)  # (N, 1, S)
+        self.src_mask = sources(self.src_mask, other.src_mask, False, dim=2)  # (R, 1, S)
+        if self.pointer_keys is not None:
+            self.pointer_keys = sources(self.pointer_keys, other.pointer_keys, 0.0)
+        assert self.cache is not None and other.cache is not None
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            key = sources(mine.src_attn.key, theirs.src_attn.key, 0.0, dim=2)  # (N, h, S, d_k)
+            mine.src_attn = KVCache(key, sources(mine.src_attn.value, theirs.src_attn.value, 0.0, dim=2))
 
     def _firsts(self) -> Tensor:
         """Each row's first position in the cache (:attr:`first`, zeros before any merge)."""
@@ -287,15 +287,20 @@ class Seq2SeqDecoding:
     def _forget_unused(self) -> None:
         """Drop the cached positions no row reads any more (those before every row's first): the
         padding of rows that have left. Once no row has any, the steps mask nothing again."""
-        assert self.first is not None and self.cache is not None
+        assert self.first is not None
         unused = int(self.first.min()) if len(self.first) else 0
         if unused:
-            for layer in self.cache.layers:
-                kept = layer.self_attn.key[:, :, unused:], layer.self_attn.value[:, :, unused:]
-                layer.self_attn = KVCache(*kept)
+            self._drop_positions(unused)
         self.first = self.first - unused
         if not bool(self.first.any()):  # every row starts at position 0
             self.first = None
+
+    def _drop_positions(self, count: int) -> None:
+        """Drop the first ``count`` positions of every row's self-attention cache."""
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            kept = layer.self_attn.key[:, :, count:], layer.self_attn.value[:, :, count:]
+            layer.self_attn = KVCache(*kept)
 
     def repeat(self, times: int) -> None:
         """Each row becomes ``times`` consecutive rows (beam search's beams; at most once, before or

@@ -70,14 +70,20 @@ class PositionalEncoding(nn.Module):
         self.register_buffer("pe", sinusoid_table(max_len, d_model, layout), persistent=False)
 
     def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
-        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``, or ``positions (B, T)``."""
-        end = start + x.size(1) if positions is None else int(positions.max()) + 1
+        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``, or ``positions (B, T)``
+        (where a compiler traces them, within the table: it bounds the positions it traces)."""
+        end = start + x.size(1) if positions is None else _last(positions) + 1
         if end > self.pe.size(0):
             self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model, self.layout).to(
                 self.pe.device
             )
         table = self.pe[start:end] if positions is None else self.pe[positions]  # (T or B×T, d_model)
         return self.dropout(x + table.to(x.dtype))
+
+
+def _last(positions: Tensor) -> int:
+    """The last of ``positions``; -1 where a compiler traces them (their values are unknown then)."""
+    return -1 if torch.compiler.is_compiling() else int(positions.max())
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -90,8 +96,9 @@ class LearnedPositionalEmbedding(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
-        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``, or ``positions (B, T)``."""
-        end = start + x.size(1) if positions is None else int(positions.max()) + 1
+        """``x (B, T, d_model)`` holding positions ``start .. start+T-1``, or ``positions (B, T)``
+        (where a compiler traces them, within the table)."""
+        end = start + x.size(1) if positions is None else _last(positions) + 1
         if end > self.weight.size(0):
             raise ValueError(
                 f"sequence reaches position {end} but learned positions stop at {self.weight.size(0)}"

@@ -5,10 +5,11 @@ The batcher of batcher.py runs a batch to its end: a request that comes meanwhil
 batch's longest sentence. Here each worker keeps one running batch (an engine such as
 ``attnkit.decode.continuous.RunningTranslations``) and loops: it admits waiting requests, oldest
 first, while its batch holds fewer than ``max_batch_tokens`` source tokens (a request that does not
-fit waits at the front, and nothing overtakes it, so a long request is never starved); it runs one
-iteration on its thread (the newcomers' first step, then one step of every running sentence); it
-answers the requests whose sentences are all done. A request whose client has gone leaves the
-batch at the next iteration. While nothing runs or waits, the workers sleep.
+fit waits at the front, and nothing overtakes it, so a long request is never starved); on its
+thread, it runs the newcomers' first step and one step of every running sentence, and goes on
+stepping while no sentence is done and nothing new has come (each hop back to the event loop costs
+time); it answers the requests whose sentences are all done. A request whose client has gone leaves
+the batch at the next step. While nothing runs or waits, the workers sleep.
 
 It has the batcher's interface (``submit``, ``alone``, ``waiting``, ``stalled_for``, ``start``,
 ``stop``), so the server's state takes either. Work that must not overlap a step (the attention
@@ -57,7 +58,9 @@ class Flight:
 class ContinuousBatcher:
     """Runs requests through ``workers`` running batches, each made by ``engine()`` and stepped on its
     own thread (see the module docstring). ``prepare(running)`` readies a worker's thread (its share
-    of the CPU); ``observe(rows, sources, waited, seconds)`` hears of every iteration (for metrics)."""
+    of the CPU); ``observe(rows, sources, waited, seconds, steps)`` hears of every hop to a worker's
+    thread: the rows and sources running after it, how long the requests that joined waited, its time
+    and its steps (for metrics)."""
 
     def __init__(
         self,
@@ -67,7 +70,7 @@ class ContinuousBatcher:
         max_queue: int,
         workers: int = 1,
         prepare: Callable[[int], None] = lambda running: None,
-        observe: Callable[[int, int, list[float], float], None] = lambda rows, sources, waited, seconds: None,
+        observe: Callable[[int, int, list[float], float, int], None] = lambda *heard: None,
     ) -> None:
         self.make_engine, self.prepare, self.observe = engine, prepare, observe
         self.max_batch_tokens, self.max_queue, self.workers = max_batch_tokens, max_queue, workers
@@ -176,9 +179,10 @@ class ContinuousBatcher:
             finally:
                 self.iterating -= 1
                 self.progressed = time.monotonic()
+            done, steps = done
             waited = [began - flights[job_id].job.queued for job_id in joining]
             sources = sum(engine.sources for engine in self.engines)
-            self.observe(self.running_rows(), sources, waited, time.perf_counter() - began)
+            self.observe(self.running_rows(), sources, waited, time.perf_counter() - began, steps)
             for (job_id, i), output in done:
                 flight = flights.get(job_id)
                 if flight is None:
@@ -224,7 +228,19 @@ class ContinuousBatcher:
         if self.prepared[worker] != running:
             self.prepare(running)
             self.prepared[worker] = running
-        return self.engines[worker].iterate(joining, leaving)
+        engine = self.engines[worker]
+        done, steps = engine.iterate(joining, leaving), 1
+        # on, a step at a time, while nothing is done and nothing new has come: one hop to the event
+        # loop and back costs more than the time a step's outputs would wait
+        while not done and engine.sources and not self._news(worker):
+            done, steps = engine.iterate([], set()), steps + 1
+        return done, steps
+
+    def _news(self, worker: int) -> bool:
+        """Whether the event loop has something for this worker: a request waiting, work alone, a client
+        gone. (Read from the worker's thread: each is one read of a value the loop sets.)"""
+        gone = any(flight.job.future.done() for flight in list(self.flights[worker].values()))
+        return bool(self.queue) or self.pause is not None or gone
 
     async def _run_alone(self, job: Job) -> None:
         """Pause every worker between iterations, run ``job.work`` on the first one's thread, go on."""

@@ -50,13 +50,13 @@ class Metrics:
             "attnkit_admission_seconds", "Time a request waits before it joins a running batch", registry=r
         )
 
-    def iteration(self, rows: int, sources: int, waited: list[float], seconds: float) -> None:
-        """One step of a running batch: the rows and inputs of all running batches after it, the waits
-        of the requests that joined it, its time."""
+    def iteration(self, rows: int, sources: int, waited: list[float], seconds: float, steps: int) -> None:
+        """Steps of a running batch: the rows and inputs of all running batches after them, the waits
+        of the requests that joined, their time and number."""
         self.running_rows.set(rows)
         self.running_sources.set(sources)
-        self.steps.inc()
-        self.step_seconds.observe(seconds)
+        self.steps.inc(steps)
+        self.step_seconds.observe(seconds / steps)
         for wait in waited:
             self.admission_seconds.observe(wait)
 

@@ -50,7 +50,7 @@ class Translator(AttnkitModel):
 
     def running_batch(self) -> RunningTranslations:
         """Inputs ``(text, (beam, n_best))`` searched as :meth:`run` searches them, in a running batch
-        (decode/continuous.py; the model's own steps, not ``decode.compile``'s)."""
+        (decode/continuous.py)."""
         return RunningTranslations(self.model, self.tokenizer, self.config.decode, self.device)
 
 

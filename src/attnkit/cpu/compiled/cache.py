@@ -27,7 +27,7 @@ MAX_CACHE_BYTES = 2 * 2**30  # beyond this the least recently used steps go (eac
 MAX_CACHE_DAYS = 30  # a step unused for this long goes
 # What the step takes and returns (trace.py); a new layout gets a new number, so that a step cached by
 # an earlier attnkit of the same version string is never called with inputs it does not expect.
-STEP_LAYOUT = 4
+STEP_LAYOUT = 5
 
 
 def cpu_capabilities() -> str:

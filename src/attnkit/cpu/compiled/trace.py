@@ -77,16 +77,18 @@ class FirstStep(nn.Module):
 
 class CachedStep(nn.Module):
     """``model.decode`` of one new token per row with a cache made of tensors, as export traces it:
-    ``(new (R, 1), slots (R, T), src_mask (R, 1, S), history (T, 2·layers, P, h, d_k), cross-attention
-    keys (N, h, S, d_k)..., values...)`` -> ``(logits (R, V), the new position's self-attention keys
-    and values (2·layers, R, h, d_k))`` (see the module docstring)."""
+    ``(new (R, 1), slots (R, T), first (R,), src_mask (R, 1, S), history (T, 2·layers, P, h, d_k),
+    cross-attention keys (N, h, S, d_k)..., values...)`` -> ``(logits (R, V), the new position's
+    self-attention keys and values (2·layers, R, h, d_k))`` (see the module docstring). ``first``:
+    where each row's own positions begin in the history (0, but for rows that joined a running batch
+    later, decode/continuous.py: the positions before are padding, masked)."""
 
     def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
         self.model = model
 
     def forward(
-        self, new: Tensor, slots: Tensor, src_mask: Tensor, history: Tensor, *crossed: Tensor
+        self, new: Tensor, slots: Tensor, first: Tensor, src_mask: Tensor, history: Tensor, *crossed: Tensor
     ) -> tuple[Tensor, Tensor]:
         cache = self.model.new_cache()
         n = len(cache.layers)
@@ -94,8 +96,13 @@ class CachedStep(nn.Module):
             layer.self_attn = SlotHistory(history[:, i], history[:, n + i], slots)
             layer.src_attn.hold(crossed[i], crossed[n + i])
         unused_memory = crossed[0]  # the cross-attention reads its cache, not the memory
+        # each row's own positions: from ``first`` on (rows that joined later are padded before it)
+        T = slots.size(1)
+        positions = (T - first)[:, None]  # (R, 1): the new token's
+        own = torch.arange(T + 1, device=first.device)[None, None, :] >= first[:, None, None]  # (R, 1, T + 1)
         with decoding_step():
-            hidden = self.model.decode(unused_memory, src_mask, new, cache=cache)[:, -1]  # (R, d_model)
+            hidden = self.model.decode(unused_memory, src_mask, new, own, cache=cache, positions=positions)
+        hidden = hidden[:, -1]  # (R, d_model)
         kept = [layer.self_attn.new_key for layer in cache.layers]
         kept += [layer.self_attn.new_value for layer in cache.layers]
         added = torch.stack([position.squeeze(2) for position in kept]).to(history.dtype)  # (2n, R, h, d_k)
@@ -123,6 +130,7 @@ def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tupl
     inputs = (
         torch.randint(4, 20, (rows, 1)),
         torch.randint(0, slots, (rows, length)),
+        torch.randint(0, length, (rows,)),
         torch.ones(rows, 1, source_len, dtype=torch.bool),
         torch.randn(length, 2 * n, slots, h, d_k, dtype=dtype),
         *[torch.randn(sources, h, source_len, d_k) for _ in range(2 * n)],
@@ -132,7 +140,8 @@ def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tupl
     # a cached length leaves room for the new position; a source has at most max_len tokens
     cached, source = Dim("cached", min=1, max=c.max_len - 1), Dim("source_len", min=1, max=c.max_len)
     history = {0: cached, 2: Dim("slots", min=1, max=4096 * beams)}
-    shapes = ({0: R}, {0: R, 1: cached}, {0: R, 2: source}, history, tuple([{0: N, 2: source}] * (2 * n)))
+    shapes = ({0: R}, {0: R, 1: cached}, {0: R}, {0: R, 2: source}, history,
+              tuple([{0: N, 2: source}] * (2 * n)))  # fmt: skip
     return inputs, shapes
 
 
