@@ -68,9 +68,38 @@ def start(command: list[str], url: str) -> subprocess.Popen:
     raise SystemExit(f"the server was not ready in 180 s: {' '.join(command)}")
 
 
-async def load(url: str, body, answer, clients: int, seconds: float, sentences: list[str], count) -> dict:
-    """``clients`` loops of request after request for ``seconds``; requests/s, tokens/s, latencies."""
-    latencies, tokens, errors, turn = [], [0], [0], [0]
+def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> dict:
+    """What the model does without a server, in this process, warm, with the server's decoding settings
+    (``decode.field=value`` of ``options``): ``attnkit translate``'s sentences/s on all the sentences as
+    one input, the median time of a batch of 8 (8 clients' requests, were they one batch), and each
+    sentence's translation (what the server's answers are checked against)."""
+    from attnkit.decode.translate import translate
+    from attnkit.loading import load_for_inference
+    from attnkit.models import archs
+
+    overrides = [f"decode.beam_size={beam}", *(o for o in options if o.startswith("decode."))]
+    model, tokenizer, config = load_for_inference(
+        resolve_checkpoint(ckpt), "cpu", arch=archs(using="translate"), overrides=overrides
+    )
+    translate(model, tokenizer, sentences[:64], config.decode)  # warm (decode.compile builds its steps)
+    began = time.perf_counter()
+    outputs = translate(model, tokenizer, sentences, config.decode)
+    rate = len(sentences) / (time.perf_counter() - began)
+    eights = []
+    for start in range(0, min(len(sentences), 8 * 24), 8):
+        began = time.perf_counter()
+        translate(model, tokenizer, sentences[start : start + 8], config.decode)
+        eights.append(time.perf_counter() - began)
+    return {"rate": rate, "batch_of_8_ms": statistics.median(eights) * 1e3,
+            "outputs": dict(zip(sentences, outputs, strict=True))}  # fmt: skip
+
+
+async def load(
+    url: str, body, answer, clients: int, seconds: float, sentences: list[str], count, expected=None
+) -> dict:
+    """``clients`` loops of request after request for ``seconds``; requests/s, tokens/s, latencies, and
+    with ``expected`` (each sentence's offline translation) how many answers differ from it."""
+    latencies, tokens, errors, turn, differ = [], [0], [0], [0], [0]
     deadline = time.perf_counter() + seconds
 
     async def client(http: httpx.AsyncClient) -> None:
@@ -84,6 +113,8 @@ async def load(url: str, body, answer, clients: int, seconds: float, sentences: 
                 continue
             latencies.append(time.perf_counter() - began)
             tokens[0] += count(answer(response.json()))
+            if expected is not None:
+                differ[0] += answer(response.json()) != expected[sentence]
 
     began = time.perf_counter()
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
@@ -92,7 +123,8 @@ async def load(url: str, body, answer, clients: int, seconds: float, sentences: 
     ordered = sorted(latencies) or [float("nan")]
     p50, p99 = statistics.median(ordered), ordered[int(0.99 * (len(ordered) - 1))]
     return {"rps": len(latencies) / elapsed, "tps": tokens[0] / elapsed, "errors": errors[0],
-            "p50": p50 * 1e3, "p99": p99 * 1e3}  # fmt: skip
+            "p50": p50 * 1e3, "p99": p99 * 1e3, "differ": differ[0] if expected is not None else "",
+            "answers": len(latencies)}  # fmt: skip
 
 
 def run_peer(folder: str, port: int, beam: int, threads: int) -> None:
@@ -289,6 +321,10 @@ def main() -> None:
     print(f"{len(sentences)} sentences from {source}; beam {args.beam}; {args.threads} threads; "
           f"{args.seconds:g} s per level; attnkit serve {' '.join(args.server_option)}")  # fmt: skip
     results: dict[tuple[str, int], dict] = {}
+    alone = offline(args.ckpt, sentences, args.beam, args.server_option) if "attnkit" in engines else None
+    if alone is not None:
+        print(f"offline (attnkit translate, the same sentences and decode settings, in this process): "
+              f"{alone['rate']:.1f} sentences/s; a batch of 8: {alone['batch_of_8_ms']:.0f} ms")  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
         exported = Path(work) / "ct2"
         if not args.no_peer or "ctranslate2" in engines:
@@ -303,9 +339,10 @@ def main() -> None:
             server = start([sys.executable, "-m", "attnkit", *command], url)
             try:
                 for clients in levels:
+                    expected = alone["outputs"] if alone is not None and engine == "attnkit" else None
                     results[(engine, clients)] = asyncio.run(load(
                         f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"],
-                        clients, args.seconds, sentences, count))  # fmt: skip
+                        clients, args.seconds, sentences, count, expected))  # fmt: skip
                 if args.soak and engine == engines[0]:
                     soaked = asyncio.run(soak(url, args.soak, sentences, server.pid, Dialect()))
             finally:
@@ -324,11 +361,16 @@ def main() -> None:
             finally:
                 peer.terminate()
                 peer.wait(timeout=60)
-    print("| server | clients | requests/s | target tokens/s | p50 ms | p99 ms | errors |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| server | clients | requests/s | / offline | target tokens/s | p50 ms | p99 ms | p99 / p50 | "
+        "errors | answers not the offline one |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (name, clients), r in results.items():
-        cells = [SHOWN[name], clients, f"{r['rps']:.1f}", f"{r['tps']:.0f}", f"{r['p50']:.0f}",
-                 f"{r['p99']:.0f}", r["errors"]]  # fmt: skip
+        share = f"{r['rps'] / alone['rate']:.2f}" if alone is not None else ""
+        differ = f"{r['differ']} of {r['answers']}" if r["differ"] != "" else ""
+        cells = [SHOWN[name], clients, f"{r['rps']:.1f}", share, f"{r['tps']:.0f}", f"{r['p50']:.0f}",
+                 f"{r['p99']:.0f}", f"{r['p99'] / r['p50']:.1f}", r["errors"], differ]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
     most, one = max(levels), min(levels)
     middle = [c for c in levels if one < c < most]
@@ -341,6 +383,9 @@ def main() -> None:
         if middle:
             ratio = results[(engine, middle[0])]["p99"] / results[(engine, one)]["p50"]
             print(f"{SHOWN[engine]}: p99 at {middle[0]} clients / p50 at {one}: {ratio:.2f}")
+            if alone is not None and middle[0] == 8:
+                eight = results[(engine, 8)]["p50"] / alone["batch_of_8_ms"]
+                print(f"{SHOWN[engine]}: p50 at 8 clients / a batch of 8 offline: {eight:.2f}")
     if args.soak:
         print("soak: " + json.dumps(soaked))
     if args.soak and args.soak_decoder:

@@ -278,18 +278,26 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
     result = subprocess.run(
         [sys.executable, str(BENCH / "serve_load.py"), "--ckpt", str(copy_run), "--src",
          str(copy_data / "valid.src"), "--clients", "1,2,4", "--seconds", "1.5", "--beam", "2",
-         "--threads", "1", "--soak", "120", "--engines", "attnkit,ctranslate2"],
+         "--threads", "1", "--soak", "120", "--engines", "attnkit,ctranslate2",
+         "--server-option", "decode.precision=fp32"],
         capture_output=True, text=True, encoding="utf-8", timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     server = r"attnkit serve --engine ctranslate2|attnkit serve|FastAPI \+ CTranslate2 translate_batch"
-    rows = re.findall(rf"^\| ({server}) \| (\d) \| ([\d.]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$",
-                      result.stdout, re.M)  # fmt: skip
+    # name, clients, requests/s, / offline, tokens/s, p50, p99, p99 / p50, errors, answers not the offline one
+    row = rf"^\| ({server}) \| (\d) \| ([\d.]+) \| [\d.]+ \| (\d+) \| (\d+) \| (\d+) \| [\d.]+ \| (\d+) \| "
+    rows = re.findall(row + r"((?:\d+ of \d+)?) \|$", result.stdout, re.M)
     shown = ("attnkit serve", "attnkit serve --engine ctranslate2", "FastAPI + CTranslate2 translate_batch")
     assert [(name, clients) for name, clients, *_ in rows] == [(name, c) for name in shown for c in "124"], (
         result.stdout
     )
-    assert all(float(rps) > 0 and errors == "0" for _, _, rps, *_, errors in rows)
+    assert all(float(rps) > 0 and errors == "0" for _, _, rps, *_, errors, _ in rows)
+    # attnkit's answers are checked against the offline translations (in float32: the same)
+    checked = [differ for name, *_, differ in rows if name == "attnkit serve"]
+    assert len(checked) == 3 and all(re.fullmatch(r"0 of [1-9]\d*", differ) for differ in checked), checked
+    assert re.search(
+        r"^offline \(attnkit translate.*: [\d.]+ sentences/s; a batch of 8: \d+ ms$", result.stdout, re.M
+    )
     for engine in ("attnkit serve", "attnkit serve --engine ctranslate2"):
         assert re.search(rf"^{engine} / peer at 4 clients: \d+\.\d\dx requests/s$", result.stdout, re.M)
     soak = json.loads(re.search(r"^soak: (.*)$", result.stdout, re.M)[1])

@@ -1,6 +1,8 @@
 """Continuous batching (decode/continuous.py): each source gets what ``translate`` gives it alone,
 whichever sources share its steps, join after it, or leave before it."""
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from attnkit.cpu.compiled.trace import CachedStep, FirstStep
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import CompiledDecoding
-from attnkit.decode.continuous import RunningTranslations
+from attnkit.decode.continuous import RunningGenerations, RunningTranslations
+from attnkit.decode.generate import generate
 from attnkit.decode.translate import translate
 from attnkit.models.config import TransformerConfig
 
@@ -127,3 +130,42 @@ def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer
         beam, n_best = settings[n % len(settings)]
         _assert_same(done[n], _alone(model, tokenizer, decode, texts[n], beam, n_best))
     assert taken.count(4) >= 5 and taken.count(1) >= 5  # the traced steps took the steps after the first
+
+
+@dataclass
+class Prompt:
+    text: str
+    seed: int
+    sink: object = None
+
+
+def test_prompts_joining_a_running_batch_are_continued_as_generate_continues_them_alone(
+    model_and_tokenizer,
+):
+    """Prompts of different lengths join at several steps, sampled and greedy, with stop strings and
+    streams beside them, and some leave: each is continued exactly as ``generate`` continues it alone
+    with its seed, and a stream's pieces add up to its text."""
+    model, tokenizer = model_and_tokenizer
+    settings = {
+        "sampled": DecodeConfig(max_new_tokens=14, temperature=0.9, top_k=6, batch_size=64, streams=1),
+        "greedy": DecodeConfig(max_new_tokens=9, temperature=0.0, batch_size=64, streams=1),
+        "stopped": DecodeConfig(max_new_tokens=14, temperature=1.0, stop=["e "], batch_size=64, streams=1),
+    }
+    texts = ["to be", "a", "now is the win", "the question", "all the", "w", "not to be, th", "s"]
+    pieces: dict[int, list[str]] = {}
+    arrivals: dict[int, list] = {}
+    for n, text in enumerate(texts):
+        name = list(settings)[n % 3]
+        sink = pieces.setdefault(n, []).append if n % 2 else None
+        arrivals.setdefault(n // 2 + n % 2, []).append((n, Prompt(text, 100 + n, sink), name))
+    running = RunningGenerations(model, tokenizer, settings.__getitem__)
+    done = _run(running, arrivals, leaving={2: {0}})
+    assert sorted(done) == list(range(1, len(texts)))
+    assert len({len(text) for text in done.values()}) >= 2  # they end at different steps
+    for n in done:
+        decode = settings[list(settings)[n % 3]]
+        (alone,) = generate(model, tokenizer, [texts[n]], decode, seeds=[100 + n])
+        assert done[n] == alone
+        if n % 2:
+            assert "".join(pieces[n]) == alone
+    assert running.rows == 0 and not running.running

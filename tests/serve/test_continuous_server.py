@@ -67,7 +67,7 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
                 assert [r["pred_score"] for r in results] == pytest.approx(scores, abs=1e-4)
                 assert results[0]["pred_score"] >= results[1]["pred_score"]
         samples = _samples(served)
-        assert samples["attnkit_admission_seconds_count"] == 32
+        assert samples["attnkit_first_token_seconds_count"] == 32
         assert samples["attnkit_steps_total"] >= 10  # every step counted (the outputs are ~10 tokens)
         assert samples["attnkit_running_rows"] == 0 and samples["attnkit_running_sources"] == 0  # all done
         page = httpx.get(f"{served.url}/explore", params={"text": SENTENCES[0]}, timeout=60)

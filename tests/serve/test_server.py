@@ -248,10 +248,19 @@ def _events(response):
     return [line.removeprefix("data: ") for line in response.text.split("\n\n") if line.startswith("data: ")]
 
 
-def test_a_decoder_is_served_in_tgis_and_openais_formats_with_attnkit_generates_outputs(decoder, tmp_path):
+# continuous batching: prompts join a running batch at any step (in float32: in bf16 a prompt's output
+# may depend on what else is decoded with it, docs/serving.md)
+@pytest.mark.parametrize(
+    "batching", [(), ("--batching", "continuous", "decode.precision=fp32")], ids=["batches", "continuous"]
+)
+def test_a_decoder_is_served_in_tgis_and_openais_formats_with_attnkit_generates_outputs(
+    decoder, tmp_path, batching
+):
     import json
 
+    options = [option for option in batching if not option.startswith("decode.")]
     prompts, decode = ["the cat", "the fox sat", "the"], ["decode.max_new_tokens=12", "decode.top_k=3"]
+    decode += [option for option in batching if option.startswith("decode.")]
     (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
     command = [
         sys.executable,
@@ -268,7 +277,7 @@ def test_a_decoder_is_served_in_tgis_and_openais_formats_with_attnkit_generates_
     )
     expected = [json.loads(line)["text"] for line in printed.stdout.splitlines()]  # prompt i: seed 1337 + i
     assert len(expected) == 3 and not any("\ufffd" in text for text in expected)
-    served = Server(decoder, *decode)
+    served = Server(decoder, *decode, *options)
     try:
         openai = httpx.post(
             f"{served.url}/v1/completions", json={"prompt": prompts, "max_tokens": 12}, timeout=60

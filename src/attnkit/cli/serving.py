@@ -84,8 +84,8 @@ Batching = Annotated[
     str,
     typer.Option(
         help="'batches': a batch runs to its end while the next one gathers; 'continuous': requests "
-        "join a running batch at its next step and leave it when done (translation and summarisation "
-        "models on attnkit's engine).",
+        "join a running batch at its next step and leave it when done (translation, summarisation and "
+        "decoder models on attnkit's engine).",
     ),
 ]
 

@@ -220,10 +220,10 @@ class CompiledDecoding(Seq2SeqDecoding):
         if self.first is not None:
             self.first = self.first.index_select(0, index)
 
-    def keep(self, index: Tensor) -> None:
+    def keep(self, index: Tensor) -> int:
         if self.history is not None:
             self.history.select(index)
-        super().keep(index)  # (the model's self-attention caches are empty meanwhile)
+        return super().keep(index)  # (the model's self-attention caches are empty meanwhile)
 
     def repeat(self, times: int) -> None:
         self._leave_history()

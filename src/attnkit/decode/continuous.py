@@ -20,8 +20,10 @@ other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import itertools
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -30,9 +32,11 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
-from attnkit.decode.search import Beams, Hypothesis, Search, limits_of
+from attnkit.decode.generate import TextStream, encode_prompts, room
+from attnkit.decode.search import Beams, Extension, Hypothesis, Search, limits_of, sampler
 from attnkit.decode.translate import Reporting, cut_sources
 from attnkit.models import evaluating
+from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder, Seq2SeqDecoding
 
 # what a caller calls each source it hands in, and hears back when its translation is done
@@ -128,3 +132,123 @@ class RunningTranslations:
             self.running[settings].leave(keys)
             if not self.running[settings].sources:
                 del self.running[settings]
+
+
+class Continuing(Protocol):
+    """A prompt to continue in a running batch: its text, its generator's seed, and ``sink`` (or None),
+    which hears its text piece by piece as it grows."""
+
+    text: str
+    seed: int
+    sink: Callable[[str], None] | None
+
+
+@dataclass
+class RunningGenerations:
+    """A decoder's running batches, one per sampling setting (``decode_for(settings)``: the decoding
+    settings of a request's ``settings``): prompts join them at any step and leave them when done, each
+    continued as ``generate`` continues it alone (its own generator, seeded with its seed; its stop
+    strings; its text streamed to its sink)."""
+
+    model: DecoderModel
+    tokenizer: Tokenizer
+    decode_for: Callable[[Hashable], DecodeConfig]
+    device: torch.device | str = "cpu"
+    running: dict[Hashable, Extension] = field(default_factory=dict)  # settings -> its batch
+    # each row's key, generator, text stream and tokens so far, by its number
+    continuing: dict[int, tuple[Key, torch.Generator, TextStream, list[int]]] = field(default_factory=dict)
+    numbers: Iterator[int] = field(default_factory=itertools.count)  # each row's, never used again
+
+    @property
+    def sources(self) -> int:
+        """Prompts being continued."""
+        return len(self.continuing)
+
+    @property
+    def rows(self) -> int:
+        """Rows decoded at the next step: one per prompt."""
+        return len(self.continuing)
+
+    @torch.no_grad()
+    def iterate(
+        self, joining: list[tuple[Key, Continuing, Hashable]], leaving: set[Key] = frozenset()
+    ) -> list[tuple[Key, str]]:
+        """One step (see :meth:`RunningTranslations.iterate`): returns the prompts whose continuations
+        are done, with them."""
+        if leaving:
+            gone = {row for row, (key, *_) in self.continuing.items() if key in leaving}
+            for settings in list(self.running):
+                self.running[settings].leave(gone)
+            for row in gone:
+                del self.continuing[row]
+        by_settings: dict[Hashable, list[tuple[Key, Continuing]]] = {}
+        for key, prompt, settings in joining:
+            by_settings.setdefault(settings, []).append((key, prompt))
+        done = []
+        for settings, prompts in by_settings.items():
+            done += self._step(settings, self._joined(settings, prompts), merge=True)
+        for settings in list(self.running):
+            done += self._step(settings, self.running[settings])
+        return done
+
+    def _joined(self, settings: Hashable, prompts: list[tuple[Key, Continuing]]) -> Extension:
+        """The prompts' rows, as ``generate`` makes a batch of them (left-padded, each its generator)."""
+        decode, pad_id = self.decode_for(settings), self.tokenizer.specials.pad
+        encoded = encode_prompts(
+            self.tokenizer, [prompt.text for _, prompt in prompts], self.model.config.max_len
+        )
+        longest = max(map(len, encoded))
+        tokens = pad([[pad_id] * (longest - len(ids)) + ids for ids in encoded], pad_id).to(self.device)
+        valid = torch.tensor([[False] * (longest - len(ids)) + [True] * len(ids) for ids in encoded],
+                             device=self.device)  # fmt: skip
+        limits = torch.tensor(
+            [room(ids, decode, self.model.config.max_len) for ids in encoded], device=self.device
+        )
+        numbers = [next(self.numbers) for _ in prompts]
+        for number, (key, prompt) in zip(numbers, prompts, strict=True):
+            generator = torch.Generator(self.device).manual_seed(prompt.seed)
+            on_text = None if prompt.sink is None else (lambda _, text, sink=prompt.sink: sink(text))
+            stream = TextStream(self.tokenizer, decode.stop, [0], on_text)
+            self.continuing[number] = (key, generator, stream, [])
+        generators = _Generators(self.continuing)
+        choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)  # type: ignore[arg-type]
+        rows = torch.tensor(numbers, device=self.device)
+        return Extension(
+            self.model.decoding(valid), tokens, limits + 1, self.tokenizer.specials, choose, rows
+        )
+
+    def _step(self, settings: Hashable, extension: Extension, merge: bool = False) -> list[tuple[Key, str]]:
+        """One step of ``extension`` (newcomers: their first, then they join the running batch of their
+        settings); returns the rows done, with their text."""
+        ended = extension.step(self._observe)
+        if merge and len(extension.rows):
+            if settings in self.running:
+                self.running[settings].merge(extension)
+            else:
+                self.running[settings] = extension
+        elif not merge and not len(extension.rows):
+            del self.running[settings]
+        done = []
+        for row, ids in ended:
+            key, _, stream, _ = self.continuing.pop(row)
+            done.append((key, stream.finish(0, ids)))
+        return done
+
+    def _observe(self, next_token: Tensor, rows: Tensor) -> Tensor | None:
+        """Each row's new token: its text streamed and checked for stop strings (``TextStream``)."""
+        stops = []
+        for token, row in zip(next_token.tolist(), rows.tolist(), strict=True):
+            _, _, stream, generated = self.continuing[row]
+            generated.append(token)
+            stops.append(bool(stream.observe(torch.tensor([generated]))[0]) if stream.watching else False)
+        return torch.tensor(stops, device=next_token.device)
+
+
+class _Generators:
+    """Each row's generator by its number, as a sampler reads them (``generators[row]``)."""
+
+    def __init__(self, continuing: dict[int, tuple]) -> None:
+        self.continuing = continuing
+
+    def __getitem__(self, row: int) -> torch.Generator:
+        return self.continuing[row][1]

@@ -131,6 +131,12 @@ class TextStream:
         self.sent = [0] * len(indices)  # characters already passed to on_text
         self.stopped = [False] * len(indices)
 
+    @property
+    def watching(self) -> bool:
+        """Whether :meth:`observe` has anything to do: stop strings to find, text to pass on, rows to
+        ask after."""
+        return bool(self.stop) or self.on_text is not None or self.wanted is not None
+
     def _cut(self, text: str) -> tuple[str, bool]:
         """``text`` up to the first stop string, and whether there was one."""
         found = [text.index(s) for s in self.stop if s in text]
@@ -151,7 +157,7 @@ class TextStream:
 
     def observe(self, generated: Tensor) -> Tensor:
         """After each step: the rows that reached a stop string, or are no longer wanted, end now."""
-        if not self.stop and self.on_text is None and self.wanted is None:
+        if not self.watching:
             return None
         for row, ids in enumerate(generated.tolist()):
             if self.stopped[row]:

@@ -48,14 +48,17 @@ class Decoding(Protocol):
     search's beams, after the first step: the sources encoded once, the first step run once).
 
     ``reorder(index)`` only ever moves rows among the beams of one source (which share its encoding);
-    ``keep(index)`` keeps rows of any sources, as search does when it drops the finished ones.
-    ``next_logits`` returns a tensor of its own making, which search may overwrite."""
+    ``keep(index)`` keeps rows of any sources, as search does when it drops the finished ones; after
+    rows that began at other steps have joined (``merge``, continuous batching), it may forget
+    positions no row reads any more (the padding before every row's tokens) and returns how many:
+    the search drops as many leading columns of its tokens. ``next_logits`` returns a tensor of its
+    own making, which search may overwrite."""
 
     def next_logits(self, tokens: Tensor) -> Tensor: ...
 
     def reorder(self, index: Tensor) -> None: ...
 
-    def keep(self, index: Tensor) -> None: ...
+    def keep(self, index: Tensor) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -247,29 +250,98 @@ def extend(
     rather than the log-probabilities: the same order, one pass fewer; or a sampler); ``observe``, if
     given, sees the generated tokens ``(N, steps)`` after every step (``<pad>`` after a row's end; to
     stream them) and may return a mask of rows to end there (stop strings). A row that has ended leaves
-    the batch: later steps run only on the others.
+    the batch: later steps run only on the others. :class:`Extension` takes the steps.
     """
-    rows = torch.arange(tokens.size(0), device=tokens.device)  # the rows still being extended
-    generated = tokens.new_full((tokens.size(0), 0), specials.pad)  # (N, steps)
-    for t in range(int(limits.max()) if len(limits) else 0):
-        at_limit = t + 1 >= limits[rows]
-        log_probs = next_log_probs(decoding, tokens, at_limit, specials, normalised=choose is not argmax)
-        next_token = choose(log_probs, rows)  # (n,)
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+    extension = Extension(decoding, tokens, limits, specials, choose)
+    generated = tokens.new_full((tokens.size(0), 0), specials.pad)  # (N, steps), every row's
+
+    def stop(next_token: Tensor, rows: Tensor) -> Tensor | None:
+        nonlocal generated
         column = generated.new_full((generated.size(0), 1), specials.pad)
         column[rows, 0] = next_token
         generated = torch.cat([generated, column], dim=1)
+        ends = observe(generated)
+        return None if ends is None else ends[rows]
+
+    found: list[list[int]] = [[] for _ in range(tokens.size(0))]
+    while len(extension.rows):
+        for row, ids in extension.step(stop if observe is not None else None):
+            found[row] = ids
+    return found
+
+
+class Extension:
+    """The rows :func:`extend` extends, a step at a time: what it runs to the end, and what a server's
+    running batch (decode/continuous.py) steps while rows join (:meth:`merge`) and leave. Each row
+    counts its own steps (rows that joined later are at earlier ones) and its tokens are right-aligned
+    in ``tokens`` (padding before them)."""
+
+    def __init__(
+        self,
+        decoding: Decoding,
+        tokens: Tensor,
+        limits: Tensor,
+        specials: SpecialIds,
+        choose: Choose,
+        rows: Tensor | None = None,
+    ) -> None:
+        """``rows (N,)``: each row's number, what ``choose`` is told (a sampler's generator) and what
+        :meth:`step` calls it when it ends (default 0..N-1)."""
+        N, device = tokens.size(0), tokens.device
+        self.decoding, self.tokens, self.limits = decoding, tokens, limits  # limits (N,): ``extend``'s
+        self.specials, self.choose = specials, choose
+        self.rows = torch.arange(N, device=device) if rows is None else rows  # (n,): the rows still extended
+        self.steps = torch.zeros(N, dtype=torch.long, device=device)  # (n,): tokens each has generated
+
+    def step(
+        self, stop: Callable[[Tensor, Tensor], Tensor | None] | None = None
+    ) -> list[tuple[int, list[int]]]:
+        """One token more for every row; returns the rows that have ended, with their generated ids
+        (without ``</s>``), and takes them out. ``stop(next_token (n,), rows (n,))`` may return a mask
+        of rows to end there (stop strings, clients gone)."""
+        specials = self.specials
+        at_limit = self.steps + 1 >= self.limits
+        normalised = self.choose is not argmax
+        log_probs = next_log_probs(self.decoding, self.tokens, at_limit, specials, normalised=normalised)
+        next_token = self.choose(log_probs, self.rows)  # (n,)
+        self.tokens = torch.cat([self.tokens, next_token[:, None]], dim=1)
+        self.steps = self.steps + 1
         ended = next_token == specials.eos
-        stop = observe(generated) if observe is not None else None
-        if stop is not None:
-            ended |= stop[rows]
-        if ended.all():
-            break
-        if ended.any():
-            going = (~ended).nonzero().squeeze(1)
-            rows, tokens = rows[going], tokens[going]
-            decoding.keep(going)
-    return [_strip(row, specials) for row in generated.tolist()]
+        ends = stop(next_token, self.rows) if stop is not None else None
+        if ends is not None:
+            ended |= ends
+        ended |= at_limit  # (there, </s> was the only choice)
+        if not ended.any():
+            return []
+        columns, steps = self.tokens.size(1), self.steps.tolist()
+        done = [(row, _strip(self.tokens[i, columns - steps[i] :].tolist(), specials))
+                for i, row in enumerate(self.rows.tolist()) if ended[i]]  # fmt: skip
+        going = (~ended).nonzero().squeeze(1)
+        self.rows, self.steps, self.limits = self.rows[going], self.steps[going], self.limits[going]
+        if len(going):
+            self.tokens = self.tokens[going][:, self.decoding.keep(going) or 0 :]
+        return done
+
+    def leave(self, rows: set[int]) -> None:
+        """Take ``rows`` out (nobody waits for them any more)."""
+        going = torch.tensor([row not in rows for row in self.rows.tolist()], device=self.rows.device)
+        if bool(going.all()):
+            return
+        going = going.nonzero().squeeze(1)
+        self.rows, self.steps, self.limits = self.rows[going], self.steps[going], self.limits[going]
+        if len(going):
+            self.tokens = self.tokens[going][:, self.decoding.keep(going) or 0 :]
+
+    def merge(self, other: Extension) -> None:
+        """Add ``other``'s rows after these (rows that came while these were extended); their
+        decodings merge too; the shorter tokens are padded on the left."""
+        if not len(self.rows):
+            self.__dict__.update(other.__dict__)
+            return
+        self.tokens = _stacked(self.tokens, other.tokens, self.specials.pad)
+        self.decoding.merge(other.decoding)  # type: ignore[attr-defined]
+        self.rows, self.steps = torch.cat([self.rows, other.rows]), torch.cat([self.steps, other.steps])
+        self.limits = torch.cat([self.limits, other.limits])
 
 
 def _strip(ids: list[int], specials: SpecialIds) -> list[int]:
@@ -376,19 +448,13 @@ class Beams:
     ) -> None:
         """``sources``: what :meth:`step` calls the B rows when they finish (default 0..B-1)."""
         B, device = tokens.size(0), tokens.device
-        self.decoding, self.tokens, self.limits, self.specials, self.search = (
-            decoding,
-            tokens,
-            limits,
-            specials,
-            search,
-        )
+        self.decoding, self.tokens, self.limits = decoding, tokens, limits  # limits (B,): ``beam``'s
+        self.specials, self.search = specials, search
         self.sources = list(range(B)) if sources is None else list(sources)  # searched, in row order
         self.beams = 1  # rows per source: one until the first step has run, then K
         self.scores = torch.zeros((B, 1), device=device)  # (n, beams): each beam's log-probability so far
         self.steps = torch.zeros(B, dtype=torch.long, device=device)  # (n,): each source's steps so far
         self.finished: list[list[Hypothesis]] = [[] for _ in range(B)]  # each source's, in row order
-        self.prefix = tokens.size(1)  # each row's prefix (<s>, or a prompt), before what is generated
 
     def step(self) -> list[tuple[int, list[Hypothesis]]]:
         """One step of every source; returns those whose search is over, with their ``n_best`` best
@@ -449,8 +515,7 @@ class Beams:
             self.decoding.repeat(K)
             index, self.beams = index * K, K
         if over:
-            self.decoding.keep(index.view(-1))
-            self.tokens = self.tokens[:, self._unused() :]
+            self.tokens = self.tokens[:, self.decoding.keep(index.view(-1)) or 0 :]
         else:
             self.decoding.reorder(index.view(-1))
         return over
@@ -460,16 +525,14 @@ class Beams:
         these) after these: sources that came while these were searched (decode/continuous.py). Their
         decodings merge too (``Seq2SeqDecoding.merge``); the shorter tokens are padded on the left."""
         K = self.search.beam_size
-        if other.search != self.search or other.beams != K or other.prefix != self.prefix:
+        if other.search != self.search or other.beams != K:
             raise ValueError("only searches with the same settings, past their first step, merge")
         if not self.sources:  # nothing left here: the other's search goes on alone
             self.__dict__.update(other.__dict__)
             return
         if self.beams != K:
             raise ValueError("merge a search into one past its first step")
-        columns = max(self.tokens.size(1), other.tokens.size(1))
-        self.tokens = torch.cat([_left_padded(self.tokens, columns, self.specials.pad),
-                                 _left_padded(other.tokens, columns, self.specials.pad)])  # fmt: skip
+        self.tokens = _stacked(self.tokens, other.tokens, self.specials.pad)
         self.decoding.merge(other.decoding)  # type: ignore[attr-defined]
         self.scores, self.limits = (
             torch.cat([self.scores, other.scores]),
@@ -489,19 +552,17 @@ class Beams:
         self.sources = [self.sources[i] for i in staying]
         self.finished = [self.finished[i] for i in staying]
         if staying:
-            self.decoding.keep(rows)
-            self.tokens = self.tokens[rows][:, self._unused() :]
-
-    def _unused(self) -> int:
-        """Leading columns of :attr:`tokens` that no source's tokens reach any more (the padding of
-        sources that began earlier and have left); the decoding forgets as many cached positions."""
-        return self.tokens.size(1) - self.prefix - int(self.steps.max())
+            self.tokens = self.tokens[rows][:, self.decoding.keep(rows) or 0 :]
 
 
-def _left_padded(tokens: Tensor, columns: int, pad: int) -> Tensor:
-    """``tokens (N, t)`` with ``columns - t`` columns of ``pad`` before them."""
-    padding = tokens.new_full((tokens.size(0), columns - tokens.size(1)), pad)
-    return torch.cat([padding, tokens], dim=1)
+def _stacked(tokens: Tensor, more: Tensor, pad: int) -> Tensor:
+    """The rows of ``tokens`` then those of ``more``, right-aligned: the shorter padded on the left."""
+    columns = max(tokens.size(1), more.size(1))
+
+    def padded(rows: Tensor) -> Tensor:
+        return torch.cat([rows.new_full((rows.size(0), columns - rows.size(1)), pad), rows], dim=1)
+
+    return torch.cat([padded(tokens), padded(more)])
 
 
 # --- the encoder-decoder's entry points ------------------------------------------------------------

@@ -105,12 +105,11 @@ class CausalDecoding:
     def __init__(self, model: DecoderModel, prompt_valid: Tensor, use_cache: bool) -> None:
         self.model, self.prompt_valid = model, prompt_valid
         self.caches = model.new_caches() if use_cache else None
+        self.merged = False  # whether rows that began at other steps have joined (merge)
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)``, the left-padded prompt followed by what was generated -> ``(N, V)``."""
-        N, P = self.prompt_valid.shape
-        generated = torch.ones(N, tokens.size(1) - P, dtype=torch.bool, device=tokens.device)
-        valid = torch.cat([self.prompt_valid, generated], dim=1)  # (N, t)
+        valid = self._valid(tokens.size(1))  # (N, t)
         positions = (valid.cumsum(-1) - 1).clamp(min=0)  # padding takes no position
         seen = len(self.caches[0]) if self.caches else 0
         logits = self.model(tokens[:, seen:], valid, positions[:, seen:], self.caches)
@@ -121,4 +120,52 @@ class CausalDecoding:
         for cache in self.caches or []:
             cache.reorder(index)
 
-    keep = reorder  # no source: keeping any rows is the same
+    def keep(self, index: Tensor) -> int:
+        """:meth:`reorder` (no source: keeping any rows is the same); after a :meth:`merge`, the
+        leading positions that are padding in every row kept are forgotten: returns how many."""
+        self.reorder(index)
+        if not self.merged or not self.caches:
+            return 0
+        unused = int(self.prompt_valid.long().cumsum(-1).eq(0).sum(-1).min())  # leading padding, shared
+        if unused:
+            self.prompt_valid = self.prompt_valid[:, unused:]
+            for i, cache in enumerate(self.caches):
+                self.caches[i] = KVCache(cache.key[:, :, unused:], cache.value[:, :, unused:])
+        return unused
+
+    def merge(self, other: CausalDecoding) -> None:
+        """Add ``other``'s rows after these: prompts that came later (continuous batching,
+        decode/continuous.py), each with its cache. The shorter rows are padded on the left (their
+        padding takes no position and is masked, as a short prompt's is), so each goes on as alone."""
+        if not self.caches or not other.caches:
+            raise ValueError("only cached decodings merge")
+        T, T_other = len(self.caches[0]), len(other.caches[0])
+        length = max(T, T_other) + 1  # the columns of the tokens: the cached ones and the newest
+        self.prompt_valid = torch.cat([_left_padded(self._valid(T + 1), length, False),
+                                       _left_padded(other._valid(T_other + 1), length, False)])  # fmt: skip
+        for i, (mine, theirs) in enumerate(zip(self.caches, other.caches, strict=True)):
+            key = torch.cat(
+                [_left_padded(mine.key, length - 1, 0.0), _left_padded(theirs.key, length - 1, 0.0)]
+            )
+            value = torch.cat(
+                [_left_padded(mine.value, length - 1, 0.0), _left_padded(theirs.value, length - 1, 0.0)]
+            )
+            self.caches[i] = KVCache(key, value)
+        self.merged = True
+
+    def _valid(self, columns: int) -> Tensor:
+        """Which of the first ``columns`` tokens of each row are real: its prompt's, then all."""
+        N, P = self.prompt_valid.shape
+        generated = torch.ones(N, columns - P, dtype=torch.bool, device=self.prompt_valid.device)
+        return torch.cat([self.prompt_valid, generated], dim=1)  # (N, columns)
+
+
+def _left_padded(x: Tensor, length: int, fill: float) -> Tensor:
+    """``x (N, ..., T, d)`` or ``(N, T)`` padded with ``fill`` before its positions to ``length``."""
+    dim = 1 if x.dim() == 2 else 2
+    missing = length - x.size(dim)
+    if missing <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_full(shape, fill), x], dim=dim)

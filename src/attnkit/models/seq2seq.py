@@ -223,21 +223,23 @@ class Seq2SeqDecoding:
         if self.first is not None:
             self.first = self.first.index_select(0, index)
 
-    def keep(self, index: Tensor) -> None:
+    def keep(self, index: Tensor) -> int:
         """Keep rows ``index`` of any sources (search drops the finished ones, all beams of a source
-        together): memories move too."""
+        together): memories move too. Returns how many leading positions were forgotten (after a
+        :meth:`merge`: the padding of rows that have left)."""
         self.src_mask = self.src_mask.index_select(0, index)
         if self.cache is None:
             self._select_sources(index)
-            return
+            return 0
         sources = index[:: self.beams] // self.beams  # the first beam of each kept source: its source
         self._select_sources(sources)
         for layer in self.cache.layers:
             layer.self_attn.reorder(index)
             layer.src_attn.reorder(sources)
-        if self.first is not None:
-            self.first = self.first.index_select(0, index)
-            self._forget_unused()
+        if self.first is None:
+            return 0
+        self.first = self.first.index_select(0, index)
+        return self._forget_unused()
 
     def merge(self, other: Seq2SeqDecoding) -> None:
         """Add ``other``'s rows after these: sources that began later (continuous batching,
@@ -284,9 +286,10 @@ class Seq2SeqDecoding:
             return self.first
         return torch.zeros(self.src_mask.size(0), dtype=torch.long, device=self.src_mask.device)
 
-    def _forget_unused(self) -> None:
+    def _forget_unused(self) -> int:
         """Drop the cached positions no row reads any more (those before every row's first): the
-        padding of rows that have left. Once no row has any, the steps mask nothing again."""
+        padding of rows that have left; returns how many. Once no row has any, the steps mask nothing
+        again."""
         assert self.first is not None
         unused = int(self.first.min()) if len(self.first) else 0
         if unused:
@@ -294,6 +297,7 @@ class Seq2SeqDecoding:
         self.first = self.first - unused
         if not bool(self.first.any()):  # every row starts at position 0
             self.first = None
+        return unused
 
     def _drop_positions(self, count: int) -> None:
         """Drop the first ``count`` positions of every row's self-attention cache."""

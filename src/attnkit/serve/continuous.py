@@ -58,9 +58,10 @@ class Flight:
 class ContinuousBatcher:
     """Runs requests through ``workers`` running batches, each made by ``engine()`` and stepped on its
     own thread (see the module docstring). ``prepare(running)`` readies a worker's thread (its share
-    of the CPU); ``observe(rows, sources, waited, seconds, steps)`` hears of every hop to a worker's
-    thread: the rows and sources running after it, how long the requests that joined waited, its time
-    and its steps (for metrics)."""
+    of the CPU); ``observe(rows, sources, first_tokens, seconds, steps)`` hears of every hop to a
+    worker's thread: the rows and sources running after it, the times to first token of the requests
+    that joined (from their arrival to the end of their first step), its time and its steps (for
+    metrics)."""
 
     def __init__(
         self,
@@ -179,8 +180,8 @@ class ContinuousBatcher:
             finally:
                 self.iterating -= 1
                 self.progressed = time.monotonic()
-            done, steps = done
-            waited = [began - flights[job_id].job.queued for job_id in joining]
+            done, steps, first_token = done
+            waited = [first_token - flights[job_id].job.queued for job_id in joining]
             sources = sum(engine.sources for engine in self.engines)
             self.observe(self.running_rows(), sources, waited, time.perf_counter() - began, steps)
             for (job_id, i), output in done:
@@ -230,11 +231,12 @@ class ContinuousBatcher:
             self.prepared[worker] = running
         engine = self.engines[worker]
         done, steps = engine.iterate(joining, leaving), 1
+        first_token = time.perf_counter()  # the newcomers' first tokens are out
         # on, a step at a time, while nothing is done and nothing new has come: one hop to the event
         # loop and back costs more than the time a step's outputs would wait
         while not done and engine.sources and not self._news(worker):
             done, steps = engine.iterate([], set()), steps + 1
-        return done, steps
+        return done, steps, first_token
 
     def _news(self, worker: int) -> bool:
         """Whether the event loop has something for this worker: a request waiting, work alone, a client

@@ -21,6 +21,7 @@ import torch
 
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import DecodeConfig
+from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.generate import generate
 from attnkit.loading import load_for_inference
 from attnkit.models import archs
@@ -109,6 +110,12 @@ class ServedDecoder(SamplingModel, AttnkitModel):
         return generate(self.model, self.tokenizer, [p.text for p in prompts], decode, device=self.device,
                         on_text=on_text if streaming else None, seeds=[p.seed for p in prompts],
                         wanted=lambda i: not prompts[i].gone.is_set())  # fmt: skip
+
+    steps_continuously: ClassVar[bool] = True
+
+    def running_batch(self) -> RunningGenerations:
+        """Prompts continued as :meth:`run` continues them, in a running batch (decode/continuous.py)."""
+        return RunningGenerations(self.model, self.tokenizer, self.decode_for, self.device)
 
 
 def load_decoder(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> ServedDecoder:

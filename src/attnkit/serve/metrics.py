@@ -43,22 +43,27 @@ class Metrics:
             "attnkit_steps", "Steps of the running batches (their rate is steps/s)", registry=r
         )
         self.step_seconds = Histogram(
-            "attnkit_step_seconds", "Time of one step (newcomers' first step included)", registry=r,
+            "attnkit_step_seconds", "Time of one step: each running row's time per output token", registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
         )  # fmt: skip
-        self.admission_seconds = Histogram(
-            "attnkit_admission_seconds", "Time a request waits before it joins a running batch", registry=r
+        self.first_token_seconds = Histogram(
+            "attnkit_first_token_seconds",
+            "Time from a request's arrival to its first output token",
+            registry=r,
         )
 
-    def iteration(self, rows: int, sources: int, waited: list[float], seconds: float, steps: int) -> None:
-        """Steps of a running batch: the rows and inputs of all running batches after them, the waits
-        of the requests that joined, their time and number."""
+    def iteration(
+        self, rows: int, sources: int, first_tokens: list[float], seconds: float, steps: int
+    ) -> None:
+        """Steps of a running batch: the rows and inputs of all running batches after them, the times
+        to first token of the requests that joined, their time and number (a step's time is each
+        running row's time per output token)."""
         self.running_rows.set(rows)
         self.running_sources.set(sources)
         self.steps.inc(steps)
         self.step_seconds.observe(seconds / steps)
-        for wait in waited:
-            self.admission_seconds.observe(wait)
+        for seconds_to_first in first_tokens:
+            self.first_token_seconds.observe(seconds_to_first)
 
     def batch(self, requests: int, inputs: int, seconds: float) -> None:
         """One batch run: its requests, inputs and time."""
