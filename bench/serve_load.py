@@ -375,8 +375,8 @@ def main() -> None:
     most, one = max(levels), min(levels)
     middle = [c for c in levels if one < c < most]
     for engine in engines:
-        ours, alone = results[(engine, most)]["rps"], results[(engine, one)]["rps"]
-        print(f"{SHOWN[engine]}: at {most} clients / at {one}: {ours / alone:.2f}x requests/s")
+        ours, one_client = results[(engine, most)]["rps"], results[(engine, one)]["rps"]
+        print(f"{SHOWN[engine]}: at {most} clients / at {one}: {ours / one_client:.2f}x requests/s")
         if ("peer", most) in results:
             peer = results[("peer", most)]["rps"]
             print(f"{SHOWN[engine]} / peer at {most} clients: {ours / peer:.2f}x requests/s")

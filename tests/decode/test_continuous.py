@@ -158,8 +158,10 @@ def test_prompts_joining_a_running_batch_are_continued_as_generate_continues_the
         name = list(settings)[n % 3]
         sink = pieces.setdefault(n, []).append if n % 2 else None
         arrivals.setdefault(n // 2 + n % 2, []).append((n, Prompt(text, 100 + n, sink), name))
+    settings["alone"] = DecodeConfig(max_new_tokens=14, temperature=0.5, batch_size=64, streams=1)
+    arrivals[1].append(("lonely", Prompt("to", 7), "alone"))  # its running batch empties when it leaves
     running = RunningGenerations(model, tokenizer, settings.__getitem__)
-    done = _run(running, arrivals, leaving={2: {0}})
+    done = _run(running, arrivals, leaving={2: {0, "lonely"}})
     assert sorted(done) == list(range(1, len(texts)))
     assert len({len(text) for text in done.values()}) >= 2  # they end at different steps
     for n in done:

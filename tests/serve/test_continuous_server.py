@@ -81,4 +81,4 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
 def test_continuous_batching_is_refused_in_one_line_where_there_is_no_running_batch(run, tmp_path):
     command = [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(run), "--batching", "always"]
     bad = subprocess.run(command, capture_output=True, text=True, encoding="utf-8")
-    assert bad.returncode != 0 and "--batching always: choose one of batches, continuous" in bad.stderr
+    assert bad.returncode != 0 and "--batching always: choose one of auto, continuous, batches" in bad.stderr

@@ -204,7 +204,7 @@ def test_health_says_stalled_while_requests_wait_with_no_batch_moving(run):
     """A batch that waits 4 s for company (--max-wait-ms 4000) stands for a server that has stopped making
     progress: past --stall-after 1, /health is 503 "stalled" (an orchestrator restarts it), then ready
     again once the batch has run."""
-    slow = Server(run, "--max-wait-ms", "4000", "--stall-after", "1")
+    slow = Server(run, "--batching", "batches", "--max-wait-ms", "4000", "--stall-after", "1")
     try:
         with ThreadPoolExecutor(1) as client:
             waiting = client.submit(slow.post, [{"src": DATE}])
@@ -269,8 +269,19 @@ def _batch_seconds(server):
     return samples["attnkit_batch_seconds_count"], samples["attnkit_batch_seconds_sum"]
 
 
-def test_generation_requests_out_of_bounds_are_refused_and_a_left_stream_stops_generating(long_decoder):
-    served = Server(long_decoder, "decode.max_new_tokens=1000", "decode.temperature=0", "decode.streams=1")
+def _steps(server):
+    """A running batch's steps so far, and whether it is running any prompt (continuous batching)."""
+    samples = {s.name: s.value for s in _series(server, "attnkit_steps")}
+    running = {s.name: s.value for s in _series(server, "attnkit_running_sources")}
+    return samples.get("attnkit_steps_total", 0.0), running.get("attnkit_running_sources", 0.0)
+
+
+@pytest.mark.parametrize("batching", ["batches", "continuous"])
+def test_generation_requests_out_of_bounds_are_refused_and_a_left_stream_stops_generating(
+    long_decoder, batching
+):
+    served = Server(long_decoder, "decode.max_new_tokens=1000", "decode.temperature=0", "decode.streams=1",
+                    "--batching", batching)  # fmt: skip
     try:
         url = f"{served.url}/generate"
         for parameters, field in (
@@ -289,6 +300,20 @@ def test_generation_requests_out_of_bounds_are_refused_and_a_left_stream_stops_g
 
         whole = httpx.post(url, json={"inputs": "the"}, timeout=120)  # 1,000 tokens: the whole batch's time
         assert whole.status_code == 200 and len(whole.json()["generated_text"]) > 900
+        if batching == "continuous":  # the left stream's row leaves the running batch at its next step
+            whole_steps, _ = _steps(served)
+            assert whole_steps >= 1000
+            with httpx.stream(
+                "POST", f"{served.url}/generate_stream", json={"inputs": "the"}, timeout=60
+            ) as stream:
+                next(line for line in stream.iter_lines() if line.startswith("data: "))  # then leaves
+            deadline = time.monotonic() + 30
+            while _steps(served)[1] or _errors(served).get("client_gone") != 1:
+                assert time.monotonic() < deadline, "the left stream's row never left"
+                time.sleep(0.1)
+            assert _steps(served)[0] - whole_steps < 1000 / 3
+            assert httpx.post(url, json={"inputs": "the"}, timeout=120).status_code == 200
+            return
         count, whole_seconds = _batch_seconds(served)
         with httpx.stream(
             "POST", f"{served.url}/generate_stream", json={"inputs": "the"}, timeout=60

@@ -26,7 +26,7 @@ SENTENCES = dates(32, seed=7).src  # held-out dates, as people write them
 
 @pytest.fixture(scope="module")
 def server(run):
-    served = Server(run, "--max-wait-ms", "100")
+    served = Server(run, "--batching", "batches", "--max-wait-ms", "100")
     yield served
     served.stop()
 
@@ -139,7 +139,7 @@ def test_an_api_key_guards_every_endpoint_but_health(run):
 
 
 def test_a_full_queue_answers_503_with_retry_after_and_the_rest_are_served(run):
-    busy = Server(run, "--max-queue", "1", "--max-batch-tokens", "40", "--max-wait-ms", "0")
+    busy = Server(run, "--batching", "batches", "--max-queue", "1", "--max-batch-tokens", "40")
     try:
         with ThreadPoolExecutor(12) as clients:
             answers = list(clients.map(lambda s: busy.post([{"src": s, "beam_size": 4}]), SENTENCES[:12]))
@@ -154,7 +154,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_the_rest_are_served(run):
 def test_sigterm_finishes_the_requests_it_accepted_and_exits_0(run):
     """The batch waits a second for more requests (--max-wait-ms 1000), so all eight are in flight
     (the server counts them in progress) when SIGTERM comes."""
-    ending = Server(run, "--max-wait-ms", "1000")
+    ending = Server(run, "--batching", "batches", "--max-wait-ms", "1000")
     with ThreadPoolExecutor(8) as clients:
         pending = [clients.submit(ending.post, [{"src": s, "beam_size": 4}]) for s in SENTENCES[:8]]
         deadline = time.monotonic() + 30
@@ -168,7 +168,7 @@ def test_sigterm_finishes_the_requests_it_accepted_and_exits_0(run):
 
 def test_a_client_that_disconnects_while_it_waits_is_dropped_before_its_batch_runs(run):
     """The batch waits 2 s for more requests; the client gives up after 0.5 s: its request is not run."""
-    waiting = Server(run, "--max-wait-ms", "2000")
+    waiting = Server(run, "--batching", "batches", "--max-wait-ms", "2000")
     try:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{waiting.url}/translator/translate", json=[{"src": SENTENCES[0]}], timeout=0.5)
@@ -251,7 +251,9 @@ def _events(response):
 # continuous batching: prompts join a running batch at any step (in float32: in bf16 a prompt's output
 # may depend on what else is decoded with it, docs/serving.md)
 @pytest.mark.parametrize(
-    "batching", [(), ("--batching", "continuous", "decode.precision=fp32")], ids=["batches", "continuous"]
+    "batching",
+    [("--batching", "batches"), ("--batching", "continuous", "decode.precision=fp32")],
+    ids=["batches", "continuous"],
 )
 def test_a_decoder_is_served_in_tgis_and_openais_formats_with_attnkit_generates_outputs(
     decoder, tmp_path, batching
@@ -323,7 +325,7 @@ def test_sigterm_past_the_grace_period_cuts_off_what_is_left_and_exits_0_within_
     """A batch that would wait 20 s for more requests (--max-wait-ms 20000) is still waiting when SIGTERM
     comes: with --grace 1 the server gives its clients a second, then answers them 503 (try again,
     elsewhere) and exits, well before the batch would have run."""
-    ending = Server(run, "--max-wait-ms", "20000", "--grace", "1")
+    ending = Server(run, "--batching", "batches", "--max-wait-ms", "20000", "--grace", "1")
     with ThreadPoolExecutor(2) as clients:
         pending = [clients.submit(ending.post, [{"src": s}]) for s in SENTENCES[:2]]
         deadline = time.monotonic() + 30

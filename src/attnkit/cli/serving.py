@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from attnkit.serve.state import ServeSettings
 
 API_KEY_VARIABLE = "ATTNKIT_API_KEY"
-BATCHINGS = ("batches", "continuous")
+BATCHINGS = ("auto", "continuous", "batches")
 
 
 # the server's options, declared once here so that the command's signature reads as a list
@@ -51,7 +51,7 @@ MaxWaitMs = Annotated[
     float,
     typer.Option(
         help="How long a batch waits for more requests after its first (0: none; requests that come "
-        "while the model is busy make up the next batch anyway)."
+        "while the model is busy make up the next batch anyway). --batching batches only."
     ),
 ]
 MaxQueue = Annotated[int, typer.Option(help="Requests waiting at most; more get 503.")]
@@ -83,9 +83,10 @@ StallAfter = Annotated[
 Batching = Annotated[
     str,
     typer.Option(
-        help="'batches': a batch runs to its end while the next one gathers; 'continuous': requests "
-        "join a running batch at its next step and leave it when done (translation, summarisation and "
-        "decoder models on attnkit's engine).",
+        help="'continuous': requests join a running batch at its next step and leave it when done "
+        "(translation, summarisation and decoder models on attnkit's engine); 'batches': a batch runs "
+        "to its end while the next one gathers; 'auto': continuous where the model has a running "
+        "batch, else batches.",
     ),
 ]
 
@@ -108,7 +109,7 @@ def serve(
     max_body_bytes: MaxBodyBytes = 1_048_576,
     max_explore_tokens: MaxExploreTokens = 64,
     stall_after: StallAfter = 300.0,
-    batching: Batching = "batches",
+    batching: Batching = "auto",
 ) -> None:
     """Serve a trained model over HTTP, with concurrent requests batched together.
 
@@ -145,6 +146,13 @@ def serve(
     if batching == "continuous" and not served.steps_continuously:
         what = "CTranslate2's engine" if engine == "ctranslate2" else "this model"
         raise AttnkitError(f"--batching continuous: {what} has no running batch yet; use --batching batches")
+    if batching == "auto":
+        batching = "continuous" if served.steps_continuously else "batches"
+    if batching == "continuous" and max_wait_ms > 0:
+        raise AttnkitError(
+            f"--max-wait-ms {max_wait_ms:g}: only batches wait for more requests (a running batch takes them "
+            "at its next step); add --batching batches to wait"
+        )
     listening = _listening_socket(host, port)  # before the model loads: a busy port is one line now
     settings = ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key, max_body_bytes=max_body_bytes,
                              max_explore_tokens=max_explore_tokens, stall_after_s=stall_after,

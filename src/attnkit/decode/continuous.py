@@ -179,6 +179,8 @@ class RunningGenerations:
             gone = {row for row, (key, *_) in self.continuing.items() if key in leaving}
             for settings in list(self.running):
                 self.running[settings].leave(gone)
+                if not len(self.running[settings].rows):
+                    del self.running[settings]
             for row in gone:
                 del self.continuing[row]
         by_settings: dict[Hashable, list[tuple[Key, Continuing]]] = {}

@@ -329,8 +329,9 @@ class Extension:
             return
         going = going.nonzero().squeeze(1)
         self.rows, self.steps, self.limits = self.rows[going], self.steps[going], self.limits[going]
+        self.tokens = self.tokens[going]
         if len(going):
-            self.tokens = self.tokens[going][:, self.decoding.keep(going) or 0 :]
+            self.tokens = self.tokens[:, self.decoding.keep(going) or 0 :]
 
     def merge(self, other: Extension) -> None:
         """Add ``other``'s rows after these (rows that came while these were extended); their
