@@ -17,3 +17,20 @@ def run(tmp_path_factory):
     ])  # fmt: skip
     Trainer(config, folder, echo=lambda message: None).fit()
     return folder
+
+
+@pytest.fixture(scope="session")
+def decoder(tmp_path_factory):
+    """A small character-level GPT on a few sentences (its continuations vary with the seed)."""
+    folder = tmp_path_factory.mktemp("decoder")
+    animals, places = ["cat", "dog", "hen", "fox"], ["mat", "log", "den", "box"]
+    lines = [f"the {a} sat on the {p}.\n" for a in animals for p in places] * 20
+    (folder / "text.txt").write_text("".join(lines), encoding="utf-8")
+    config = load_run_config(None, [
+        "model.arch=decoder", "model.preset=tiny-decoder", "data.task=text", f"data.dir={folder}",
+        "data.train=[text.txt]", "data.tokenizer=char", "train.max_tokens=1024", "train.schedule=constant",
+        "train.lr=0.003", "train.warmup=1", "train.max_steps=60", "train.eval_every=60",
+        f"data.store={folder / 'stores'}",
+    ])  # fmt: skip
+    Trainer(config, folder / "run", echo=lambda message: None).fit()
+    return folder / "run"

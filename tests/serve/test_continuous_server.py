@@ -82,3 +82,48 @@ def test_continuous_batching_is_refused_in_one_line_where_there_is_no_running_ba
     command = [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(run), "--batching", "always"]
     bad = subprocess.run(command, capture_output=True, text=True, encoding="utf-8")
     assert bad.returncode != 0 and "--batching always: choose one of auto, continuous, batches" in bad.stderr
+
+
+def test_32_clients_sampling_from_a_running_batch_get_what_attnkit_generate_gives(decoder, tmp_path):
+    """32 concurrent prompts (every other one streamed), each with its own seed, join a running batch as
+    they come: each continuation is what ``attnkit generate`` gives that prompt with that seed."""
+    import json
+
+    prompts = [f"the {a}" for a in ("cat", "dog", "hen", "fox")] * 8
+    decode = ["decode.max_new_tokens=16", "decode.top_k=4", "decode.temperature=1.0", "decode.precision=fp32"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "attnkit",
+        "generate",
+        "--ckpt",
+        str(decoder),
+        "-i",
+        str(tmp_path / "prompts.txt"),
+    ]
+    printed = subprocess.run(
+        [*command, *decode], capture_output=True, text=True, encoding="utf-8", check=True
+    )
+    expected = [json.loads(line)["text"] for line in printed.stdout.splitlines()]  # prompt i: seed 1337 + i
+    assert len(set(expected)) > 8  # the seeds matter: the same prompts continue differently
+    served = Server(decoder, "--batching", "continuous", "decode.streams=2", *decode)
+    try:
+
+        def ask(i):
+            body = {"inputs": prompts[i], "parameters": {"seed": 1337 + i}}
+            if i % 2 == 0:
+                answer = httpx.post(f"{served.url}/generate", json=body, timeout=60)
+                assert answer.status_code == 200, answer.text
+                return answer.json()["generated_text"]
+            stream = httpx.post(f"{served.url}/generate_stream", json=body, timeout=60)
+            events = [json.loads(line.removeprefix("data: ")) for line in stream.text.split("\n\n") if line]
+            assert "".join(event["token"]["text"] for event in events) == events[-1]["generated_text"]
+            return events[-1]["generated_text"]
+
+        with ThreadPoolExecutor(32) as clients:
+            assert list(clients.map(ask, range(32))) == expected
+        assert _samples(served)["attnkit_first_token_seconds_count"] == 32
+    finally:
+        code, output = served.stop()
+    assert code == 0, output

@@ -228,22 +228,6 @@ def test_an_encoder_is_served_at_predict_with_attnkit_predicts_answers(classifie
         served.stop()
 
 
-@pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("decoder")
-    animals, places = ["cat", "dog", "hen", "fox"], ["mat", "log", "den", "box"]
-    lines = [f"the {a} sat on the {p}.\n" for a in animals for p in places] * 20
-    (folder / "text.txt").write_text("".join(lines), encoding="utf-8")
-    config = load_run_config(None, [
-        "model.arch=decoder", "model.preset=tiny-decoder", "data.task=text", f"data.dir={folder}",
-        "data.train=[text.txt]", "data.tokenizer=char", "train.max_tokens=1024", "train.schedule=constant",
-        "train.lr=0.003", "train.warmup=1", "train.max_steps=60", "train.eval_every=60",
-        f"data.store={folder / 'stores'}",
-    ])  # fmt: skip
-    Trainer(config, folder / "run", echo=lambda message: None).fit()
-    return folder / "run"
-
-
 def _events(response):
     return [line.removeprefix("data: ") for line in response.text.split("\n\n") if line.startswith("data: ")]
 

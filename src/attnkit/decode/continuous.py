@@ -1,5 +1,6 @@
-"""Continuous batching: a running batch of translations that sources join at any step and leave as soon
-as their search is over.
+"""Continuous batching: running batches of translations (:class:`RunningTranslations`) and of a
+decoder's continuations (:class:`RunningGenerations`) that sources and prompts join at any step and
+leave as soon as they are done.
 
 ``translate`` searches a batch to its end: the batch is as slow as its longest sentence, and a
 sentence that comes meanwhile waits for all of it. A server does better with one running batch
@@ -13,9 +14,13 @@ Each source gets what ``translate`` gives it alone, whatever shares its steps: i
 and searched with the same settings and the same code (``search.Beams``), its rows see only their
 own keys (the padding is masked) and its scores are its own. With ``decode.compile``, the steps are
 the compiled ones, as ``translate`` takes them (decode/compiled.py: newcomers' keys join the
-history in slots of their own). Sources with other settings (a beam of
-1 and one of 5, or another ``n_best``) run in running batches of their own, stepped one after the
-other.
+history in slots of their own). Sources with other settings (a beam of 1 and one of 5, or another
+``n_best``) run in running batches of their own, stepped one after the other.
+
+Prompts go the same way through ``search.Extension`` (``generate``'s steps): left-padded as
+``generate`` pads them, each sampled from its own generator seeded with its seed, its text streamed
+and cut at its stop strings as ``generate`` does (``TextStream``), one running batch per sampling
+setting.
 """
 
 from __future__ import annotations
