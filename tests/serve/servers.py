@@ -10,6 +10,27 @@ import time
 import httpx
 
 
+def generated(run, prompts: list[str], overrides: list[str], folder) -> list[str]:
+    """What ``attnkit generate`` prints for ``prompts`` (prompt i seeded ``decode.seed + i``)."""
+    import json
+
+    (folder / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "attnkit",
+        "generate",
+        "--ckpt",
+        str(run),
+        "-i",
+        str(folder / "prompts.txt"),
+    ]
+    printed = subprocess.run(
+        [*command, *overrides], capture_output=True, text=True, encoding="utf-8", check=True
+    )
+    return [json.loads(line)["text"] for line in printed.stdout.splitlines()]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

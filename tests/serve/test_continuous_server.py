@@ -13,7 +13,7 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from attnkit.data.synthetic import dates  # noqa: E402
-from tests.serve.servers import Server  # noqa: E402
+from tests.serve.servers import Server, generated  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a trained model and a server process
 
@@ -91,21 +91,7 @@ def test_32_clients_sampling_from_a_running_batch_get_what_attnkit_generate_give
 
     prompts = [f"the {a}" for a in ("cat", "dog", "hen", "fox")] * 8
     decode = ["decode.max_new_tokens=16", "decode.top_k=4", "decode.temperature=1.0", "decode.precision=fp32"]
-    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
-    command = [
-        sys.executable,
-        "-m",
-        "attnkit",
-        "generate",
-        "--ckpt",
-        str(decoder),
-        "-i",
-        str(tmp_path / "prompts.txt"),
-    ]
-    printed = subprocess.run(
-        [*command, *decode], capture_output=True, text=True, encoding="utf-8", check=True
-    )
-    expected = [json.loads(line)["text"] for line in printed.stdout.splitlines()]  # prompt i: seed 1337 + i
+    expected = generated(decoder, prompts, decode, tmp_path)  # prompt i: seed 1337 + i
     assert len(set(expected)) > 8  # the seeds matter: the same prompts continue differently
     served = Server(decoder, "--batching", "continuous", "decode.streams=2", *decode)
     try:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from attnkit.config import load_run_config  # noqa: E402
 from attnkit.data.synthetic import dates  # noqa: E402
 from attnkit.train.loop import Trainer  # noqa: E402
-from tests.serve.servers import Server  # noqa: E402
+from tests.serve.servers import Server, generated  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a trained model and several server processes
 
@@ -247,21 +247,7 @@ def test_a_decoder_is_served_in_tgis_and_openais_formats_with_attnkit_generates_
     options = [option for option in batching if not option.startswith("decode.")]
     prompts, decode = ["the cat", "the fox sat", "the"], ["decode.max_new_tokens=12", "decode.top_k=3"]
     decode += [option for option in batching if option.startswith("decode.")]
-    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
-    command = [
-        sys.executable,
-        "-m",
-        "attnkit",
-        "generate",
-        "--ckpt",
-        str(decoder),
-        "-i",
-        str(tmp_path / "prompts.txt"),
-    ]
-    printed = subprocess.run(
-        [*command, *decode], capture_output=True, text=True, encoding="utf-8", check=True
-    )
-    expected = [json.loads(line)["text"] for line in printed.stdout.splitlines()]  # prompt i: seed 1337 + i
+    expected = generated(decoder, prompts, decode, tmp_path)  # prompt i: seed 1337 + i
     assert len(expected) == 3 and not any("\ufffd" in text for text in expected)
     served = Server(decoder, *decode, *options)
     try:
