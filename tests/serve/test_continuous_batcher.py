@@ -138,3 +138,22 @@ def test_work_alone_runs_while_no_iteration_does_and_a_full_queue_refuses():
     doubled, answers = asyncio.run(go())
     assert doubled == 42 and seen == [(21, 1)]
     assert answers[:3] == [["A"], ["Q0"], ["Q1"]] and isinstance(answers[3], QueueFullError)
+
+
+def test_a_long_running_batch_is_not_taken_for_a_stalled_one():
+    """One request stepped for a long time (its worker goes on without a hop to the event loop) still
+    shows progress at every step: /health's stall clock does not run meanwhile."""
+    engine = Engine()
+
+    async def go():
+        batcher = _batcher([engine])
+        batcher.start()
+        running = asyncio.ensure_future(batcher.submit(["a:150"], None, 1))  # 150 steps of 2 ms or more
+        await asyncio.sleep(0.25)
+        stalled = batcher.stalled_for()
+        assert not running.done()
+        await running
+        await batcher.stop()
+        return stalled
+
+    assert asyncio.run(go()) < 0.1

@@ -181,9 +181,9 @@ class ContinuousBatcher:
                 self.iterating -= 1
                 self.progressed = time.monotonic()
             done, steps, first_token = done
-            waited = [first_token - flights[job_id].job.queued for job_id in joining]
+            first_tokens = [first_token - flights[job_id].job.queued for job_id in joining]
             sources = sum(engine.sources for engine in self.engines)
-            self.observe(self.running_rows(), sources, waited, time.perf_counter() - began, steps)
+            self.observe(self.running_rows(), sources, first_tokens, time.perf_counter() - began, steps)
             for (job_id, i), output in done:
                 flight = flights.get(job_id)
                 if flight is None:
@@ -235,6 +235,7 @@ class ContinuousBatcher:
         # on, a step at a time, while nothing is done and nothing new has come: one hop to the event
         # loop and back costs more than the time a step's outputs would wait
         while not done and engine.sources and not self._news(worker):
+            self.progressed = time.monotonic()  # (for /health: steps go on, however long the hop)
             done, steps = engine.iterate([], set()), steps + 1
         return done, steps, first_token
 
