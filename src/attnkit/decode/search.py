@@ -36,7 +36,7 @@ from torch import Tensor
 
 from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES, DecodeConfig
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.models.seq2seq import EncoderDecoder
+from attnkit.models.seq2seq import EncoderDecoder, stacked
 
 # log-probabilities (n, V) and which of the N rows they are (n,) -> the next token of each (n,)
 Choose = Callable[[Tensor, Tensor], Tensor]
@@ -339,7 +339,7 @@ class Extension:
         if not len(self.rows):
             self.__dict__.update(other.__dict__)
             return
-        self.tokens = _stacked(self.tokens, other.tokens, self.specials.pad)
+        self.tokens = stacked(self.tokens, other.tokens, 1, self.specials.pad, left=True)
         self.decoding.merge(other.decoding)  # type: ignore[attr-defined]
         self.rows, self.steps = torch.cat([self.rows, other.rows]), torch.cat([self.steps, other.steps])
         self.limits = torch.cat([self.limits, other.limits])
@@ -533,7 +533,7 @@ class Beams:
             return
         if self.beams != K:
             raise ValueError("merge a search into one past its first step")
-        self.tokens = _stacked(self.tokens, other.tokens, self.specials.pad)
+        self.tokens = stacked(self.tokens, other.tokens, 1, self.specials.pad, left=True)
         self.decoding.merge(other.decoding)  # type: ignore[attr-defined]
         self.scores, self.limits = (
             torch.cat([self.scores, other.scores]),
@@ -554,16 +554,6 @@ class Beams:
         self.finished = [self.finished[i] for i in staying]
         if staying:
             self.tokens = self.tokens[rows][:, self.decoding.keep(rows) or 0 :]
-
-
-def _stacked(tokens: Tensor, more: Tensor, pad: int) -> Tensor:
-    """The rows of ``tokens`` then those of ``more``, right-aligned: the shorter padded on the left."""
-    columns = max(tokens.size(1), more.size(1))
-
-    def padded(rows: Tensor) -> Tensor:
-        return torch.cat([rows.new_full((rows.size(0), columns - rows.size(1)), pad), rows], dim=1)
-
-    return torch.cat([padded(tokens), padded(more)])
 
 
 # --- the encoder-decoder's entry points ------------------------------------------------------------

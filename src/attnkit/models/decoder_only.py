@@ -21,7 +21,7 @@ from attnkit.attention.masks import causal_mask
 from attnkit.attention.multihead import KVCache
 from attnkit.models.config import DecoderModelConfig
 from attnkit.models.layers import encoder_layer
-from attnkit.models.seq2seq import Generator
+from attnkit.models.seq2seq import Generator, stacked
 from attnkit.nn.embedding import Embeddings, positional_encoding
 from attnkit.nn.transformer import Encoder
 
@@ -140,17 +140,11 @@ class CausalDecoding:
         if not self.caches or not other.caches:
             raise ValueError("only cached decodings merge")
         T, T_other = len(self.caches[0]), len(other.caches[0])
-        length = max(T, T_other) + 1  # the columns of the tokens: the cached ones and the newest
-        self.prompt_valid = torch.cat([_left_padded(self._valid(T + 1), length, False),
-                                       _left_padded(other._valid(T_other + 1), length, False)])  # fmt: skip
+        # the columns of the tokens (the cached ones and the newest) and the caches, padded on the left
+        self.prompt_valid = stacked(self._valid(T + 1), other._valid(T_other + 1), 1, False, left=True)
         for i, (mine, theirs) in enumerate(zip(self.caches, other.caches, strict=True)):
-            key = torch.cat(
-                [_left_padded(mine.key, length - 1, 0.0), _left_padded(theirs.key, length - 1, 0.0)]
-            )
-            value = torch.cat(
-                [_left_padded(mine.value, length - 1, 0.0), _left_padded(theirs.value, length - 1, 0.0)]
-            )
-            self.caches[i] = KVCache(key, value)
+            key = stacked(mine.key, theirs.key, 2, 0.0, left=True)
+            self.caches[i] = KVCache(key, stacked(mine.value, theirs.value, 2, 0.0, left=True))
         self.merged = True
 
     def _valid(self, columns: int) -> Tensor:
@@ -158,14 +152,3 @@ class CausalDecoding:
         N, P = self.prompt_valid.shape
         generated = torch.ones(N, columns - P, dtype=torch.bool, device=self.prompt_valid.device)
         return torch.cat([self.prompt_valid, generated], dim=1)  # (N, columns)
-
-
-def _left_padded(x: Tensor, length: int, fill: float) -> Tensor:
-    """``x (N, ..., T, d)`` or ``(N, T)`` padded with ``fill`` before its positions to ``length``."""
-    dim = 1 if x.dim() == 2 else 2
-    missing = length - x.size(dim)
-    if missing <= 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    return torch.cat([x.new_full(shape, fill), x], dim=dim)

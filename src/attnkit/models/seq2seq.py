@@ -251,23 +251,21 @@ class Seq2SeqDecoding:
         T, T_other = len(self.cache), len(other.cache)
         first = torch.cat([self._firsts() + max(T_other - T, 0), other._firsts() + max(T - T_other, 0)])
         self._merge_sources(other)
-        length = max(T, T_other)
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
             # self-attention (R, h, T, d_k): padded on the left
-            key = torch.cat([_padded(mine.self_attn.key, 2, length, 0.0, left=True),
-                             _padded(theirs.self_attn.key, 2, length, 0.0, left=True)])  # fmt: skip
-            value = torch.cat([_padded(mine.self_attn.value, 2, length, 0.0, left=True),
-                               _padded(theirs.self_attn.value, 2, length, 0.0, left=True)])  # fmt: skip
-            mine.self_attn = KVCache(key, value)
+            key = stacked(mine.self_attn.key, theirs.self_attn.key, 2, 0.0, left=True)
+            mine.self_attn = KVCache(
+                key, stacked(mine.self_attn.value, theirs.self_attn.value, 2, 0.0, left=True)
+            )
         self.first = first
 
     def _merge_sources(self, other: Seq2SeqDecoding) -> None:
         """Add ``other``'s sources after these (:meth:`merge`): memories, masks, ids and the
         cross-attention's keys and values, padded on the right to the longer source."""
-        S, pad_id = max(self.memory.size(1), other.memory.size(1)), self.model.config.pad_id
+        pad_id = self.model.config.pad_id
 
         def sources(mine: Tensor, theirs: Tensor, fill: float, dim: int = 1) -> Tensor:  # along S, then N
-            return torch.cat([_padded(mine, dim, S, fill), _padded(theirs, dim, S, fill)])
+            return stacked(mine, theirs, dim, fill)
 
         self.memory = sources(self.memory, other.memory, 0.0)  # (N, S, d_model)
         self.src = sources(self.src, other.src, pad_id)  # (N, S)
@@ -323,15 +321,19 @@ class Seq2SeqDecoding:
         self.cache.reorder(rows, sources_too=False)
 
 
-def _padded(x: Tensor, dim: int, size: int, fill: float, left: bool = False) -> Tensor:
-    """``x`` padded with ``fill`` along ``dim`` to ``size`` (after it, or ``left``: before it)."""
-    missing = size - x.size(dim)
-    if missing <= 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    padding = x.new_full(shape, fill)
-    return torch.cat([padding, x] if left else [x, padding], dim=dim)
+def stacked(first: Tensor, second: Tensor, dim: int, fill: float, left: bool = False) -> Tensor:
+    """The rows of ``first`` then those of ``second``, the shorter padded with ``fill`` along ``dim``
+    to the longer's size (after its entries, or ``left``: before them): what merging running batches
+    does to sources (padded after), KV caches and tokens (padded before, so that the newest align)."""
+    size = max(first.size(dim), second.size(dim))
+
+    def padded(x: Tensor) -> Tensor:
+        shape = list(x.shape)
+        shape[dim] = size - x.size(dim)
+        padding = x.new_full(shape, fill)
+        return torch.cat([padding, x] if left else [x, padding], dim=dim)
+
+    return torch.cat([padded(first), padded(second)])
 
 
 def build_transformer(
