@@ -6,8 +6,10 @@ last is answered, for ``--seconds`` at each level; the sentences are the test se
 test_2016_flickr by default), in turn. The peer is a plain FastAPI app whose endpoint calls CTranslate2's
 ``translate_batch`` for its one request, in FastAPI's thread pool (``def`` endpoint), on the same
 weights exported by ``attnkit export --to ctranslate2``, with the same beam and the same threads
-(CTranslate2's ``intra_threads`` = torch's threads in attnkit's server), tokenised by the same
-tokenizer. Target tokens are counted with the checkpoint's tokenizer for both.
+(CTranslate2's ``inter_threads`` = torch's threads in attnkit's server, one intra-op thread each: as
+many translations side by side as attnkit's server runs workers, each on one thread; CTranslate2 on
+two intra-op threads answered one request alone 5× slower than on one on a two-core machine),
+tokenised by the same tokenizer. Target tokens are counted with the checkpoint's tokenizer for both.
 
 ``--engines attnkit,ctranslate2`` measures attnkit serve with each engine in turn (CTranslate2 on the
 exported weights, behind the same batcher). ``--soak N`` then sends N requests to the first from 8
@@ -134,7 +136,7 @@ def run_peer(folder: str, port: int, beam: int, threads: int) -> None:
     from fastapi import FastAPI
 
     tokenizer = Tokenizer.load(Path(folder) / "tokenizer.json")
-    translator = ctranslate2.Translator(folder, device="cpu", inter_threads=1, intra_threads=threads)
+    translator = ctranslate2.Translator(folder, device="cpu", inter_threads=threads, intra_threads=1)
     eos = tokenizer.hf.id_to_token(tokenizer.specials.eos)
     app = FastAPI()
 
@@ -275,10 +277,24 @@ async def soak(url: str, n: int, sentences: list[str], pid: int, dialect: Dialec
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1e3
-    return float("nan")
+    """The resident memory of process ``pid`` and of the processes it started (a server's engine
+    processes), in MB."""
+    total = 0.0
+    for process in [pid, *_children(pid)]:
+        with contextlib.suppress(OSError):  # (one that ended meanwhile)
+            for line in Path(f"/proc/{process}/status").read_text(encoding="ascii").splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1e3
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def main() -> None:

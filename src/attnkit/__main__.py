@@ -2,4 +2,5 @@
 
 from attnkit.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned child (serve's engine processes) imports this again
+    main()

@@ -31,6 +31,24 @@ def generated(run, prompts: list[str], overrides: list[str], folder) -> list[str
     return [json.loads(line)["text"] for line in printed.stdout.splitlines()]
 
 
+def engine_processes(pid: int) -> list[int]:
+    """The engine processes (multiprocessing's spawned children, not its resource tracker) that a
+    server ``pid`` started and that still run."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":  # its parent, and not a zombie
+            command = (stat.parent / "cmdline").read_bytes()
+            if b"spawn_main" in command:
+                found.append(int(stat.parent.name))
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

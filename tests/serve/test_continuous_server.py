@@ -2,9 +2,14 @@
 beams and n-best lists, joining a running batch at any step, get exactly the CLI's outputs; the
 metrics show the running batch; the attention explorer still runs between steps; SIGTERM finishes."""
 
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +18,7 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from attnkit.data.synthetic import dates  # noqa: E402
-from tests.serve.servers import Server, generated  # noqa: E402
+from tests.serve.servers import Server, engine_processes, generated  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a trained model and a server process
 
@@ -40,14 +45,19 @@ def _samples(server):
 # float32: in bf16 a sentence's output may depend on what else its batch holds, in any batching and in
 # attnkit translate itself (oneDNN's bf16 products round differently for other numbers of rows)
 @pytest.mark.parametrize(
-    "overrides",
-    [("decode.precision=fp32",), ("decode.precision=fp32", "decode.compile=true")],
-    ids=["model's steps", "compiled steps"],
+    ("overrides", "workers"),
+    [
+        (("decode.precision=fp32",), "threads"),
+        (("decode.precision=fp32", "decode.compile=true"), "processes"),
+    ],
+    ids=["model's steps on threads", "compiled steps in processes"],
 )
-def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, overrides):
+def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, overrides, workers):
     expected = {1: _cli(run, tmp_path, 1, 0, overrides), 4: _cli(run, tmp_path, 4, 0, overrides)}
     n_best = [line.split(" ||| ") for line in _cli(run, tmp_path, 4, 2, overrides)]  # LINE ||| TEXT ||| SCORE
-    served = Server(run, "--batching", "continuous", "decode.streams=2", *overrides)
+    served = Server(run, "--batching", "continuous", "--workers", workers, "decode.streams=2", *overrides)
+    engines = engine_processes(served.process.pid)
+    assert len(engines) == (2 if workers == "processes" else 0)  # one per worker, each its model loaded
     try:
 
         def ask(i):
@@ -73,6 +83,45 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
         page = httpx.get(f"{served.url}/explore", params={"text": SENTENCES[0]}, timeout=60)
         assert page.status_code == 200 and "attention-data" in page.text  # run between steps
         assert served.post([{"src": SENTENCES[1], "beam_size": 4}]).json()[0][0]["tgt"] == expected[4][1]
+    finally:
+        code, output = served.stop()
+    assert code == 0, output
+    for engine in engines:  # the engine processes ended with the server (or wait, zombies, to be reaped)
+        stat = Path(f"/proc/{engine}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_killed_engine_process_fails_its_requests_alone_and_a_new_one_takes_over(run):
+    """The engine process of a worker dies (killed, out of memory): the requests in its running batch get
+    a 500 naming it, at once; the server stays ready, and the next requests are answered by a new one."""
+    served = Server(run, "--batching", "continuous", "decode.streams=1", "decode.precision=fp32")
+    try:
+        (engine,) = engine_processes(served.process.pid)
+        expected = served.post([{"src": SENTENCES[0]}]).json()[0][0]["tgt"]
+        killed = threading.Event()
+
+        def client(i):  # requests one after another until the engine has been killed
+            answers = []
+            while not killed.is_set():
+                answers.append(served.post([{"src": s} for s in SENTENCES[i : i + 8]]))
+            return answers
+
+        with ThreadPoolExecutor(8) as clients:
+            running = [clients.submit(client, i) for i in range(8)]
+            deadline = time.monotonic() + 30
+            while _samples(served)["attnkit_running_sources"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(engine, signal.SIGKILL)
+            killed.set()
+            answers = [answer for done in running for answer in done.result()]
+        failed = [a for a in answers if a.status_code != 200]
+        assert failed, "no request was running when the engine process was killed"
+        for answer in failed:
+            assert answer.status_code == 500 and "the engine process is gone (exit code -9)" in answer.text
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready"}
+        assert served.post([{"src": SENTENCES[0]}]).json()[0][0]["tgt"] == expected  # a new engine
+        (new,) = engine_processes(served.process.pid)
+        assert new != engine
     finally:
         code, output = served.stop()
     assert code == 0, output

@@ -242,6 +242,7 @@ def test_every_option_and_decode_setting_is_checked_before_the_server_starts(run
         (["decode.beam_size=0"], "decode.beam_size must be >= 1; got 0"),
         (["--grace", "-5"], "--grace must be at least 0"),
         (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
+        (["--workers", "fibres"], "--workers fibres: choose one of processes, threads"),
     ):
         result, _ = _serve_fails("--ckpt", run, "--port", "0", *arguments)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (arguments, result.stderr)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 API_KEY_VARIABLE = "ATTNKIT_API_KEY"
 BATCHINGS = ("auto", "continuous", "batches")
+WORKERS = ("processes", "threads")
 
 
 # the server's options, declared once here so that the command's signature reads as a list
@@ -89,6 +90,15 @@ Batching = Annotated[
         "batch, else batches.",
     ),
 ]
+Workers = Annotated[
+    str,
+    typer.Option(
+        help="Where continuous batching steps its running batches: 'processes', each in a process of its "
+        "own that loads the model again (the server's Python and the steps' no longer take turns on one "
+        "lock; the model's memory once more per worker); 'threads', on threads of the server's process. "
+        "attnkit's engine on a CPU; elsewhere always threads.",
+    ),
+]
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -110,6 +120,7 @@ def serve(
     max_explore_tokens: MaxExploreTokens = 64,
     stall_after: StallAfter = 300.0,
     batching: Batching = "auto",
+    workers: Workers = "processes",
 ) -> None:
     """Serve a trained model over HTTP, with concurrent requests batched together.
 
@@ -142,6 +153,8 @@ def serve(
     key = api_key or os.environ.get(API_KEY_VARIABLE, "")
     if batching not in BATCHINGS:
         raise AttnkitError(f"--batching {batching}: choose one of {', '.join(BATCHINGS)}")
+    if workers not in WORKERS:
+        raise AttnkitError(f"--workers {workers}: choose one of {', '.join(WORKERS)}")
     served, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides)
     if batching == "continuous" and not served.steps_continuously:
         what = "CTranslate2's engine" if engine == "ctranslate2" else "this model"
@@ -157,7 +170,7 @@ def serve(
     settings = ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key, max_body_bytes=max_body_bytes,
                              max_explore_tokens=max_explore_tokens, stall_after_s=stall_after,
                              hosts=LOOPBACK_NAMES if host in LOOPBACK_HOSTS else (),
-                             batching=batching)  # fmt: skip
+                             batching=batching, workers=workers)  # fmt: skip
     _serve_until_stopped(served, load, settings, listening, grace)
 
 

@@ -328,6 +328,8 @@ def stacked(first: Tensor, second: Tensor, dim: int, fill: float, left: bool = F
     size = max(first.size(dim), second.size(dim))
 
     def padded(x: Tensor) -> Tensor:
+        if x.size(dim) == size:
+            return x
         shape = list(x.shape)
         shape[dim] = size - x.size(dim)
         padding = x.new_full(shape, fill)

@@ -67,10 +67,12 @@ def _serving(server: ServerState, load: Callable[[], ServedModel]) -> Callable:
         def loading() -> None:
             try:
                 model = load()
+                batcher = server.batcher_for(model)
+                batcher.started()  # its engine processes have loaded the model too
             except Exception as error:  # said by /health; the server stays up to say it
                 server.failed = str(error)
                 return
-            loop.call_soon_threadsafe(server.start, model)
+            loop.call_soon_threadsafe(server.start, model, batcher)
 
         threading.Thread(target=loading, name="attnkit-load", daemon=True).start()
         yield

@@ -88,6 +88,9 @@ class Batcher:
         self.running: set[asyncio.Task] = set()
         self.progressed = time.monotonic()  # when a batch last started or ended
 
+    def started(self) -> None:
+        """Wait until the workers can run (they are threads: at once)."""
+
     def start(self) -> None:
         self.free = asyncio.Semaphore(self.workers)
         self.loop_task = asyncio.get_running_loop().create_task(self._serve())

@@ -89,6 +89,12 @@ class ContinuousBatcher:
         self.prepared = [0] * workers  # the running workers each worker's thread was last readied for
         self.progressed = time.monotonic()  # when an iteration last ended or a request came to an idle server
 
+    def started(self) -> None:
+        """Wait until every engine can step (one in a process of its own has loaded its model); blocks,
+        so off the event loop. Raises where one could not start."""
+        for engine in self.engines:
+            getattr(engine, "started", lambda: None)()
+
     def start(self) -> None:
         self.arrived = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -109,6 +115,8 @@ class ContinuousBatcher:
                 flight.job.future.cancel()
         for thread in self.threads:
             await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
+        for engine in self.engines:
+            _close(engine)
 
     def waiting(self) -> int:
         """Requests not yet in a running batch."""
@@ -175,6 +183,7 @@ class ContinuousBatcher:
                 for flight in flights.values():
                     settle(flight.job, error=error)
                 flights.clear()
+                _close(self.engines[worker])
                 self.engines[worker] = self.make_engine()
                 continue
             finally:
@@ -264,3 +273,10 @@ class ContinuousBatcher:
         self.prepare(1)
         self.prepared[0] = 1
         return work(*args)
+
+
+def _close(engine: Engine) -> None:
+    """Let an engine go: one in a process of its own (engine_process.py) stops it."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()

@@ -25,7 +25,7 @@ from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.generate import generate
 from attnkit.loading import load_for_inference
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel, ServedModel
+from attnkit.serve.served import AttnkitModel, ServedModel, reloading
 
 
 @dataclass(frozen=True)
@@ -124,4 +124,5 @@ def load_decoder(ckpt: str | Path, overrides: list[str], *, device: str = "cpu")
     model, tokenizer, config = load_for_inference(
         checkpoint, device, arch=archs(using="generate"), overrides=overrides
     )
-    return ServedDecoder(checkpoint, tokenizer, model, config, torch.device(device))
+    reload = reloading(load_decoder, checkpoint, overrides, config, device)
+    return ServedDecoder(checkpoint, tokenizer, model, config, torch.device(device), reload)

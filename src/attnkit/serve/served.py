@@ -10,8 +10,9 @@ has gone while its batch runs).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -69,6 +70,11 @@ class ServedModel:
         where the model has one (``steps_continuously``)."""
         raise NotImplementedError
 
+    def running_batch_process(self) -> Callable[[], Any] | None:
+        """What makes :meth:`running_batch` in a process of its own (serve/engine_process.py), where the
+        model can be loaded there; None where it cannot (the batcher's threads then step it here)."""
+        return None
+
     def abandon(self, inputs: list[Any]) -> None:
         """Nobody waits for ``inputs`` any more (their client has gone): work on them may stop early.
         Called on the event loop, perhaps while their batch runs on a worker."""
@@ -81,6 +87,9 @@ class AttnkitModel(ServedModel):
     model: torch.nn.Module
     config: RunConfig
     device: torch.device
+    # how another process loads this model as it was loaded here (same checkpoint and settings, the
+    # precision this one resolved to): a running batch in a process of its own (engine_process.py)
+    reload: Callable[[], AttnkitModel] | None = field(default=None, repr=False, compare=False)
 
     engine: ClassVar[str] = "attnkit"
     shows_attention: ClassVar[bool] = True
@@ -102,6 +111,15 @@ class AttnkitModel(ServedModel):
         keeps its threads until it ends, so for a while the CPU may hold more threads than cores)."""
         torch.set_num_threads(max(1, self.threads // running))
 
+    def running_batch_process(self) -> Callable[[], Any] | None:
+        """A child process that loads the model again and keeps its running batch (on a CPU: a GPU's
+        memory would hold the model twice)."""
+        if self.reload is None or self.device.type != "cpu" or not self.steps_continuously:
+            return None
+        from attnkit.serve.engine_process import EngineProcess, running_batch_of
+
+        return partial(EngineProcess, partial(running_batch_of, self.reload))
+
     def describe(self) -> dict[str, Any]:
         """The model's architecture and the settings a client may want: the model, its decoding and its
         data's task and tokenizer; not the training run's files and folders (paths of this machine)."""
@@ -114,3 +132,12 @@ class AttnkitModel(ServedModel):
         from attnkit.viz.explorer import explorer_page
 
         return explorer_page(self.model, self.tokenizer, self.checkpoint.name, text, target, base, limit)
+
+
+def reloading(load: Callable[..., AttnkitModel], checkpoint: Path, overrides: list[str], config: RunConfig,
+              device: str) -> Callable[[], AttnkitModel]:  # fmt: skip
+    """``load(checkpoint, overrides, device=device)`` as it loaded a model whose run config came out as
+    ``config``, its precision pinned (``auto`` probes the CPU, and times it: a busy machine could tell a
+    second process otherwise): an :class:`AttnkitModel`'s ``reload``."""
+    pinned = [*overrides, f"decode.precision={config.decode.precision}"]
+    return partial(load, checkpoint, pinned, device=device)

@@ -40,6 +40,9 @@ class ServeSettings:
     stall_after_s: float = 300.0  # /health says "stalled" when requests wait this long with no batch moving
     hosts: tuple[str, ...] = ()  # the Host header names accepted (empty: any)
     batching: str = "batches"  # "continuous": a running batch that requests join at any step (continuous.py)
+    # "processes": each running batch in a process of its own where the model can be (engine_process.py);
+    # "threads": on the batcher's threads, in this process
+    workers: str = "threads"
 
 
 @dataclass
@@ -54,23 +57,27 @@ class ServerState:
     batcher: Batcher | ContinuousBatcher | None = None
     failed: str | None = None
 
-    def start(self, model: ServedModel) -> None:
-        """Serve ``model`` (on the event loop): its batcher starts, and requests are answered."""
+    def batcher_for(self, model: ServedModel) -> Batcher | ContinuousBatcher:
+        """The batcher that will run ``model`` (made off the event loop: its workers' processes, where it
+        has them, start loading the model now; ``batcher.started()`` waits for them)."""
         s = self.settings
-        batcher: Batcher | ContinuousBatcher
         if s.batching == "continuous":
-            batcher = ContinuousBatcher(
-                model.running_batch,
+            elsewhere = model.running_batch_process() if s.workers == "processes" else None
+            return ContinuousBatcher(
+                elsewhere or model.running_batch,
                 max_batch_tokens=s.max_batch_tokens,
                 max_queue=s.max_queue,
                 workers=model.streams,
                 prepare=model.prepare_worker,
                 observe=self.metrics.iteration,
             )
-        else:
-            batcher = Batcher(model.run, max_batch_tokens=s.max_batch_tokens, max_wait_ms=s.max_wait_ms,
-                              max_queue=s.max_queue, workers=model.streams, prepare=model.prepare_worker,
-                              observe=self.metrics.batch, abandon=model.abandon)  # fmt: skip
+        return Batcher(model.run, max_batch_tokens=s.max_batch_tokens, max_wait_ms=s.max_wait_ms,
+                       max_queue=s.max_queue, workers=model.streams, prepare=model.prepare_worker,
+                       observe=self.metrics.batch, abandon=model.abandon)  # fmt: skip
+
+    def start(self, model: ServedModel, batcher: Batcher | ContinuousBatcher) -> None:
+        """Serve ``model`` with ``batcher`` (on the event loop): the batcher starts, and requests are
+        answered."""
         batcher.start()
         self.model, self.batcher = model, batcher
 

@@ -19,7 +19,7 @@ from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.translate import translate
 from attnkit.loading import load_for_inference
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel
+from attnkit.serve.served import AttnkitModel, reloading
 from attnkit.tasks import task_of
 
 
@@ -60,7 +60,8 @@ def load_translator(ckpt: str | Path, overrides: list[str], *, device: str = "cp
     model, tokenizer, config = load_for_inference(
         checkpoint, device, arch=archs(using="translate"), overrides=overrides
     )
-    translator = Translator(checkpoint, tokenizer, model, config, torch.device(device))
+    reload = reloading(load_translator, checkpoint, overrides, config, device)
+    translator = Translator(checkpoint, tokenizer, model, config, torch.device(device), reload)
     # one sentence before the server says it is ready: a compiled decoding step (decode.compile) is
     # built now, not in the first client's request (about 20 s for a small model)
     translator.run(["."], (translator.beam_size, 1))

@@ -1,0 +1,174 @@
+"""A running batch in a process of its own (``attnkit serve --workers processes``, the default for
+attnkit's engine on a CPU).
+
+A worker thread of the continuous batcher (continuous.py) steps its running batch between two hops to
+the event loop. PyTorch lets go of Python's lock inside each operation, but a decoding step is also
+Python (the search's bookkeeping, the merges), and the server's own Python (HTTP, JSON, tokens)
+shares that lock: on a small model at a high load, the steps and the server took turns on one lock
+while a core stood idle. Here each worker's running batch lives in a child process with its own
+interpreter (its model loaded there from the same checkpoint and settings): the worker thread sends
+each iteration's newcomers and leavers down a pipe and waits, lock released, for the sources done.
+
+:class:`EngineProcess` has the running batch's interface (``iterate``, ``sources``, ``rows``), so the
+batcher does not know the difference. The child steps on as many torch threads as the worker's
+thread was given (the batcher shares the CPU out among its workers). Streaming prompts send their
+pieces back with the step that made them, and the worker's thread hands them to the prompts' sinks.
+A child that fails, or dies, makes the iteration fail (the batcher answers its requests with the
+error and starts a new one); a child whose parent is gone sees its pipe close and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+STARTED_WITHIN_S = 600.0  # how long a child may take to load its model before the worker gives up
+
+
+@dataclass
+class Remote:
+    """A prompt as it goes to a child (a request's own ``Prompt`` holds what does not travel: a thread
+    event, its client's sink): its text, its seed and, in the child, a sink that keeps its pieces."""
+
+    text: str
+    seed: int
+    sink: Callable[[str], None] | None = None
+
+
+class EngineError(RuntimeError):
+    """The child's iteration failed, or the child is gone: its running batch is lost."""
+
+
+class EngineProcess:
+    """The running batch that ``build()`` makes, in a child process (see the module docstring).
+    ``build`` is pickled to the child (a function of the module level, or a ``partial`` of one)."""
+
+    def __init__(self, build: Callable[[], Any], name: str = "attnkit-engine") -> None:
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads forked mid-step
+        self.connection, theirs = context.Pipe()
+        self.process = context.Process(target=_child, args=(theirs, build), name=name, daemon=True)
+        self.process.start()
+        theirs.close()
+        self.ready = False
+        self.sources = 0  # sources running (as the child said after the last iteration)
+        self.rows = 0  # rows decoded at the next step
+        self.sinks: dict[Hashable, Callable[[str], None]] = {}  # streaming inputs' sinks, by key
+
+    def iterate(self, joining: list[tuple[Hashable, Any, Hashable]], leaving: set[Hashable]) -> list:
+        """As the running batch's ``iterate``, in the child; on the calling thread's share of torch's
+        threads. Streaming inputs' pieces go to their sinks before the call returns."""
+        self.started()
+        shipped = [(key, self._shipped(key, x), settings) for key, x, settings in joining]
+        for key in leaving:
+            self.sinks.pop(key, None)
+        self._send(("iterate", shipped, set(leaving), torch.get_num_threads()))
+        done, pieces, self.sources, self.rows = self._receive()
+        for key, piece in pieces:
+            sink = self.sinks.get(key)
+            if sink is not None:
+                sink(piece)
+        for key, _ in done:
+            self.sinks.pop(key, None)
+        return done
+
+    def close(self) -> None:
+        """Stop the child (its running batch is dropped)."""
+        self.connection.close()  # the child sees the pipe close and exits
+        self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def _shipped(self, key: Hashable, x: Any) -> Any:
+        """A prompt as a :class:`Remote` (its sink kept here, by key); a text as it is."""
+        if not hasattr(x, "seed"):
+            return x
+        if x.sink is not None:
+            self.sinks[key] = x.sink
+        return Remote(x.text, x.seed, None if x.sink is None else _STREAMED)
+
+    def started(self) -> None:
+        """Wait until the child has loaded its model (blocks; at once after the first time)."""
+        if self.ready:
+            return
+        began = time.monotonic()
+        while not self.connection.poll(1.0):
+            if not self.process.is_alive():
+                raise EngineError(f"the engine process exited ({self.process.exitcode}) as it started")
+            if time.monotonic() - began > STARTED_WITHIN_S:
+                raise EngineError(f"the engine process did not start in {STARTED_WITHIN_S:g} s")
+        self._receive()
+        self.ready = True
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.connection.send(message)
+        except (OSError, ValueError) as error:
+            raise EngineError(f"the engine process is gone ({self._exit()}): {error}") from None
+
+    def _receive(self) -> Any:
+        try:
+            kind, payload = self.connection.recv()
+        except (EOFError, OSError) as error:
+            gone = f"the engine process is gone ({self._exit()}): {error or 'pipe closed'}"
+            raise EngineError(gone) from None
+        if kind == "failed":
+            raise EngineError(payload)
+        return payload
+
+    def _exit(self) -> str:
+        self.process.join(timeout=1)
+        code = self.process.exitcode
+        return "still running" if code is None else f"exit code {code}"
+
+
+_STREAMED = True  # a Remote's sink before it reaches the child: "keep this prompt's pieces"
+
+
+def _child(connection: Any, build: Callable[[], Any]) -> None:
+    """The child's loop: build the running batch, then iterate it as the parent asks until the pipe
+    closes. A failed iteration is reported and ends the child (its batch is in no known state)."""
+    try:
+        engine = build()
+    except Exception as error:
+        said = f"the engine process could not load the model: {type(error).__name__}: {error}"
+        connection.send(("failed", said))
+        return
+    connection.send(("started", None))
+    threads = torch.get_num_threads()
+    # what the streaming prompts' sinks heard during an iteration: one list for the child's life (a
+    # prompt's sink, set as it joins, keeps adding to it at every later step), emptied as it is sent
+    pieces: list[tuple[Hashable, str]] = []
+    while True:
+        try:
+            _, joining, leaving, wanted = connection.recv()
+        except (EOFError, OSError):  # the parent has gone, or closed us
+            return
+        try:
+            if wanted != threads:
+                torch.set_num_threads(wanted)
+                threads = wanted
+            for key, x, _ in joining:
+                if isinstance(x, Remote) and x.sink is not None:
+                    x.sink = partial(_keep, pieces, key)
+            done = engine.iterate(joining, leaving)
+        except Exception as error:
+            connection.send(("failed", f"{type(error).__name__}: {error}"))
+            return
+        connection.send(("done", (done, pieces, engine.sources, engine.rows)))
+        pieces.clear()
+
+
+def _keep(pieces: list[tuple[Hashable, str]], key: Hashable, piece: str) -> None:
+    pieces.append((key, piece))
+
+
+def running_batch_of(load: Callable[[], Any]) -> Any:
+    """What a child builds: the running batch of the served model that ``load()`` loads."""
+    return load().running_batch()
