@@ -292,7 +292,7 @@ def _children(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if int(stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(stat.parent.name))
     return found
 

@@ -39,7 +39,7 @@ def engine_processes(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()
         except OSError:  # it ended meanwhile
             continue
         if int(fields[1]) == pid and fields[0] != "Z":  # its parent, and not a zombie

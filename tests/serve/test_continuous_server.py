@@ -88,7 +88,7 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
     assert code == 0, output
     for engine in engines:  # the engine processes ended with the server (or wait, zombies, to be reaped)
         stat = Path(f"/proc/{engine}/stat")
-        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert not stat.exists() or stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_a_killed_engine_process_fails_its_requests_alone_and_a_new_one_takes_over(run):
