@@ -47,7 +47,7 @@ BAD_VALUES = [
     (
         "data.task=translate",
         r"data\.task must be one of 'parallel', 'dates', 'copy', 'summarise', 'text', 'classify', 'mlm', "
-        r"'qa', 'cluttered-digits'; got 'translate'",
+        r"'qa', 'cluttered-digits', 'captions'; got 'translate'",
     ),
     (
         "data.tokenizer=sentencepiece",

@@ -41,6 +41,7 @@ TEXT_TASK = "text"  # language modelling on raw text
 TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
 SUMMARY_TASK = "summarise"  # JSON Lines of long texts and their short summaries (AESLC: email -> subject)
 IMAGE_TASK = "cluttered-digits"  # generated images (data/cluttered_digits.py)
+CAPTION_TASK = "captions"  # generated digit scenes and their captions (data/digit_scenes.py)
 # data.task -> (the head an encoder needs for it, the train.eval_metric choices: the first is the default)
 _TASK_RULES = {
     **{task: (None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
@@ -50,6 +51,7 @@ _TASK_RULES = {
     "mlm": ("mlm", ("loss", "accuracy")),
     "qa": ("span", ("f1", "accuracy", "loss")),
     IMAGE_TASK: (None, ("accuracy", "loss")),
+    CAPTION_TASK: (None, ("accuracy", "bleu", "loss")),
 }
 # data.task -> (the architectures it trains, as their records say; the head; the metrics)
 TASKS_OF = {
@@ -64,7 +66,8 @@ FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1, SUMMARY_TASK: 
 class DataConfig:
     # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text";
     # encoder models: "classify" (TSV files), "mlm" (sentences), "qa" (generated); images (glimpse and
-    # whole-image models): "cluttered-digits" (generated); summarisation: "summarise" (JSON Lines)
+    # whole-image models): "cluttered-digits" (generated); summarisation: "summarise" (JSON Lines);
+    # image captioning (show-attend-tell): "captions" (generated digit scenes)
     task: str = "parallel"
     dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
     train: list[str] = field(default_factory=list)  # [source file, target file]; text, classify, mlm: [file]
@@ -80,8 +83,8 @@ class DataConfig:
     max_len: int = 128  # pairs with more tokens on either side are dropped from training
     store: str = ""  # parallel: where prepared token stores are kept ("" = $XDG_CACHE_HOME/attnkit/stores)
     tokenizer_sample: int = 1_000_000  # parallel: pairs the tokenizer learns from (a larger corpus: a sample)
-    n_train: int = 20000  # synthetic tasks: generated training pairs
-    n_valid: int = 500  # synthetic tasks: generated held-out pairs (cluttered-digits: images, and test)
+    n_train: int = 20000  # synthetic tasks: generated training pairs (captions: scenes an epoch)
+    n_valid: int = 500  # synthetic tasks: generated held-out pairs (cluttered-digits, captions: and test)
     canvas: int = 40  # cluttered-digits: the image's side in pixels (a digit is 16)
     clutter: int = 4  # cluttered-digits: 6×6 pieces of other digits strewn on each image
 

@@ -38,9 +38,9 @@ def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer | None) -> torch
 
 
 def read_tokenizer(checkpoint: Path, config: RunConfig) -> Tokenizer | None:
-    """The checkpoint's tokenizer; ``None`` for an image model, which has none."""
-    reads_images = ARCHITECTURES[config.model.arch].reads == "images"
-    return None if reads_images else Tokenizer.load(checkpoint / "tokenizer.json")
+    """The checkpoint's tokenizer; ``None`` for an image model that writes no text, which has none."""
+    has_vocabulary = ARCHITECTURES[config.model.arch].has_vocabulary
+    return Tokenizer.load(checkpoint / "tokenizer.json") if has_vocabulary else None
 
 
 def commands_for(arch: str) -> str:

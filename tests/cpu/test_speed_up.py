@@ -48,7 +48,7 @@ def _valid_positions(name: str, inputs: tuple) -> torch.Tensor:
 
 def test_every_architecture_keeps_its_parameters_and_state_dict_keys():
     for name, record in ARCHITECTURES.items():
-        model = build_model(record.config(), None if record.reads == "images" else 50)
+        model = build_model(record.config(), 50 if record.has_vocabulary else None)
         before = {key: value.data_ptr() for key, value in model.state_dict().items()}
         done = speed_up(model)
         assert {key: value.data_ptr() for key, value in model.state_dict().items()} == before, name

@@ -17,7 +17,7 @@ def test_each_record_builds_its_model_and_trains_on_its_tasks(name):
     record = ARCHITECTURES[name]
     assert record.name == name and name == record.config.ARCH
     config = record.config()
-    model = build_model(config, None if record.reads == "images" else 20)
+    model = build_model(config, 20 if record.has_vocabulary else None)
     assert isinstance(model, record.model)
     for task in record.tasks:  # a run config accepts each (an encoder taking the head the task needs)
         model = {key: value for key, value in config.to_dict().items() if key != "head"}
@@ -37,6 +37,7 @@ def test_the_commands_the_records_name_exist():
             assert command.split()[0] in commands, (record.name, command)
         assert set(record.exports) <= {"hf", "ctranslate2"}
     assert archs(reading="images") == tuple(a.name for a in ARCHITECTURES.values() if a.reads == "images")
+    assert all(record.writes in ("", "text") for record in ARCHITECTURES.values())
 
 
 def test_no_architecture_name_is_written_outside_its_record():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from attnkit.attention.masks import padding_mask
 from attnkit.models.rnn_attention import SourceAttention
 from attnkit.nn.reinforce import reinforce_loss
 
@@ -22,7 +23,7 @@ def _setup(local="none", window=2, hard=False, score="general", lengths=(7, 4)):
         src[i, :n] = torch.randint(4, 20, (n,))
     annotations = torch.randn(len(lengths), S, D_HIDDEN, dtype=torch.float64)
     query = torch.randn(len(lengths), 1, D_HIDDEN, dtype=torch.float64)
-    return attention, attention.prepare(annotations, src, pad_id=0), query, torch.tensor(lengths)
+    return attention, attention.prepare(annotations, padding_mask(src, 0)), query, torch.tensor(lengths)
 
 
 def _general_softmax(attention, query, annotations, allowed):
@@ -124,7 +125,7 @@ def test_only_reinforce_trains_what_hard_attention_samples():
     rewards, log_probs = torch.stack(rewards), torch.stack(log_probs)  # (64, B)
     reinforce_loss(log_probs, rewards, rewards.mean()).backward()
     optimiser.step()
-    source = attention.prepare(source.annotations.detach(), src, pad_id=0)  # keys from the new W_a
+    source = attention.prepare(source.annotations.detach(), padding_mask(src, 0))  # keys from the new W_a
     after = attention.eval()(query, 0, source)[1].weights[:, 2]
     assert (after > before).all(), (before, after)
 
@@ -147,9 +148,15 @@ def test_hard_attention_gives_a_share_of_sentences_the_expected_context():
     attention.expected = 0.5
     src = torch.ones(400, 6, dtype=torch.long)
     torch.manual_seed(3)
-    marked = attention.train().prepare(torch.randn(400, 6, D_HIDDEN, dtype=torch.float64), src, 0).expected
+    marked = (
+        attention.train()
+        .prepare(torch.randn(400, 6, D_HIDDEN, dtype=torch.float64), padding_mask(src, 0))
+        .expected
+    )
     assert abs(marked.double().mean().item() - 0.5) < 0.1  # 400 sentences: standard error 0.025
-    assert attention.eval().prepare(source.annotations, src[:2], 0).expected is None  # decoding: argmax
+    assert (
+        attention.eval().prepare(source.annotations, padding_mask(src[:2], 0)).expected is None
+    )  # decoding: argmax
     attention.train()
     source.expected = torch.tensor([True, False]).view(2, 1, 1)
     context, alignment = attention(query, 0, source)
@@ -170,8 +177,8 @@ def test_hard_attention_can_start_soft():
     attention.batches.zero_()
     src = torch.ones(50, 6, dtype=torch.long)
     annotations = torch.randn(50, 6, D_HIDDEN, dtype=torch.float64)
-    attention.eval().prepare(annotations, src, 0)
-    shares = [attention.train().prepare(annotations, src, 0).expected for _ in range(3)]
+    attention.eval().prepare(annotations, padding_mask(src, 0))
+    shares = [attention.train().prepare(annotations, padding_mask(src, 0)).expected for _ in range(3)]
     assert shares[0].all() and shares[1].all() and shares[2] is None  # then expected = 0: all sampled
     assert attention.batches.item() == 3
 
@@ -185,7 +192,7 @@ def test_under_bf16_autocast_hard_attention_samples_from_float32_probabilities()
     src = torch.randint(4, 20, (3, 6))
     annotations, query = torch.randn(3, 6, D_HIDDEN), torch.randn(3, 1, D_HIDDEN)
     with torch.autocast("cpu", torch.bfloat16):
-        _, alignment = attention(query, 0, attention.prepare(annotations, src, pad_id=0))
+        _, alignment = attention(query, 0, attention.prepare(annotations, padding_mask(src, 0)))
     assert alignment.weights.dtype == alignment.log_prob.dtype == torch.float32
-    _, exact = attention.eval()(query, 0, attention.prepare(annotations, src, pad_id=0))
+    _, exact = attention.eval()(query, 0, attention.prepare(annotations, padding_mask(src, 0)))
     torch.testing.assert_close(alignment.weights, exact.weights, atol=0.02, rtol=0.05)

@@ -298,18 +298,29 @@ def predict(
     output: OutputFile = None,
     precision: Precision = None,
     int8: Int8 = False,
+    image: Annotated[
+        list[Path] | None,
+        typer.Option(help="An image file to caption (repeatable; PNG, JPEG): a captioner's input."),
+    ] = None,
 ) -> None:
     """Run an encoder model on each input line. A classifier prints ``label<TAB>probability``; a
     question-answering model reads ``question<TAB>passage`` and prints the answer span; a masked-LM
     model fills each mask token of a sentence (``[MASK]`` or ``<mask>``, as its tokenizer writes it),
-    printing ``token<TAB>probability`` for each."""
+    printing ``token<TAB>probability`` for each. A captioner captions each --image, one line each."""
     from attnkit.processes import resolve_device
     from attnkit.tasks import task_of
 
     if text is not None and input is not None:
         raise AttnkitError("give --text TEXT or -i FILE, not both")
+    if image and (text is not None or input is not None):
+        raise AttnkitError("give --image FILE (a captioner's input) or text, not both")
     if output is not None:
         writable_file(output)
+    if image:
+        rows = _captions(ckpt, image, resolve_device(), precision_override(precision, int8))
+        write_output(output, "".join(row + "\n" for row in rows))
+        return
+    _not_a_captioner(ckpt)
     with processes(input if text is None else None) as world:
         device = resolve_device()
         overrides = precision_override(precision, int8)
@@ -327,3 +338,31 @@ def predict(
             return rows
 
         by_parts(input, output, predict_part, world)
+
+
+def _captions(ckpt: Path, images: list[Path], device, overrides: list[str]) -> list[str]:
+    """A captioner's caption of each image file (a one-line error names a file it cannot read, or
+    whose size is not the model's)."""
+    from attnkit.data.images import read_grey_image
+    from attnkit.loading import load_for_inference
+    from attnkit.tasks import task_of
+
+    captioners = archs(using="predict", reading="images")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=captioners, overrides=overrides)
+    pixels = [read_grey_image(path) for path in images]
+    size = config.model.image_size
+    for path, grey in zip(images, pixels, strict=True):
+        if tuple(grey.shape) != (size, size):
+            raise AttnkitError(
+                f"{path}: an image of {tuple(grey.shape)} pixels; this model reads ({size}, {size})"
+            )
+    return task_of(config).infer(model, tokenizer, config, pixels, device)
+
+
+def _not_a_captioner(ckpt: Path) -> None:
+    """A one-line error for text given to a captioner, which reads images."""
+    from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(ckpt)
+    if read_run_config(checkpoint).model.arch in archs(using="predict", reading="images"):
+        raise AttnkitError(f"{checkpoint}: a captioner reads images, not text: give --image FILE")

@@ -82,7 +82,7 @@ def load_encoder(ckpt: Path, heads: tuple[str, ...], device: torch.device, overr
     precision ``overrides`` may give (``decode.precision=bf16``)."""
     from attnkit.loading import check_head, load_for_inference
 
-    encoders = archs(using="predict")
+    encoders = archs(using="predict", reading="text")
     model, tokenizer, config = load_for_inference(ckpt, device, arch=encoders, overrides=overrides)
     check_head(ckpt, config, heads)
     return model, tokenizer, config

@@ -240,7 +240,7 @@ def _attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel],
         return Translator, lambda: load_translator(checkpoint, overrides)
     if arch in archs(using="generate"):
         return ServedDecoder, lambda: load_decoder(checkpoint, overrides)
-    if arch in archs(using="predict"):
+    if arch in archs(using="predict", reading="text"):
         if without_precision(overrides):
             raise AttnkitError(
                 f"{' '.join(without_precision(overrides))}: decode settings are for translation and decoder "

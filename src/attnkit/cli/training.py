@@ -28,8 +28,9 @@ def summary(
     at_least("--length", length, 1)
     config = from_preset(preset)
     torch.manual_seed(0)
-    images = ARCHITECTURES[config.arch].reads == "images"  # they read pixels: no vocabulary
-    model = build_model(config, None if images else vocab).eval()
+    record = ARCHITECTURES[config.arch]
+    images = record.reads == "images"  # they read pixels
+    model = build_model(config, vocab if record.has_vocabulary else None).eval()
     reads = f"{config.image_size}×{config.image_size} images" if images else f"vocabulary {vocab}"
     typer.echo(f"attnkit {type(model).__name__} ({config.arch}), preset {preset!r}, {reads}")
     typer.echo("  " + ", ".join(f"{k}={v}" for k, v in config.to_dict().items()))
@@ -46,8 +47,9 @@ def summary(
     typer.echo(f"  {'total':<10} {total:>14,} parameters ({total / 1e6:.1f}M)")
     n_inputs = 2 if config.arch in archs(using="translate") else 1  # (source, target) or the tokens
     inputs = [torch.randint(1, vocab, (batch, length)) for _ in range(n_inputs)]  # any id but padding (0)
-    if images:
-        inputs = [torch.rand(batch, 1, config.image_size, config.image_size)]
+    if images:  # a captioner reads the caption so far too
+        pixels = torch.rand(batch, 1, config.image_size, config.image_size)
+        inputs = [pixels, *inputs[: record.has_vocabulary]]
     with torch.inference_mode():
         began = time.perf_counter()
         logits = model(*inputs)

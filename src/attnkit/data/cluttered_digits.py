@@ -49,7 +49,8 @@ def load_digits_split(split: str) -> tuple[np.ndarray, np.ndarray]:
         from sklearn.datasets import load_digits
     except ImportError:
         raise ConfigError(
-            "data.task=cluttered-digits draws scikit-learn's bundled digits: pip install 'attnkit[vision]'"
+            "data.task=cluttered-digits and captions draw scikit-learn's bundled digits: "
+            "pip install 'attnkit[vision]'"
         ) from None
     digits = load_digits()
     order = np.random.default_rng(SPLIT_SEED).permutation(len(digits.target))

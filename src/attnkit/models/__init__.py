@@ -17,6 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_one_of
+from attnkit.models.captioner import Captioner, CaptionerConfig
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.encoder_only import EncoderModel
@@ -32,14 +33,22 @@ class Architecture:
     config: type  # its config dataclass (``config.ARCH`` is its name)
     model: type  # its model class, built from (config, vocabulary size)
     kind: str  # what it is, in a sentence: "a translation model"
-    reads: str  # "text" (through a tokenizer) or "images" (pixels: no vocabulary, no tokenizer.json)
+    reads: str  # "text" (through a tokenizer) or "images" (pixels)
     tasks: tuple[str, ...]  # the data.task values that train it (one: a run's default task)
     commands: tuple[str, ...]  # the attnkit commands that use a trained one, its main use first
     exports: tuple[str, ...] = ()  # what attnkit export --to writes it as
+    # "text" where it writes text from images (a captioner: a tokenizer.json for its words); an image
+    # model that does not has no vocabulary and no tokenizer.json
+    writes: str = ""
 
     @property
     def name(self) -> str:
         return self.config.ARCH
+
+    @property
+    def has_vocabulary(self) -> bool:
+        """Whether it reads or writes text: built for a vocabulary's size, a tokenizer.json beside it."""
+        return self.reads == "text" or self.writes == "text"
 
 
 _TRANSLATION = ("parallel", "dates", "copy", "summarise")  # files, generated pairs, summaries
@@ -88,6 +97,15 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="images",
             tasks=("cluttered-digits",),
             commands=("evaluate",),
+        ),
+        Architecture(
+            config=CaptionerConfig,
+            model=Captioner,
+            kind="an image captioner",
+            reads="images",
+            writes="text",
+            tasks=("captions",),
+            commands=("evaluate", "predict"),
         ),
         Architecture(
             config=WholeImageConfig,

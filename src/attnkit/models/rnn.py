@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.masks import padding_mask
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models.config import _Presets
 from attnkit.models.rnn_attention import Alignment, Source, SourceAttention, make_source
@@ -133,9 +134,10 @@ class RNNSeq2Seq(nn.Module):
         )
         out, final = self.encoder(packed)
         annotations, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+        mask = padding_mask(src, c.pad_id)  # (B, 1, S)
         if c.attention == "none":  # nothing to attend to
-            return make_source(annotations, src, c.pad_id), self._bridge(final)
-        return self.attention.prepare(annotations, src, c.pad_id), self._bridge(final)
+            return make_source(annotations, mask), self._bridge(final)
+        return self.attention.prepare(annotations, mask), self._bridge(final)
 
     def _bridge(self, final: Any) -> Any:
         """Each layer's forward and backward final states, joined and mapped to the decoder's size."""

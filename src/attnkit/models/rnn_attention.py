@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.masks import keys_near, padding_mask
+from attnkit.attention.masks import keys_near
 from attnkit.attention.normalisers import softmax
 from attnkit.attention.scores import BahdanauAdditive, LuongConcat, LuongGeneral, dot, split_score
 
@@ -66,9 +66,9 @@ class Alignment:
     entropy: Tensor | None = None  # hard attention: entropy of the distribution it was drawn from (B,)
 
 
-def make_source(annotations: Tensor, src: Tensor, pad_id: int, project_keys: Any = None) -> Source:
-    """The source for annotations ``(B, S, d_hidden)`` of ``src (B, S)``; keys projected if asked."""
-    mask = padding_mask(src, pad_id)  # (B, 1, S)
+def make_source(annotations: Tensor, mask: Tensor, project_keys: Any = None) -> Source:
+    """The source for annotations ``(B, S, d_hidden)`` whose real positions are ``mask (B, 1, S)`` (a
+    sentence's tokens: ``padding_mask(src, pad_id)``; an image's regions: all); keys projected if asked."""
     length = mask.sum(-1, keepdim=True).clamp(min=1).to(annotations.dtype)  # (B, 1, 1)
     return Source(annotations, project_keys(annotations) if project_keys else annotations, mask, length)
 
@@ -94,14 +94,17 @@ class SourceAttention(nn.Module):
             self.W_p = nn.Linear(d_hidden, d_hidden, bias=False)
             self.v_p = nn.Linear(d_hidden, 1, bias=False)
 
-    def prepare(self, annotations: Tensor, src: Tensor, pad_id: int) -> Source:
+    def prepare(self, annotations: Tensor, mask: Tensor) -> Source:
+        """What the steps attend to: ``annotations (B, S, d_hidden)`` at the real positions ``mask
+        (B, 1, S)``, the keys projected once."""
         project_keys, _ = split_score(self.score)
-        source = make_source(annotations, src, pad_id, project_keys)
+        source = make_source(annotations, mask, project_keys)
         if self.hard and self.training:
             self.batches += 1
             share = 1.0 if self.batches <= self.soft_batches else self.expected  # a soft start, then Xu's
             if share > 0:  # per sentence, with probability ``share``
-                source.expected = torch.rand(src.size(0), 1, 1, device=src.device) < share
+                rows = annotations.size(0)
+                source.expected = torch.rand(rows, 1, 1, device=annotations.device) < share
         return source
 
     def forward(self, query: Tensor, t: int, source: Source) -> tuple[Tensor, Alignment]:

@@ -70,7 +70,7 @@ def load_predictor(ckpt: str | Path, overrides: list[str] = (), *, device: str =
     may give its precision (``decode.precision=bf16``)."""
     checkpoint = resolve_checkpoint(ckpt)
     model, tokenizer, config = load_for_inference(
-        checkpoint, device, arch=archs(using="predict"), overrides=overrides
+        checkpoint, device, arch=archs(using="predict", reading="text"), overrides=overrides
     )
     check_head(checkpoint, config, HEADS)
     return Predictor(checkpoint, tokenizer, model, config, torch.device(device))

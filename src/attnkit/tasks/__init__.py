@@ -9,6 +9,7 @@ the trainer calls the task's methods and never branches on which task it is.
 | ``mlm`` | masked-LM pre-training (``masked_lm.py``) | ``encoder``, ``mlm`` |
 | ``qa`` | extractive question answering (``span_qa.py``) | ``encoder``, ``span`` |
 | ``cluttered-digits`` | image classification (``image_classification.py``) | ``glimpse``, ``whole-image`` |
+| ``captions`` | image captioning (``captioning.py``) | ``show-attend-tell`` |
 
 Every task offers what ``protocol.py``'s :class:`Task` lists (batches, loss, validation, and ``infer``:
 what a model trained on it makes of new inputs). A task may fill
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnkit.config import IMAGE_TASK, SUMMARY_TASK, TRANSLATION_TASKS, RunConfig
+from attnkit.config import CAPTION_TASK, IMAGE_TASK, SUMMARY_TASK, TRANSLATION_TASKS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.tasks.captioning import CaptioningTask
 from attnkit.tasks.classification import ClassificationTask
 from attnkit.tasks.image_classification import ImageClassificationTask
 from attnkit.tasks.language_modelling import LanguageModellingTask
@@ -38,6 +40,7 @@ TASK_CLASSES: dict[str, type] = {
     "mlm": MaskedLMTask,
     "qa": SpanQATask,
     IMAGE_TASK: ImageClassificationTask,
+    CAPTION_TASK: CaptioningTask,
 }
 
 

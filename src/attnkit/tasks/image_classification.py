@@ -59,6 +59,15 @@ def split_canvases(config: RunConfig, split: str, epoch: int = 0) -> Canvases:
     return cluttered_digits(split, d.n_valid, d.canvas, d.clutter, seed + {"valid": 1, "test": 2}[split])
 
 
+def check_image_sizes(images: Sequence[Tensor], size: int, where: str, first: int) -> None:
+    """A one-line error naming ``where:number`` for the first image that is not ``size × size``."""
+    for number, image in enumerate(images, start=first):
+        if tuple(image.shape) != (size, size):
+            raise AttnkitError(
+                f"{where}:{number}: an image of {tuple(image.shape)}; this model reads ({size}, {size})"
+            )
+
+
 @torch.no_grad()
 def accuracy(
     model: torch.nn.Module, canvases: Canvases, batch_size: int, device: torch.device | str
@@ -146,12 +155,7 @@ class ImageClassificationTask:
     ) -> list[str]:
         """Each image's digit, as the model names it (evaluation mode: no sampled glimpses); an image is
         ``(canvas, canvas)`` 8-bit grey levels, 0 = black, as the task's canvases."""
-        size = config.model.image_size
-        for number, image in enumerate(inputs, start=first):
-            if tuple(image.shape) != (size, size):
-                raise AttnkitError(
-                    f"{where}:{number}: an image of {tuple(image.shape)}; this model reads ({size}, {size})"
-                )
+        check_image_sizes(inputs, config.model.image_size, where, first)
         digits = []
         with evaluating(model), torch.no_grad():
             for group in consecutive(len(inputs), config.train.batch_size):

@@ -1,0 +1,43 @@
+"""Captions of images by a trained captioner (models/captioner.py), searched by the same code as
+translations: greedy search for a beam of 1, beam search otherwise (decode/search.py), each caption at
+most the model's ``max_len`` tokens. Images go in batches of ``decode.batch_size``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnkit.config import DecodeConfig
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.search import Search, argmax, beam, extend
+from attnkit.models import evaluating
+
+
+@torch.no_grad()
+def caption(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    images: Tensor,
+    decode: DecodeConfig,
+    *,
+    beam_size: int | None = None,
+    device: torch.device | str = "cpu",
+) -> list[str]:
+    """The caption of each image of ``images (N, 1, H, W)`` (pixels in [0, 1]), by ``decode``'s beam
+    (or ``beam_size``)."""
+    width = beam_size or decode.beam_size
+    search = Search.of(decode, beam_size=width, max_output_len=model.config.max_len)
+    specials = tokenizer.specials
+    found: list[str] = []
+    with evaluating(model):
+        for start in range(0, len(images), decode.batch_size):
+            batch = images[start : start + decode.batch_size].to(device)  # (B, 1, H, W)
+            first = torch.full((batch.size(0), 1), specials.bos, dtype=torch.long, device=device)
+            limits = torch.full((batch.size(0),), model.config.max_len, device=device)
+            decoding = model.decoding(batch)
+            if width == 1:
+                outputs = extend(decoding, first, limits, specials, argmax)
+            else:
+                outputs = [best[0].tokens for best in beam(decoding, first, limits, specials, search)]
+            found += [tokenizer.decode(ids) for ids in outputs]
+    return found
