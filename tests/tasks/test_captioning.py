@@ -1,7 +1,7 @@
 """Image captioning on digit scenes through the one training loop and CLI: a captioner trains, its
 checkpoints hold its caption words (tokenizer.json), ``attnkit evaluate`` scores the held-out scenes
-(BLEU, exact match, attention on the named digit), ``attnkit predict --image`` captions image files, and
-the task and the model ask for each other."""
+(BLEU, exact match, attention on the named digit) and draws its attention word by word, ``attnkit predict
+--image`` captions image files, and the task and the model ask for each other."""
 
 import re
 
@@ -51,6 +51,10 @@ def test_a_captioner_trains_and_is_evaluated_from_the_cli(tmp_path, hard):
     assert line and float(line.group(1)) > 20, result.stdout
     result = CliRunner().invoke(app, ["evaluate", "--ckpt", str(run), "--src", "x.txt", "--ref", "y.txt"])
     assert result.exit_code == 2 and "generated test scenes" in result.output
+    strips = tmp_path / "strips.png"
+    result = CliRunner().invoke(app, ["evaluate", "--ckpt", str(run), "--plot", str(strips)])
+    assert result.exit_code == 0 and f"attention, word by word: {strips}" in result.stdout, result.output
+    assert strips.stat().st_size > 20_000  # four scenes, each word over its attention
     _predict_captions_image_files(run, tmp_path)
 
 

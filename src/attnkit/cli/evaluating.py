@@ -23,6 +23,7 @@ from attnkit.cli.app import (
 )
 from attnkit.cli.loading import check_engine, ctranslate2_translator, no_decoding
 from attnkit.errors import AttnkitError
+from attnkit.models.captioner import CaptionerConfig
 from attnkit.models.glimpse import GlimpseConfig
 from attnkit.tasks.protocol import Given
 
@@ -50,7 +51,11 @@ def evaluate(
     ] = None,
     engine: Engine = "attnkit",
     plot: Annotated[
-        Path | None, typer.Option(help="Glimpse model: save its glimpse paths on 8 test images (PNG).")
+        Path | None,
+        typer.Option(
+            help="Glimpse model: save its glimpse paths on 8 test images; captioner: its attention, word by "
+            "word, on 4 test scenes (PNG)."
+        ),
     ] = None,
     precision: Precision = None,
     int8: Int8 = False,
@@ -90,8 +95,9 @@ def _score(ckpt: Path, given: Given, overrides: list[str], plot: Path | None) ->
     with_decode_overrides(run_config.decode, overrides)  # checked before any work
     arch, task = run_config.model.arch, task_of(run_config)
     scoring = task.scoring
-    if plot is not None and arch != GlimpseConfig.ARCH:
-        raise AttnkitError(f"--plot draws a glimpse model's glimpses; {ckpt} holds {a_model(arch)}")
+    if plot is not None and arch not in (GlimpseConfig.ARCH, CaptionerConfig.ARCH):
+        drawn = "a glimpse model's glimpses or a captioner's attention"
+        raise AttnkitError(f"--plot draws {drawn}; {ckpt} holds {a_model(arch)}")
     given_files = tuple(name for name in ("src", "ref", "data") if getattr(given, name) is not None)
     if given_files != scoring.files:
         raise AttnkitError(f"{ckpt} holds {scoring.holder or a_model(arch)}: {scoring.asks}")
@@ -103,7 +109,9 @@ def _score(ckpt: Path, given: Given, overrides: list[str], plot: Path | None) ->
     if scoring.heads:
         check_head(ckpt, config, scoring.heads)
     lines = task.score(model, tokenizer, config, given, device)
-    if plot is not None:
+    if plot is not None and arch == CaptionerConfig.ARCH:
+        lines.append(f"attention, word by word: {_plot_captions(model, tokenizer, config, plot, device)}")
+    elif plot is not None:
         lines.append(f"glimpse paths: {_plot_glimpses(model, config, plot, device)}")
     return lines
 
@@ -127,6 +135,18 @@ def _score_exported(folder: Path, given: Given, overrides: list[str]) -> list[st
     translator = ctranslate2_translator(folder, overrides)
     return score_translations(
         lambda texts, progress: translator.translate(texts, given.beam, progress), given
+    )
+
+
+def _plot_captions(model, tokenizer, config, plot: Path, device) -> Path:
+    """A captioner's captions of the first 4 test scenes, each word over the attention that wrote it."""
+    from attnkit.decode.captions import caption
+    from attnkit.tasks.captioning import pixels, split_scenes
+    from attnkit.viz.caption_strips import plot_caption_strips
+
+    images = pixels(split_scenes(config, "test").images[:4]).to(device)
+    return plot_caption_strips(
+        model, tokenizer, images, caption(model, tokenizer, images, config.decode), plot
     )
 
 
