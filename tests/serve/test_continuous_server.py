@@ -57,8 +57,8 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
     n_best = [line.split(" ||| ") for line in _cli(run, tmp_path, 4, 2, overrides)]  # LINE ||| TEXT ||| SCORE
     served = Server(run, "--batching", "continuous", "--workers", workers, "decode.streams=2", *overrides)
     engines = engine_processes(served.process.pid)
-    assert len(engines) == (2 if workers == "processes" else 0)  # one per worker, each its model loaded
     try:
+        assert len(engines) == (2 if workers == "processes" else 0)  # one per worker, its model loaded
 
         def ask(i):
             beam, best = (1, 1) if i % 3 == 0 else (4, 2 if i % 3 == 2 else 1)
