@@ -28,7 +28,7 @@ import torch
 
 from attnkit.attention.functional import attend_reference
 from attnkit.attention.local import attend_local
-from attnkit.attention.masks import local_window_mask
+from attnkit.attention.masks import local_window_mask, padding_mask
 from attnkit.models.rnn_attention import SourceAttention
 
 torch.manual_seed(0)
@@ -45,7 +45,7 @@ settings = {
 alignments, contexts = {}, {}
 for name, options in settings.items():
     attention = SourceAttention("dot", d, window=D, **options).eval()  # eval: hard attention's argmax
-    source = attention.prepare(annotations, src, pad_id=0)
+    source = attention.prepare(annotations, padding_mask(src, 0))
     steps = [attention(queries[t], t, source) for t in range(T)]
     alignments[name] = torch.cat([alignment.weights for _, alignment in steps])  # (T, S)
     contexts[name] = torch.cat([context for context, _ in steps])  # (T, 1, d)
