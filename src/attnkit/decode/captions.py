@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import DecodeConfig
+from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import Search, argmax, beam, extend
 from attnkit.models import evaluating
@@ -41,3 +42,16 @@ def caption(
                 outputs = [best[0].tokens for best in beam(decoding, first, limits, specials, search)]
             found += [tokenizer.decode(ids) for ids in outputs]
     return found
+
+
+@torch.no_grad()
+def attention_while_writing(
+    model: torch.nn.Module, tokenizer: Tokenizer, images: Tensor, captions: list[str]
+) -> tuple[list[list[int]], Tensor]:
+    """Each caption's tokens, and the attention over the regions at each step that wrote one of
+    them, ``(N, T, L)``: ``captions`` (what the model wrote for ``images``) read back teacher-forced."""
+    specials = tokenizer.specials
+    ids = [tokenizer.encode(text) for text in captions]
+    tgt_in = pad([[specials.bos, *t] for t in ids], specials.pad).to(images.device)
+    with evaluating(model):
+        return ids, model.alignments(images, tgt_in)

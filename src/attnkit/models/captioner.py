@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_at_least
 from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
-from attnkit.models.rnn_attention import Source
+from attnkit.models.rnn_attention import Alignment, Source
 
 DOWNSAMPLING = 8  # three 2×2 max-pools: a region is 8×8 pixels
 
@@ -97,15 +97,16 @@ class ImageEncoder(nn.Module):
 
 
 class Captioner(RNNSeq2Seq):
-    """``forward(images, tgt_in) -> logits (B, T, V)``; ``decoding(images)`` for search. The RNN
-    translation model with the image encoder in place of the text encoder (module docstring)."""
+    """``forward(images, tgt_in) -> logits (B, T, V)``, ``alignments(images, tgt_in) -> (B, T, L)``
+    (each step's attention over the regions, row by row of the grid); ``decoding(images)`` for search.
+    The RNN translation model with the image encoder in place of the text encoder (module docstring)."""
 
     def __init__(self, config: CaptionerConfig, vocab_size: int) -> None:
         super().__init__(config, vocab_size)
         c = config
         self.encoder = ImageEncoder(c)  # in place of the translation model's bidirectional RNN
-        states = c.layers * (2 if c.cell == "lstm" else 1)  # h_0 (and c_0) of every layer
-        self.bridge = nn.Linear(c.d_hidden, states * c.d_hidden)  # f_init of the mean annotation
+        self.states = c.layers * (2 if c.cell == "lstm" else 1)  # h_0 (and c_0) of every layer
+        self.bridge = nn.Linear(c.d_hidden, self.states * c.d_hidden)  # f_init of the mean annotation
         self._weights: Tensor | None = None  # soft attention's α while training: (B, T, L)
 
     def encode(self, images: Tensor) -> tuple[Source, Any]:
@@ -114,24 +115,19 @@ class Captioner(RNNSeq2Seq):
         annotations = self.encoder(images)  # (B, L, d_hidden)
         mask = annotations.new_ones(annotations.size(0), 1, annotations.size(1), dtype=torch.bool)
         first = torch.tanh(self.bridge(annotations.mean(1)))  # (B, states · d_hidden)
-        first = first.view(-1, c.layers * (2 if c.cell == "lstm" else 1), c.d_hidden).transpose(0, 1)
+        first = first.view(-1, self.states, c.d_hidden).transpose(0, 1)  # (states, B, d_hidden)
         if c.cell == "lstm":  # (layers, B, d_hidden) each: h_0 and c_0
             state: Any = tuple(h.contiguous() for h in first.chunk(2))
         else:
             state = first.contiguous()
         return self.attention.prepare(annotations, mask), state
 
-    def forward(self, images: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
-        """Teacher-forced logits ``(B, T, V)`` for ``images`` and ``tgt_in (B, T)`` (``<s> y``)."""
-        features, alignments = self._decode(images, tgt_in)
-        if self.training and self.config.hard:
-            self._choices = (
-                torch.stack([a.log_prob for a in alignments], 1),  # (B, T)
-                torch.stack([a.entropy for a in alignments], 1),
-            )
-        elif self.training:
+    def _keep_for_losses(self, alignments: list[Alignment]) -> None:
+        """Hard attention's choices (as the translation model keeps them), or soft attention's weights
+        for :meth:`attention_penalty`."""
+        super()._keep_for_losses(alignments)
+        if not self.config.hard:
             self._weights = torch.stack([a.weights for a in alignments], 1)  # (B, T, L)
-        return self.output(features) if project else features
 
     def attention_penalty(self, targets: Tensor) -> Tensor:
         """The doubly stochastic regularisation of the last training forward (soft attention; zero for
@@ -143,8 +139,3 @@ class Captioner(RNNSeq2Seq):
         steps = (targets != self.config.pad_id).unsqueeze(-1)  # (B, T, 1)
         attended = torch.where(steps, weights, 0.0).sum(1)  # (B, L): Σ_t α_ti
         return self.config.doubly_stochastic * (1 - attended).square().sum()
-
-    @torch.no_grad()
-    def alignments(self, images: Tensor, tgt_in: Tensor) -> Tensor:
-        """Each step's attention over the regions, ``(B, T, L)`` (row by row of the grid)."""
-        return torch.stack([a.weights for a in self._decode(images, tgt_in)[1]], dim=1)

@@ -203,12 +203,18 @@ class RNNSeq2Seq(nn.Module):
         """Teacher-forced logits ``(B, T, V)`` for ``src (B, S)`` and ``tgt_in (B, T)`` (``<s> y``);
         ``project=False``: the output features, for a loss that applies :attr:`output_layer` itself."""
         features, alignments = self._decode(src, tgt_in)
-        if self.config.hard and self.training:  # kept for policy_loss, which needs the targets
+        if self.training:
+            self._keep_for_losses(alignments)
+        return self.output(features) if project else features
+
+    def _keep_for_losses(self, alignments: list[Alignment | None]) -> None:
+        """What a training forward's attention leaves for the losses that need the targets too: hard
+        attention's choices, for :meth:`policy_loss`."""
+        if self.config.hard:
             self._choices = (
                 torch.stack([a.log_prob for a in alignments], 1),  # (B, T)
                 torch.stack([a.entropy for a in alignments], 1),
             )
-        return self.output(features) if project else features
 
     @torch.no_grad()
     def alignments(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -34,10 +34,12 @@ STARTED_WITHIN_S = 600.0  # how long a child may take to load its model before t
 @dataclass
 class Remote:
     """A prompt as it goes to a child (a request's own ``Prompt`` holds what does not travel: a thread
-    event, its client's sink): its text, its seed and, in the child, a sink that keeps its pieces."""
+    event, its client's sink): its text, its seed, whether it streams and, in the child, the sink that
+    keeps its pieces."""
 
     text: str
     seed: int
+    streamed: bool = False
     sink: Callable[[str], None] | None = None
 
 
@@ -91,7 +93,7 @@ class EngineProcess:
             return x
         if x.sink is not None:
             self.sinks[key] = x.sink
-        return Remote(x.text, x.seed, None if x.sink is None else _STREAMED)
+        return Remote(x.text, x.seed, streamed=x.sink is not None)
 
     def started(self) -> None:
         """Wait until the child has loaded its model (blocks; at once after the first time)."""
@@ -128,9 +130,6 @@ class EngineProcess:
         return "still running" if code is None else f"exit code {code}"
 
 
-_STREAMED = True  # a Remote's sink before it reaches the child: "keep this prompt's pieces"
-
-
 def _child(connection: Any, build: Callable[[], Any]) -> None:
     """The child's loop: build the running batch, then iterate it as the parent asks until the pipe
     closes. A failed iteration is reported and ends the child (its batch is in no known state)."""
@@ -155,7 +154,7 @@ def _child(connection: Any, build: Callable[[], Any]) -> None:
                 torch.set_num_threads(wanted)
                 threads = wanted
             for key, x, _ in joining:
-                if isinstance(x, Remote) and x.sink is not None:
+                if isinstance(x, Remote) and x.streamed:
                     x.sink = partial(_keep, pieces, key)
             done = engine.iterate(joining, leaving)
         except Exception as error:

@@ -27,9 +27,9 @@ from attnkit.data.batching import pad
 from attnkit.data.cluttered_digits import DIGIT
 from attnkit.data.digit_scenes import CANVAS, CELL_WORDS, Scenes, digit_scenes
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.captions import caption
+from attnkit.decode.captions import attention_while_writing, caption
 from attnkit.metrics import bleu, exact_match
-from attnkit.models import evaluating, unwrap
+from attnkit.models import unwrap
 from attnkit.models.captioner import DOWNSAMPLING
 from attnkit.tasks.image_classification import check_image_sizes, consecutive
 from attnkit.tasks.losses import generative_loss
@@ -92,20 +92,18 @@ def attention_on_digits(
     at the step that wrote it lies within that digit's 16×16 square. Over the digits the captions name
     (a caption naming more digits than its scene holds counts the extra ones as misses)."""
     grid = unwrap(model).config.image_size // DOWNSAMPLING
-    specials, hits, named = tokenizer.specials, 0, 0
-    with evaluating(model):
-        for group in consecutive(len(scenes), 64):
-            ids = [tokenizer.encode(captions[i]) for i in group]
-            tgt_in = pad([[specials.bos, *t] for t in ids], specials.pad).to(device)
-            weights = unwrap(model).alignments(pixels(scenes.images[group]).to(device), tgt_in)  # (B, T, L)
-            for row, i in enumerate(group):
-                steps = [t for t, word in enumerate(tokenizer.tokens(ids[row])) if word.isdigit()]
-                named += len(steps)
-                digits = zip(scenes.corners[i].tolist(), scenes.digits[i].tolist(), strict=True)
-                corners = [corner for corner, digit in digits if digit >= 0]
-                for t, (top, left) in zip(steps, corners, strict=False):  # the k-th word: the k-th digit
-                    y, x = region_centre(int(weights[row, t].argmax()), grid)
-                    hits += top <= y < top + DIGIT and left <= x < left + DIGIT
+    hits, named = 0, 0
+    for group in consecutive(len(scenes), 64):
+        images = pixels(scenes.images[group]).to(device)
+        ids, weights = attention_while_writing(unwrap(model), tokenizer, images, [captions[i] for i in group])
+        for row, i in enumerate(group):
+            steps = [t for t, word in enumerate(tokenizer.tokens(ids[row])) if word.isdigit()]
+            named += len(steps)
+            digits = zip(scenes.corners[i].tolist(), scenes.digits[i].tolist(), strict=True)
+            corners = [corner for corner, digit in digits if digit >= 0]
+            for t, (top, left) in zip(steps, corners, strict=False):  # the k-th word: the k-th digit
+                y, x = region_centre(int(weights[row, t].argmax()), grid)  # weights (B, T, L)
+                hits += top <= y < top + DIGIT and left <= x < left + DIGIT
     return hits / max(named, 1)
 
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.models import evaluating
+from attnkit.decode.captions import attention_while_writing
 from attnkit.models.captioner import DOWNSAMPLING
 
 
@@ -32,11 +31,8 @@ def plot_caption_strips(
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    specials = tokenizer.specials
-    ids = [tokenizer.encode(text) for text in captions]
-    tgt_in = pad([[specials.bos, *t] for t in ids], specials.pad).to(images.device)
-    with evaluating(model):
-        weights = model.alignments(images, tgt_in).float().cpu()  # (N, T, L)
+    ids, weights = attention_while_writing(model, tokenizer, images, captions)
+    weights = weights.float().cpu()  # (N, T, L)
     grid = images.size(-1) // DOWNSAMPLING
     columns = 1 + max(len(t) for t in ids)
     figure, panels = plt.subplots(len(ids), columns, figsize=(1.1 * columns, 1.25 * len(ids)), squeeze=False)
