@@ -67,7 +67,7 @@ class DataConfig:
     # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text";
     # encoder models: "classify" (TSV files), "mlm" (sentences), "qa" (generated); images (glimpse and
     # whole-image models): "cluttered-digits" (generated); summarisation: "summarise" (JSON Lines);
-    # image captioning (show-attend-tell): "captions" (generated digit scenes)
+    # image captioning (show-attend-tell, caption-transformer): "captions" (generated digit scenes)
     task: str = "parallel"
     dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
     train: list[str] = field(default_factory=list)  # [source file, target file]; text, classify, mlm: [file]

@@ -36,8 +36,9 @@ def test_every_preset_of_every_architecture_builds_and_overrides_apply():
             small = build_model(from_preset(name, d_hidden=32, image_size=24), None)
             assert small(torch.rand(2, 1, 24, 24)).shape == (2, 10)
             continue
-        if config.arch == "show-attend-tell":  # images and the caption so far in, a token a step out
-            small = build_model(from_preset(name, d_hidden=32, channels=8, image_size=24), 40)
+        if config.arch in ("show-attend-tell", "caption-transformer"):  # images and the caption so far in
+            width = {"d_hidden": 32} if config.arch == "show-attend-tell" else {"d_model": 32, "d_ff": 64}
+            small = build_model(from_preset(name, **width, channels=8, image_size=24), 40)
             assert small(torch.rand(2, 1, 24, 24), torch.ones(2, 3, dtype=torch.long)).shape == (2, 3, 40)
             continue
         shape = (

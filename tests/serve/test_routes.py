@@ -10,6 +10,7 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 from fastapi.routing import APIRoute
 
 from attnkit.serve.app import make_app
+from attnkit.serve.captioner import ServedCaptioner
 from attnkit.serve.ctranslate2 import EngineDecoder, EngineTranslator
 from attnkit.serve.decoder import ServedDecoder
 from attnkit.serve.endpoints import EVERY_SERVER, ROUTERS
@@ -22,6 +23,7 @@ SERVED = [
     (Translator, EVERY | {"/translator/translate"}),
     (EngineTranslator, EVERY | {"/translator/translate"}),
     (Predictor, EVERY | {"/predict"}),
+    (ServedCaptioner, EVERY | {"/predict"}),  # POST /predict and /explore take image uploads
     (ServedDecoder, EVERY | {"/generate", "/generate_stream", "/v1/completions"}),
     (EngineDecoder, EVERY | {"/generate", "/generate_stream", "/v1/completions"}),
 ]

@@ -22,17 +22,25 @@ from attnkit.tasks.captioning import pixels
 pytest.importorskip("sklearn", reason="the scenes draw scikit-learn's bundled digits")
 
 SHORT = [
-    "model.arch=show-attend-tell", "model.preset=captioner-tiny", "model.d_hidden=64", "model.channels=16",
-    "model.doubly_stochastic=0.1", "data.n_train=640", "data.n_valid=64", "train.batch_size=32",
-    "train.schedule=constant", "train.warmup=0", "train.lr=3e-3", "train.label_smoothing=0",
-    "train.max_steps=120", "train.eval_every=60",
+    "data.n_train=640", "data.n_valid=64", "train.batch_size=32", "train.schedule=constant", "train.warmup=0",
+    "train.lr=3e-3", "train.label_smoothing=0", "train.max_steps=120", "train.eval_every=60",
 ]  # fmt: skip
+RNN = [
+    "model.arch=show-attend-tell", "model.preset=captioner-tiny", "model.d_hidden=64", "model.channels=16",
+    "model.doubly_stochastic=0.1",
+]  # fmt: skip
+MODELS = {
+    "soft": [*RNN, "model.hard=false"],
+    "hard": [*RNN, "model.hard=true"],
+    "transformer": ["model.arch=caption-transformer", "model.preset=caption-transformer-tiny",
+                    "model.d_model=64", "model.d_ff=128", "model.channels=16"],
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard"])
-def test_a_captioner_trains_and_is_evaluated_from_the_cli(tmp_path, hard):
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_a_captioner_trains_and_is_evaluated_from_the_cli(tmp_path, kind):
     run = tmp_path / "run"
-    result = CliRunner().invoke(app, ["train", "--run-dir", str(run), *SHORT, f"model.hard={hard}"])
+    result = CliRunner().invoke(app, ["train", "--run-dir", str(run), *SHORT, *MODELS[kind]])
     assert result.exit_code == 0, result.output
     final = re.search(
         r"final validation: valid_loss ([\d.]+), valid_ppl [\d.]+, valid_bleu ([\d.]+)", result.stdout
@@ -43,7 +51,8 @@ def test_a_captioner_trains_and_is_evaluated_from_the_cli(tmp_path, hard):
     assert (checkpoint / "tokenizer.json").exists()
     _, tokenizer, config = load_for_inference(run)
     assert tokenizer.vocab_size == len(CELL_WORDS) + len(SPECIALS)  # the caption words and the specials
-    assert config.model.image_size == 48 and config.data.task == "captions" and config.model.hard == hard
+    assert config.model.image_size == 48 and config.data.task == "captions"
+    assert getattr(config.model, "hard", False) == (kind == "hard")
     result = CliRunner().invoke(app, ["evaluate", "--ckpt", str(run)])
     assert result.exit_code == 0, result.output
     line = re.search(r"BLEU ([\d.]+), exact match ([\d.]+), attention on the named digit ([\d.]+), "

@@ -343,19 +343,13 @@ def predict(
 def _captions(ckpt: Path, images: list[Path], device, overrides: list[str]) -> list[str]:
     """A captioner's caption of each image file (a one-line error names a file it cannot read, or
     whose size is not the model's)."""
-    from attnkit.data.images import read_grey_image
+    from attnkit.data.images import read_grey_images
     from attnkit.loading import load_for_inference
     from attnkit.tasks import task_of
 
-    captioners = archs(using="predict", reading="images")
+    captioners = archs(reading="images", writing="text")
     model, tokenizer, config = load_for_inference(ckpt, device, arch=captioners, overrides=overrides)
-    pixels = [read_grey_image(path) for path in images]
-    size = config.model.image_size
-    for path, grey in zip(images, pixels, strict=True):
-        if tuple(grey.shape) != (size, size):
-            raise AttnkitError(
-                f"{path}: an image of {tuple(grey.shape)} pixels; this model reads ({size}, {size})"
-            )
+    pixels = read_grey_images(images, config.model.image_size)
     return task_of(config).infer(model, tokenizer, config, pixels, device)
 
 
@@ -364,5 +358,5 @@ def _not_a_captioner(ckpt: Path) -> None:
     from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(ckpt)
-    if read_run_config(checkpoint).model.arch in archs(using="predict", reading="images"):
+    if read_run_config(checkpoint).model.arch in archs(reading="images", writing="text"):
         raise AttnkitError(f"{checkpoint}: a captioner reads images, not text: give --image FILE")

@@ -23,7 +23,7 @@ from attnkit.cli.app import (
 )
 from attnkit.cli.loading import check_engine, ctranslate2_translator, no_decoding
 from attnkit.errors import AttnkitError
-from attnkit.models.captioner import CaptionerConfig
+from attnkit.models import archs
 from attnkit.models.glimpse import GlimpseConfig
 from attnkit.tasks.protocol import Given
 
@@ -95,7 +95,8 @@ def _score(ckpt: Path, given: Given, overrides: list[str], plot: Path | None) ->
     with_decode_overrides(run_config.decode, overrides)  # checked before any work
     arch, task = run_config.model.arch, task_of(run_config)
     scoring = task.scoring
-    if plot is not None and arch not in (GlimpseConfig.ARCH, CaptionerConfig.ARCH):
+    captioner = arch in archs(reading="images", writing="text")
+    if plot is not None and not (captioner or arch == GlimpseConfig.ARCH):
         drawn = "a glimpse model's glimpses or a captioner's attention"
         raise AttnkitError(f"--plot draws {drawn}; {ckpt} holds {a_model(arch)}")
     given_files = tuple(name for name in ("src", "ref", "data") if getattr(given, name) is not None)
@@ -109,7 +110,7 @@ def _score(ckpt: Path, given: Given, overrides: list[str], plot: Path | None) ->
     if scoring.heads:
         check_head(ckpt, config, scoring.heads)
     lines = task.score(model, tokenizer, config, given, device)
-    if plot is not None and arch == CaptionerConfig.ARCH:
+    if plot is not None and captioner:
         lines.append(f"attention, word by word: {_plot_captions(model, tokenizer, config, plot, device)}")
     elif plot is not None:
         lines.append(f"glimpse paths: {_plot_glimpses(model, config, plot, device)}")

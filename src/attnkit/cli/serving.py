@@ -228,6 +228,7 @@ def _attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel],
     from attnkit.config import with_decode_overrides
     from attnkit.loading import commands_for
     from attnkit.models import archs
+    from attnkit.serve.captioner import ServedCaptioner, load_captioner
     from attnkit.serve.decoder import ServedDecoder, load_decoder
     from attnkit.serve.predictor import Predictor, load_predictor
     from attnkit.serve.translator import Translator, load_translator
@@ -247,6 +248,8 @@ def _attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel],
                 "models, not encoders (--precision is for every model)"
             )
         return Predictor, lambda: load_predictor(checkpoint, overrides)
+    if arch in archs(reading="images", writing="text"):
+        return ServedCaptioner, lambda: load_captioner(checkpoint, overrides)
     served = f"attnkit serve does not serve {arch} models yet"
     raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
 

@@ -17,7 +17,13 @@ from attnkit.utf8 import native_path
 @app.command()
 @one_line_errors
 def explore(
-    ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of a Transformer.")],
+    ckpt: Annotated[
+        list[Path],
+        typer.Option(
+            help="Checkpoint folder or run directory of a Transformer; of a captioner, repeatable (the "
+            "captioners side by side on --image)."
+        ),
+    ],
     text: Annotated[
         str, typer.Option(help="The sentence (source, prompt or text) to look at.", callback=as_sent)
     ] = "",
@@ -26,6 +32,9 @@ def explore(
         typer.Option(
             help="Encoder-decoder: the output to look at (default: its own translation).", callback=as_sent
         ),
+    ] = None,
+    image: Annotated[
+        Path | None, typer.Option(help="Captioners: the image (PNG, JPEG) each one captions, word by word.")
     ] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML page to write.")] = Path(
         "attention.html"
@@ -37,24 +46,70 @@ def explore(
 ) -> None:
     """Write one self-contained HTML page with every layer and head of the model's attention on TEXT:
     a layers × heads grid, each head's matrix with its tokens, a token view and, for translation, the
-    alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page."""
+    alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page.
+    Captioners (--image): each one's caption of the image, each word over where it attended."""
     from attnkit.atomic import write_text_atomic
     from attnkit.loading import load_for_inference
     from attnkit.viz import explorer as page
 
+    if image is not None or _captioners(ckpt):
+        _explore_captions(ckpt, image, text, target, output, serve)
+        return
+    if len(ckpt) > 1:
+        raise AttnkitError("several --ckpt are for captioners, side by side on an --image; give one model")
     if not serve:
         writable_file(output)
-    model, tokenizer, _ = load_for_inference(ckpt, "cpu")
+    model, tokenizer, _ = load_for_inference(ckpt[0], "cpu")
     if serve:
-        page.serve(model, tokenizer, native_path(ckpt), text, port)
+        page.serve(model, tokenizer, native_path(ckpt[0]), text, port)
         return
     if not text.strip():
         raise AttnkitError("--text is empty: give a sentence to look at (or --serve to type them)")
     maps, translation = page.collect_attention(model, tokenizer, text, target)
-    title = f"attention of {native_path(ckpt)} on: {text}"  # the page is UTF-8 text, whatever the locale
+    title = f"attention of {native_path(ckpt[0])} on: {text}"  # the page is UTF-8 text, whatever the locale
     write_text_atomic(output, page.explorer_html(maps, title, translation))
     layers, heads = len(maps[0].weights), len(maps[0].weights[0])
     typer.echo(f"{output}: {len(maps)} attention(s) × {layers} layers × {heads} heads; open it in a browser")
+
+
+def _captioners(ckpts: list[Path]) -> list[Path]:
+    """Those of ``ckpts`` that hold captioners."""
+    from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
+    from attnkit.models import archs
+
+    captioners = archs(reading="images", writing="text")
+    return [c for c in ckpts if read_run_config(resolve_checkpoint(c)).model.arch in captioners]
+
+
+def _explore_captions(
+    ckpts: list[Path], image: Path | None, text: str, target: str | None, output: Path, serve: bool
+) -> None:
+    """The caption explorer's page: each captioner of ``ckpts`` on ``image``, side by side."""
+    from attnkit.atomic import write_text_atomic
+    from attnkit.data.images import read_grey_images
+    from attnkit.loading import load_for_inference
+    from attnkit.models import archs
+    from attnkit.viz.caption_explorer import caption_page, caption_view
+
+    if image is None:
+        raise AttnkitError(f"{_captioners(ckpts)[0]} holds a captioner: give --image FILE to caption")
+    if text or target is not None or serve:
+        raise AttnkitError(
+            "--image shows captioners on an image; --text, --target and --serve are for text models "
+            "(attnkit serve serves a captioner's explorer, with an image upload, at /explore)"
+        )
+    writable_file(output)
+    views, pixels = [], None
+    for ckpt in ckpts:
+        model, tokenizer, config = load_for_inference(
+            ckpt, "cpu", arch=archs(reading="images", writing="text")
+        )
+        pixels = read_grey_images([image], config.model.image_size)[0]
+        views.append(caption_view(model, tokenizer, config.decode, pixels, native_path(ckpt)))
+    assert pixels is not None
+    write_text_atomic(output, caption_page(pixels, views, f"captions of {native_path(image)}"))
+    said = "; ".join(f"{v.name}: {v.caption}" for v in views)
+    typer.echo(f"{output}: {len(views)} captioner(s), each word over its attention; {said}")
 
 
 data_app = typer.Typer(no_args_is_help=True, help="The standard data sets, laid out as the recipes expect.")

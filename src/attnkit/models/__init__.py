@@ -17,6 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_one_of
+from attnkit.models.caption_transformer import CaptionTransformer, CaptionTransformerConfig
 from attnkit.models.captioner import Captioner, CaptionerConfig
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.decoder_only import DecoderModel
@@ -108,6 +109,15 @@ ARCHITECTURES: dict[str, Architecture] = {
             commands=("evaluate", "predict"),
         ),
         Architecture(
+            config=CaptionTransformerConfig,
+            model=CaptionTransformer,
+            kind="a Transformer image captioner",
+            reads="images",
+            writes="text",
+            tasks=("captions",),
+            commands=("evaluate", "predict"),
+        ),
+        Architecture(
             config=WholeImageConfig,
             model=WholeImageClassifier,
             kind="a whole-image classifier",
@@ -119,15 +129,23 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
-def archs(*, using: str | None = None, exporting: str | None = None, reading: str | None = None) -> tuple:
+def archs(
+    *,
+    using: str | None = None,
+    exporting: str | None = None,
+    reading: str | None = None,
+    writing: str | None = None,
+) -> tuple:
     """The names of the architectures that a command uses (``using="translate"``), that export to a
-    format (``exporting="hf"``) or that read ``"text"`` or ``"images"``: each as its record says."""
+    format (``exporting="hf"``), that read ``"text"`` or ``"images"`` or that write ``"text"`` (from
+    what they read): each as its record says."""
     return tuple(
         a.name
         for a in ARCHITECTURES.values()
         if (using is None or using in a.commands)
         and (exporting is None or exporting in a.exports)
         and (reading is None or a.reads == reading)
+        and (writing is None or a.writes == writing)
     )
 
 

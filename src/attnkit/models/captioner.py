@@ -68,10 +68,7 @@ class CaptionerConfig(RNNConfig):
             raise ConfigError("model.attention: a captioner attends to the image; choose bahdanau, dot, ...")
         if self.local != "none":
             raise ConfigError("model.local: local windows are for sequences; a captioner attends to regions")
-        if self.image_size % DOWNSAMPLING:
-            raise ConfigError(f"model.image_size must be a multiple of {DOWNSAMPLING}; got {self.image_size}")
-        require_at_least("model.image_size", self.image_size, DOWNSAMPLING)
-        require_at_least("model.channels", self.channels, 2)
+        check_image_fields(self)
         require_at_least("model.doubly_stochastic", self.doubly_stochastic, 0.0)
 
 
@@ -81,19 +78,28 @@ def _block(inputs: int, outputs: int) -> list[nn.Module]:
 
 
 class ImageEncoder(nn.Module):
-    """Pixels ``(B, 1, H, W)`` -> annotations ``(B, L, d_hidden)``, one per 8×8 region (module docstring)."""
+    """Pixels ``(B, 1, H, W)`` -> annotations ``(B, L, width)``, one per 8×8 region (module docstring):
+    ``channels`` wide convolutions, then a linear map to ``width`` plus each region's learned place."""
 
-    def __init__(self, config: CaptionerConfig) -> None:
+    def __init__(self, channels: int, width: int, regions: int) -> None:
         super().__init__()
-        c, half = config.channels, config.channels // 2
+        c, half = channels, channels // 2
         self.convolutions = nn.Sequential(*_block(1, half), *_block(half, c), *_block(c, c))
-        self.project = nn.Linear(c, config.d_hidden)
-        self.places = nn.Parameter(torch.zeros(config.regions, config.d_hidden))  # each region's place
+        self.project = nn.Linear(c, width)
+        self.places = nn.Parameter(torch.zeros(regions, width))  # each region's place
 
     def forward(self, images: Tensor) -> Tensor:
         features = self.convolutions(images)  # (B, C, H/8, W/8)
         regions = features.flatten(2).transpose(1, 2)  # (B, L, C), row by row
-        return self.project(regions) + self.places  # (B, L, d_hidden)
+        return self.project(regions) + self.places  # (B, L, width)
+
+
+def check_image_fields(config: Any) -> None:
+    """The checks of a captioner's image fields (``image_size``, ``channels``), each naming its field."""
+    if config.image_size % DOWNSAMPLING:
+        raise ConfigError(f"model.image_size must be a multiple of {DOWNSAMPLING}; got {config.image_size}")
+    require_at_least("model.image_size", config.image_size, DOWNSAMPLING)
+    require_at_least("model.channels", config.channels, 2)
 
 
 class Captioner(RNNSeq2Seq):
@@ -104,7 +110,9 @@ class Captioner(RNNSeq2Seq):
     def __init__(self, config: CaptionerConfig, vocab_size: int) -> None:
         super().__init__(config, vocab_size)
         c = config
-        self.encoder = ImageEncoder(c)  # in place of the translation model's bidirectional RNN
+        self.encoder = ImageEncoder(
+            c.channels, c.d_hidden, c.regions
+        )  # in place of the translation model's bidirectional RNN
         self.states = c.layers * (2 if c.cell == "lstm" else 1)  # h_0 (and c_0) of every layer
         self.bridge = nn.Linear(c.d_hidden, self.states * c.d_hidden)  # f_init of the mean annotation
         self._weights: Tensor | None = None  # soft attention's α while training: (B, T, L)

@@ -39,6 +39,23 @@ class Generator(nn.Module):
         return self.proj(x)
 
 
+def encoder_stack(c: TransformerConfig) -> Encoder:
+    """The paper's encoder: ``c.encoder_layers`` layers of self-attention and feed-forward."""
+    return Encoder(
+        [encoder_layer(c) for _ in range(c.encoder_layers)], c.d_model, c.norm_first, c.layer_norm_eps
+    )
+
+
+def decoder_stack(c: TransformerConfig) -> Decoder:
+    """The paper's decoder: ``c.decoder_layers`` layers of masked self-attention, attention over the
+    memory and feed-forward."""
+    return Decoder(
+        [DecoderLayer(c.d_model, attention(c), attention(c), feed_forward(c), **residual(c))
+         for _ in range(c.decoder_layers)],
+        c.d_model, c.norm_first, c.layer_norm_eps,
+    )  # fmt: skip
+
+
 class EncoderDecoder(nn.Module):
     """The Transformer: ``forward(src, tgt) -> logits``; ``encode`` and ``decode`` for step-wise use."""
 
@@ -52,14 +69,8 @@ class EncoderDecoder(nn.Module):
             )
         self.config, self.src_vocab, self.tgt_vocab = c, src_vocab, tgt_vocab
 
-        self.encoder = Encoder(
-            [encoder_layer(c) for _ in range(c.encoder_layers)], c.d_model, c.norm_first, c.layer_norm_eps
-        )
-        self.decoder = Decoder(
-            [DecoderLayer(c.d_model, attention(c), attention(c), feed_forward(c), **residual(c))
-             for _ in range(c.decoder_layers)],
-            c.d_model, c.norm_first, c.layer_norm_eps,
-        )  # fmt: skip
+        self.encoder = encoder_stack(c)
+        self.decoder = decoder_stack(c)
         scale = c.scale_embeddings
         self.src_embed = Embeddings(src_vocab, c.d_model, c.pad_id, scale)
         self.tgt_embed = (
@@ -99,7 +110,7 @@ class EncoderDecoder(nn.Module):
         ``(B, T, d_model)``, for a loss that applies :attr:`output_layer` itself
         (``attnkit.tasks.losses.projected_loss``)."""
         if src_mask is None:
-            src_mask = padding_mask(src, self.config.pad_id)
+            src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
         hidden = self.decode(memory, src_mask, tgt, tgt_mask)
         if not project:
@@ -118,6 +129,10 @@ class EncoderDecoder(nn.Module):
     def output_layer(self) -> nn.Linear:
         """The pre-softmax linear map (the target embedding, when tied)."""
         return self.generator.proj
+
+    def source_mask(self, src: Tensor) -> Tensor:
+        """Which source positions may be attended to, ``(B, 1, S)``: the real tokens of ``src (B, S)``."""
+        return padding_mask(src, self.config.pad_id)
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         """``src (B, S)`` -> memory ``(B, S, d_model)``; ``src_mask`` as ``padding_mask(src, pad_id)``.
@@ -175,7 +190,7 @@ class Seq2SeqDecoding:
     ) -> None:
         """``memory``: the sources' encoding where it is computed already (by a compiled first step)."""
         self.model = model
-        self.src_mask = padding_mask(src, model.config.pad_id)  # (N, 1, S)
+        self.src_mask = model.source_mask(src)  # (N, 1, S)
         self.memory = model.encode(src, self.src_mask) if memory is None else memory  # (N, S, d_model)
         self.cache = model.new_cache() if use_cache else None
         self.beams = 1  # consecutive rows per source

@@ -9,7 +9,7 @@ the trainer calls the task's methods and never branches on which task it is.
 | ``mlm`` | masked-LM pre-training (``masked_lm.py``) | ``encoder``, ``mlm`` |
 | ``qa`` | extractive question answering (``span_qa.py``) | ``encoder``, ``span`` |
 | ``cluttered-digits`` | image classification (``image_classification.py``) | ``glimpse``, ``whole-image`` |
-| ``captions`` | image captioning (``captioning.py``) | ``show-attend-tell`` |
+| ``captions`` | image captioning (``captioning.py``) | ``show-attend-tell``, ``caption-transformer`` |
 
 Every task offers what ``protocol.py``'s :class:`Task` lists (batches, loss, validation, and ``infer``:
 what a model trained on it makes of new inputs). A task may fill

@@ -1,15 +1,16 @@
 """Image captioning on generated digit scenes (``data.task: captions``): the task of the Show-Attend-Tell
-captioner (``model.arch: show-attend-tell``, models/captioner.py), soft or hard attention.
+captioner (``model.arch: show-attend-tell``, models/captioner.py), soft or hard attention, and of the
+Transformer captioner (``model.arch: caption-transformer``, models/caption_transformer.py).
 
 The data are generated (data/digit_scenes.py): ``data.n_train`` training scenes, new ones every epoch
 (drawn from the run's seed and the epoch, so a resumed run sees the same ones), and ``data.n_valid``
 validation scenes and as many test scenes, from digits never seen in training. The captions' words are
 a fixed list, so the word tokenizer is learned from that list, the same for every run. A batch is
 ``train.batch_size`` scenes, their pixels scaled to [0, 1] and their captions as ``<s> y`` and ``y </s>``;
-the loss is the label-smoothed cross-entropy of the caption (summed over its tokens), plus soft
-attention's doubly stochastic regularisation or hard attention's REINFORCE term. Validation reports
-loss and perplexity, and BLEU-4 and exact match of greedy captions; the test adds how often the
-attention, as a word names a digit, is on that digit (:func:`attention_on_digits`).
+the loss is the label-smoothed cross-entropy of the caption (summed over its tokens), plus (the RNN
+captioner's) soft attention's doubly stochastic regularisation or hard attention's REINFORCE term.
+Validation reports loss and perplexity, and BLEU-4 and exact match of greedy captions; the test adds
+how often the attention, as a word names a digit, is on that digit (:func:`attention_on_digits`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.captions import attention_while_writing, caption
 from attnkit.metrics import bleu, exact_match
 from attnkit.models import unwrap
-from attnkit.models.captioner import DOWNSAMPLING
+from attnkit.models.captioner import DOWNSAMPLING, Captioner
 from attnkit.tasks.image_classification import check_image_sizes, consecutive
 from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.protocol import Given, Scoring
@@ -159,7 +160,7 @@ class CaptioningTask:
             model, (batch.images, batch.tgt_in), batch.tgt_out, self.config.train.label_smoothing, pad_id
         )
         captioner = unwrap(model)
-        if captioner.training:
+        if captioner.training and isinstance(captioner, Captioner):  # the RNN captioner's attention terms
             loss = (
                 loss + captioner.policy_loss(-nll, batch.tgt_out) + captioner.attention_penalty(batch.tgt_out)
             )

@@ -173,7 +173,7 @@ def explorer_server(
                 page, status = explorer_page(model, tokenizer, name, asked, target)
             except Exception as error:  # a bug: answered (and logged below), never a dropped connection
                 self.log_error("%s", traceback.format_exc())
-                page, status = _message_page(f"the explorer failed on this input ({error!r})"), 500
+                page, status = message_page(f"the explorer failed on this input ({error!r})"), 500
             body = page.encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "text/html; charset=utf-8")
@@ -213,9 +213,10 @@ def explorer_page(
         maps, output = collect_attention(model, tokenizer, asked, target, limit)
         return explorer_html(maps, f"attention of {name} on: {asked}", output, asked, action), 200
     except AttnkitError as error:
-        return _message_page(str(error), action), 200 if not asked.strip() else 400
+        return message_page(str(error), action), 200 if not asked.strip() else 400
 
 
-def _message_page(message: str, action: str = "/") -> str:
-    """A page with the text box and one message (an error, or what to do)."""
-    return f"<!DOCTYPE html>{FORM.format(text='', action=action)}<p>{html.escape(message)}</p>"
+def message_page(message: str, action: str = "/", form: str = FORM) -> str:
+    """A page with the text box (or another ``form``, asking ``action``) and one message (an error, or
+    what to do)."""
+    return f"<!DOCTYPE html>{form.format(text='', action=action)}<p>{html.escape(message)}</p>"

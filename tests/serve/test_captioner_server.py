@@ -1,0 +1,105 @@
+"""A captioner served (the app in this process, over httpx's test transport): uploaded images get the
+captions ``attnkit predict --image`` gives them, in their order, batched together; what is not an
+upload of images of the model's size is one clear JSON error; ``/explore`` asks for an image and
+answers one with the caption explorer's page; ``attnkit serve`` picks the captioner's endpoints."""
+
+import io
+import json
+import re
+import time
+
+import matplotlib.image
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 'attnkit[serve]'")
+pytest.importorskip("sklearn", reason="the scenes draw scikit-learn's bundled digits")
+from fastapi.testclient import TestClient
+
+from attnkit.checkpoint.folder import save_checkpoint
+from attnkit.cli.serving import _attnkit_model
+from attnkit.config import RunConfig
+from attnkit.data.digit_scenes import digit_scenes
+from attnkit.decode.captions import caption
+from attnkit.loading import load_for_inference
+from attnkit.models import build_model, from_preset
+from attnkit.serve.app import make_app
+from attnkit.serve.captioner import ServedCaptioner, load_captioner
+from attnkit.serve.state import ServeSettings
+from attnkit.tasks.captioning import caption_tokenizer, pixels
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """An untrained Transformer captioner (its captions need only be what the CLI gives), saved as a run."""
+    tokenizer = caption_tokenizer()
+    torch.manual_seed(1)
+    config = from_preset("caption-transformer-tiny", max_len=8)
+    model = build_model(config, tokenizer.vocab_size)
+    folder = tmp_path_factory.mktemp("captioner") / "run"
+    save_checkpoint(folder, 1, model=model, config=RunConfig.for_model(config).to_dict(),
+                    tokenizer_json=tokenizer.to_str(), is_best=True)  # fmt: skip
+    return folder
+
+
+@pytest.fixture(scope="module")
+def client(run):
+    settings = ServeSettings(max_wait_ms=50)
+    with TestClient(make_app(ServedCaptioner, lambda: load_captioner(run, []), settings)) as client:
+        for _ in range(200):  # the model loads in a thread after the server starts
+            if client.get("/health").status_code == 200:
+                break
+            time.sleep(0.05)
+        yield client
+
+
+def _png(image: torch.Tensor) -> bytes:
+    written = io.BytesIO()
+    matplotlib.image.imsave(written, image.numpy(), cmap="gray", vmin=0, vmax=255, format="png")
+    return written.getvalue()
+
+
+def test_uploaded_images_get_the_clis_captions_in_order(client, run):
+    scenes = digit_scenes("test", 5, seed=4)
+    model, tokenizer, config = load_for_inference(run)
+    expected = caption(model, tokenizer, pixels(scenes.images), config.decode)
+    files = [("image", (f"scene{i}.png", _png(scenes.images[i]), "image/png")) for i in range(5)]
+    answer = client.post("/predict", files=files)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"outputs": [{"caption": text} for text in expected]}
+    one = client.post("/predict", files=files[3:4])
+    assert one.json() == {"outputs": [{"caption": expected[3]}]}
+
+
+def test_what_is_not_an_upload_of_images_of_the_models_size_is_one_clear_error(client):
+    scene = digit_scenes("test", 1, seed=4).images[0]
+    for request, status, said in (
+        ({"json": {"inputs": ["a 3"]}}, 415, "upload them as multipart/form-data fields named image"),
+        ({"files": [("picture", ("a.png", _png(scene), "image/png"))]}, 422, "image: no file uploaded"),
+        ({"files": [("image", ("notes.png", b"not an image", "image/png"))]}, 422,
+         "image: notes.png: not an image this can read"),
+        ({"files": [("image", ("small.png", _png(scene[:40, :40]), "image/png"))]}, 422,
+         "image: small.png: an image of (40, 40) pixels; this model reads (48, 48)"),
+    ):  # fmt: skip
+        answer = client.post("/predict", **request)
+        assert answer.status_code == status and said in answer.json()["error"], answer.text
+    assert client.get("/health").status_code == 200  # and the server goes on
+
+
+def test_explore_asks_for_an_image_and_shows_the_caption_word_by_word(client, run):
+    form = client.get("/explore")
+    assert form.status_code == 200 and 'enctype="multipart/form-data"' in form.text
+    assert client.get("/explore", params={"text": "a 3"}).status_code == 400  # it reads no text
+    scene = digit_scenes("test", 1, seed=5).images[0]
+    page = client.post("/explore", files=[("image", ("scene.png", _png(scene), "image/png"))])
+    assert page.status_code == 200 and 'enctype="multipart/form-data"' in page.text
+    found = re.search(r'<script type="application/json" id="caption-data">(.*?)</script>', page.text, re.S)
+    data = json.loads(found.group(1))
+    model, tokenizer, config = load_for_inference(run)
+    assert data["views"][0]["caption"] == caption(model, tokenizer, pixels(scene[None]), config.decode)[0]
+    assert data["image"] == scene.tolist()
+
+
+def test_attnkit_serve_serves_a_captioner_with_its_endpoints(run):
+    served, _ = _attnkit_model(run, [])
+    assert served is ServedCaptioner and served.dialects == ("images",)
