@@ -15,7 +15,7 @@ BAD_VALUES = [
     (
         "train.eval_metric=blue",
         r"train\.eval_metric must be one of 'bleu', 'accuracy', 'f1', 'rouge1', 'rouge2', 'rougeL', "
-        r"'loss'; got 'blue'",
+        r"'cer', 'wer', 'loss'; got 'blue'",
     ),
     ("train.precision=fp16", r"train\.precision 'fp16' needs loss scaling.*use 'bf16'"),
     ("train.precision=half", r"train\.precision must be one of 'auto', 'fp32', 'bf16'; got 'half'"),
@@ -47,7 +47,7 @@ BAD_VALUES = [
     (
         "data.task=translate",
         r"data\.task must be one of 'parallel', 'dates', 'copy', 'summarise', 'text', 'classify', 'mlm', "
-        r"'qa', 'cluttered-digits', 'captions'; got 'translate'",
+        r"'qa', 'cluttered-digits', 'captions', 'speech'; got 'translate'",
     ),
     (
         "data.tokenizer=sentencepiece",

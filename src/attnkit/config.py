@@ -42,6 +42,7 @@ TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates,
 SUMMARY_TASK = "summarise"  # JSON Lines of long texts and their short summaries (AESLC: email -> subject)
 IMAGE_TASK = "cluttered-digits"  # generated images (data/cluttered_digits.py)
 CAPTION_TASK = "captions"  # generated digit scenes and their captions (data/digit_scenes.py)
+SPEECH_TASK = "speech"  # synthesised spoken dates and numbers (data/spoken.py)
 # data.task -> (the head an encoder needs for it, the train.eval_metric choices: the first is the default)
 _TASK_RULES = {
     **{task: (None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
@@ -52,13 +53,15 @@ _TASK_RULES = {
     "qa": ("span", ("f1", "accuracy", "loss")),
     IMAGE_TASK: (None, ("accuracy", "loss")),
     CAPTION_TASK: (None, ("accuracy", "bleu", "loss")),
+    SPEECH_TASK: (None, ("cer", "wer", "loss")),
 }
 # data.task -> (the architectures it trains, as their records say; the head; the metrics)
 TASKS_OF = {
     task: (tuple(a.name for a in ARCHITECTURES.values() if task in a.tasks), head, metrics)
     for task, (head, metrics) in _TASK_RULES.items()
 }
-EVAL_METRICS = ("bleu", "accuracy", "f1", "rouge1", "rouge2", "rougeL", "loss")
+EVAL_METRICS = ("bleu", "accuracy", "f1", "rouge1", "rouge2", "rougeL", "cer", "wer", "loss")
+LOWER_IS_BETTER = ("cer", "wer", "loss")  # the eval metrics a better model brings down
 FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1, SUMMARY_TASK: 1}  # per split (generated: 0)
 
 

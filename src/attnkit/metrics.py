@@ -1,5 +1,5 @@
 """Evaluation metrics: BLEU and chrF through sacreBLEU (with their signatures), ROUGE through rouge-score,
-perplexity, accuracy."""
+character and word error rates through jiwer, perplexity, accuracy."""
 
 from __future__ import annotations
 
@@ -64,3 +64,16 @@ def rouge(hypotheses: list[str], references: list[list[str]]) -> list[Score]:
     n = max(len(hypotheses), 1)
     signature = "rouge-score, F1, Porter stemmer, best of the references"
     return [Score(name, 100 * totals[kind] / n, signature) for kind, name in ROUGE_TYPES.items()]
+
+
+def error_rates(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
+    """Character and word error rates (CER, WER) of ``hypotheses`` against ``references``: the edits
+    (substitutions, deletions, insertions) of the closest alignment over all sentences, divided by the
+    references' characters or words, as speech recognition reports them (jiwer's ``cer`` and ``wer``)."""
+    try:
+        import jiwer
+    except ImportError:
+        raise ImportError("error rates need jiwer: pip install 'attnkit[speech]'") from None
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} outputs but {len(references)} references")
+    return float(jiwer.cer(references, hypotheses)), float(jiwer.wer(references, hypotheses))

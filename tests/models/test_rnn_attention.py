@@ -196,3 +196,48 @@ def test_under_bf16_autocast_hard_attention_samples_from_float32_probabilities()
     assert alignment.weights.dtype == alignment.log_prob.dtype == torch.float32
     _, exact = attention.eval()(query, 0, attention.prepare(annotations, padding_mask(src, 0)))
     torch.testing.assert_close(alignment.weights, exact.weights, atol=0.02, rtol=0.05)
+
+
+def _location_aware_reference(score, annotations, allowed, queries):
+    """Chorowski et al. (2015) eq. 8–9 in float64 with plain loops, from the score's weights: ``f_i = F *
+    α_{i-1}`` (PyTorch's correlation: ``f_ij[k] = Σ_r F[k, r] α_{i-1, j + r - ⌊w/2⌋}``, zero outside),
+    ``e_ij = wᵀ tanh(W s_i + V h_j + b + U f_ij)``, α_i = softmax over the real positions; α_0 uniform
+    over them."""
+    B, S, _ = annotations.shape
+    F_, width = score.F.weight[:, 0], score.F.weight.size(-1)  # (filters, width)
+    previous = allowed.double() / allowed.sum(-1, keepdim=True)  # (B, S)
+    steps = []
+    for s in queries:  # s: (B, d)
+        f = torch.zeros(B, S, F_.size(0), dtype=torch.float64)
+        for j in range(S):
+            for r in range(width):
+                source = j + r - width // 2
+                if 0 <= source < S:
+                    f[:, j] += previous[:, source, None] * F_[:, r]
+        e = score.w(torch.tanh(score.W(s)[:, None] + score.V(annotations) + score.U(f))).squeeze(-1)
+        previous = e.masked_fill(~allowed, -math.inf).softmax(-1)
+        steps.append(previous)
+    return steps
+
+
+def test_location_aware_attention_is_chorowskis_eq_8_and_9_step_after_step():
+    """Three steps of location-aware attention (each reading the weights of the one before) against the
+    paper's equations recomputed in float64; the weights then differ from plain additive attention's."""
+    attention, source, _, lengths = _setup(score="location", lengths=(9, 5))
+    allowed = torch.arange(9)[None, :] < lengths[:, None]  # (B, S)
+    queries = [torch.randn(2, D_HIDDEN, dtype=torch.float64) for _ in range(3)]
+    expected = _location_aware_reference(attention.score, source.annotations, allowed, queries)
+    for t, (query, want) in enumerate(zip(queries, expected, strict=True)):
+        context, alignment = attention(query[:, None], t, source)
+        torch.testing.assert_close(alignment.weights, want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(context[:, 0], torch.einsum("bs,bsd->bd", want, source.annotations))
+    with torch.no_grad():
+        attention.score.U.weight.zero_()  # without the location term: Bahdanau's additive score
+    source = attention.prepare(source.annotations, allowed[:, None])
+    _, alignment = attention(queries[0][:, None], 0, source)
+    plain = attention.score.w(
+        torch.tanh(attention.score.W(queries[0])[:, None] + attention.score.V(source.annotations))
+    )
+    torch.testing.assert_close(
+        alignment.weights, plain.squeeze(-1).masked_fill(~allowed, -math.inf).softmax(-1)
+    )

@@ -6,6 +6,8 @@ A score function maps queries ``q (..., T_q, d_q)`` and keys ``k (..., T_k, d_k)
 - ``dot`` and ``scaled_dot`` have no parameters and are plain functions, chosen by name.
 - Luong ``general`` and ``concat`` (Luong et al., 2015, §3.1) and Bahdanau ``additive`` (Bahdanau et al.,
   2015, appendix A.1.2) learn parameters, so they are modules; pass an instance as ``score=``.
+- ``LocationAware`` (Chorowski et al., 2015) is Bahdanau's score that also reads where the previous
+  step attended; an RNN decoder keeps those weights from step to step (models/rnn_attention.py).
 
 Every score splits as ``score(q, k) = match(q, project_keys(k))``: the key side does not depend on the
 query, so an RNN decoder, which scores one query per step against the same source, projects the keys
@@ -110,6 +112,39 @@ class BahdanauAdditive(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return self.match(q, self.project_keys(k))
+
+
+class LocationAware(nn.Module):
+    """``e_j = wᵀ tanh(W s + V h_j + U f_j + b)`` with ``f = F * α_prev`` (Chorowski et al., 2015, eq.
+    8–9, "location-aware attention"): Bahdanau's additive score plus what ``filters`` learned filters
+    ``F``, each ``width`` positions wide, see of the previous step's weights ``α_prev`` around position
+    ``j``. The model learns where the last step looked and can move on from there, which is what a
+    monotone alignment of characters to audio frames needs (without it a long utterance's repeated
+    sounds pull the attention back to the first place they occur).
+
+    The key side ``V h_j + b`` is projected once per utterance, as Bahdanau's; ``match`` takes the
+    previous weights ``(B, S)`` too. ``F * α`` is computed as PyTorch's ``conv1d`` computes it (a
+    correlation: the paper's convolution with its filters reversed, the same family of learned maps).
+    """
+
+    def __init__(self, d_q: int, d_k: int | None = None, d_attn: int | None = None, filters: int = 10,
+                 width: int = 15) -> None:  # fmt: skip
+        super().__init__()
+        d_attn = d_attn or d_q
+        self.W = nn.Linear(d_q, d_attn, bias=False)
+        self.V = nn.Linear(d_k or d_q, d_attn, bias=True)  # V h_j + b
+        self.F = nn.Conv1d(1, filters, width, padding=width // 2, bias=False)
+        self.U = nn.Linear(filters, d_attn, bias=False)
+        self.w = nn.Linear(d_attn, 1, bias=False)
+
+    def project_keys(self, k: Tensor) -> Tensor:
+        return self.V(k)
+
+    def match(self, q: Tensor, projected: Tensor, previous: Tensor) -> Tensor:
+        """Scores ``(B, 1, S)`` for the query ``q (B, 1, d_q)``, the projected keys ``(B, S, A)`` and
+        the previous step's weights ``previous (B, S)``."""
+        f = self.F(previous.unsqueeze(1).to(projected.dtype)).transpose(1, 2)  # (B, S, filters)
+        return _additive(self.W(q), projected + self.U(f), self.w)
 
 
 def resolve_score(score: str | ScoreFn) -> ScoreFn:

@@ -302,22 +302,30 @@ def predict(
         list[Path] | None,
         typer.Option(help="An image file to caption (repeatable; PNG, JPEG): a captioner's input."),
     ] = None,
+    audio: Annotated[
+        list[Path] | None,
+        typer.Option(help="A WAV file to transcribe (repeatable): a speech recogniser's input."),
+    ] = None,
 ) -> None:
     """Run an encoder model on each input line. A classifier prints ``label<TAB>probability``; a
     question-answering model reads ``question<TAB>passage`` and prints the answer span; a masked-LM
     model fills each mask token of a sentence (``[MASK]`` or ``<mask>``, as its tokenizer writes it),
-    printing ``token<TAB>probability`` for each. A captioner captions each --image, one line each."""
+    printing ``token<TAB>probability`` for each. A captioner captions each --image, a speech recogniser
+    transcribes each --audio, one line each."""
     from attnkit.processes import resolve_device
     from attnkit.tasks import task_of
 
     if text is not None and input is not None:
         raise AttnkitError("give --text TEXT or -i FILE, not both")
-    if image and (text is not None or input is not None):
-        raise AttnkitError("give --image FILE (a captioner's input) or text, not both")
+    if image and (text is not None or input is not None or audio):
+        raise AttnkitError("give --image FILE (a captioner's input) or text or audio, not two of them")
+    if audio and (text is not None or input is not None):
+        raise AttnkitError("give --audio FILE (a speech recogniser's input) or text, not both")
     if output is not None:
         writable_file(output)
-    if image:
-        rows = _captions(ckpt, image, resolve_device(), precision_override(precision, int8))
+    if image or audio:
+        read = _captions if image else _transcripts
+        rows = read(ckpt, image or audio, resolve_device(), precision_override(precision, int8))
         write_output(output, "".join(row + "\n" for row in rows))
         return
     _not_a_captioner(ckpt)
@@ -353,10 +361,27 @@ def _captions(ckpt: Path, images: list[Path], device, overrides: list[str]) -> l
     return task_of(config).infer(model, tokenizer, config, pixels, device)
 
 
+def _transcripts(ckpt: Path, sounds: list[Path], device, overrides: list[str]) -> list[str]:
+    """A speech recogniser's transcript of each WAV file (a one-line error names a file it cannot
+    read)."""
+    from attnkit.data.audio import log_mel, read_wav
+    from attnkit.loading import load_for_inference
+    from attnkit.tasks import task_of
+
+    recognisers = archs(reading="audio", writing="text")
+    model, tokenizer, config = load_for_inference(ckpt, device, arch=recognisers, overrides=overrides)
+    features = [log_mel(*read_wav(path), config.model.n_mels) for path in sounds]
+    return task_of(config).infer(model, tokenizer, config, features, device)
+
+
 def _not_a_captioner(ckpt: Path) -> None:
-    """A one-line error for text given to a captioner, which reads images."""
+    """A one-line error for text given to a captioner or a speech recogniser, which read images and
+    sound."""
     from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(ckpt)
-    if read_run_config(checkpoint).model.arch in archs(reading="images", writing="text"):
+    arch = read_run_config(checkpoint).model.arch
+    if arch in archs(reading="images", writing="text"):
         raise AttnkitError(f"{checkpoint}: a captioner reads images, not text: give --image FILE")
+    if arch in archs(reading="audio", writing="text"):
+        raise AttnkitError(f"{checkpoint}: a speech recogniser reads sound, not text: give --audio FILE.wav")

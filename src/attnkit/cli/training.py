@@ -32,6 +32,8 @@ def summary(
     images = record.reads == "images"  # they read pixels
     model = build_model(config, vocab if record.has_vocabulary else None).eval()
     reads = f"{config.image_size}×{config.image_size} images" if images else f"vocabulary {vocab}"
+    if record.reads == "audio":
+        reads = f"{config.n_mels} log-mel features a frame, vocabulary {vocab}"
     typer.echo(f"attnkit {type(model).__name__} ({config.arch}), preset {preset!r}, {reads}")
     typer.echo("  " + ", ".join(f"{k}={v}" for k, v in config.to_dict().items()))
     seen: set[int] = set()
@@ -50,6 +52,8 @@ def summary(
     if images:  # a captioner reads the caption so far too
         pixels = torch.rand(batch, 1, config.image_size, config.image_size)
         inputs = [pixels, *inputs[: record.has_vocabulary]]
+    if record.reads == "audio":  # a second of frames, and the transcript so far
+        inputs = [torch.randn(batch, 100, config.n_mels), inputs[0]]
     with torch.inference_mode():
         began = time.perf_counter()
         logits = model(*inputs)

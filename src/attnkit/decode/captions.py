@@ -28,20 +28,27 @@ def caption(
     (or ``beam_size``)."""
     width = beam_size or decode.beam_size
     search = Search.of(decode, beam_size=width, max_output_len=model.config.max_len)
-    specials = tokenizer.specials
     found: list[str] = []
     with evaluating(model):
         for start in range(0, len(images), decode.batch_size):
             batch = images[start : start + decode.batch_size].to(device)  # (B, 1, H, W)
-            first = torch.full((batch.size(0), 1), specials.bos, dtype=torch.long, device=device)
-            limits = torch.full((batch.size(0),), model.config.max_len, device=device)
-            decoding = model.decoding(batch)
-            if width == 1:
-                outputs = extend(decoding, first, limits, specials, argmax)
-            else:
-                outputs = [best[0].tokens for best in beam(decoding, first, limits, specials, search)]
-            found += [tokenizer.decode(ids) for ids in outputs]
+            found += written(model, tokenizer, batch, search)
     return found
+
+
+def written(model: torch.nn.Module, tokenizer: Tokenizer, inputs: Tensor, search: Search) -> list[str]:
+    """What ``model`` writes for each row of ``inputs`` (images, an utterance's frames: what its
+    ``decoding`` reads) by ``search``: greedy for a beam of 1, beam search otherwise, each output at most
+    the model's ``max_len`` tokens."""
+    specials, rows = tokenizer.specials, inputs.size(0)
+    first = torch.full((rows, 1), specials.bos, dtype=torch.long, device=inputs.device)
+    limits = torch.full((rows,), model.config.max_len, device=inputs.device)
+    decoding = model.decoding(inputs)
+    if search.beam_size == 1:
+        outputs = extend(decoding, first, limits, specials, argmax)
+    else:
+        outputs = [best[0].tokens for best in beam(decoding, first, limits, specials, search)]
+    return [tokenizer.decode(ids) for ids in outputs]
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, Transf
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.encoder_only import EncoderModel
 from attnkit.models.glimpse import GlimpseClassifier, GlimpseConfig, WholeImageClassifier, WholeImageConfig
+from attnkit.models.listen_attend_spell import ListenAttendSpell, ListenAttendSpellConfig
 from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
 from attnkit.models.seq2seq import EncoderDecoder, Generator, build_transformer
 
@@ -34,7 +35,7 @@ class Architecture:
     config: type  # its config dataclass (``config.ARCH`` is its name)
     model: type  # its model class, built from (config, vocabulary size)
     kind: str  # what it is, in a sentence: "a translation model"
-    reads: str  # "text" (through a tokenizer) or "images" (pixels)
+    reads: str  # "text" (through a tokenizer), "images" (pixels) or "audio" (log-mel frames)
     tasks: tuple[str, ...]  # the data.task values that train it (one: a run's default task)
     commands: tuple[str, ...]  # the attnkit commands that use a trained one, its main use first
     exports: tuple[str, ...] = ()  # what attnkit export --to writes it as
@@ -115,6 +116,15 @@ ARCHITECTURES: dict[str, Architecture] = {
             reads="images",
             writes="text",
             tasks=("captions",),
+            commands=("evaluate", "predict"),
+        ),
+        Architecture(
+            config=ListenAttendSpellConfig,
+            model=ListenAttendSpell,
+            kind="a speech recogniser",
+            reads="audio",
+            writes="text",
+            tasks=("speech",),
             commands=("evaluate", "predict"),
         ),
         Architecture(

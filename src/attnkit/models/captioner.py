@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_at_least
-from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
+from attnkit.models.rnn import MeanBridge, RNNConfig, RNNSeq2Seq
 from attnkit.models.rnn_attention import Alignment, Source
 
 DOWNSAMPLING = 8  # three 2×2 max-pools: a region is 8×8 pixels
@@ -110,25 +110,15 @@ class Captioner(RNNSeq2Seq):
     def __init__(self, config: CaptionerConfig, vocab_size: int) -> None:
         super().__init__(config, vocab_size)
         c = config
-        self.encoder = ImageEncoder(
-            c.channels, c.d_hidden, c.regions
-        )  # in place of the translation model's bidirectional RNN
-        self.states = c.layers * (2 if c.cell == "lstm" else 1)  # h_0 (and c_0) of every layer
-        self.bridge = nn.Linear(c.d_hidden, self.states * c.d_hidden)  # f_init of the mean annotation
+        self.encoder = ImageEncoder(c.channels, c.d_hidden, c.regions)  # in place of the text encoder
+        self.bridge = MeanBridge(c.d_hidden, c.layers, c.cell)  # f_init of the mean annotation
         self._weights: Tensor | None = None  # soft attention's α while training: (B, T, L)
 
     def encode(self, images: Tensor) -> tuple[Source, Any]:
         """The regions to attend to and the decoder's first state, for ``images (B, 1, H, W)``."""
-        c = self.config
         annotations = self.encoder(images)  # (B, L, d_hidden)
         mask = annotations.new_ones(annotations.size(0), 1, annotations.size(1), dtype=torch.bool)
-        first = torch.tanh(self.bridge(annotations.mean(1)))  # (B, states · d_hidden)
-        first = first.view(-1, self.states, c.d_hidden).transpose(0, 1)  # (states, B, d_hidden)
-        if c.cell == "lstm":  # (layers, B, d_hidden) each: h_0 and c_0
-            state: Any = tuple(h.contiguous() for h in first.chunk(2))
-        else:
-            state = first.contiguous()
-        return self.attention.prepare(annotations, mask), state
+        return self.attention.prepare(annotations, mask), self.bridge(annotations, mask)
 
     def _keep_for_losses(self, alignments: list[Alignment]) -> None:
         """Hard attention's choices (as the translation model keeps them), or soft attention's weights

@@ -6,6 +6,8 @@ backward states side by side (``d_hidden`` wide in all). The decoder predicts on
 - ``attention: bahdanau`` (Bahdanau et al. §3.1): the energies ``e_ij = v_aᵀ tanh(W_a s_{i-1} + U_a h_j)``
   come from the *previous* decoder state; the context ``c_i = Σ_j α_ij h_j`` enters the recurrent update
   ``s_i = f(s_{i-1}, [y_{i-1}; c_i])``, and the output layer reads ``[s_i; c_i; y_{i-1}]``.
+- ``attention: location`` (Chorowski et al., 2015): the same decoder, the energies also reading where
+  the previous step attended (``+ U (F * α_{i-1})_j``): location-aware attention, for speech.
 - ``attention: dot | general | concat`` (Luong et al. §3.1): the *current* state ``h_t`` is computed
   first, the context ``c_t`` from ``score(h_t, h_j)``, then the attentional state
   ``h̃_t = tanh(W_c [c_t; h_t])`` gives the logits; with input feeding (§3.3) ``h̃_{t-1}`` joins the next
@@ -40,7 +42,7 @@ from attnkit.models.config import _Presets
 from attnkit.models.rnn_attention import Alignment, Source, SourceAttention, make_source
 from attnkit.nn.reinforce import MovingAverageBaseline, reinforce_loss
 
-ATTENTIONS = ("bahdanau", "dot", "general", "concat", "none")
+ATTENTIONS = ("bahdanau", "location", "dot", "general", "concat", "none")
 LOCAL = ("none", "local-m", "local-p")
 
 
@@ -51,7 +53,9 @@ class RNNConfig(_Presets):
     ARCH: ClassVar[str] = "rnn"
     arch: str = "rnn"
     cell: str = "gru"  # "gru" or "lstm"
-    attention: str = "bahdanau"  # "bahdanau", Luong's "dot" / "general" / "concat", or "none"
+    # "bahdanau", "location" (Chorowski's location-aware: Bahdanau's plus where the last step looked),
+    # Luong's "dot" / "general" / "concat", or "none"
+    attention: str = "bahdanau"
     local: str = "none"  # global attention, or Luong's "local-m" / "local-p" window (rnn_attention.py)
     window: int = 10  # D: a local window spans [p_t - D, p_t + D] (Luong's D = 10)
     hard: bool = False  # attend to one sampled position, trained with REINFORCE (Xu et al., 2015)
@@ -94,6 +98,27 @@ class RNNConfig(_Presets):
         require_at_least("model.pad_id", self.pad_id, 0)
 
 
+class MeanBridge(nn.Linear):
+    """The decoder's first state from the mean annotation, ``h_0 (, c_0) = tanh(W · mean_j h_j + b)``
+    (Xu et al., 2015, §3.1.2, ``f_init``), for an encoder whose last states sum up nothing (an image's
+    regions, an utterance's frames): every layer's state (and an LSTM's cell) from one linear map."""
+
+    def __init__(self, d_hidden: int, layers: int, cell: str) -> None:
+        self.states = layers * (2 if cell == "lstm" else 1)  # h_0 (and c_0) of every layer
+        self.d_hidden, self.lstm = d_hidden, cell == "lstm"
+        super().__init__(d_hidden, self.states * d_hidden)
+
+    def forward(self, annotations: Tensor, mask: Tensor) -> Any:  # type: ignore[override]
+        """``annotations (B, S, d_hidden)``, real at ``mask (B, 1, S)`` -> ``(layers, B, d_hidden)``, or
+        the pair ``(h_0, c_0)`` for an LSTM."""
+        real = mask.squeeze(1).unsqueeze(-1).to(annotations.dtype)  # (B, S, 1)
+        mean = (annotations * real).sum(1) / real.sum(1).clamp(min=1)  # (B, d_hidden)
+        first = torch.tanh(super().forward(mean)).view(-1, self.states, self.d_hidden).transpose(0, 1)
+        if self.lstm:
+            return tuple(h.contiguous() for h in first.chunk(2))
+        return first.contiguous()  # (states, B, d_hidden)
+
+
 class RNNSeq2Seq(nn.Module):
     """``forward(src, tgt_in) -> logits (B, T, V)``; ``decoding(src)`` for search (module docstring)."""
 
@@ -107,7 +132,8 @@ class RNNSeq2Seq(nn.Module):
         self.encoder = rnn(c.d_embed, c.d_hidden // 2, c.layers, batch_first=True, bidirectional=True)
         self.bridge = nn.Linear(c.d_hidden, c.d_hidden)  # s_0 = tanh(W [→h_S; ←h_1]) per layer
         self.luong = c.attention in ("dot", "general", "concat")
-        feed = c.d_hidden if c.attention == "bahdanau" or (self.luong and c.input_feeding) else 0
+        self.additive = c.attention in ("bahdanau", "location")  # Bahdanau's decoder: attend, then step
+        feed = c.d_hidden if self.additive or (self.luong and c.input_feeding) else 0
         self.decoder = rnn(c.d_embed + feed, c.d_hidden, c.layers, batch_first=True)
         if c.attention != "none":
             self.attention = SourceAttention(
@@ -119,7 +145,7 @@ class RNNSeq2Seq(nn.Module):
             self.combine = nn.Linear(2 * c.d_hidden, c.d_hidden, bias=False)  # W_c [c_t; h_t]
             out = c.d_hidden
         else:  # Bahdanau's output layer reads [s_i; c_i; y_{i-1}] (no context without attention)
-            out = c.d_hidden + (c.d_hidden if c.attention == "bahdanau" else 0) + c.d_embed
+            out = c.d_hidden + (c.d_hidden if self.additive else 0) + c.d_embed
         self.output = nn.Linear(out, vocab_size)
         self._choices: tuple[Tensor, Tensor] | None = None  # hard attention's (log p, entropy), training
 
@@ -162,7 +188,7 @@ class RNNSeq2Seq(nn.Module):
         c = self.config
         embedded = self.dropout(self.embed(y).unsqueeze(1))  # (B, 1, d_embed)
         alignment = None
-        if c.attention == "bahdanau":
+        if self.additive:
             top = (state[0] if isinstance(state, tuple) else state)[-1].unsqueeze(1)  # s_{i-1}: (B, 1, d)
             context, alignment = self.attention(top, t, source)  # from the previous state
             hidden, state = self.decoder(torch.cat([embedded, context], -1), state)

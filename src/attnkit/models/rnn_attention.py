@@ -24,6 +24,12 @@ One query (the decoder state) a step against the same source annotations ``h_j``
   the case it was trained on whenever it sampled; without the expected-context share (``expected: 0``) it
   never saw a blend at all.
 
+- **location-aware** (Chorowski et al., 2015, score ``location``): Bahdanau's additive score plus
+  features of the previous step's weights, convolved (``LocationAware``); the first step's previous
+  weights are uniform over the real positions (as ESPnet's implementation starts them). The source
+  carries each row's last weights (``Source.previous``) from step to step, so the search's reordering of
+  beams keeps each beam's own.
+
 Scores come from ``attnkit.attention.scores`` (the key side projected once per sentence) and weights
 from its ``softmax`` with the padding mask and window, so masked positions get exactly zero weight.
 """
@@ -38,7 +44,14 @@ from torch import Tensor, nn
 
 from attnkit.attention.masks import keys_near
 from attnkit.attention.normalisers import softmax
-from attnkit.attention.scores import BahdanauAdditive, LuongConcat, LuongGeneral, dot, split_score
+from attnkit.attention.scores import (
+    BahdanauAdditive,
+    LocationAware,
+    LuongConcat,
+    LuongGeneral,
+    dot,
+    split_score,
+)
 
 
 @dataclass
@@ -50,6 +63,7 @@ class Source:
     mask: Tensor  # (B, 1, S): real tokens
     length: Tensor  # (B, 1, 1): how many, as a float (local attention's S)
     expected: Tensor | None = None  # (B, 1, 1) bool, hard attention while training: these rows take Σ α h
+    previous: Tensor | None = None  # (B, S): location-aware attention: the weights of the step before
 
     def select(self, index: Tensor) -> Source:
         """The given rows (the search's reordering of beams)."""
@@ -76,7 +90,8 @@ def make_source(annotations: Tensor, mask: Tensor, project_keys: Any = None) -> 
 def make_score(name: str, d: int) -> Any:
     """The score module (or function) called ``name`` for queries and keys ``d`` wide."""
     return {"bahdanau": lambda: BahdanauAdditive(d, d), "dot": lambda: dot,
-            "general": lambda: LuongGeneral(d, d), "concat": lambda: LuongConcat(d, d)}[name]()  # fmt: skip
+            "general": lambda: LuongGeneral(d, d), "concat": lambda: LuongConcat(d, d),
+            "location": lambda: LocationAware(d, d)}[name]()  # fmt: skip
 
 
 class SourceAttention(nn.Module):
@@ -99,6 +114,8 @@ class SourceAttention(nn.Module):
         (B, 1, S)``, the keys projected once."""
         project_keys, _ = split_score(self.score)
         source = make_source(annotations, mask, project_keys)
+        if isinstance(self.score, LocationAware):  # before the first step: uniform over the real positions
+            source.previous = (mask.squeeze(1) / source.length.squeeze(-1)).to(annotations.dtype)  # (B, S)
         if self.hard and self.training:
             self.batches += 1
             share = 1.0 if self.batches <= self.soft_batches else self.expected  # a soft start, then Xu's
@@ -109,8 +126,11 @@ class SourceAttention(nn.Module):
 
     def forward(self, query: Tensor, t: int, source: Source) -> tuple[Tensor, Alignment]:
         """The context ``(B, 1, d_hidden)`` for a query ``(B, 1, d_hidden)`` at target step ``t``."""
-        _, match = split_score(self.score)
-        scores, mask = match(query, source.keys), source.mask  # (B, 1, S) each
+        if isinstance(self.score, LocationAware):
+            scores = self.score.match(query, source.keys, source.previous)  # (B, 1, S)
+        else:
+            scores = split_score(self.score)[1](query, source.keys)  # (B, 1, S)
+        mask = source.mask  # (B, 1, S)
         if self.hard:  # a policy's probabilities in float32 (or 64), also under bf16 autocast: log p is
             scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # REINFORCE's gradient
         if self.local != "none":
@@ -120,6 +140,8 @@ class SourceAttention(nn.Module):
         if self.local == "local-p":  # prefer positions near p_t: a Gaussian with σ = D/2 (Luong eq. 10)
             distance = torch.arange(scores.size(-1), device=scores.device) - centre  # (B, 1, S)
             weights = weights * torch.exp(-distance.square() / (2 * (self.window / 2) ** 2))
+        if source.previous is not None:  # what the next step's location features read
+            source.previous = weights.squeeze(1)
         if self.hard:
             return self._sample(weights.squeeze(1), source)
         return weights @ source.annotations, Alignment(weights.squeeze(1))

@@ -10,6 +10,7 @@ the trainer calls the task's methods and never branches on which task it is.
 | ``qa`` | extractive question answering (``span_qa.py``) | ``encoder``, ``span`` |
 | ``cluttered-digits`` | image classification (``image_classification.py``) | ``glimpse``, ``whole-image`` |
 | ``captions`` | image captioning (``captioning.py``) | ``show-attend-tell``, ``caption-transformer`` |
+| ``speech`` | speech recognition (``speech.py``) | ``listen-attend-spell`` |
 
 Every task offers what ``protocol.py``'s :class:`Task` lists (batches, loss, validation, and ``infer``:
 what a model trained on it makes of new inputs). A task may fill
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnkit.config import CAPTION_TASK, IMAGE_TASK, SUMMARY_TASK, TRANSLATION_TASKS, RunConfig
+from attnkit.config import CAPTION_TASK, IMAGE_TASK, SPEECH_TASK, SUMMARY_TASK, TRANSLATION_TASKS, RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.tasks.captioning import CaptioningTask
 from attnkit.tasks.classification import ClassificationTask
@@ -30,6 +31,7 @@ from attnkit.tasks.language_modelling import LanguageModellingTask
 from attnkit.tasks.masked_lm import MaskedLMTask
 from attnkit.tasks.protocol import Task
 from attnkit.tasks.span_qa import SpanQATask
+from attnkit.tasks.speech import SpeechTask
 from attnkit.tasks.translation import SummarisationTask, TranslationTask
 
 TASK_CLASSES: dict[str, type] = {
@@ -41,6 +43,7 @@ TASK_CLASSES: dict[str, type] = {
     "qa": SpanQATask,
     IMAGE_TASK: ImageClassificationTask,
     CAPTION_TASK: CaptioningTask,
+    SPEECH_TASK: SpeechTask,
 }
 
 

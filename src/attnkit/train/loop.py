@@ -35,7 +35,7 @@ from attnkit.atomic import atomic_writer
 from attnkit.checkpoint.folder import load_model_weights, read_run_config, resolve_checkpoint, save_checkpoint
 from attnkit.checkpoint.run_dir import clear_run, earlier_run, lock_run
 from attnkit.checkpoint.trainer_state import load_trainer_state, rng_state
-from attnkit.config import RunConfig, TrainConfig
+from attnkit.config import LOWER_IS_BETTER, RunConfig, TrainConfig
 from attnkit.cpu import speed_up
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.loading import build_for_tokenizer, read_tokenizer
@@ -482,7 +482,7 @@ class Trainer:
         train_seconds = max(time.perf_counter() - window["began"], 1e-9)  # before validation's time
         scores = self.scores = self.validate()
         metric = self.config.train.eval_metric
-        value = scores[self.task.metrics[metric]] * (-1 if metric == "loss" else 1)  # higher is better
+        value = scores[self.task.metrics[metric]] * (-1 if metric in LOWER_IS_BETTER else 1)  # higher: better
         is_best = self.best is None or value > self.best
         self.best, self.bad_evals = (value, 0) if is_best else (self.best, self.bad_evals + 1)
         tokens = max(window["tokens"], 1.0)

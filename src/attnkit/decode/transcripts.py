@@ -1,0 +1,74 @@
+"""Transcripts of utterances by a trained speech recogniser (models/listen_attend_spell.py), searched
+as captions and translations are (decode/captions.py's :func:`~attnkit.decode.captions.written`):
+greedy for a beam of 1, beam search otherwise. Utterances go in batches of ``decode.batch_size`` of
+similar lengths (less padding), and come back in their order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attnkit.config import DecodeConfig
+from attnkit.data.batching import pad
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.captions import written
+from attnkit.decode.search import Search
+from attnkit.models import evaluating
+
+
+def padded_frames(features: Sequence[Tensor]) -> Tensor:
+    """Utterances' features ``(frames, n_mels)`` as one batch ``(B, T, n_mels)``, zero frames after
+    each one's end (what the model reads its lengths from)."""
+    return torch.nn.utils.rnn.pad_sequence(list(features), batch_first=True)
+
+
+@torch.no_grad()
+def transcribe(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    features: Sequence[Tensor],
+    decode: DecodeConfig,
+    *,
+    beam_size: int | None = None,
+    device: torch.device | str = "cpu",
+) -> list[str]:
+    """The transcript of each utterance of ``features`` (each ``(frames, n_mels)``), by ``decode``'s
+    beam (or ``beam_size``)."""
+    search = Search.of(decode, beam_size=beam_size or decode.beam_size, max_output_len=model.config.max_len)
+    order = sorted(range(len(features)), key=lambda i: len(features[i]))
+    found: dict[int, str] = {}
+    with evaluating(model):
+        for start in range(0, len(order), decode.batch_size):
+            rows = order[start : start + decode.batch_size]
+            frames = padded_frames([features[i] for i in rows]).to(device)  # (B, T, n_mels)
+            found.update(zip(rows, written(model, tokenizer, frames, search), strict=True))
+    return [found[i] for i in range(len(features))]
+
+
+@torch.no_grad()
+def alignments_while_spelling(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    features: Sequence[Tensor],
+    transcripts: list[str],
+    device: torch.device | str,
+    batch_size: int = 64,
+) -> tuple[list[list[int]], Tensor]:
+    """Each transcript's tokens, and the attention over the annotations at each step that wrote one of
+    them, ``(N, T, S)`` (zero past each utterance's annotations and transcript): ``transcripts`` (what
+    the model heard in ``features``) read back teacher-forced."""
+    specials = tokenizer.specials
+    ids = [tokenizer.encode(text) for text in transcripts]
+    parts = []
+    with evaluating(model):
+        for start in range(0, len(ids), batch_size):
+            tgt_in = pad([[specials.bos, *t] for t in ids[start : start + batch_size]], specials.pad)
+            frames = padded_frames(features[start : start + batch_size])
+            parts.append(model.alignments(frames.to(device), tgt_in.to(device)).float().cpu())
+    steps, places = max(p.size(1) for p in parts), max(p.size(2) for p in parts)
+    weights = torch.cat(
+        [torch.nn.functional.pad(p, (0, places - p.size(2), 0, steps - p.size(1))) for p in parts]
+    )
+    return ids, weights

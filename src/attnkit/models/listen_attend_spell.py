@@ -1,0 +1,140 @@
+"""Listen, Attend and Spell (Chan et al., 2016): a speech recogniser that spells what it hears, one
+character a step, attending to the frames of the utterance.
+
+The **listener** (Chan et al. §3.1) reads log-mel frames (data/audio.py: ``n_mels`` numbers every
+10 ms). It first stacks ``stack`` consecutive frames into one and keeps every ``stack``-th (a lower
+frame rate, as later LAS systems do, for speed), then runs a bidirectional LSTM, then ``pyramid``
+*pyramidal* BLSTM layers: each joins two consecutive outputs of the layer below into one input, so
+the time resolution halves at each (eq. 5: ``h_i^j = pBLSTM(h_{i-1}^j, [h_{2i}^{j-1}; h_{2i+1}^{j-1}])``).
+An utterance of ``T`` frames becomes ``T / (stack · 2^pyramid)`` annotations ``h`` (30 frames a second
+are 4 annotations ... ``d_hidden`` wide): fewer places to attend to, each holding more sound, which is
+what lets attention find its way (Chan et al.: without the pyramid the model did not converge).
+
+The **speller** is the RNN decoder of models/rnn.py: an LSTM that reads the previous character and
+the context, with location-aware attention by default (``attention: location``, Chorowski et al.,
+2015: Bahdanau's additive score plus features of the previous step's weights), or plain additive
+attention (``bahdanau``) to compare. Its first state comes from the mean annotation
+(:class:`~attnkit.models.rnn.MeanBridge`).
+
+An utterance's frames are padded with zero frames to the batch's longest; a frame of exact zeros is
+never a real one (the features are normalised log energies), so :func:`frame_lengths` reads each
+utterance's length from them and the model takes the padded features alone, as the search needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import ConfigError, require_at_least
+from attnkit.models.rnn import MeanBridge, RNNConfig, RNNSeq2Seq
+from attnkit.models.rnn_attention import Source
+
+
+@dataclass
+class ListenAttendSpellConfig(RNNConfig):
+    """A Listen-Attend-Spell recogniser (``arch: listen-attend-spell``); RNNConfig's fields for its
+    speller."""
+
+    ARCH: ClassVar[str] = "listen-attend-spell"
+    arch: str = "listen-attend-spell"
+    cell: str = "lstm"
+    attention: str = "location"  # Chorowski's location-aware attention (or bahdanau, dot, ...)
+    n_mels: int = 40  # features a frame (set from the data)
+    stack: int = 3  # frames stacked into one at the input: 10 ms frames -> 30 ms
+    pyramid: int = 2  # pyramidal BLSTM layers, each halving the frames
+    max_len: int = 100  # longest transcript the search spells, in characters
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "las-small": {"d_embed": 64, "d_hidden": 256, "dropout": 0.1},
+        "las-tiny": {"d_embed": 16, "d_hidden": 32, "dropout": 0.0, "pyramid": 1},  # tests
+    }
+
+    @property
+    def reduction(self) -> int:
+        """Frames per annotation."""
+        return self.stack * 2**self.pyramid
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.attention == "none":
+            raise ConfigError(
+                "model.attention: a speller attends to the frames; choose location, bahdanau, ..."
+            )
+        if self.hard:
+            raise ConfigError(
+                "model.hard: Listen, Attend and Spell attends softly; hard attention is for images"
+            )
+        require_at_least("model.n_mels", self.n_mels, 1)
+        require_at_least("model.stack", self.stack, 1)
+        require_at_least("model.pyramid", self.pyramid, 0)
+
+
+def frame_lengths(frames: Tensor) -> Tensor:
+    """How many frames of each padded utterance ``frames (B, T, n_mels)`` are real, ``(B,)``: up to its
+    last frame that is not all zeros (see the module docstring); at least one."""
+    real = frames.ne(0).any(-1)  # (B, T)
+    positions = torch.arange(1, frames.size(1) + 1, device=frames.device)
+    return (real * positions).amax(-1).clamp(min=1)
+
+
+def _bidirectional(layer: nn.LSTM, x: Tensor, lengths: Tensor) -> Tensor:
+    """``layer`` over the first ``lengths`` steps of each row of ``x (B, T, ·)``: ``(B, T, d)``, zeros
+    after each row's end."""
+    packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    out, _ = layer(packed)
+    return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.size(1))[0]
+
+
+class Listener(nn.Module):
+    """Frames ``(B, T, n_mels)`` -> annotations ``(B, T / reduction, d_hidden)`` and their lengths: a
+    BLSTM over stacked frames, then the pyramidal BLSTMs (module docstring)."""
+
+    def __init__(self, config: ListenAttendSpellConfig) -> None:
+        super().__init__()
+        c, half = config, config.d_hidden // 2
+        self.stack = c.stack
+        self.bottom = nn.LSTM(c.n_mels * c.stack, half, batch_first=True, bidirectional=True)
+        self.pyramid = nn.ModuleList(
+            nn.LSTM(2 * c.d_hidden, half, batch_first=True, bidirectional=True) for _ in range(c.pyramid)
+        )
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, frames: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        h, lengths = _joined(frames, lengths, self.stack)  # (B, T / stack, stack · n_mels)
+        h = _bidirectional(self.bottom, h, lengths)  # (B, T / stack, d_hidden)
+        for layer in self.pyramid:
+            h, lengths = _joined(self.dropout(h), lengths, 2)  # (B, T', 2 · d_hidden), T' halved
+            h = _bidirectional(layer, h, lengths)  # (B, T', d_hidden)
+        return h, lengths
+
+
+def _joined(x: Tensor, lengths: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Each ``k`` consecutive steps of ``x (B, T, d)`` side by side, ``(B, ⌈T / k⌉, k · d)`` (the last
+    group padded with zeros), and the new lengths (a group with any real step is real)."""
+    B, T, d = x.shape
+    padded = nn.functional.pad(x, (0, 0, 0, -T % k))  # (B, k · ⌈T / k⌉, d)
+    return padded.reshape(B, -1, k * d), torch.div(lengths + k - 1, k, rounding_mode="floor")
+
+
+class ListenAttendSpell(RNNSeq2Seq):
+    """``forward(frames, tgt_in) -> logits (B, T, V)``, ``alignments(frames, tgt_in) -> (B, T, S)``
+    (each character's attention over the annotations, ``reduction`` frames each); ``decoding(frames)``
+    for search. The RNN translation model with the listener in place of the text encoder."""
+
+    def __init__(self, config: ListenAttendSpellConfig, vocab_size: int) -> None:
+        super().__init__(config, vocab_size)
+        c = config
+        self.encoder = Listener(c)  # in place of the translation model's bidirectional RNN
+        self.bridge = MeanBridge(c.d_hidden, c.layers, c.cell)
+
+    def encode(self, frames: Tensor) -> tuple[Source, Any]:
+        """The annotations to attend to and the speller's first state, for ``frames (B, T, n_mels)``
+        (zero frames after each utterance's end)."""
+        annotations, lengths = self.encoder(frames, frame_lengths(frames))  # (B, S, d_hidden), (B,)
+        positions = torch.arange(annotations.size(1), device=frames.device)
+        mask = (positions[None, :] < lengths[:, None].to(frames.device)).unsqueeze(1)  # (B, 1, S)
+        return self.attention.prepare(annotations, mask), self.bridge(annotations, mask)
