@@ -41,7 +41,9 @@ def test_every_preset_of_every_architecture_builds_and_overrides_apply():
             small = build_model(from_preset(name, **width, channels=8, image_size=24), 40)
             assert small(torch.rand(2, 1, 24, 24), torch.ones(2, 3, dtype=torch.long)).shape == (2, 3, 40)
             continue
-        if config.arch == "listen-attend-spell":  # frames and the transcript so far in, a character a step out
+        if (
+            config.arch == "listen-attend-spell"
+        ):  # frames and the transcript so far in, a character a step out
             small = build_model(from_preset(name, d_embed=16, d_hidden=32, n_mels=8), 40)
             assert small(torch.randn(2, 30, 8), torch.ones(2, 3, dtype=torch.long)).shape == (2, 3, 40)
             continue

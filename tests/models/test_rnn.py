@@ -159,3 +159,28 @@ def test_hard_attention_learns_to_align_with_reinforce(copy_data, tmp_path):
     assert scores["valid_accuracy"] >= 0.7, scores
     assert trained.baseline.value < 0  # the baseline (a mean log-likelihood) came back with the weights
     assert _copied_by_the_command_line(run, copy_data) >= 14
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_step_rnn_is_torchs_lstm_and_gru_with_the_same_weights(cell):
+    """The decoder's stacked cells, a step a call, against ``nn.LSTM`` / ``nn.GRU`` (2 layers) run over the
+    whole sequence with the same parameters (loaded from its state dict: the names are the same)."""
+    from attnkit.models.rnn import StepRNN
+
+    torch.manual_seed(0)
+    reference = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell](12, 16, 2, batch_first=True).double()
+    stepped = StepRNN(cell, 12, 16, 2).double()
+    stepped.load_state_dict(reference.state_dict())
+    x = torch.randn(3, 6, 12, dtype=torch.float64)
+    h = torch.randn(2, 3, 16, dtype=torch.float64)
+    state = (h, torch.randn(2, 3, 16, dtype=torch.float64)) if cell == "lstm" else h
+    expected, final = reference(x, state)
+    outputs = []
+    for t in range(6):
+        output, state = stepped(x[:, t : t + 1], state)
+        outputs.append(output)
+    torch.testing.assert_close(torch.cat(outputs, 1), expected, rtol=0, atol=1e-12)
+    for mine, theirs in zip(
+        state if cell == "lstm" else [state], final if cell == "lstm" else [final], strict=True
+    ):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)

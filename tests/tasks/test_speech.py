@@ -57,6 +57,12 @@ def test_a_speech_recogniser_trains_is_evaluated_and_transcribes_wav_files(tmp_p
     assert result.exit_code == 0, result.output
     said = r"CER [\d.]+%, WER [\d.]+%, monotone alignments [\d.]+%, on 16 test utterances by voices never"
     assert re.search(said, result.stdout), result.stdout
+    plot = tmp_path / "alignments.png"
+    result = CliRunner().invoke(app, ["evaluate", "--ckpt", str(run), "--plot", str(plot)])
+    assert result.exit_code == 0 and f"alignments over the spectrograms: {plot}" in result.stdout, (
+        result.output
+    )
+    assert plot.stat().st_size > 20_000  # three spectrograms, each over its alignment
     utterances = spoken_utterances("test", 2, seed=11)
     files = []
     for i, u in enumerate(utterances):

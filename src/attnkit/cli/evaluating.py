@@ -96,8 +96,9 @@ def _score(ckpt: Path, given: Given, overrides: list[str], plot: Path | None) ->
     arch, task = run_config.model.arch, task_of(run_config)
     scoring = task.scoring
     captioner = arch in archs(reading="images", writing="text")
-    if plot is not None and not (captioner or arch == GlimpseConfig.ARCH):
-        drawn = "a glimpse model's glimpses or a captioner's attention"
+    recogniser = arch in archs(reading="audio", writing="text")
+    if plot is not None and not (captioner or recogniser or arch == GlimpseConfig.ARCH):
+        drawn = "a glimpse model's glimpses, a captioner's attention or a speech recogniser's alignments"
         raise AttnkitError(f"--plot draws {drawn}; {ckpt} holds {a_model(arch)}")
     given_files = tuple(name for name in ("src", "ref", "data") if getattr(given, name) is not None)
     if given_files != scoring.files:
@@ -112,6 +113,10 @@ def _score(ckpt: Path, given: Given, overrides: list[str], plot: Path | None) ->
     lines = task.score(model, tokenizer, config, given, device)
     if plot is not None and captioner:
         lines.append(f"attention, word by word: {_plot_captions(model, tokenizer, config, plot, device)}")
+    elif plot is not None and recogniser:
+        lines.append(
+            f"alignments over the spectrograms: {_plot_alignments(model, tokenizer, config, plot, device)}"
+        )
     elif plot is not None:
         lines.append(f"glimpse paths: {_plot_glimpses(model, config, plot, device)}")
     return lines
@@ -149,6 +154,17 @@ def _plot_captions(model, tokenizer, config, plot: Path, device) -> Path:
     return plot_caption_strips(
         model, tokenizer, images, caption(model, tokenizer, images, config.decode), plot
     )
+
+
+def _plot_alignments(model, tokenizer, config, plot: Path, device) -> Path:
+    """A speech recogniser's transcripts of the first 3 test utterances, each over its spectrogram."""
+    from attnkit.decode.transcripts import transcribe
+    from attnkit.tasks.speech import split_utterances
+    from attnkit.viz.speech_alignments import plot_speech_alignments
+
+    features = split_utterances(config, "test").features[:3]
+    heard = transcribe(model, tokenizer, features, config.decode, device=device)
+    return plot_speech_alignments(model, tokenizer, features, heard, plot, device)
 
 
 def _plot_glimpses(model, config, plot: Path, device) -> Path:

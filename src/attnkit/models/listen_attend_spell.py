@@ -81,12 +81,31 @@ def frame_lengths(frames: Tensor) -> Tensor:
     return (real * positions).amax(-1).clamp(min=1)
 
 
-def _bidirectional(layer: nn.LSTM, x: Tensor, lengths: Tensor) -> Tensor:
-    """``layer`` over the first ``lengths`` steps of each row of ``x (B, T, ·)``: ``(B, T, d)``, zeros
-    after each row's end."""
-    packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-    out, _ = layer(packed)
-    return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.size(1))[0]
+class BidirectionalLSTM(nn.Module):
+    """An LSTM each way over the first ``lengths`` steps of each row of ``x (B, T, inputs)``: ``(B, T,
+    2 · hidden)``, the two directions side by side, zeros after each row's end.
+
+    The forward LSTM reads the padded rows as they are (padding only follows a row's real steps); the
+    backward one reads each row with its real steps reversed, so that it too starts at the row's end
+    and never at padding, and its outputs are put back in order. The same as ``nn.LSTM(bidirectional=
+    True)`` over a packed sequence, and on a CPU several times faster to train: packing's backward pass
+    clears and adds a gradient as large as the whole batch at every time step.
+    """
+
+    def __init__(self, inputs: int, hidden: int) -> None:
+        super().__init__()
+        self.forwards = nn.LSTM(inputs, hidden, batch_first=True)
+        self.backwards = nn.LSTM(inputs, hidden, batch_first=True)
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        steps = torch.arange(x.size(1), device=x.device)[None, :]  # (1, T)
+        lengths = lengths.to(x.device)[:, None]  # (B, 1)
+        real = steps < lengths  # (B, T)
+        reverse = torch.where(real, lengths - 1 - steps, steps)  # (B, T): a row's real steps reversed
+        ahead, _ = self.forwards(x)  # (B, T, hidden)
+        behind, _ = self.backwards(x.gather(1, reverse[..., None].expand_as(x)))
+        behind = behind.gather(1, reverse[..., None].expand_as(behind))  # back in order
+        return torch.cat([ahead, behind], -1) * real[..., None]  # (B, T, 2 · hidden)
 
 
 class Listener(nn.Module):
@@ -97,18 +116,16 @@ class Listener(nn.Module):
         super().__init__()
         c, half = config, config.d_hidden // 2
         self.stack = c.stack
-        self.bottom = nn.LSTM(c.n_mels * c.stack, half, batch_first=True, bidirectional=True)
-        self.pyramid = nn.ModuleList(
-            nn.LSTM(2 * c.d_hidden, half, batch_first=True, bidirectional=True) for _ in range(c.pyramid)
-        )
+        self.bottom = BidirectionalLSTM(c.n_mels * c.stack, half)
+        self.pyramid = nn.ModuleList(BidirectionalLSTM(2 * c.d_hidden, half) for _ in range(c.pyramid))
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, frames: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         h, lengths = _joined(frames, lengths, self.stack)  # (B, T / stack, stack · n_mels)
-        h = _bidirectional(self.bottom, h, lengths)  # (B, T / stack, d_hidden)
+        h = self.bottom(h, lengths)  # (B, T / stack, d_hidden)
         for layer in self.pyramid:
             h, lengths = _joined(self.dropout(h), lengths, 2)  # (B, T', 2 · d_hidden), T' halved
-            h = _bidirectional(layer, h, lengths)  # (B, T', d_hidden)
+            h = layer(h, lengths)  # (B, T', d_hidden)
         return h, lengths
 
 

@@ -98,6 +98,60 @@ class RNNConfig(_Presets):
         require_at_least("model.pad_id", self.pad_id, 0)
 
 
+class StepRNN(nn.Module):
+    """The decoder's stacked LSTM or GRU, run one step at a time: ``(x (B, 1, input), state) ->
+    (output (B, 1, hidden), state)`` as ``nn.LSTM`` / ``nn.GRU`` with ``batch_first`` give them, with
+    their parameters (the same names, shapes and initialisation: a checkpoint of either loads) and their
+    documented equations, written out:
+
+    - LSTM: ``i, f, g, o = W_i x + b_i + W_h h + b_h`` (four blocks), ``c' = σ(f) c + σ(i) tanh(g)``,
+      ``h' = σ(o) tanh(c')``;
+    - GRU: ``r, z = σ(W_ir x + b_ir + W_hr h + b_hr), σ(...)``, ``n = tanh(W_in x + b_in + r (W_hn h +
+      b_hn))``, ``h' = (1 - z) n + z h``.
+
+    Why not ``nn.LSTM`` itself: on a CPU it runs each call as a oneDNN RNN primitive, whose set-up costs
+    tens of milliseconds whatever the length, and a decoder calls it once a step (forward and backward):
+    it was nine tenths of a speech model's training step. These few matrix products and element-wise
+    operations cost a fraction of a millisecond at the decoder's sizes, and follow autocast's bf16.
+    """
+
+    def __init__(self, cell: str, input_size: int, hidden_size: int, layers: int) -> None:
+        super().__init__()
+        self.lstm, self.hidden_size, self.layers = cell == "lstm", hidden_size, layers
+        gates = (4 if self.lstm else 3) * hidden_size
+        bound = hidden_size**-0.5  # PyTorch's initialisation: U(-1/√hidden, 1/√hidden) for every parameter
+        for k in range(layers):
+            inputs = input_size if k == 0 else hidden_size
+            shapes = {f"weight_ih_l{k}": (gates, inputs), f"weight_hh_l{k}": (gates, hidden_size),
+                      f"bias_ih_l{k}": (gates,), f"bias_hh_l{k}": (gates,)}  # fmt: skip
+            for name, shape in shapes.items():
+                self.register_parameter(name, nn.Parameter(torch.empty(shape).uniform_(-bound, bound)))
+
+    def forward(self, x: Tensor, state: Any) -> tuple[Tensor, Any]:
+        h_all, c_all = state if self.lstm else (state, None)  # (layers, B, hidden) each
+        h_new, c_new = [], []
+        inputs = x.squeeze(1)  # (B, input)
+        for k in range(self.layers):
+            weights = [
+                getattr(self, f"{name}_l{k}") for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")
+            ]
+            from_x = nn.functional.linear(inputs, weights[0], weights[1])  # (B, gates)
+            from_h = nn.functional.linear(h_all[k], weights[2], weights[3])
+            if self.lstm:
+                i, f, g, o = (from_x + from_h).chunk(4, -1)
+                c = torch.sigmoid(f) * c_all[k] + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                c_new.append(c)
+            else:
+                (x_r, x_z, x_n), (h_r, h_z, h_n) = from_x.chunk(3, -1), from_h.chunk(3, -1)
+                r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+                h = (1 - z) * torch.tanh(x_n + r * h_n) + z * h_all[k]
+            h_new.append(h)
+            inputs = h
+        h_stack = torch.stack(h_new)  # (layers, B, hidden)
+        return inputs.unsqueeze(1), ((h_stack, torch.stack(c_new)) if self.lstm else h_stack)
+
+
 class MeanBridge(nn.Linear):
     """The decoder's first state from the mean annotation, ``h_0 (, c_0) = tanh(W · mean_j h_j + b)``
     (Xu et al., 2015, §3.1.2, ``f_init``), for an encoder whose last states sum up nothing (an image's
@@ -134,7 +188,9 @@ class RNNSeq2Seq(nn.Module):
         self.luong = c.attention in ("dot", "general", "concat")
         self.additive = c.attention in ("bahdanau", "location")  # Bahdanau's decoder: attend, then step
         feed = c.d_hidden if self.additive or (self.luong and c.input_feeding) else 0
-        self.decoder = rnn(c.d_embed + feed, c.d_hidden, c.layers, batch_first=True)
+        self.decoder = StepRNN(
+            c.cell, c.d_embed + feed, c.d_hidden, c.layers
+        )  # nn.LSTM's maths, a step a call
         if c.attention != "none":
             self.attention = SourceAttention(
                 c.attention, c.d_hidden, c.local, c.window, c.hard, c.hard_expected, c.hard_soft_batches

@@ -1,14 +1,14 @@
 """Speech recognition on spoken dates and numbers (``data.task: speech``): the task of the
 Listen-Attend-Spell recogniser (``model.arch: listen-attend-spell``, models/listen_attend_spell.py).
 
-The utterances are synthesised when a run starts (data/spoken.py, espeak-ng): ``data.n_train`` training
-utterances, fixed by the run's seed (new noise cannot be added to stored features, and synthesis costs a
-minute for 8,000), and ``data.n_valid`` validation utterances and as many test ones, spoken by voices
-never trained on. Each becomes log-mel features (data/audio.py). A batch is ``train.batch_size``
-utterances of similar lengths, padded with zero frames, their transcripts as ``<s> y`` and ``y </s>``
-(one token a character); the loss is the label-smoothed cross-entropy of the characters. Validation
-reports loss and perplexity, and the character and word error rates of greedy transcripts; the test
-adds how often the alignment is monotone (:func:`monotone_share`).
+The utterances are synthesised when a run first needs them (data/spoken.py, espeak-ng; then kept as
+features under ``data.store``, data/spoken_store.py): ``data.n_train`` training utterances, fixed by the
+run's seed (synthesis costs a minute for 8,000), and ``data.n_valid`` validation utterances and as many
+test ones, spoken by voices never trained on. Each becomes log-mel features (data/audio.py). A batch
+is ``train.batch_size`` utterances of similar lengths, padded with zero frames, their transcripts as
+``<s> y`` and ``y </s>`` (one token a character); the loss is the label-smoothed cross-entropy of the
+characters. Validation reports loss and perplexity, and the character and word error rates of greedy
+transcripts; the test adds how often the alignment is monotone (:func:`monotone_share`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from attnkit.config import RunConfig
 from attnkit.data.audio import log_mel
 from attnkit.data.batching import pad
 from attnkit.data.spoken import CHARACTERS, SAMPLE_RATE, spoken_utterances
+from attnkit.data.spoken_store import kept_or_made
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.transcripts import alignments_while_spelling, padded_frames, transcribe
 from attnkit.metrics import error_rates
@@ -75,12 +76,19 @@ def speech_batch(spoken: Spoken, indices: list[int], tokenizer: Tokenizer) -> Sp
 
 def split_utterances(config: RunConfig, split: str) -> Spoken:
     """The synthesised ``train`` utterances (``n_train``), or the ``valid``/``test`` ones (``n_valid``
-    each), of a run's config, as features."""
-    d, seed = config.data, config.train.seed
+    each), of a run's config, as features: synthesised once, then read from ``data.store``
+    (data/spoken_store.py)."""
+    d, n_mels = config.data, config.model.n_mels
     n = d.n_train if split == "train" else d.n_valid
-    utterances = spoken_utterances(split, n, seed + {"train": 0, "valid": 1, "test": 2}[split])
-    features = [log_mel(u.audio, SAMPLE_RATE, config.model.n_mels) for u in utterances]
-    return Spoken(features, [u.text for u in utterances], [u.voice for u in utterances])
+    seed = config.train.seed + {"train": 0, "valid": 1, "test": 2}[split]
+
+    def synthesised() -> tuple[list[Tensor], list[str], list[str]]:
+        utterances = spoken_utterances(split, n, seed)
+        features = [log_mel(u.audio, SAMPLE_RATE, n_mels) for u in utterances]
+        return features, [u.text for u in utterances], [u.voice for u in utterances]
+
+    settings = {"split": split, "n": n, "seed": seed, "n_mels": n_mels}
+    return Spoken(*kept_or_made(d.store, settings, synthesised))
 
 
 def character_tokenizer() -> Tokenizer:
@@ -128,9 +136,9 @@ class SpeechTask:
         hours = sum(len(f) for f in self.train.features) / 100 / 3600  # a frame every 10 ms
         took = time.perf_counter() - began
         echo(
-            f"utterances synthesised in {took:.0f} s: {len(self.train):,} for training ({hours:.1f} hours "
-            f"of speech), {len(self.valid):,} for validation (voices never trained on); "
-            f"{self.tokenizer.vocab_size} tokens: the characters, the specials"
+            f"utterances synthesised (or read from data.store) in {took:.0f} s: {len(self.train):,} for "
+            f"training ({hours:.1f} hours of speech), {len(self.valid):,} for validation (voices never "
+            f"trained on); {self.tokenizer.vocab_size} tokens: the characters, the specials"
         )
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:

@@ -1,0 +1,92 @@
+# %% [markdown]
+# # Captioning: where a model looks as it writes
+#
+# Translation is where attention began; captioning is where it was first *seen*. Xu et al. (2015, "Show,
+# Attend and Tell") let a decoder writing a caption attend to the regions of an image, one word at a
+# time, and drew, for each word, the image lit where the decoder looked: as it wrote "bird", the bird.
+# They gave two forms of it. **Soft** attention reads a weighted average of all the regions, trained by
+# backpropagation like any other layer. **Hard** attention reads *one* region, sampled from the
+# weights, and is trained by REINFORCE (a sampled choice has no gradient): noisier to train, but what it
+# reads is exactly one place. Today's captioners keep the idea in a Transformer: the paper's decoder,
+# with multi-head attention over the image's regions instead of over a source sentence.
+#
+# This page uses attnkit's generated digit scenes (`attnkit.data.digit_scenes`: two to four of
+# scikit-learn's digits in the cells of a 2×2 grid, captioned "a 3 in the top left , an 8 in the bottom
+# right"), trains the Transformer captioner (`model.arch=caption-transformer`: a small CNN's 6×6 regions,
+# one encoder layer, the paper's decoder) for 450 steps (about a minute), captions scenes drawn from
+# digits it never saw, and measures how often its attention, as it writes a digit, is on that digit.
+#
+# Needs scikit-learn (`pip install 'attnkit[vision]'`), for its bundled digits. Run: `python
+# captioning.py` (about a minute on a CPU; writes `captioning.png` into the current folder).
+
+# %%
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import torch
+
+from attnkit.config import load_run_config
+from attnkit.data.digit_scenes import digit_scenes
+from attnkit.decode.captions import caption
+from attnkit.loading import load_for_inference
+from attnkit.metrics import exact_match
+from attnkit.tasks.captioning import attention_on_digits, pixels, split_scenes
+from attnkit.train.loop import Trainer
+from attnkit.viz.caption_strips import plot_caption_strips
+
+if importlib.util.find_spec("sklearn") is None:
+    raise SystemExit("this page draws scikit-learn's bundled digits: pip install 'attnkit[vision]'")
+torch.set_num_threads(min(2, torch.get_num_threads()))  # the same work on any machine
+for scene_caption in digit_scenes("train", 3, seed=0).captions:
+    print("a scene:", scene_caption)
+
+# %% [markdown]
+# ## Training
+#
+# 450 steps of 64 new scenes each (Adam, a warm-up of 50 steps, then a cosine decay of the learning
+# rate from 10⁻³), the loss the cross-entropy of each caption's words. The captioner is the preset
+# `caption-transformer-small` with one encoder layer: a 48×48 scene becomes 36 regions of 8×8 pixels,
+# each 128 numbers wide with a learned embedding of its place, and two decoder layers of 4 heads write
+# the caption a word at a time.
+
+# %%
+settings = [
+    "model.arch=caption-transformer", "model.preset=caption-transformer-small", "model.encoder_layers=1",
+    "data.n_train=8000", "data.n_valid=200", "train.batch_size=64", "train.schedule=cosine", "train.lr=1e-3",
+    "train.warmup=50", "train.min_lr=5e-5", "train.decay_steps=450", "train.max_steps=450",
+    "train.eval_every=450", "train.label_smoothing=0", "train.log_every=0", "train.seed=1",
+]  # fmt: skip
+with tempfile.TemporaryDirectory() as work:
+    Trainer(load_run_config(None, settings), Path(work) / "run", echo=lambda message: None).fit()
+    model, tokenizer, config = load_for_inference(Path(work) / "run", "cpu")
+test = split_scenes(config, "test")  # 200 scenes of digits never trained on
+found = caption(model, tokenizer, pixels(test.images), config.decode, beam_size=1)
+exact = exact_match(found, test.captions)
+on_digit = attention_on_digits(model, tokenizer, test, found, "cpu")
+print(f"exact captions: {exact:.1%} of {len(test)} test scenes")
+print(f"attention on the digit being named: {on_digit:.1%} (a region drawn at random: about 20%)")
+for written, truth in list(zip(found, test.captions, strict=True))[:3]:
+    print(f"  wrote {written!r}" + ("" if written == truth else f"  (the scene: {truth!r})"))
+
+# %% [markdown]
+# ## Where it looked
+#
+# Below, three test scenes and, for each word, the image lit by the attention of the step that wrote
+# it: the last decoder layer's four heads averaged, the most attended region outlined. As the
+# captioner writes a digit it looks at that digit; for "in the top left" it looks about the digit's
+# cell. "Attention on the digit" above counts the digit words whose most attended region has its
+# centre on the digit (a region's centre is on a 16×16 digit about one time in five by chance).
+#
+# A minute of training gets most scenes right; the errors are digits misread. Given six minutes the
+# same model writes 96.8% of 500 test scenes exactly, better than the LSTM captioners of Xu et al. with
+# soft (94.2%) or hard attention (95.0%), whose single attention is on the named digit more often:
+# 89% and 98% of the time ([results](../results.md)). `attnkit explore --ckpt A --ckpt B --image
+# scene.png` puts several captioners side by side on one image.
+
+# %%
+plot_caption_strips(model, tokenizer, pixels(test.images[:3]), found[:3], "captioning.png")
+
+# %%
+assert exact > 0.5, exact  # most held-out scenes captioned exactly after a minute
+assert on_digit > 0.5, on_digit  # attention on the digit being named, well above chance
