@@ -13,11 +13,11 @@
 # This page uses attnkit's generated digit scenes (`attnkit.data.digit_scenes`: two to four of
 # scikit-learn's digits in the cells of a 2×2 grid, captioned "a 3 in the top left , an 8 in the bottom
 # right"), trains the Transformer captioner (`model.arch=caption-transformer`: a small CNN's 6×6 regions,
-# one encoder layer, the paper's decoder) for 450 steps (about a minute), captions scenes drawn from
-# digits it never saw, and measures how often its attention, as it writes a digit, is on that digit.
+# two encoder layers, the paper's decoder) for 560 steps (a minute and a half), captions scenes drawn
+# from digits it never saw, and measures how often its attention, as it writes a digit, is on that digit.
 #
 # Needs scikit-learn (`pip install 'attnkit[vision]'`), for its bundled digits. Run: `python
-# captioning.py` (about a minute on a CPU; writes `captioning.png` into the current folder).
+# captioning.py` (a minute and a half on a CPU; writes `captioning.png` into the current folder).
 
 # %%
 import importlib.util
@@ -44,18 +44,18 @@ for scene_caption in digit_scenes("train", 3, seed=0).captions:
 # %% [markdown]
 # ## Training
 #
-# 450 steps of 64 new scenes each (Adam, a warm-up of 50 steps, then a cosine decay of the learning
-# rate from 10⁻³), the loss the cross-entropy of each caption's words. The captioner is the preset
-# `caption-transformer-small` with one encoder layer: a 48×48 scene becomes 36 regions of 8×8 pixels,
-# each 128 numbers wide with a learned embedding of its place, and two decoder layers of 4 heads write
-# the caption a word at a time.
+# The first 560 steps of the recipe `configs/captions_transformer.yaml` (64 new scenes a step, Adam,
+# a warm-up of 200 steps to a learning rate of 10⁻³), the loss the cross-entropy of each caption's
+# words. The captioner is the preset `caption-transformer-small`: a 48×48 scene becomes 36 regions of
+# 8×8 pixels, each 128 numbers wide with a learned embedding of its place, two encoder layers let the
+# regions see each other, and two decoder layers of 4 heads write the caption a word at a time.
 
 # %%
 settings = [
-    "model.arch=caption-transformer", "model.preset=caption-transformer-small", "model.encoder_layers=1",
-    "data.n_train=8000", "data.n_valid=200", "train.batch_size=64", "train.schedule=cosine", "train.lr=1e-3",
-    "train.warmup=50", "train.min_lr=5e-5", "train.decay_steps=450", "train.max_steps=450",
-    "train.eval_every=450", "train.label_smoothing=0", "train.log_every=0", "train.seed=1",
+    "model.arch=caption-transformer", "model.preset=caption-transformer-small", "data.n_train=8000",
+    "data.n_valid=200", "train.batch_size=64", "train.schedule=cosine", "train.lr=1e-3", "train.warmup=200",
+    "train.min_lr=5e-5", "train.decay_steps=2500", "train.max_steps=560", "train.eval_every=560",
+    "train.label_smoothing=0", "train.log_every=0", "train.seed=1",
 ]  # fmt: skip
 with tempfile.TemporaryDirectory() as work:
     Trainer(load_run_config(None, settings), Path(work) / "run", echo=lambda message: None).fit()
@@ -78,8 +78,10 @@ for written, truth in list(zip(found, test.captions, strict=True))[:3]:
 # cell. "Attention on the digit" above counts the digit words whose most attended region has its
 # centre on the digit (a region's centre is on a 16×16 digit about one time in five by chance).
 #
-# A minute of training gets most scenes right; the errors are digits misread. Given six minutes the
-# same model writes 96.8% of 500 test scenes exactly, better than the LSTM captioners of Xu et al. with
+# After a minute and a half the captioner already looks at the digit it names nearly every time, and
+# gets the grammar and the places right; what it has not yet learned is to *read* digits it never saw,
+# and one misread digit of up to four spoils a caption. Given six minutes the same model writes 96.8%
+# of 500 test scenes exactly, better than the LSTM captioners of Xu et al. with
 # soft (94.2%) or hard attention (95.0%), whose single attention is on the named digit more often:
 # 89% and 98% of the time ([results](../results.md)). `attnkit explore --ckpt A --ckpt B --image
 # scene.png` puts several captioners side by side on one image.
@@ -88,5 +90,5 @@ for written, truth in list(zip(found, test.captions, strict=True))[:3]:
 plot_caption_strips(model, tokenizer, pixels(test.images[:3]), found[:3], "captioning.png")
 
 # %%
-assert exact > 0.5, exact  # most held-out scenes captioned exactly after a minute
-assert on_digit > 0.5, on_digit  # attention on the digit being named, well above chance
+assert exact > 0.25, exact  # a good share of held-out scenes exactly, after a minute and a half
+assert on_digit > 0.8, on_digit  # attention on the digit being named, far above chance

@@ -201,11 +201,12 @@ def test_under_bf16_autocast_hard_attention_samples_from_float32_probabilities()
 def _location_aware_reference(score, annotations, allowed, queries):
     """Chorowski et al. (2015) eq. 8–9 in float64 with plain loops, from the score's weights: ``f_i = F *
     α_{i-1}`` (PyTorch's correlation: ``f_ij[k] = Σ_r F[k, r] α_{i-1, j + r - ⌊w/2⌋}``, zero outside),
-    ``e_ij = wᵀ tanh(W s_i + V h_j + b + U f_ij)``, α_i = softmax over the real positions; α_0 uniform
-    over them."""
+    ``e_ij = wᵀ tanh(W s_i + V h_j + b + U f_ij)``, α_i = softmax over the real positions; α_0 all on
+    the first position."""
     B, S, _ = annotations.shape
     F_, width = score.F.weight[:, 0], score.F.weight.size(-1)  # (filters, width)
-    previous = allowed.double() / allowed.sum(-1, keepdim=True)  # (B, S)
+    previous = torch.zeros(B, S, dtype=torch.float64)
+    previous[:, 0] = 1
     steps = []
     for s in queries:  # s: (B, d)
         f = torch.zeros(B, S, F_.size(0), dtype=torch.float64)
@@ -241,3 +242,23 @@ def test_location_aware_attention_is_chorowskis_eq_8_and_9_step_after_step():
     torch.testing.assert_close(
         alignment.weights, plain.squeeze(-1).masked_fill(~allowed, -math.inf).softmax(-1)
     )
+
+
+def test_median_windowing_attends_within_d_of_the_last_steps_median():
+    """Bahdanau et al. (2016) §3.2: step t sees only the positions within D of the median of step t-1's
+    weights (the first position whose cumulative weight reaches one half); the first step, of weights
+    all on the first position, sees the first D + 1."""
+    attention, source, _, lengths = _setup(score="location", local="median", window=2, lengths=(12, 9))
+    medians = [torch.zeros(2)]
+    for t in range(4):
+        _, alignment = attention(torch.randn(2, 1, D_HIDDEN, dtype=torch.float64), t, source)
+        weights = alignment.weights.detach()  # (B, S)
+        for b in range(2):
+            m = int(medians[-1][b])
+            outside = [j for j in range(12) if abs(j - m) > 2]
+            assert weights[b, outside].abs().max() == 0
+            assert weights[b, : int(lengths[b])].sum() == pytest.approx(1.0)
+        cumulative = weights.cumsum(-1)
+        medians.append(
+            torch.tensor([float(next(j for j in range(12) if cumulative[b, j] >= 0.5)) for b in range(2)])
+        )

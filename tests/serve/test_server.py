@@ -126,7 +126,9 @@ def test_the_attention_explorer_is_served_at_explore(run, server, tmp_path):
 
 
 def test_an_api_key_guards_every_endpoint_but_health(run):
-    guarded = Server(run, "--api-key", "s3cret")
+    guarded = Server(
+        run, "--api-key", "s3cret", "--workers", "threads"
+    )  # the guard, wherever the engine runs
     try:
         assert httpx.get(f"{guarded.url}/health").status_code == 200
         for path in ("/info", "/metrics"):

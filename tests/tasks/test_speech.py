@@ -10,6 +10,7 @@ import wave
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from attnkit.cli import app
@@ -90,3 +91,15 @@ def test_the_speech_task_and_the_recogniser_ask_for_each_other():
         load_run_config(None, ["data.task=speech"])  # the default model is a translation model
     with pytest.raises(ConfigError, match=r"model\.hard"):
         load_run_config(None, ["model.arch=listen-attend-spell", "model.hard=true"])
+
+
+def test_an_alignment_is_monotone_when_no_peak_falls_more_than_one_annotation_back():
+    from attnkit.tasks.speech import monotone
+
+    def alignment(peaks):
+        return torch.nn.functional.one_hot(torch.tensor(peaks), 10).float()  # (steps, S)
+
+    assert monotone(alignment([0, 1, 1, 2, 4, 9]))
+    assert monotone(alignment([0, 2, 1, 3]))  # one back: two characters of one annotation's neighbours
+    assert not monotone(alignment([0, 3, 1, 4]))  # two back
+    assert monotone(alignment([0, 1, 1]), slack=0) and not monotone(alignment([0, 2, 1]), slack=0)  # strictly

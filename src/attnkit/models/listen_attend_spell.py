@@ -48,6 +48,9 @@ class ListenAttendSpellConfig(RNNConfig):
     pyramid: int = 2  # pyramidal BLSTM layers, each halving the frames
     max_len: int = 100  # longest transcript the search spells, in characters
 
+    local: str = "median"  # attend within ``window`` annotations of the last step's median (Bahdanau 2016)
+    window: int = 2  # D, in annotations: ± 240 ms at 120 ms each
+
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "las-small": {"d_embed": 64, "d_hidden": 256, "dropout": 0.1},
         "las-tiny": {"d_embed": 16, "d_hidden": 32, "dropout": 0.0, "pyramid": 1},  # tests

@@ -18,7 +18,8 @@ backward states side by side (``d_hidden`` wide in all). The decoder predicts on
 Two choices refine any of the scores (``rnn_attention.py`` holds the attention):
 
 - ``local: local-m | local-p`` (Luong et al. §3.2): attend only within ``[p_t - D, p_t + D]``
-  (``window: D``), around ``p_t = t`` (monotonic) or a predicted ``p_t`` with a Gaussian preference.
+  (``window: D``), around ``p_t = t`` (monotonic) or a predicted ``p_t`` with a Gaussian preference;
+  ``local: median`` (Bahdanau et al., 2016): around the median of the previous step's weights.
 - ``hard: true`` (Xu et al., 2015, §4.1): attend to *one* sampled position, trained with REINFORCE
   (``hard_expected``: the share of training sentences that take the expected context instead).
 
@@ -43,7 +44,7 @@ from attnkit.models.rnn_attention import Alignment, Source, SourceAttention, mak
 from attnkit.nn.reinforce import MovingAverageBaseline, reinforce_loss
 
 ATTENTIONS = ("bahdanau", "location", "dot", "general", "concat", "none")
-LOCAL = ("none", "local-m", "local-p")
+LOCAL = ("none", "local-m", "local-p", "median")
 
 
 @dataclass
@@ -56,7 +57,8 @@ class RNNConfig(_Presets):
     # "bahdanau", "location" (Chorowski's location-aware: Bahdanau's plus where the last step looked),
     # Luong's "dot" / "general" / "concat", or "none"
     attention: str = "bahdanau"
-    local: str = "none"  # global attention, or Luong's "local-m" / "local-p" window (rnn_attention.py)
+    # global attention, Luong's "local-m" / "local-p" window, or "median": around the last step's median
+    local: str = "none"
     window: int = 10  # D: a local window spans [p_t - D, p_t + D] (Luong's D = 10)
     hard: bool = False  # attend to one sampled position, trained with REINFORCE (Xu et al., 2015)
     entropy_bonus: float = 0.01  # hard attention: λ_e, the weight of the attention entropy (Xu eq. 12)

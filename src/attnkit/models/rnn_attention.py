@@ -24,9 +24,13 @@ One query (the decoder state) a step against the same source annotations ``h_j``
   the case it was trained on whenever it sampled; without the expected-context share (``expected: 0``) it
   never saw a blend at all.
 
+- **median** (Bahdanau et al., 2016, "End-to-end attention-based large vocabulary speech recognition",
+  §3.2, "windowing"): only ``j ∈ [m - D, m + D]`` around the median ``m`` of the previous step's
+  weights, in training as in decoding: an alignment that moves forward a little each step, as speech
+  does, cannot jump to a place far from where it was (nor settle on the utterance's final silence).
 - **location-aware** (Chorowski et al., 2015, score ``location``): Bahdanau's additive score plus
-  features of the previous step's weights, convolved (``LocationAware``); the first step's previous
-  weights are uniform over the real positions (as ESPnet's implementation starts them). The source
+  features of the previous step's weights, convolved (``LocationAware``). Before the first step the
+  previous weights are all on the first position (an utterance is read from its start). The source
   carries each row's last weights (``Source.previous``) from step to step, so the search's reordering of
   beams keeps each beam's own.
 
@@ -114,8 +118,9 @@ class SourceAttention(nn.Module):
         (B, 1, S)``, the keys projected once."""
         project_keys, _ = split_score(self.score)
         source = make_source(annotations, mask, project_keys)
-        if isinstance(self.score, LocationAware):  # before the first step: uniform over the real positions
-            source.previous = (mask.squeeze(1) / source.length.squeeze(-1)).to(annotations.dtype)  # (B, S)
+        if isinstance(self.score, LocationAware) or self.local == "median":  # α_0: on the first position
+            source.previous = torch.zeros_like(mask.squeeze(1), dtype=annotations.dtype)  # (B, S)
+            source.previous[:, 0] = 1
         if self.hard and self.training:
             self.batches += 1
             share = 1.0 if self.batches <= self.soft_batches else self.expected  # a soft start, then Xu's
@@ -134,7 +139,7 @@ class SourceAttention(nn.Module):
         if self.hard:  # a policy's probabilities in float32 (or 64), also under bf16 autocast: log p is
             scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # REINFORCE's gradient
         if self.local != "none":
-            centre = self.centre(query, t, source.length)  # (B, 1, 1)
+            centre = self.centre(query, t, source)  # (B, 1, 1)
             mask = mask & keys_near(centre, scores.size(-1), self.window)
         weights = softmax(scores, mask)  # (B, 1, S)
         if self.local == "local-p":  # prefer positions near p_t: a Gaussian with σ = D/2 (Luong eq. 10)
@@ -146,11 +151,15 @@ class SourceAttention(nn.Module):
             return self._sample(weights.squeeze(1), source)
         return weights @ source.annotations, Alignment(weights.squeeze(1))
 
-    def centre(self, query: Tensor, t: int, length: Tensor) -> Tensor:
-        """``p_t`` of the local window, ``(B, 1, 1)``: the step (local-m) or a prediction (local-p)."""
+    def centre(self, query: Tensor, t: int, source: Source) -> Tensor:
+        """``p_t`` of the local window, ``(B, 1, 1)``: the step (local-m), a prediction (local-p), or the
+        median of the previous step's weights (median)."""
         if self.local == "local-m":
-            return (length - 1).clamp(max=t)
-        return length * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))))
+            return (source.length - 1).clamp(max=t)
+        if self.local == "median":  # the first position where the previous weights add up to one half
+            assert source.previous is not None
+            return (source.previous.cumsum(-1) < 0.5).sum(-1).view(-1, 1, 1).to(source.length.dtype)
+        return source.length * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))))
 
     def _sample(self, weights: Tensor, source: Source) -> tuple[Tensor, Alignment]:
         """Hard attention: one position, sampled from ``weights (B, S)`` while training, else the argmax;

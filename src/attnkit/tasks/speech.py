@@ -96,11 +96,13 @@ def character_tokenizer() -> Tokenizer:
     return Tokenizer.train("char", [CHARACTERS * 2], vocab_size=len(CHARACTERS) + 16, min_frequency=1)
 
 
-def monotone(weights: Tensor) -> bool:
-    """Whether an alignment ``(steps, S)`` moves only forward: each step's most attended annotation at or
-    after the one before."""
+def monotone(weights: Tensor, slack: int = 1) -> bool:
+    """Whether an alignment ``(steps, S)`` moves only forward: each step's most attended annotation no
+    more than ``slack`` annotations before the previous step's. An annotation is 120 ms of speech,
+    often two characters or more, whose peaks may swap between it and its neighbour; one of slack lets
+    them, and no more."""
     peaks = weights.argmax(-1)
-    return bool((peaks[1:] >= peaks[:-1]).all())
+    return bool((peaks[1:] >= peaks[:-1] - slack).all())
 
 
 @torch.no_grad()

@@ -36,8 +36,8 @@ def plot_speech_alignments(
 
     ids, weights = alignments_while_spelling(model, tokenizer, features, transcripts, device)  # (N, T, S)
     reduction = model.config.reduction
-    figure, panels = plt.subplots(2 * len(ids), 1, figsize=(10, 3.2 * len(ids)), squeeze=False,
-                                  gridspec_kw={"height_ratios": [1, 1.6] * len(ids)})  # fmt: skip
+    figure, panels = plt.subplots(2 * len(ids), 1, figsize=(10, 5 * len(ids)), squeeze=False,
+                                  gridspec_kw={"height_ratios": [1, 2.6] * len(ids)})  # fmt: skip
     for row, (frames, written) in enumerate(zip(features, ids, strict=True)):
         top, bottom = panels[2 * row, 0], panels[2 * row + 1, 0]
         top.imshow(frames.T.float().numpy(), origin="lower", aspect="auto", cmap="magma")
@@ -48,7 +48,7 @@ def plot_speech_alignments(
         ]  # (T, frames)
         bottom.imshow(spread.numpy(), aspect="auto", cmap="Greys", interpolation="nearest")
         letters = ["␣" if c == " " else c for c in tokenizer.tokens(written)]
-        bottom.set_yticks(range(len(written)), letters, fontsize=6)
+        bottom.set_yticks(range(len(written)), letters, fontsize=5)
         bottom.set_xlabel("frame (10 ms)")
         bottom.set_xlim(top.get_xlim())
     figure.tight_layout()
