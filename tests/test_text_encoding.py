@@ -13,7 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 CHECKED = ("src", "bench", "tests")
 COMPRESSED = {"gzip", "bz2", "lzma"}  # their open() is binary unless the mode says "t"
-NO_TEXT = {"os", "tarfile", "zipfile"}  # modules whose open() reads no text (a descriptor, an archive)
+NO_TEXT = {
+    "os",
+    "tarfile",
+    "wave",
+    "zipfile",
+}  # modules whose open() reads no text (a descriptor, an archive, sound)
 SUBPROCESS = {"run", "check_output", "Popen", "check_call", "call"}
 
 

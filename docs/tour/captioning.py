@@ -89,6 +89,15 @@ for written, truth in list(zip(found, test.captions, strict=True))[:3]:
 # %%
 plot_caption_strips(model, tokenizer, pixels(test.images[:3]), found[:3], "captioning.png")
 
+# %% [markdown]
+# ## The numbers this page states (checked when it runs)
+#
+# - After 560 steps more than a quarter of the held-out scenes are captioned exactly (38.5% when this
+#   page was recorded).
+# - As it writes a digit, its attention is on that digit more than 80% of the time (a region drawn at
+#   random: about one time in five).
+
 # %%
-assert exact > 0.25, exact  # a good share of held-out scenes exactly, after a minute and a half
-assert on_digit > 0.8, on_digit  # attention on the digit being named, far above chance
+assert exact > 0.25, exact
+assert on_digit > 0.8, on_digit
+print("checked: a good share of exact captions; the attention is on the digit being named")

@@ -9,6 +9,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.captions import caption
 from attnkit.models.caption_transformer import CaptionTransformer, CaptionTransformerConfig
+from tests.models.greedy_reference import greedy_by_full_passes
 
 WORDS = ["a", "b", "c", "d"]
 
@@ -48,15 +49,7 @@ def test_a_searched_caption_is_the_greedy_argmax_of_full_forward_passes_cached_o
     found = caption(model, tokenizer, images, DecodeConfig(beam_size=1, batch_size=3))
     specials = tokenizer.specials
     for i in range(4):
-        tokens = [specials.bos]
-        for _ in range(5):  # the bound of 6 tokens holds </s>: five words at most
-            with torch.no_grad():
-                logits = model(images[i : i + 1], torch.tensor([tokens]))[0, -1]
-            logits[specials.pad] = logits[specials.bos] = float("-inf")  # never predicted
-            tokens.append(int(logits.argmax()))
-            if tokens[-1] == specials.eos:
-                break
-        assert found[i] == tokenizer.decode([t for t in tokens[1:] if t != specials.eos])
+        assert found[i] == greedy_by_full_passes(model, images[i : i + 1], tokenizer, limit=6)
     decoding = model.decoding(images, use_cache=False)
     cached = model.decoding(images)
     tokens = torch.full((4, 1), specials.bos)

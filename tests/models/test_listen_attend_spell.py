@@ -12,6 +12,7 @@ from attnkit.config import DecodeConfig
 from attnkit.decode.transcripts import padded_frames, transcribe
 from attnkit.models.listen_attend_spell import ListenAttendSpell, ListenAttendSpellConfig, frame_lengths
 from attnkit.tasks.speech import character_tokenizer
+from tests.models.greedy_reference import greedy_by_full_passes
 
 
 def _model(**changes) -> ListenAttendSpell:
@@ -51,17 +52,8 @@ def test_a_searched_transcript_is_the_greedy_argmax_of_full_forward_passes_in_th
                               tokenizer.vocab_size).eval()  # fmt: skip
     utterances = [torch.randn(n, 8) for n in (30, 12, 45, 20)]
     found = transcribe(model, tokenizer, utterances, DecodeConfig(beam_size=1, batch_size=3))
-    specials = tokenizer.specials
     for utterance, heard in zip(utterances, found, strict=True):
-        tokens = [specials.bos]
-        for _ in range(5):  # the bound of 6 tokens holds </s>
-            with torch.no_grad():
-                logits = model(utterance[None], torch.tensor([tokens]))[0, -1]
-            logits[specials.pad] = logits[specials.bos] = float("-inf")  # never predicted
-            tokens.append(int(logits.argmax()))
-            if tokens[-1] == specials.eos:
-                break
-        assert heard == tokenizer.decode([t for t in tokens[1:] if t != specials.eos])
+        assert heard == greedy_by_full_passes(model, utterance[None], tokenizer, limit=6)
     assert len(transcribe(model, tokenizer, utterances, DecodeConfig(beam_size=3))) == 4
 
 

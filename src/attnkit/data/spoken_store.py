@@ -33,7 +33,7 @@ FORMAT = 1  # bumped whenever what is stored changes
 def espeak_version() -> str:
     """What ``espeak-ng --version`` says (a new version speaks differently)."""
     return subprocess.run(
-        [require_espeak(), "--version"], capture_output=True, text=True, check=True
+        [require_espeak(), "--version"], capture_output=True, text=True, encoding="utf-8", check=True
     ).stdout.strip()
 
 
