@@ -31,6 +31,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.transcripts import alignments_while_spelling, padded_frames, transcribe
 from attnkit.metrics import error_rates
 from attnkit.models import unwrap
+from attnkit.tasks.image_classification import consecutive
 from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss
@@ -173,7 +174,7 @@ class SpeechTask:
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
         """Loss and perplexity, then the error rates of greedy transcripts."""
         size = self.config.train.batch_size
-        groups = [list(range(i, min(i + size, len(self.valid)))) for i in range(0, len(self.valid), size)]
+        groups = consecutive(len(self.valid), size)
         batches = (speech_batch(self.valid, group, self.tokenizer) for group in groups)
         scores = validation_loss(self.loss, model, batches, device, autocast)
         heard = transcribe(

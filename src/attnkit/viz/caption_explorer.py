@@ -23,6 +23,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.captions import attention_while_writing, caption
 from attnkit.models.captioner import DOWNSAMPLING
+from attnkit.tasks.captioning import pixels
 from attnkit.viz.explorer import DIGITS, PLACEHOLDER, json_for_html
 
 
@@ -42,9 +43,9 @@ def caption_view(
 ) -> CaptionView:
     """What ``model`` writes for ``image`` (``(H, W)`` 8-bit grey levels, of the model's size), by
     ``decode``'s search, and where it attended at each word."""
-    pixels = image[None, None].float() / 255  # (1, 1, H, W) in [0, 1], as the task's scenes
-    written = caption(model, tokenizer, pixels, decode)[0]
-    ids, weights = attention_while_writing(model, tokenizer, pixels, [written])  # weights (1, T, L)
+    images = pixels(image[None])  # (1, 1, H, W) in [0, 1], as the task's scenes
+    written = caption(model, tokenizer, images, decode)[0]
+    ids, weights = attention_while_writing(model, tokenizer, images, [written])  # weights (1, T, L)
     rows = weights[0, : len(ids[0])].float().round(decimals=DIGITS).tolist()
     return CaptionView(name, written, tokenizer.tokens(ids[0]), rows)
 
