@@ -182,40 +182,63 @@ def test_the_length_penalty_search_names_a_command_that_translates_with_its_best
     assert round(BLEU().corpus_score(translated.stdout.splitlines(), [references]).score, 2) == best
 
 
-def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(copy_run, copy_data, tmp_path):
-    pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
-    compiles = shutil.which("c++") is not None or shutil.which("g++") is not None  # decode.compile's needs
+def run_translate_speed(copy_run, copy_data, cache: Path, *options: str) -> str:
+    """bench/translate_speed.py's output on the first 8 validation sentences, one thread, batch 4."""
     result = subprocess.run(
         [sys.executable, str(BENCH / "translate_speed.py"), "--ckpt", str(copy_run),
          "--src", str(copy_data / "valid.src"), "--ref", str(copy_data / "valid.tgt"), "--n", "8",
-         "--beams", "1,2", "--batch", "4", "--threads", "1", "--rounds", "2",
-         *(["--compile"] if compiles else [])],
+         "--batch", "4", "--threads", "1", *options],
         capture_output=True, text=True, encoding="utf-8", timeout=300, check=False,
-        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},  # the compiled steps' cache
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},  # the compiled steps' cache
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    header = result.stdout.splitlines()[0]
+    return result.stdout
+
+
+SPEED_RATIO = r"([\d.]+) \(([\d.]+)–([\d.]+)\)"  # median (lowest–highest) of the rounds' speed ratios
+
+
+def speed_rows(stdout: str) -> list[tuple[str, ...]]:
+    """The table's rows: (engine, beam, sacreBLEU, median, lowest, highest)."""
+    return re.findall(rf"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| {SPEED_RATIO} \|", stdout)
+
+
+def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(copy_run, copy_data, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
+    stdout = run_translate_speed(copy_run, copy_data, tmp_path, "--beams", "1,2", "--rounds", "2")
+    header = stdout.splitlines()[0]
     assert "batch 4, " in header and "(each engine's batch size and α as it reported them)" in header
-    ratio = r"([\d.]+) \(([\d.]+)–([\d.]+)\)"  # median (lowest–highest) of the rounds' speed ratios
-    rows = re.findall(rf"\| ([\w-]+) \| (\d) \| [\d.]+ \| [\d,]+ \| ([\d.]+) \| {ratio} \|", result.stdout)
+    rows = speed_rows(stdout)
     ours = ["attnkit", "attnkit-bf16", "attnkit-int8"]
-    engines = [*ours, *([f"{name}-compiled" for name in ours] if compiles else []), "hf-generate",
-               "ctranslate2", "ctranslate2-int8"]  # fmt: skip
-    assert [(row[0], row[1]) for row in rows] == [(e, b) for b in "12" for e in engines], result.stdout
-    if compiles:
-        same = rf"beam 2: attnkit-compiled's outputs are attnkit's; its speed / attnkit's {ratio}, "
-        assert re.search(same, result.stdout), result.stdout
-    for name in engines[1 : engines.index("hf-generate")]:  # each against float32 attnkit
+    engines = [*ours, "hf-generate", "ctranslate2", "ctranslate2-int8"]
+    assert [(row[0], row[1]) for row in rows] == [(e, b) for b in "12" for e in engines], stdout
+    for name in ours[1:]:  # each against float32 attnkit
         assert re.search(rf"beam 2: {name}: [\d.]+% of the outputs are float32 attnkit's, BLEU [+-][\d.]+\n",
-                         result.stdout), result.stdout  # fmt: skip
+                         stdout), stdout  # fmt: skip
     assert re.search(r"beam 1: the fastest attnkit row is attnkit[\w-]*; its speed / ctranslate2's "
-                     rf"{ratio}, ctranslate2-int8's {ratio}\n", result.stdout), result.stdout  # fmt: skip
+                     rf"{SPEED_RATIO}, ctranslate2-int8's {SPEED_RATIO}\n", stdout), stdout  # fmt: skip
     for name, _, _, median, lowest, highest in rows:
         assert float(lowest) <= float(median) <= float(highest)
         if name == "attnkit":
             assert median == lowest == highest == "1.00"
     scores = {(name, beam): score for name, beam, score, *_ in rows}
     assert scores[("attnkit", "1")] == scores[("ctranslate2", "1")] == scores[("hf-generate", "1")]
+
+
+def test_the_translation_speed_benchmark_compares_the_compiled_step_with_the_eager_one(
+    copy_run, copy_data, tmp_path
+):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("decode.compile needs a C++ compiler")
+    # one precision and greedy search: each compiled step costs most of a minute to build on 2 cores
+    stdout = run_translate_speed(copy_run, copy_data, tmp_path, "--beams", "1", "--rounds", "1",
+                                 "--precisions", "fp32", "--compile")  # fmt: skip
+    engines = ["attnkit", "attnkit-compiled", "hf-generate", "ctranslate2", "ctranslate2-int8"]
+    assert [(row[0], row[1]) for row in speed_rows(stdout)] == [(e, "1") for e in engines], stdout
+    same = rf"beam 1: attnkit-compiled's outputs are attnkit's; its speed / attnkit's {SPEED_RATIO}, "
+    assert re.search(same, stdout), stdout
+    assert "beam 1: attnkit-compiled: 100.0% of the outputs are float32 attnkit's, BLEU +0.00\n" in stdout
 
 
 def test_the_aeslc_quality_benchmark_trains_and_scores_rouge_on_tiny_records(tmp_path):

@@ -12,19 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnkit.cli import app
-from attnkit.quickstart import run_quickstart
 from tests.cli_checks import one_line_error
-
-
-@pytest.mark.slow
-def test_quickstart_learns_dates_to_iso_and_plots_attention(tmp_path):
-    lines = []
-    accuracy = run_quickstart(tmp_path / "qs", echo=lines.append)
-    assert accuracy >= 0.99, "\n".join(lines)
-    assert any("held-out exact match" in line for line in lines)
-    png = tmp_path / "qs" / "attention.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert (tmp_path / "qs" / "averaged" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize(
@@ -49,12 +37,13 @@ def test_quickstart_never_deletes_another_run(tmp_path, task):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("taskset") is None or not hasattr(os, "sched_getaffinity"), reason="taskset")
-def test_quickstart_pinned_to_one_core_trains_all_its_steps_and_still_reaches_99_percent(tmp_path):
+def test_quickstart_pinned_to_one_core_trains_all_its_steps_reaches_99_percent_and_plots_attention(tmp_path):
     """``taskset -c 0 attnkit quickstart``: half the machine, the same 1,500 steps, >= 99% (a time budget
-    used to stop it early there, at about 650 steps and 94%)."""
-    core = sorted(os.sched_getaffinity(0))[0]
-    command = ["taskset", "-c", str(core), sys.executable, "-m", "attnkit", "quickstart"]
+    used to stop it early there, at about 650 steps and 94%). Where there is no taskset, the whole
+    machine: the command the README gives, which this test checks either way."""
+    pinned = shutil.which("taskset") is not None and hasattr(os, "sched_getaffinity")
+    pin = ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[0])] if pinned else []
+    command = [*pin, sys.executable, "-m", "attnkit", "quickstart"]
     result = subprocess.run([*command, "--out", str(tmp_path / "qs")], capture_output=True, encoding="utf-8",
                             timeout=900, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -63,3 +52,6 @@ def test_quickstart_pinned_to_one_core_trains_all_its_steps_and_still_reaches_99
     assert found and float(found.group(1)) >= 99.0, result.stdout
     last = (tmp_path / "qs" / "last").read_text(encoding="utf-8").strip()
     assert last == "step-0001500"
+    png = tmp_path / "qs" / "attention.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert (tmp_path / "qs" / "averaged" / "model.safetensors").is_file()

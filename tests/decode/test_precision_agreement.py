@@ -14,13 +14,13 @@ from attnkit.metrics import bleu
 from attnkit.tasks.translation import read_split
 from attnkit.train.loop import Trainer
 
-pytestmark = pytest.mark.slow  # two trainings of 300 steps (~1.5 min on two cores)
+pytestmark = pytest.mark.slow  # two trainings of 200 steps (~1.5 min on two cores)
 
 # the quickstart's task and recipe, with a model wide enough (d_model 256) for bf16's products to pay
 RECIPE = ["model.preset=tiny", "model.d_model=256", "model.d_ff=1024", "model.h=4", "model.dropout=0.0",
           "data.task=dates", "data.tokenizer=char", "data.n_train=20000", "data.n_valid=300",
           "train.max_tokens=2000", "train.schedule=inverse_sqrt", "train.lr=0.001", "train.warmup=100",
-          "train.clip_norm=1.0", "train.label_smoothing=0.0", "train.max_steps=300", "train.eval_every=300",
+          "train.clip_norm=1.0", "train.label_smoothing=0.0", "train.max_steps=200", "train.eval_every=200",
           "train.eval_metric=loss", "train.seed=1", "decode.beam_size=1"]  # fmt: skip
 
 
@@ -38,9 +38,9 @@ def runs(tmp_path_factory):
 
 def test_bf16_training_reaches_float32s_validation_loss(runs):
     """Within 0.03 nats, 1% of the untrained model's loss (ln 40 characters = 3.7): at 300 steps float32
-    was at 0.073 and bf16 at 0.087 on this machine; seeds move it as much."""
+    was at 0.073 and bf16 at 0.079 on this machine, at 200 steps 0.163 and 0.148; seeds move it as much."""
     _, losses = runs
-    print(f"validation loss at 300 steps: float32 {losses['fp32']:.4f}, bf16 {losses['bf16']:.4f}")
+    print(f"validation loss at 200 steps: float32 {losses['fp32']:.4f}, bf16 {losses['bf16']:.4f}")
     assert losses["fp32"] < 0.3 and abs(losses["bf16"] - losses["fp32"]) < 0.03, losses
 
 
