@@ -62,7 +62,7 @@ TASKS_OF = {
 }
 EVAL_METRICS = ("bleu", "accuracy", "f1", "rouge1", "rouge2", "rougeL", "cer", "wer", "loss")
 LOWER_IS_BETTER = ("cer", "wer", "loss")  # the eval metrics a better model brings down
-FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1, SUMMARY_TASK: 1}  # per split (generated: 0)
+FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1, SUMMARY_TASK: 1, "speech": 1}  # per split
 
 
 @dataclass
@@ -70,7 +70,8 @@ class DataConfig:
     # translation: "parallel" (files) or generated "dates", "copy"; language modelling: "text";
     # encoder models: "classify" (TSV files), "mlm" (sentences), "qa" (generated); images (glimpse and
     # whole-image models): "cluttered-digits" (generated); summarisation: "summarise" (JSON Lines);
-    # image captioning (show-attend-tell, caption-transformer): "captions" (generated digit scenes)
+    # image captioning (show-attend-tell, caption-transformer): "captions" (generated digit scenes);
+    # speech recognition (listen-attend-spell): "speech" (synthesised, or transcript files of WAV files)
     task: str = "parallel"
     dir: str = "."  # folder the file names below are relative to (stored resolved in a run's config.json)
     train: list[str] = field(default_factory=list)  # [source file, target file]; text, classify, mlm: [file]

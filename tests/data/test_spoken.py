@@ -1,6 +1,6 @@
 """Spoken dates and numbers: the texts are dates and numbers written out in words, the voices of the
-three splits never meet, the same seed gives the same utterances, the noise is as far below the speech
-as planned, and without espeak-ng one line says how to install it."""
+three splits never meet, the same seed gives the same utterances (one at a time as all at once), the
+noise is as far below the speech as planned, and without espeak-ng one line says how to install it."""
 
 import re
 import shutil
@@ -42,6 +42,22 @@ def test_utterances_say_dates_and_numbers_in_voices_of_their_own_split():
     assert [u.text for u in again] == [u.text for u in train]
     np.testing.assert_array_equal(again[5].audio, train[5].audio)
     assert [u.text for u in spoken_utterances("train", 40, seed=4)] != [u.text for u in train]
+
+
+@needs_espeak
+def test_utterances_one_at_a_time_are_synthesised_a_chunk_at_a_time_and_are_the_same(monkeypatch):
+    """A reader that keeps each utterance's features alone holds a chunk of sounds at most, not all."""
+    whole = spoken_utterances("valid", 7, seed=2)
+    said = []
+    synthesise = spoken.synthesise
+    monkeypatch.setattr(spoken, "synthesise", lambda *plan: said.append(plan[0]) or synthesise(*plan))
+    each = spoken.each_spoken_utterance("valid", 7, seed=2, chunk=3)
+    first = next(each)
+    assert len(said) == 3  # the first chunk, and no more
+    rest = list(each)
+    assert len(said) == 7 and [u.text for u in [first, *rest]] == [u.text for u in whole]
+    for one, other in zip([first, *rest], whole, strict=True):
+        np.testing.assert_array_equal(one.audio, other.audio)  # the same noise too
 
 
 def test_the_noise_is_as_far_below_the_speech_as_asked():

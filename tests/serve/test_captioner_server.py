@@ -24,7 +24,7 @@ from attnkit.decode.captions import caption
 from attnkit.loading import load_for_inference
 from attnkit.models import build_model, from_preset
 from attnkit.serve.app import make_app
-from attnkit.serve.captioner import ServedCaptioner, load_captioner
+from attnkit.serve.captioner import ServedCaptioner
 from attnkit.serve.state import ServeSettings
 from attnkit.tasks.captioning import caption_tokenizer, pixels
 
@@ -45,7 +45,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(run):
     settings = ServeSettings(max_wait_ms=50)
-    with TestClient(make_app(ServedCaptioner, lambda: load_captioner(run, []), settings)) as client:
+    with TestClient(make_app(ServedCaptioner, lambda: ServedCaptioner.load(run, []), settings)) as client:
         for _ in range(200):  # the model loads in a thread after the server starts
             if client.get("/health").status_code == 200:
                 break
@@ -102,4 +102,4 @@ def test_explore_asks_for_an_image_and_shows_the_caption_word_by_word(client, ru
 
 def test_attnkit_serve_serves_a_captioner_with_its_endpoints(run):
     served, _ = _attnkit_model(run, [])
-    assert served is ServedCaptioner and served.dialects == ("images",)
+    assert served is ServedCaptioner and served.dialects == ("uploads",)

@@ -19,7 +19,7 @@ from attnkit.models import build_model, from_preset
 from attnkit.tasks.captioning import caption_tokenizer, pixels
 from attnkit.viz.caption_explorer import caption_page, caption_view
 from tests.cli_checks import one_line_error
-from tests.viz.test_explorer import ARTIFACTS, _chromium
+from tests.viz.browser import opened_in_chromium
 
 pytest.importorskip("sklearn", reason="the scenes draw scikit-learn's bundled digits")
 from attnkit.data.digit_scenes import digit_scenes
@@ -97,10 +97,6 @@ def test_explore_puts_captioners_side_by_side_on_an_image(captioners, scene, tmp
 
 
 def test_the_page_in_a_real_browser_lights_each_words_regions(captioners, scene, tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright drives the browser")
-    browser_path = _chromium()
-    if browser_path is None:
-        pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run does)")
     tokenizer, runs = captioners
     views = [
         caption_view(model, tokenizer, RunConfig.for_model(model.config).decode, scene, name)
@@ -108,13 +104,7 @@ def test_the_page_in_a_real_browser_lights_each_words_regions(captioners, scene,
     ]
     page_file = tmp_path / "captions.html"
     page_file.write_text(caption_page(scene, views, "caption explorer test"), encoding="utf-8")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(page_file.as_uri())
+    with opened_in_chromium(page_file, "caption_explorer.png") as page:
         models = page.locator(".model")
         assert models.count() == 2
         for m, view in enumerate(views):
@@ -137,7 +127,3 @@ def test_the_page_in_a_real_browser_lights_each_words_regions(captioners, scene,
             assert red - blue > 40, colours
             expected_tint = 0.75 * float(weights.min() / weights.max()) * 255
             assert low_red - low_blue <= expected_tint + 2, colours
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "caption_explorer.png"), full_page=True)
-        browser.close()
-    assert errors == []

@@ -4,9 +4,7 @@ in one line, and in a real browser (Chromium, driven by Playwright) the page loa
 errors, shows layers × heads panels, and clicking a head or hovering a token shows that head's weights."""
 
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,9 +20,9 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.models import DecoderModelConfig, build_model
 from attnkit.viz.explorer import collect_attention, explorer_html
 from tests.cli_checks import one_line_error
+from tests.viz.browser import opened_in_chromium
 
 TEXTS = ["a small dog runs", "two men sit on a bench", "a woman reads a book"]
-ARTIFACTS = Path(os.environ.get("ATTNKIT_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
@@ -112,28 +110,12 @@ def test_explore_writes_a_page_for_a_translator_and_a_decoder_and_refuses_an_rnn
     assert len(result.output.strip().splitlines()) == 1
 
 
-def _chromium() -> str | None:
-    return next(
-        (p for name in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(name))), None
-    )
-
-
 def test_the_page_in_a_real_browser(translator, tokenizer, tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright drives the browser")
-    browser_path = _chromium()
-    if browser_path is None:
-        pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run does)")
     maps, output = collect_attention(translator, tokenizer, "two men sit on a bench")
     page_file = tmp_path / "explorer.html"
     page_file.write_text(explorer_html(maps, "explorer test", output), encoding="utf-8")
     layers, heads = len(maps[0].weights), len(maps[0].weights[0])
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(page_file.as_uri())
+    with opened_in_chromium(page_file, "explorer.png") as page:
         assert page.locator("#grid canvas.thumb").count() == layers * heads
         # the cross-attention, layer 2, head 3: the matrix shows exactly those weights
         page.locator("#kinds button", has_text="cross-attention").click()
@@ -157,10 +139,6 @@ def test_the_page_in_a_real_browser(translator, tokenizer, tmp_path):
         page.locator("#average").check()
         assert page.locator("#grid canvas.thumb").count() == layers
         assert page.locator("#alignment li").count() == len(maps[2].queries)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "explorer.png"), full_page=True)
-        browser.close()
-    assert errors == []
 
 
 def test_the_local_server_shows_each_typed_sentence(translator, tokenizer):

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -228,9 +229,10 @@ def _attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel],
     from attnkit.config import with_decode_overrides
     from attnkit.loading import commands_for
     from attnkit.models import archs
-    from attnkit.serve.captioner import ServedCaptioner, load_captioner
+    from attnkit.serve.captioner import ServedCaptioner
     from attnkit.serve.decoder import ServedDecoder, load_decoder
     from attnkit.serve.predictor import Predictor, load_predictor
+    from attnkit.serve.recogniser import ServedRecogniser
     from attnkit.serve.translator import Translator, load_translator
 
     checkpoint = resolve_checkpoint(ckpt)  # a wrong path is a one-line error now, not a failed load later
@@ -248,8 +250,9 @@ def _attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel],
                 "models, not encoders (--precision is for every model)"
             )
         return Predictor, lambda: load_predictor(checkpoint, overrides)
-    if arch in archs(reading="images", writing="text"):
-        return ServedCaptioner, lambda: load_captioner(checkpoint, overrides)
+    for reader in (ServedCaptioner, ServedRecogniser):  # models of images and sound
+        if arch in archs(reading=reader.reading, writing="text"):
+            return reader, partial(reader.load, checkpoint, overrides)
     served = f"attnkit serve does not serve {arch} models yet"
     raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
 

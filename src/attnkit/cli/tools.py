@@ -20,8 +20,8 @@ def explore(
     ckpt: Annotated[
         list[Path],
         typer.Option(
-            help="Checkpoint folder or run directory of a Transformer; of a captioner, repeatable (the "
-            "captioners side by side on --image)."
+            help="Checkpoint folder or run directory of a Transformer; of a captioner or speech "
+            "recogniser, repeatable (side by side on --image or --audio)."
         ),
     ],
     text: Annotated[
@@ -36,6 +36,10 @@ def explore(
     image: Annotated[
         Path | None, typer.Option(help="Captioners: the image (PNG, JPEG) each one captions, word by word.")
     ] = None,
+    audio: Annotated[
+        Path | None,
+        typer.Option(help="Speech recognisers: the WAV file each one transcribes, character by character."),
+    ] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML page to write.")] = Path(
         "attention.html"
     ),
@@ -47,16 +51,30 @@ def explore(
     """Write one self-contained HTML page with every layer and head of the model's attention on TEXT:
     a layers × heads grid, each head's matrix with its tokens, a token view and, for translation, the
     alignment. Open it in any browser; it fetches nothing. --serve: type sentences in a local page.
-    Captioners (--image): each one's caption of the image, each word over where it attended."""
+    Captioners (--image): each one's caption of the image, each word over where it attended. Speech
+    recognisers (--audio): the utterance's spectrogram, and each one's transcript, each character over
+    the frames it attended."""
     from attnkit.atomic import write_text_atomic
     from attnkit.loading import load_for_inference
     from attnkit.viz import explorer as page
 
-    if image is not None or _captioners(ckpt):
-        _explore_captions(ckpt, image, text, target, output, serve)
+    if image is not None and audio is not None:
+        raise AttnkitError("give --image (captioners) or --audio (speech recognisers), not both")
+    reading = _reading(ckpt) | ({"images"} if image is not None else set()) | ({"audio"} if audio else set())
+    if len(reading) > 1:
+        raise AttnkitError(
+            "--ckpt: captioners and speech recognisers read different things; explore one kind"
+        )
+    if reading:
+        _explore_files(
+            reading.pop(), ckpt, image if image is not None else audio, text, target, output, serve
+        )
         return
     if len(ckpt) > 1:
-        raise AttnkitError("several --ckpt are for captioners, side by side on an --image; give one model")
+        raise AttnkitError(
+            "several --ckpt are for captioners on an --image or speech recognisers on --audio, side by side; "
+            "give one model"
+        )
     if not serve:
         writable_file(output)
     model, tokenizer, _ = load_for_inference(ckpt[0], "cpu")
@@ -72,44 +90,82 @@ def explore(
     typer.echo(f"{output}: {len(maps)} attention(s) × {layers} layers × {heads} heads; open it in a browser")
 
 
-def _captioners(ckpts: list[Path]) -> list[Path]:
-    """Those of ``ckpts`` that hold captioners."""
+# what ``explore`` shows of models that read files: the option naming the file, what such a model is,
+# what it does with the file, and what the file is
+FILE_READERS = {
+    "images": ("--image", "a captioner", "caption", "an image"),
+    "audio": ("--audio", "a speech recogniser", "transcribe", "an utterance"),
+}
+
+
+def _reading(ckpts: list[Path]) -> set[str]:
+    """What the models of ``ckpts`` that read files read (``images``, ``audio``)."""
     from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
     from attnkit.models import archs
 
-    captioners = archs(reading="images", writing="text")
-    return [c for c in ckpts if read_run_config(resolve_checkpoint(c)).model.arch in captioners]
+    arch_of = {c: read_run_config(resolve_checkpoint(c)).model.arch for c in ckpts}
+    return {r for r in FILE_READERS for arch in arch_of.values() if arch in archs(reading=r, writing="text")}
 
 
-def _explore_captions(
-    ckpts: list[Path], image: Path | None, text: str, target: str | None, output: Path, serve: bool
+def _explore_files(
+    reading: str,
+    ckpts: list[Path],
+    file: Path | None,
+    text: str,
+    target: str | None,
+    output: Path,
+    serve: bool,
 ) -> None:
-    """The caption explorer's page: each captioner of ``ckpts`` on ``image``, side by side."""
+    """The caption explorer's page (each captioner of ``ckpts`` on an image) or the speech explorer's
+    (each recogniser on an utterance), the models side by side."""
     from attnkit.atomic import write_text_atomic
-    from attnkit.data.images import read_grey_images
     from attnkit.loading import load_for_inference
     from attnkit.models import archs
-    from attnkit.viz.caption_explorer import caption_page, caption_view
 
-    if image is None:
-        raise AttnkitError(f"{_captioners(ckpts)[0]} holds a captioner: give --image FILE to caption")
+    option, holder, verb, shown = FILE_READERS[reading]
+    if file is None:
+        raise AttnkitError(f"{ckpts[0]} holds {holder}: give {option} FILE to {verb}")
     if text or target is not None or serve:
         raise AttnkitError(
-            "--image shows captioners on an image; --text, --target and --serve are for text models "
-            "(attnkit serve serves a captioner's explorer, with an image upload, at /explore)"
+            f"{option} shows {holder.split(' ', 1)[1]}s on {shown}; --text, --target and --serve are for "
+            f"text models (attnkit serve serves {holder}'s explorer, with an upload, at /explore)"
         )
     writable_file(output)
+    loaded = [load_for_inference(c, "cpu", arch=archs(reading=reading, writing="text")) for c in ckpts]
+    names = [native_path(c) for c in ckpts]
+    page, said = (_caption_page if reading == "images" else _speech_page)(loaded, names, file)
+    write_text_atomic(output, page)
+    typer.echo(f"{output}: {len(ckpts)} {holder.split(' ', 1)[1]}(s); {said}")
+
+
+def _caption_page(loaded: list, names: list[str], image: Path) -> tuple[str, str]:
+    """The caption explorer's page of ``loaded`` captioners on ``image``, and what each wrote."""
+    from attnkit.data.images import read_grey_images
+    from attnkit.viz.caption_explorer import caption_page, caption_view
+
     views, pixels = [], None
-    for ckpt in ckpts:
-        model, tokenizer, config = load_for_inference(
-            ckpt, "cpu", arch=archs(reading="images", writing="text")
-        )
-        pixels = read_grey_images([image], config.model.image_size)[0]
-        views.append(caption_view(model, tokenizer, config.decode, pixels, native_path(ckpt)))
+    for (model, tokenizer, config), name in zip(loaded, names, strict=True):
+        pixels = read_grey_images([image], config.model.image_size)[0]  # (H, W), of each model's size
+        views.append(caption_view(model, tokenizer, config.decode, pixels, name))
     assert pixels is not None
-    write_text_atomic(output, caption_page(pixels, views, f"captions of {native_path(image)}"))
-    said = "; ".join(f"{v.name}: {v.caption}" for v in views)
-    typer.echo(f"{output}: {len(views)} captioner(s), each word over its attention; {said}")
+    page = caption_page(pixels, views, f"captions of {native_path(image)}")
+    return page, "each word over its attention; " + "; ".join(f"{v.name}: {v.caption}" for v in views)
+
+
+def _speech_page(loaded: list, names: list[str], sound: Path) -> tuple[str, str]:
+    """The speech explorer's page of ``loaded`` recognisers on the WAV file ``sound``, and what each
+    heard."""
+    from attnkit.data.audio import log_mel, read_wav
+    from attnkit.viz.speech_explorer import speech_page, speech_view
+
+    samples, rate = read_wav(sound)
+    views, features = [], None
+    for (model, tokenizer, config), name in zip(loaded, names, strict=True):
+        features = log_mel(samples, rate, config.model.n_mels)  # (frames, n_mels), each model's bands
+        views.append(speech_view(model, tokenizer, config.decode, features, name))
+    assert features is not None
+    page = speech_page(features, views, f"transcripts of {native_path(sound)}")
+    return page, "each character over its alignment; " + "; ".join(f"{v.name}: {v.transcript}" for v in views)
 
 
 data_app = typer.Typer(no_args_is_help=True, help="The standard data sets, laid out as the recipes expect.")

@@ -86,6 +86,11 @@ class Batch:
         return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.n_tokens)
 
 
+def consecutive(n: int, size: int) -> list[list[int]]:
+    """Indices ``0 .. n-1`` in runs of at most ``size``: the batches of an epoch, validation or a test."""
+    return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+
+
 def pad(sequences: list[list[int]], pad_id: int) -> Tensor:
     """Right-pad lists of ids with ``pad_id`` into a ``(B, longest)`` tensor."""
     out = torch.full((len(sequences), max(map(len, sequences))), pad_id, dtype=torch.long)

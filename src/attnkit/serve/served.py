@@ -134,6 +134,79 @@ class AttnkitModel(ServedModel):
         return explorer_page(self.model, self.tokenizer, self.checkpoint.name, text, target, base, limit)
 
 
+@dataclass
+class ReadsUploads(AttnkitModel):
+    """A model whose inputs are files uploaded to the server (images, sound), not text: the endpoints
+    of serve/endpoints/uploads.py read each file of the form field ``field`` with :meth:`read_upload`,
+    batch the inputs by :meth:`cost`, and answer with each one's output named ``output``; its explorer
+    asks for a file with a form and shows :meth:`explore_upload`'s page."""
+
+    dialects: ClassVar[tuple[str, ...]] = ("uploads",)
+    reading: ClassVar[str]  # what its architectures read (models.archs): "images", "audio"
+    field: ClassVar[str]  # the form field of the files: "image", "audio"
+    example: ClassVar[str]  # how to upload one: "curl -F image=@scene.png"
+    output: ClassVar[str]  # what an input's output is called in an answer: "caption", "transcript"
+    unit: ClassVar[str]  # what an input costs a batch, counted like a sentence's tokens: "regions"
+    reads: ClassVar[str]  # what the model does, for a page asked with text: "captions images"
+    asks: ClassVar[str]  # what the explorer's page asks for: "upload an image to see ..."
+    upload_form: ClassVar[str]  # the explorer's upload form (HTML, ``{action}`` its address)
+
+    def read_upload(self, data: bytes, name: str) -> Any:
+        """An uploaded file's bytes as the model's input; what it cannot read is a one-line
+        :class:`~attnkit.errors.DataError` naming ``name``."""
+        raise NotImplementedError
+
+    def cost(self, item: Any) -> int:
+        """What an input costs a batch, in ``unit``s (``--max-batch-tokens`` bounds a request's)."""
+        raise NotImplementedError
+
+    def explore_upload(self, item: Any, name: str, base: str) -> str:
+        """The explorer's page for an input (the file ``name``), with the upload form (to ``base``) on
+        top."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> ReadsUploads:
+        """A checkpoint (or run directory: its best) of a model that reads ``reading`` and writes text,
+        ready to serve."""
+        from attnkit.checkpoint.folder import resolve_checkpoint
+        from attnkit.loading import load_for_inference
+        from attnkit.models import archs
+
+        checkpoint = resolve_checkpoint(ckpt)
+        model, tokenizer, config = load_for_inference(
+            checkpoint, device, arch=archs(reading=cls.reading, writing="text"), overrides=overrides
+        )
+        return cls(checkpoint, tokenizer, model, config, torch.device(device))
+
+    def run(self, inputs: list[Any], settings: Hashable) -> list[str]:
+        """Each input's output (an image's caption, an utterance's transcript: what ``attnkit predict``
+        prints for its file), by the task's ``infer`` and the run's decode settings."""
+        from attnkit.tasks import task_of
+
+        return task_of(self.config).infer(self.model, self.tokenizer, self.config, inputs, self.device)
+
+    def explore(self, text: str, target: str | None, base: str, limit: int) -> tuple[str, int]:
+        """The explorer's upload form (``POST`` to the same address); a 400 for text, which the model
+        does not read."""
+        from attnkit.viz.explorer import message_page
+
+        if not text.strip():
+            return message_page(self.asks, base, self.upload_form), 200
+        said = f"this model {self.reads}, it reads no text: {self.asks}"
+        return message_page(said, base, self.upload_form), 400
+
+
+def form_for_uploads(field: str, accept: str, button: str) -> str:
+    """An explorer's form that uploads one file in ``field`` (of the types ``accept`` names) to
+    ``{action}``."""
+    return (
+        '<form method="post" action="{action}" enctype="multipart/form-data" id="ask">\n'
+        f'<input type="file" name="{field}" accept="{accept}">\n'
+        f'<button type="submit">{button}</button></form>'
+    )
+
+
 def reloading(load: Callable[..., AttnkitModel], checkpoint: Path, overrides: list[str], config: RunConfig,
               device: str) -> Callable[[], AttnkitModel]:  # fmt: skip
     """``load(checkpoint, overrides, device=device)`` as it loaded a model whose run config came out as

@@ -87,15 +87,17 @@ class ServerState:
             raise RequestError(503, "loading", self.failed or "the model is still loading", self._retry())
         return self.model
 
-    def check_lengths(self, tokens: list[int], limit: int, field: str) -> None:
-        """413 for an input longer than the model reads, or a request over the server's budget."""
-        if max(tokens) > limit:
+    def check_lengths(self, tokens: list[int], limit: int | None, field: str, unit: str = "tokens") -> None:
+        """413 for an input longer than the model reads (``limit``; None: no limit but the budget), or a
+        request over the server's budget; what an input costs is counted in ``unit`` (a captioner's
+        images in regions, speech in annotations)."""
+        if limit is not None and max(tokens) > limit:
             raise RequestError(
-                413, "too_long", f"{field}: {max(tokens)} tokens, more than the model's {limit}"
+                413, "too_long", f"{field}: {max(tokens)} {unit}, more than the model's {limit}"
             )
         budget = self.settings.max_batch_tokens
         if sum(tokens) > budget:
-            message = f"body: {sum(tokens)} tokens, more than the server's --max-batch-tokens {budget}"
+            message = f"body: {sum(tokens)} {unit}, more than the server's --max-batch-tokens {budget}"
             raise RequestError(413, "too_long", message)
 
     def batched(self, request: Request, inputs: list[Any], settings: Hashable, tokens: int) -> Awaitable[Any]:

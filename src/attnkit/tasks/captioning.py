@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import RunConfig
-from attnkit.data.batching import pad
+from attnkit.data.batching import consecutive, pad
 from attnkit.data.cluttered_digits import DIGIT
 from attnkit.data.digit_scenes import CANVAS, CELL_WORDS, Scenes, digit_scenes
 from attnkit.data.tokenizer import Tokenizer
@@ -32,7 +32,7 @@ from attnkit.decode.captions import attention_while_writing, caption
 from attnkit.metrics import bleu, exact_match
 from attnkit.models import unwrap
 from attnkit.models.captioner import DOWNSAMPLING, Captioner
-from attnkit.tasks.image_classification import check_image_sizes, consecutive
+from attnkit.tasks.image_classification import check_image_sizes
 from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.config import RunConfig
+from attnkit.data.batching import consecutive
 from attnkit.data.cluttered_digits import N_CLASSES, Canvases, cluttered_digits
 from attnkit.errors import AttnkitError
 from attnkit.models import evaluating, unwrap
@@ -43,11 +44,6 @@ class ImageBatch:
 def image_batch(canvases: Canvases, indices: list[int] | Tensor) -> ImageBatch:
     images = canvases.images[indices].unsqueeze(1).float() / 255  # (B, 1, H, W)
     return ImageBatch(images, canvases.labels[indices], len(indices))
-
-
-def consecutive(n: int, size: int) -> list[list[int]]:
-    """Indices ``0 .. n-1`` in runs of at most ``size``: the batches of an epoch, validation or a test."""
-    return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
 
 
 def split_canvases(config: RunConfig, split: str, epoch: int = 0) -> Canvases:

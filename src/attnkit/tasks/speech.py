@@ -4,7 +4,9 @@ Listen-Attend-Spell recogniser (``model.arch: listen-attend-spell``, models/list
 The utterances are synthesised when a run first needs them (data/spoken.py, espeak-ng; then kept as
 features under ``data.store``, data/spoken_store.py): ``data.n_train`` training utterances, fixed by the
 run's seed (synthesis costs a minute for 8,000), and ``data.n_valid`` validation utterances and as many
-test ones, spoken by voices never trained on. Each becomes log-mel features (data/audio.py). A batch
+test ones, spoken by voices never trained on. Or they are recorded speech: ``data.train: [train.tsv]``
+(and ``data.valid``, ``data.test``) name transcript files of WAV files (data/transcribed.py), and the
+characters are those of the training transcripts. Each becomes log-mel features (data/audio.py). A batch
 is ``train.batch_size`` utterances of similar lengths, padded with zero frames, their transcripts as
 ``<s> y`` and ``y </s>`` (one token a character); the loss is the label-smoothed cross-entropy of the
 characters. Validation reports loss and perplexity, and the character and word error rates of greedy
@@ -24,14 +26,15 @@ from torch import Tensor
 
 from attnkit.config import RunConfig
 from attnkit.data.audio import log_mel
-from attnkit.data.batching import pad
-from attnkit.data.spoken import CHARACTERS, SAMPLE_RATE, spoken_utterances
+from attnkit.data.batching import consecutive, pad
+from attnkit.data.spoken import CHARACTERS, SAMPLE_RATE, each_spoken_utterance
 from attnkit.data.spoken_store import kept_or_made
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.data.transcribed import transcribed_features
 from attnkit.decode.transcripts import alignments_while_spelling, padded_frames, transcribe
+from attnkit.errors import ConfigError, DataError
 from attnkit.metrics import error_rates
 from attnkit.models import unwrap
-from attnkit.tasks.image_classification import consecutive
 from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss
@@ -76,25 +79,57 @@ def speech_batch(spoken: Spoken, indices: list[int], tokenizer: Tokenizer) -> Sp
 
 
 def split_utterances(config: RunConfig, split: str) -> Spoken:
+    """The ``train``, ``valid`` or ``test`` utterances of a run's config, as features: recorded ones
+    where ``data.train`` names a transcript file (:func:`recorded_utterances`), else synthesised ones."""
+    if config.data.train:
+        return recorded_utterances(config, split)
+    return synthesised_utterances(config, split)
+
+
+def synthesised_utterances(config: RunConfig, split: str) -> Spoken:
     """The synthesised ``train`` utterances (``n_train``), or the ``valid``/``test`` ones (``n_valid``
-    each), of a run's config, as features: synthesised once, then read from ``data.store``
-    (data/spoken_store.py)."""
+    each), of a run's config: synthesised once, then read from ``data.store`` (data/spoken_store.py)."""
     d, n_mels = config.data, config.model.n_mels
     n = d.n_train if split == "train" else d.n_valid
     seed = config.train.seed + {"train": 0, "valid": 1, "test": 2}[split]
 
     def synthesised() -> tuple[list[Tensor], list[str], list[str]]:
-        utterances = spoken_utterances(split, n, seed)
-        features = [log_mel(u.audio, SAMPLE_RATE, n_mels) for u in utterances]
-        return features, [u.text for u in utterances], [u.voice for u in utterances]
+        features, texts, voices = [], [], []
+        for u in each_spoken_utterance(split, n, seed):  # each sound let go once it is heard
+            features.append(log_mel(u.audio, SAMPLE_RATE, n_mels))
+            texts.append(u.text)
+            voices.append(u.voice)
+        return features, texts, voices
 
     settings = {"split": split, "n": n, "seed": seed, "n_mels": n_mels}
     return Spoken(*kept_or_made(d.store, settings, synthesised))
 
 
-def character_tokenizer() -> Tokenizer:
-    """One token a character: learned from the fixed list of them."""
-    return Tokenizer.train("char", [CHARACTERS * 2], vocab_size=len(CHARACTERS) + 16, min_frequency=1)
+def recorded_utterances(config: RunConfig, split: str) -> Spoken:
+    """The utterances of the transcript file ``data.<split>`` names (data/transcribed.py). Without a
+    ``data.valid`` file, the last ``data.valid_fraction`` of the training file's utterances are held out
+    for validation (and not trained on); the test needs a file of its own."""
+    d, n_mels = config.data, config.model.n_mels
+    if split == "test" and not d.test:
+        raise ConfigError("data.test: recorded speech is tested on a transcript file of its own: give one")
+    name = (d.valid or d.train)[0] if split == "valid" else getattr(d, split)[0]
+    features, texts = transcribed_features(d.path(name), n_mels)
+    if split != "test" and not d.valid:
+        kept = len(texts) - max(1, int(len(texts) * d.valid_fraction))
+        if kept < 1:
+            message = "too few utterances to hold out data.valid_fraction for validation"
+            raise DataError(f"{d.path(name)}: {message}")
+        features, texts = (
+            (features[:kept], texts[:kept]) if split == "train" else (features[kept:], texts[kept:])
+        )
+    return Spoken(features, texts, [""] * len(texts))  # the voices unknown
+
+
+def character_tokenizer(texts: Sequence[str] = ()) -> Tokenizer:
+    """One token a character: learned from the fixed list of the spoken dates' characters, and any other
+    character of ``texts`` (recorded speech's training transcripts)."""
+    characters = CHARACTERS + "".join(sorted(set("".join(texts)) - set(CHARACTERS)))
+    return Tokenizer.train("char", [characters * 2], vocab_size=len(characters) + 16, min_frequency=1)
 
 
 def monotone(weights: Tensor, slack: int = 1) -> bool:
@@ -132,16 +167,19 @@ class SpeechTask:
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         self.config = config
-        self.tokenizer = tokenizer or character_tokenizer()
         began = time.perf_counter()
         self.train = split_utterances(config, "train")
         self.valid = split_utterances(config, "valid")
+        self.tokenizer = tokenizer or character_tokenizer(self.train.texts if config.data.train else ())
         hours = sum(len(f) for f in self.train.features) / 100 / 3600  # a frame every 10 ms
         took = time.perf_counter() - began
+        recorded = bool(config.data.train)
+        made = f"read from {config.data.train[0]}" if recorded else "synthesised (or read from data.store)"
+        held_out = "held out" if recorded else "voices never trained on"
         echo(
-            f"utterances synthesised (or read from data.store) in {took:.0f} s: {len(self.train):,} for "
-            f"training ({hours:.1f} hours of speech), {len(self.valid):,} for validation (voices never "
-            f"trained on); {self.tokenizer.vocab_size} tokens: the characters, the specials"
+            f"utterances {made} in {took:.0f} s: {len(self.train):,} for training ({hours:.1f} hours of "
+            f"speech), {len(self.valid):,} for validation ({held_out}); {self.tokenizer.vocab_size} tokens: "
+            "the characters, the specials"
         )
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -220,5 +258,7 @@ class SpeechTask:
         forward = monotone_share(model, tokenizer, test, heard, device)
         return [
             f"CER {100 * cer:.2f}%, WER {100 * wer:.2f}%, monotone alignments {100 * forward:.1f}%, on "
-            f"{len(test)} test utterances by voices never trained on ({time.perf_counter() - began:.1f} s)"
+            f"{len(test)} test utterances "
+            f"{f'of {config.data.test[0]}' if config.data.train else 'by voices never trained on'} "
+            f"({time.perf_counter() - began:.1f} s)"
         ]

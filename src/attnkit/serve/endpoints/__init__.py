@@ -5,7 +5,8 @@ server's state (``app.state.server``, serve/state.py).
 - :mod:`~attnkit.serve.endpoints.explore`: ``/explore``, the attention explorer (every server);
 - :mod:`~attnkit.serve.endpoints.opennmt`: ``/translator/translate`` (translation, summarisation);
 - :mod:`~attnkit.serve.endpoints.predict`: ``/predict`` (encoders);
-- :mod:`~attnkit.serve.endpoints.images`: ``/predict`` and ``POST /explore`` with image uploads (captioners);
+- :mod:`~attnkit.serve.endpoints.uploads`: ``/predict`` and ``POST /explore`` with uploaded files
+  (captioners' images, speech recognisers' WAV files);
 - :mod:`~attnkit.serve.endpoints.tgi` and :mod:`~attnkit.serve.endpoints.openai`: ``/generate``,
   ``/generate_stream`` and ``/v1/completions`` (decoders), sharing :mod:`~attnkit.serve.endpoints.sampling`.
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from attnkit.serve.endpoints import explore, images, openai, opennmt, operations, predict, tgi
+from attnkit.serve.endpoints import explore, openai, opennmt, operations, predict, tgi, uploads
 
 EVERY_SERVER: tuple[APIRouter, ...] = (operations.router, explore.router)
 ROUTERS: dict[str, APIRouter] = {
     "opennmt": opennmt.router,
     "predict": predict.router,
-    "images": images.router,
+    "uploads": uploads.router,
     "tgi": tgi.router,
     "openai": openai.router,
 }
