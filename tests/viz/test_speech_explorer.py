@@ -69,7 +69,7 @@ def test_explore_puts_recognisers_side_by_side_on_an_utterance(recognisers, utte
     ckpts = [a for run in recognisers.values() for a in ("--ckpt", str(run))]
     result = CliRunner().invoke(app, ["explore", *ckpts, "--audio", str(path), "-o", str(page)])
     assert result.exit_code == 0, result.output
-    assert "2 speech recogniser(s); each character over its alignment" in result.stdout
+    assert "2 model(s) side by side; each character over its alignment" in result.stdout
     text = page.read_text(encoding="utf-8")
     views = _page_data(text)["views"]
     assert [v["name"] for v in views] == [str(run) for run in recognisers.values()]

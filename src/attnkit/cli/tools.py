@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 
@@ -90,11 +90,19 @@ def explore(
     typer.echo(f"{output}: {len(maps)} attention(s) × {layers} layers × {heads} heads; open it in a browser")
 
 
-# what ``explore`` shows of models that read files: the option naming the file, what such a model is,
-# what it does with the file, and what the file is
+class FileReader(NamedTuple):
+    """What ``explore`` says of the models that read a kind of file."""
+
+    option: str  # the option naming the file
+    model: str  # what such a model is
+    models: str
+    verb: str  # what it does with the file
+    file: str  # what the file is
+
+
 FILE_READERS = {
-    "images": ("--image", "a captioner", "caption", "an image"),
-    "audio": ("--audio", "a speech recogniser", "transcribe", "an utterance"),
+    "images": FileReader("--image", "a captioner", "captioners", "caption", "an image"),
+    "audio": FileReader("--audio", "a speech recogniser", "speech recognisers", "transcribe", "an utterance"),
 }
 
 
@@ -122,20 +130,20 @@ def _explore_files(
     from attnkit.loading import load_for_inference
     from attnkit.models import archs
 
-    option, holder, verb, shown = FILE_READERS[reading]
+    kind = FILE_READERS[reading]
     if file is None:
-        raise AttnkitError(f"{ckpts[0]} holds {holder}: give {option} FILE to {verb}")
+        raise AttnkitError(f"{ckpts[0]} holds {kind.model}: give {kind.option} FILE to {kind.verb}")
     if text or target is not None or serve:
         raise AttnkitError(
-            f"{option} shows {holder.split(' ', 1)[1]}s on {shown}; --text, --target and --serve are for "
-            f"text models (attnkit serve serves {holder}'s explorer, with an upload, at /explore)"
+            f"{kind.option} shows {kind.models} on {kind.file}; --text, --target and --serve are for "
+            f"text models (attnkit serve serves {kind.model}'s explorer, with an upload, at /explore)"
         )
     writable_file(output)
     loaded = [load_for_inference(c, "cpu", arch=archs(reading=reading, writing="text")) for c in ckpts]
     names = [native_path(c) for c in ckpts]
     page, said = (_caption_page if reading == "images" else _speech_page)(loaded, names, file)
     write_text_atomic(output, page)
-    typer.echo(f"{output}: {len(ckpts)} {holder.split(' ', 1)[1]}(s); {said}")
+    typer.echo(f"{output}: {len(ckpts)} model(s) side by side; {said}")
 
 
 def _caption_page(loaded: list, names: list[str], image: Path) -> tuple[str, str]:
