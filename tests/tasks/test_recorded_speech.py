@@ -104,3 +104,24 @@ def test_a_transcript_file_reads_as_its_lines_and_what_is_wrong_is_one_line_nami
         ),
         r"bad.tsv:1: .*said.tsv: not a WAV file this can read",
     )
+
+
+def test_the_training_file_is_read_once_with_its_held_out_part_and_again_once_changed(tmp_path, monkeypatch):
+    from attnkit.tasks import speech
+
+    name = _recordings(tmp_path, "train.tsv", 10, 0)
+    read = []
+
+    def counted(path, n_mels):
+        read.append(path.name)
+        return transcribed_features(path, n_mels)
+
+    monkeypatch.setattr(speech, "transcribed_features", counted)
+    speech._transcribed.cache_clear()
+    settings = ["model.arch=listen-attend-spell", f"data.dir={tmp_path}", f"data.train=[{name}]"]
+    task = speech.SpeechTask(load_run_config(None, settings), None, echo=lambda message: None)
+    assert read == ["train.tsv"] and (len(task.train), len(task.valid)) == (9, 1)
+    path = tmp_path / name
+    path.write_text(path.read_text(encoding="utf-8") + "clips/train.tsv-0.wav\tonce more\n", encoding="utf-8")
+    assert len(split_utterances(load_run_config(None, settings), "train")) == 9 + 1  # 11, one held out
+    assert read == ["train.tsv", "train.tsv"]

@@ -15,10 +15,12 @@ transcripts; the test adds how often the alignment is monotone (:func:`monotone_
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -113,7 +115,7 @@ def recorded_utterances(config: RunConfig, split: str) -> Spoken:
     if split == "test" and not d.test:
         raise ConfigError("data.test: recorded speech is tested on a transcript file of its own: give one")
     name = (d.valid or d.train)[0] if split == "valid" else getattr(d, split)[0]
-    features, texts = transcribed_features(d.path(name), n_mels)
+    features, texts = _transcribed(d.path(name), n_mels, _stamp(d.path(name)))
     if split != "test" and not d.valid:
         kept = len(texts) - max(1, int(len(texts) * d.valid_fraction))
         if kept < 1:
@@ -123,6 +125,22 @@ def recorded_utterances(config: RunConfig, split: str) -> Spoken:
             (features[:kept], texts[:kept]) if split == "train" else (features[kept:], texts[kept:])
         )
     return Spoken(features, texts, [""] * len(texts))  # the voices unknown
+
+
+@functools.lru_cache(maxsize=1)
+def _transcribed(path: Path, n_mels: int, stamp: tuple[int, int]) -> tuple[list[Tensor], list[str]]:
+    """:func:`~attnkit.data.transcribed.transcribed_features`, the last file's kept while its ``stamp``
+    (:func:`_stamp`) is the same: the training file's held-out part is read once with the rest."""
+    return transcribed_features(path, n_mels)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """When the file last changed, and its size (``(0, 0)`` for a missing one: its reader says so)."""
+    try:
+        found = path.stat()
+    except OSError:
+        return (0, 0)
+    return (found.st_mtime_ns, found.st_size)
 
 
 def character_tokenizer(texts: Sequence[str] = ()) -> Tokenizer:
