@@ -30,6 +30,7 @@ def test_the_pyramid_keeps_one_annotation_for_every_stack_times_2_to_the_layers_
     annotations, lengths = model.encoder(frames, frame_lengths(frames))
     expected = [math.ceil(math.ceil(n / stack) / 2**pyramid) for n in (50, 23)]
     assert lengths.tolist() == expected and annotations.size(1) == expected[0]
+    assert [model.config.annotations(n) for n in (50, 23)] == lengths.tolist()  # what the server counts
     assert annotations[1, expected[1] :].abs().max() == 0  # nothing past the second one's end
 
 

@@ -61,6 +61,11 @@ class ListenAttendSpellConfig(RNNConfig):
         """Frames per annotation."""
         return self.stack * 2**self.pyramid
 
+    def annotations(self, frames: int) -> int:
+        """How many annotations the listener makes of an utterance of ``frames`` frames (the last one
+        of fewer frames): ``⌈frames / reduction⌉``."""
+        return -(-frames // self.reduction)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.attention == "none":

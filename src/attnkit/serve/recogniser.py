@@ -37,7 +37,7 @@ class ServedRecogniser(ReadsUploads):
 
     def cost(self, features: Tensor) -> int:
         """The annotations the speller attends to."""
-        return -(-len(features) // self.model.config.reduction)
+        return self.model.config.annotations(len(features))
 
     def explore_upload(self, features: Tensor, name: str, base: str) -> str:
         """The speech explorer's page for an utterance, with the upload form on top."""

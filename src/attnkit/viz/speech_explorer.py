@@ -48,10 +48,9 @@ def speech_view(
     ``decode``'s search, and where it attended at each character."""
     heard = transcribe(model, tokenizer, [features], decode)[0]
     ids, weights = alignments_while_spelling(model, tokenizer, [features], [heard], "cpu")  # (1, T, S)
-    reduction = model.config.reduction
-    annotations = -(-len(features) // reduction)  # the utterance's own, not the batch's padding
+    annotations = model.config.annotations(len(features))  # the utterance's own, not the batch's padding
     rows = weights[0, : len(ids[0]), :annotations].float().round(decimals=DIGITS).tolist()
-    return SpeechView(name, heard, tokenizer.tokens(ids[0]), reduction, rows)
+    return SpeechView(name, heard, tokenizer.tokens(ids[0]), model.config.reduction, rows)
 
 
 def speech_page(features: Tensor, views: list[SpeechView], title: str, form: str = "") -> str:
