@@ -1,7 +1,8 @@
 """Listen, Attend and Spell (models/listen_attend_spell.py): the pyramid shortens an utterance as
 Chan et al. say (stacked frames, then halved at each layer); padding an utterance in a batch changes
 none of its outputs; a searched transcript is the greedy argmax of full forward passes, given back in
-the order of the utterances; a small one learns to spell what it hears."""
+the order of the utterances; the guided attention loss is Tachibana et al.'s over each row's real
+characters and annotations; a small one learns to spell what it hears."""
 
 import math
 
@@ -56,6 +57,46 @@ def test_a_searched_transcript_is_the_greedy_argmax_of_full_forward_passes_in_th
     for utterance, heard in zip(utterances, found, strict=True):
         assert heard == greedy_by_full_passes(model, utterance[None], tokenizer, limit=6)
     assert len(transcribe(model, tokenizer, utterances, DecodeConfig(beam_size=3))) == 4
+
+
+def guided_attention_loss(weights, characters, annotations, strength, width):
+    """Tachibana et al. (2018, §4.1) in float64, a weight at a time: ``λ Σ_n Σ_t A_nt W_nt`` with
+    ``W_nt = 1 - exp(-(n/N - t/T)² / 2g²)``, over each row's ``N`` characters and ``T`` annotations."""
+    total = 0.0
+    for row, (N, T) in enumerate(zip(characters, annotations, strict=True)):
+        for n in range(N):
+            for t in range(T):
+                W = 1 - math.exp(-((n / N - t / T) ** 2) / (2 * width**2))
+                total += float(weights[row, n, t]) * W
+    return strength * total
+
+
+def test_the_guided_attention_loss_is_tachibanas_over_each_rows_real_characters_and_annotations():
+    model = _model(stack=2, guided_attention=1.5, guided_width=0.3).train()  # las-tiny: no dropout
+    frames = padded_frames([torch.randn(37, 8), torch.randn(20, 8)])
+    tgt_in = torch.randint(4, 40, (2, 7))
+    targets = tgt_in.clone()
+    targets[1, 4:] = model.config.pad_id  # the second transcript predicts four tokens
+    model(frames, tgt_in)
+    penalty = model.attention_penalty(targets)
+    weights = model.alignments(frames, tgt_in).double()  # (2, 7, S): the same weights
+    annotations = [math.ceil(math.ceil(n / 2) / 2) for n in (37, 20)]  # stacked by 2, halved once
+    expected = guided_attention_loss(weights, [7, 4], annotations, 1.5, 0.3)
+    assert penalty.item() == pytest.approx(expected, rel=1e-5)
+    assert model.attention_penalty(targets) == 0  # once per forward
+    model(frames, tgt_in)
+    model.attention_penalty(targets).backward()  # it trains the attention, not only measures it
+    assert model.attention.score.w.weight.grad.abs().sum() > 0
+
+
+def test_without_guided_attention_there_is_no_penalty_and_nothing_is_kept():
+    model = _model(stack=2).train()
+    tgt_in = torch.randint(4, 40, (2, 5))
+    model(padded_frames([torch.randn(30, 8), torch.randn(12, 8)]), tgt_in)
+    assert model._kept is None and model.attention_penalty(tgt_in) == 0
+    guided = _model(stack=2, guided_attention=1.0)  # evaluating keeps nothing either
+    guided(padded_frames([torch.randn(30, 8)]), tgt_in[:1])
+    assert guided._kept is None
 
 
 def test_a_small_listener_learns_to_spell_what_it_hears():

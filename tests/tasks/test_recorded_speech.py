@@ -125,3 +125,25 @@ def test_the_training_file_is_read_once_with_its_held_out_part_and_again_once_ch
     path.write_text(path.read_text(encoding="utf-8") + "clips/train.tsv-0.wav\tonce more\n", encoding="utf-8")
     assert len(split_utterances(load_run_config(None, settings), "train")) == 9 + 1  # 11, one held out
     assert read == ["train.tsv", "train.tsv"]
+
+
+def test_the_training_loss_adds_the_guided_attention_loss_and_validation_does_not(tmp_path):
+    from attnkit.models import build_model
+    from attnkit.tasks.speech import SpeechTask
+
+    name = _recordings(tmp_path, "train.tsv", 10, 0)
+    settings = ["model.arch=listen-attend-spell", "model.preset=las-tiny", f"data.dir={tmp_path}",
+                f"data.train=[{name}]", "model.guided_attention=2.5"]  # fmt: skip
+    config = load_run_config(None, settings)
+    task = SpeechTask(config, None, echo=lambda message: None)
+    model = build_model(config.model, task.tokenizer.vocab_size)
+    batch = task.make_batch(list(range(6)))
+    guided, _ = task.loss(model.train(), batch)
+    model(batch.frames, batch.tgt_in)
+    penalty = model.attention_penalty(batch.tgt_out)  # las-tiny has no dropout: the same forward
+    model.config.guided_attention = 0.0
+    plain, _ = task.loss(model, batch)
+    assert penalty > 0 and guided.item() == pytest.approx(plain.item() + penalty.item(), rel=1e-5)
+    model.config.guided_attention = 2.5
+    evaluated, _ = task.loss(model.eval(), batch)
+    assert evaluated.item() == pytest.approx(plain.item(), rel=1e-5)

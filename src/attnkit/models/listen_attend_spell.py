@@ -16,6 +16,14 @@ the context, with location-aware attention by default (``attention: location``, 
 attention (``bahdanau``) to compare. Its first state comes from the mean annotation
 (:class:`~attnkit.models.rnn.MeanBridge`).
 
+Attention finds the alignment late: a speller first learns to write likely dates from the characters
+it has written, and only then to listen. ``guided_attention: λ`` adds Tachibana et al.'s (2018,
+"Efficiently trainable text-to-speech system based on deep convolutional networks with guided
+attention", §4.1) *guided attention* loss, which charges a weight on annotation ``s`` of ``S`` at
+character ``n`` of ``N`` by how far it is from the diagonal, ``W_ns = 1 - exp(-(n/N - s/S)² / 2g²)``
+(``guided_width: g``): ``λ Σ_n Σ_s α_ns W_ns``. Speech is spoken at a steady pace, so the diagonal is
+roughly right, and it draws the weights near the right place from the first steps.
+
 An utterance's frames are padded with zero frames to the batch's longest; a frame of exact zeros is
 never a real one (the features are normalised log energies), so :func:`frame_lengths` reads each
 utterance's length from them and the model takes the padded features alone, as the search needs.
@@ -31,7 +39,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_at_least
 from attnkit.models.rnn import MeanBridge, RNNConfig, RNNSeq2Seq
-from attnkit.models.rnn_attention import Source
+from attnkit.models.rnn_attention import Alignment, Source
 
 
 @dataclass
@@ -50,6 +58,8 @@ class ListenAttendSpellConfig(RNNConfig):
 
     local: str = "median"  # attend within ``window`` annotations of the last step's median (Bahdanau 2016)
     window: int = 2  # D, in annotations: ± 240 ms at 120 ms each
+    guided_attention: float = 0.0  # λ of the guided attention loss (module docstring; Tachibana et al.)
+    guided_width: float = 0.2  # g: how far from the diagonal a weight goes uncharged, in shares of S
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "las-small": {"d_embed": 64, "d_hidden": 256, "dropout": 0.1},
@@ -79,6 +89,8 @@ class ListenAttendSpellConfig(RNNConfig):
         require_at_least("model.n_mels", self.n_mels, 1)
         require_at_least("model.stack", self.stack, 1)
         require_at_least("model.pyramid", self.pyramid, 0)
+        require_at_least("model.guided_attention", self.guided_attention, 0.0)
+        require_at_least("model.guided_width", self.guided_width, 0.0, strictly=True)
 
 
 def frame_lengths(frames: Tensor) -> Tensor:
@@ -155,11 +167,37 @@ class ListenAttendSpell(RNNSeq2Seq):
         c = config
         self.encoder = Listener(c)  # in place of the translation model's bidirectional RNN
         self.bridge = MeanBridge(c.d_hidden, c.layers, c.cell)
+        self._kept: tuple[Tensor, Tensor] | None = None  # while training: (α (B, T, S), S of each row)
+        self._lengths: Tensor | None = None  # the last training forward's annotations a row, (B,)
 
     def encode(self, frames: Tensor) -> tuple[Source, Any]:
         """The annotations to attend to and the speller's first state, for ``frames (B, T, n_mels)``
         (zero frames after each utterance's end)."""
         annotations, lengths = self.encoder(frames, frame_lengths(frames))  # (B, S, d_hidden), (B,)
+        self._lengths = lengths if self.training else None
         positions = torch.arange(annotations.size(1), device=frames.device)
         mask = (positions[None, :] < lengths[:, None].to(frames.device)).unsqueeze(1)  # (B, 1, S)
         return self.attention.prepare(annotations, mask), self.bridge(annotations, mask)
+
+    def _keep_for_losses(self, alignments: list[Alignment | None]) -> None:
+        """The weights of a training forward, for :meth:`attention_penalty` (when it is asked for)."""
+        super()._keep_for_losses(alignments)
+        if self.config.guided_attention > 0 and self._lengths is not None:
+            weights = torch.stack([a.weights for a in alignments if a is not None], 1)  # (B, T, S)
+            self._kept = weights, self._lengths
+
+    def attention_penalty(self, targets: Tensor) -> Tensor:
+        """The guided attention loss of the last training forward (module docstring), zero without
+        ``guided_attention``: ``λ Σ α_ns W_ns`` over the steps that predict a real token of ``targets
+        (B, T)`` (``N`` of them in a row) and the row's ``S`` real annotations."""
+        if self._kept is None:
+            return targets.new_zeros((), dtype=torch.float)
+        (weights, lengths), self._kept = self._kept, None
+        steps = targets != self.config.pad_id  # (B, T)
+        N = steps.sum(1, keepdim=True).clamp(min=1)[..., None].to(weights.dtype)  # (B, 1, 1)
+        S = lengths.to(weights.device, weights.dtype)[:, None, None]  # (B, 1, 1)
+        n = torch.arange(weights.size(1), device=weights.device)[None, :, None] / N  # (B, T, 1)
+        s = torch.arange(weights.size(2), device=weights.device)[None, None, :] / S  # (B, 1, S)
+        off_diagonal = 1 - torch.exp(-(n - s).square() / (2 * self.config.guided_width**2))  # (B, T, S)
+        charged = torch.where(steps[..., None], weights * off_diagonal, 0.0)  # padding: weights are 0
+        return self.config.guided_attention * charged.sum()

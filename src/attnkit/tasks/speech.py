@@ -220,11 +220,15 @@ class SpeechTask:
         return speech_batch(self.train, indices, self.tokenizer)
 
     def loss(self, model: torch.nn.Module, batch: SpeechBatch) -> tuple[Tensor, Tensor]:
-        """Summed label-smoothed loss and NLL of the transcripts' characters."""
+        """Summed label-smoothed loss and NLL of the transcripts' characters, plus the guided attention
+        loss while training (``model.guided_attention``; models/listen_attend_spell.py)."""
         pad_id = self.tokenizer.specials.pad
         loss, nll = generative_loss(
             model, (batch.frames, batch.tgt_in), batch.tgt_out, self.config.train.label_smoothing, pad_id
         )
+        recogniser = unwrap(model)
+        if recogniser.training:
+            loss = loss + recogniser.attention_penalty(batch.tgt_out)
         return loss, nll.sum()
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
