@@ -139,6 +139,27 @@ def test_a_child_that_cannot_load_its_model_says_why():
         process.close()
 
 
+def test_where_one_of_two_processes_cannot_load_the_batcher_says_why_and_ends_the_other():
+    builds = iter([partial(Countdown), cannot_load])
+    made = []
+
+    def new_engine():
+        made.append(EngineProcess(next(builds)))
+        return made[-1]
+
+    batcher = ContinuousBatcher(new_engine, max_batch_tokens=100, max_queue=16, workers=2)
+    try:
+        made[0].started()  # the first has loaded its model
+        with pytest.raises(EngineError, match="could not load the model: FileNotFoundError"):
+            batcher.started()
+        for process in made:  # neither is left idle until the server exits
+            process.process.join(timeout=10)
+            assert not process.process.is_alive()
+    finally:
+        for process in made:
+            process.close()
+
+
 def test_close_ends_the_child(engine):
     engine.started()
     engine.close()

@@ -91,9 +91,15 @@ class ContinuousBatcher:
 
     def started(self) -> None:
         """Wait until every engine can step (one in a process of its own has loaded its model); blocks,
-        so off the event loop. Raises where one could not start."""
-        for engine in self.engines:
-            getattr(engine, "started", lambda: None)()
+        so off the event loop. Raises where one could not start, and then lets every engine go: the
+        others, loaded or still loading, would otherwise sit idle in their processes until exit."""
+        try:
+            for engine in self.engines:
+                getattr(engine, "started", lambda: None)()
+        except Exception:
+            for engine in self.engines:
+                _close(engine)
+            raise
 
     def start(self) -> None:
         self.arrived = asyncio.Event()
