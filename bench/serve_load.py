@@ -13,13 +13,16 @@ tokenised by the same tokenizer. Target tokens are counted with the checkpoint's
 
 ``--engines attnkit,ctranslate2`` measures attnkit serve with each engine in turn (CTranslate2 on the
 exported weights, behind the same batcher). ``--soak N`` then sends N requests to the first from 8
-clients, a fifth of them hostile (``HOSTILE``: malformed bodies, bodies over the 1 MiB limit, /explore
+clients, a fifth of them hostile (bench/soak.py: malformed bodies, bodies over the 1 MiB limit, /explore
 over its token limit and within it, random paths, clients that give up before their answer), and
 checks: no 5xx but 503, every status the one its kind expects, every well-formed request answered with
 the output the server gave that sentence alone, a request after the soak answered at once, and the
-server's RSS after the last request against its RSS after the first 1,000. ``--soak-decoder RUN`` runs
-the same soak against a decoder (``POST /generate``), whose leaving clients drop streams after their
-first piece.
+server's RSS after the last request against its RSS after the first 1,000. ``--soak-captioner RUN``
+and ``--soak-recogniser RUN`` soak a captioner's and a speech recogniser's servers at the same time,
+beside the translator's, with uploads (decompression bombs, other image formats, WAV files at absurd
+rates, cut mid-sample or too short, sound over the budget, forms that cannot be read);
+``--soak-decoder RUN`` soaks a decoder (``POST /generate``) afterwards, whose leaving clients drop
+streams after their first piece.
 
 Run: ``python bench/serve_load.py --ckpt runs/de_en --data data/multi30k`` (a translation checkpoint;
 ``--src FILE`` for other sentences).
@@ -29,11 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gzip
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ import time
 from pathlib import Path
 
 import httpx
+from soak import CaptionerDialect, Dialect, GeneratorDialect, RecogniserDialect, soak
 
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.data.tokenizer import Tokenizer
@@ -157,144 +159,33 @@ def run_peer(folder: str, port: int, beam: int, threads: int) -> None:
 SHOWN = {"attnkit": "attnkit serve", "ctranslate2": "attnkit serve --engine ctranslate2",
          "peer": "FastAPI + CTranslate2 translate_batch"}  # fmt: skip
 
-BIG_BODY = json.dumps([{"src": "x" * 1000}] * 2100).encode()  # 2.1 MB: over the 1 MiB body limit
-LONG_TEXT = "ein Hund läuft über eine Wiese " * 34  # about 1,000 characters: over /explore's 64 tokens
 
+def soaks(args: argparse.Namespace, url: str, pid: int, sentences: list[str]) -> dict[str, dict]:
+    """The soak of the translation server at ``url``, and at the same time those of a captioner's and a
+    speech recogniser's servers (``--soak-captioner``, ``--soak-recogniser``; each started here, in a
+    process of its own): their results by name."""
+    runs = {"translator": (url, pid, sentences, Dialect())}
+    servers = []
+    try:
+        for name, ckpt, dialect in (("captioner", args.soak_captioner, CaptionerDialect),
+                                    ("recogniser", args.soak_recogniser, RecogniserDialect)):  # fmt: skip
+            if ckpt is not None:
+                port = free_port()
+                command = [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(ckpt), "--port", str(port)]
+                servers.append(start(command, f"http://127.0.0.1:{port}"))
+                speaks = dialect.of()
+                runs[name] = (f"http://127.0.0.1:{port}", servers[-1].pid, speaks.items, speaks)
 
-class Dialect:
-    """How the soak speaks to one kind of served model: its good request and answer, its malformed
-    bodies, and a client that leaves before its answer."""
-
-    endpoint = "/translator/translate"
-    malformed = (b'[{"src": "ein Hund', b'[{"src": 12}]', b'[{"text": "ein Hund"}]', b"[]",
-                 b'[{"src": "\\ud800"}]', "[{\"src\": \"\u00e9\"}]".encode("latin-1"))  # fmt: skip
-
-    def body(self, text: str):
-        return [{"src": text}]
-
-    def answer(self, response: httpx.Response) -> str:
-        return response.json()[0][0]["tgt"]
-
-    async def leave(self, http: httpx.AsyncClient, url: str, text: str) -> None:
-        """A client that gives up 5 ms after sending (its request is dropped, or abandoned mid-batch)."""
-        with contextlib.suppress(httpx.TimeoutException):
-            await http.post(url + self.endpoint, json=self.body(text), timeout=0.005)
-
-
-class GeneratorDialect(Dialect):
-    endpoint = "/generate"
-    malformed = (b'{"inputs": "the', b'{"inputs": 12}', b'{"parameters": {}}',
-                 b'{"inputs": "a", "parameters": {"stop": [' + b'"x",' * 16 + b'"x"]}}',
-                 b'{"inputs": "a", "parameters": {"seed": 18446744073709551616}}',
-                 b'{"inputs": "a", "parameters": {"temperature": 1e308}}')  # fmt: skip
-
-    def body(self, text: str):
-        return {"inputs": text[:40], "parameters": {"max_new_tokens": 24, "seed": 7}}
-
-    def answer(self, response: httpx.Response) -> str:
-        return response.json()["generated_text"]
-
-    async def leave(self, http: httpx.AsyncClient, url: str, text: str) -> None:
-        """A streaming client that leaves after the first piece of text (its generation stops)."""
-        body = {**self.body(text), "parameters": {"max_new_tokens": 200, "seed": 7}}
-        async with http.stream("POST", url + "/generate_stream", json=body) as stream:
-            async for line in stream.aiter_lines():
-                if line.startswith("data: "):
-                    break
-
-
-# what each kind of soak request expects: its share of the requests, and the statuses it may get
-HOSTILE = {"malformed": (0.08, {400, 422}), "oversized": (0.02, {413}), "explore_long": (0.02, {413}),
-           "explore": (0.02, {200}), "random_path": (0.03, {404}), "leave": (0.03, set())}  # fmt: skip
-
-
-async def soak(url: str, n: int, sentences: list[str], pid: int, dialect: Dialect) -> dict:
-    """``n`` requests from 8 clients, a fifth of them hostile (``HOSTILE``: malformed bodies, bodies over
-    the size limit, /explore over its token limit and within it, random paths, clients that leave before
-    their answer); server errors, wrong answers, unexpected statuses, RSS growth, and whether the server
-    still answers at once afterwards."""
-    rng = random.Random(0)
-    async with httpx.AsyncClient(timeout=120) as http:
-        alone, used = {}, sentences[:50]
-        for sentence in used:  # each sentence's answer when it is alone
-            alone[sentence] = dialect.answer(
-                await http.post(url + dialect.endpoint, json=dialect.body(sentence))
+        async def together() -> list[dict]:
+            return await asyncio.gather(
+                *(soak(u, args.soak, items, p, d) for u, p, items, d in runs.values())
             )
-        kinds, shares = list(HOSTILE), [share for share, _ in HOSTILE.values()]
-        plan = [(rng.choices([*kinds, "good"], [*shares, 1 - sum(shares)])[0], used[k % len(used)])
-                for k in range(n)]  # fmt: skip
-        counts = {"5xx": 0, "503": 0, "wrong": 0, "unexpected": 0, **{kind: 0 for kind in [*kinds, "good"]}}
-        rss, turn = {}, [0]
 
-        async def one(kind: str, sentence: str) -> httpx.Response | None:
-            headers = {"content-type": "application/json"}
-            if kind == "malformed":
-                return await http.post(
-                    url + dialect.endpoint, content=rng.choice(dialect.malformed), headers=headers
-                )
-            if kind == "oversized":
-                return await http.post(url + dialect.endpoint, content=BIG_BODY, headers=headers)
-            if kind in ("explore", "explore_long"):
-                return await http.get(
-                    f"{url}/explore", params={"text": LONG_TEXT if kind == "explore_long" else sentence}
-                )
-            if kind == "random_path":
-                return await http.get(f"{url}/{rng.getrandbits(64):x}/{rng.getrandbits(32):x}")
-            if kind == "leave":
-                return await dialect.leave(http, url, sentence)
-            return await http.post(url + dialect.endpoint, json=dialect.body(sentence))
-
-        async def client() -> None:
-            while turn[0] < n:
-                k = turn[0]
-                turn[0] += 1
-                kind, sentence = plan[k]
-                response = await one(kind, sentence)
-                counts[kind] += 1
-                if response is not None:
-                    if kind == "good" and response.status_code == 200:
-                        counts["wrong"] += dialect.answer(response) != alone[sentence]
-                    expected = HOSTILE[kind][1] if kind in HOSTILE else {200}
-                    counts["unexpected"] += response.status_code not in expected | {503}
-                    counts["503"] += response.status_code == 503
-                    counts["5xx"] += response.status_code >= 500 and response.status_code != 503
-                if k + 1 == 1000:
-                    rss["first_1000"] = _rss_mb(pid)
-
-        began = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(8)))
-        seconds = time.perf_counter() - began
-        rss["end"] = _rss_mb(pid)
-        after = time.perf_counter()  # no hang: one more request, answered at once
-        last = await http.post(url + dialect.endpoint, json=dialect.body(used[0]), timeout=10)
-        health = (await http.get(f"{url}/health", timeout=10)).json()["status"]
-    answered_after = {
-        "after_status": last.status_code,
-        "after_ms": round((time.perf_counter() - after) * 1e3),
-    }
-    ratio = {"rss_ratio": round(rss["end"] / rss["first_1000"], 3)} if "first_1000" in rss else {}
-    return {**counts, **rss, **ratio, **answered_after, "health": health, "seconds": round(seconds, 1)}
-
-
-def _rss_mb(pid: int) -> float:
-    """The resident memory of process ``pid`` and of the processes it started (a server's engine
-    processes), in MB."""
-    total = 0.0
-    for process in [pid, *_children(pid)]:
-        with contextlib.suppress(OSError):  # (one that ended meanwhile)
-            for line in Path(f"/proc/{process}/status").read_text(encoding="ascii").splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1e3
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            if int(stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
+        return dict(zip(runs, asyncio.run(together()), strict=True))
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=60)
 
 
 def main() -> None:
@@ -322,6 +213,13 @@ def main() -> None:
     parser.add_argument("--soak-decoder", type=Path,
                         help="a decoder (GPT) checkpoint: the soak runs against it too, its clients leaving "
                         "streams (/generate_stream) early")  # fmt: skip
+    parser.add_argument("--soak-captioner", type=Path,
+                        help="a captioner's checkpoint: its server is soaked beside the translator's, "
+                        "with image uploads (decompression bombs, other formats, cut files)")  # fmt: skip
+    parser.add_argument("--soak-recogniser", type=Path,
+                        help="a speech recogniser's checkpoint: its server is soaked beside the "
+                        "translator's, with WAV uploads (absurd rates, samples cut mid-way, clips too "
+                        "short, sound over the budget)")  # fmt: skip
     args = parser.parse_args()
     source = args.src or args.data / "test_2016_flickr.de.gz"
     opener = gzip.open if source.suffix == ".gz" else open
@@ -360,7 +258,7 @@ def main() -> None:
                         f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"],
                         clients, args.seconds, sentences, count, expected))  # fmt: skip
                 if args.soak and engine == engines[0]:
-                    soaked = asyncio.run(soak(url, args.soak, sentences, server.pid, Dialect()))
+                    soaked = soaks(args, url, server.pid, sentences)
             finally:
                 server.terminate()
                 server.wait(timeout=60)
@@ -403,7 +301,9 @@ def main() -> None:
                 eight = results[(engine, 8)]["p50"] / alone["batch_of_8_ms"]
                 print(f"{SHOWN[engine]}: p50 at 8 clients / a batch of 8 offline: {eight:.2f}")
     if args.soak:
-        print("soak: " + json.dumps(soaked))
+        print("soak: " + json.dumps(soaked.pop("translator")))
+        for name, result in soaked.items():
+            print(f"soak ({name}, beside the translator's): " + json.dumps(result))
     if args.soak and args.soak_decoder:
         port = free_port()
         url = f"http://127.0.0.1:{port}"

@@ -46,3 +46,15 @@ def copy_data(tmp_path_factory):
         (folder / f"{name}.src").write_text("\n".join(pairs.src) + "\n", encoding="utf-8")
         (folder / f"{name}.tgt").write_text("\n".join(pairs.tgt) + "\n", encoding="utf-8")
     return folder
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Fails a test that decodes any image's pixels (Pillow reads headers when it opens a file, pixels
+    when it loads it)."""
+    import PIL.ImageFile
+
+    def refuse(self):
+        raise AssertionError("an image's pixels were decoded")
+
+    monkeypatch.setattr(PIL.ImageFile.ImageFile, "load", refuse)

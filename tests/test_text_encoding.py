@@ -14,11 +14,12 @@ ROOT = Path(__file__).parents[1]
 CHECKED = ("src", "bench", "tests")
 COMPRESSED = {"gzip", "bz2", "lzma"}  # their open() is binary unless the mode says "t"
 NO_TEXT = {
+    "Image",
     "os",
     "tarfile",
     "wave",
     "zipfile",
-}  # modules whose open() reads no text (a descriptor, an archive, sound)
+}  # modules whose open() reads no text (an image: Pillow's, a descriptor, an archive, sound)
 SUBPROCESS = {"run", "check_output", "Popen", "check_call", "call"}
 
 

@@ -102,6 +102,15 @@ def load_for_inference(
         )
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
+    return ready_for_inference(model, config, device, pack), tokenizer, config
+
+
+def ready_for_inference(
+    model: torch.nn.Module, config: RunConfig, device: torch.device | str = "cpu", pack: bool = True
+) -> torch.nn.Module:
+    """``model``, its weights loaded, on ``device`` in eval mode with the CPU fast path applied in
+    ``config.decode.precision`` (resolved: fp32, bf16 or int8; see the module docstring); the config
+    then holds the precision it runs in. ``pack=False``: the weights as they are."""
     model = model.to(device).eval()
     precision = config.decode.precision
     speed_up(model, inference=pack and precision == "fp32")
@@ -110,7 +119,7 @@ def load_for_inference(
         pack_for_inference(model)
     elif precision == "int8":
         quantize_int8(model)
-    return model, tokenizer, config
+    return model
 
 
 def check_head(checkpoint: Path, config: RunConfig, heads: tuple[str, ...]) -> None:

@@ -32,3 +32,22 @@ def test_a_set_is_made_once_and_read_back_the_same(tmp_path, monkeypatch):
     third = kept_or_made(str(tmp_path), settings, make)
     assert len(made) == 2 and third[1] == first[1]
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_what_is_planted_under_a_predictable_name_is_never_written_through_or_in_the_way(
+    tmp_path, monkeypatch
+):
+    import os
+
+    monkeypatch.setattr(spoken_store, "espeak_version", lambda: "eSpeak NG text-to-speech: 1.51")
+    settings = {"split": "test", "n": 1, "seed": 2, "n_mels": 4}
+    path = spoken_path(str(tmp_path), settings)
+    path.parent.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine", encoding="utf-8")
+    for pid in range(max(1, os.getpid() - 3), os.getpid() + 4):  # the names a process id would give
+        (path.parent / f".{path.name}.{pid}").symlink_to(victim)
+    (path.parent / f".{path.name}.{os.getpid()}").unlink()
+    (path.parent / f".{path.name}.{os.getpid()}").mkdir()  # this process's own: a folder in the way
+    kept_or_made(str(tmp_path), settings, lambda: ([torch.randn(3, 4)], ["one"], ["en-us+m1"]))
+    assert victim.read_text(encoding="utf-8") == "mine" and path.is_file() and not path.is_symlink()

@@ -59,13 +59,16 @@ class Server:
     """``attnkit serve`` in a process of its own, ready once /health says so. What it prints goes to a
     file (a pipe nobody reads would fill with the access log and stop the server)."""
 
-    def __init__(self, run, *options):
+    def __init__(self, run, *options, own_group: bool = False):
+        """``own_group``: the server leads a process group of its own, as a command typed in a terminal
+        does (a Ctrl-C there signals the whole group: ``os.killpg``)."""
         self.url = f"http://127.0.0.1:{_free_port()}"
         port = self.url.rsplit(":", 1)[1]
         self.log = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115 (closed by the OS at exit)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(run), "--port", port, *options],
             stdout=self.log, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+            start_new_session=own_group,
         )  # fmt: skip
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

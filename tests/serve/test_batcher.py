@@ -57,6 +57,15 @@ def test_requests_arriving_together_share_a_batch_up_to_the_token_budget():
     assert [len(inputs) for inputs, _ in model.batches] == [3, 2]
 
 
+def test_a_batch_holds_no_more_token_positions_than_its_budget():
+    model = Model()
+    # few tokens each, but beams and outputs make them 400 positions: 1,000 a batch hold two at a time
+    requests = [([f"s{i}"], "beam64", 2, 400) for i in range(5)]
+    answers = asyncio.run(_serve(model, max_batch_positions=1000)(requests))
+    assert answers == [[f"S{i}/beam64"] for i in range(5)]
+    assert [len(inputs) for inputs, _ in model.batches] == [2, 2, 1]
+
+
 def test_other_settings_share_the_wait_but_not_the_search():
     model = Model()
     requests = [(["a"], "beam1", 1), (["b"], "beam5", 1), (["c"], "beam1", 1)]

@@ -93,6 +93,26 @@ def test_the_oldest_request_that_does_not_fit_is_not_overtaken():
     assert not any("big:1" in joining and "a:3" in joining for joining, _ in engine.iterations)
 
 
+def test_a_running_batch_admits_no_more_token_positions_than_its_budget():
+    engine = Engine()
+
+    async def go():
+        batcher = _batcher([engine], max_batch_positions=1000)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(["a:3"], None, 1, 600))
+        await asyncio.sleep(0.001)
+        # one token each, but 600 positions (a wide beam, a long output): the second waits for the first
+        second = asyncio.ensure_future(batcher.submit(["b:1"], None, 1, 600))
+        third = asyncio.ensure_future(batcher.submit(["c:1"], None, 1, 300))
+        answers = await asyncio.gather(first, second, third)
+        await batcher.stop()
+        return answers
+
+    assert asyncio.run(go()) == [["A"], ["B"], ["C"]]
+    joined = [joining for joining, _ in engine.iterations if joining]
+    assert joined[0] == ["a:3"] and not any("a:3" in j and "b:1" in j for j in joined)
+
+
 def test_a_gone_client_leaves_the_batch_and_a_failure_answers_only_its_batch():
     engines = [Engine(), Engine()]
 

@@ -1,6 +1,10 @@
 """attnkit serve --batching continuous through a real server process: concurrent requests with different
 beams and n-best lists, joining a running batch at any step, get exactly the CLI's outputs; the
-metrics show the running batch; the attention explorer still runs between steps; SIGTERM finishes."""
+metrics show the running batch; the attention explorer still runs between steps; SIGTERM finishes.
+Engine processes: a killed one fails only its running requests, one killed while idle fails none, a
+new one is made from the server's memory (its checkpoint folder may be gone), a hung one is noticed
+by /health and ended at its deadline and never keeps the server from stopping, and Ctrl-C in the
+terminal finishes what runs."""
 
 import os
 import signal
@@ -125,6 +129,106 @@ def test_a_killed_engine_process_fails_its_requests_alone_and_a_new_one_takes_ov
     finally:
         code, output = served.stop()
     assert code == 0, output
+
+
+def test_an_engine_killed_while_idle_is_made_again_from_memory_though_its_checkpoint_is_gone(run, tmp_path):
+    import shutil
+
+    from attnkit.checkpoint.folder import resolve_checkpoint
+
+    folder = tmp_path / "served"
+    shutil.copytree(resolve_checkpoint(run), folder)
+    served = Server(folder, "--batching", "continuous", "decode.streams=1", "decode.precision=fp32")
+    try:
+        expected = served.post([{"src": s} for s in SENTENCES[:4]]).json()
+        shutil.rmtree(folder)  # rotated away by a run still training, or its volume unmounted
+        (engine,) = engine_processes(served.process.pid)
+        os.kill(engine, signal.SIGKILL)  # while it held nothing
+        time.sleep(0.5)
+        answer = served.post([{"src": s} for s in SENTENCES[:4]])
+        assert answer.status_code == 200 and answer.json() == expected, answer.text  # no request failed
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready"}
+        (new,) = engine_processes(served.process.pid)
+        assert new != engine
+    finally:
+        code, output = served.stop()
+    assert code == 0, output
+
+
+def test_a_hung_engine_is_noticed_by_health_ended_at_its_deadline_and_replaced(run):
+    served = Server(run, "--batching", "continuous", "decode.streams=1", "decode.precision=fp32",
+                    "--stall-after", "2")  # fmt: skip
+    try:
+        expected = served.post([{"src": SENTENCES[0]}]).json()
+        (engine,) = engine_processes(served.process.pid)
+        os.kill(engine, signal.SIGSTOP)  # stopped: it will never answer
+        with ThreadPoolExecutor(1) as client:
+            waiting = client.submit(served.post, [{"src": SENTENCES[0]}])
+            began = time.monotonic()
+            while (health := httpx.get(f"{served.url}/health")).status_code == 200:
+                assert time.monotonic() - began < 3.5, "the hung engine did not show in /health"
+                time.sleep(0.1)
+            assert health.json()["status"] == "stalled" and time.monotonic() - began > 1.5  # past 2 s
+            answer = waiting.result(timeout=30)
+        # twice --stall-after: ended, its request told so
+        assert answer.status_code == 500 and "answered no step within 4 s and was ended" in answer.text
+        assert served.post([{"src": SENTENCES[0]}]).json() == expected  # a new engine
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready"}
+    finally:
+        code, output = served.stop()
+    assert code == 0, output
+
+
+def test_sigterm_ends_a_server_whose_engine_hangs_within_its_grace(run):
+    served = Server(
+        run, "--batching", "continuous", "decode.streams=1", "decode.precision=fp32", "--grace", "1"
+    )
+    (engine,) = engine_processes(served.process.pid)
+    os.kill(engine, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as client:
+        waiting = client.submit(served.post, [{"src": SENTENCES[0]}])
+        time.sleep(1)
+        began = time.monotonic()
+        served.process.send_signal(signal.SIGTERM)
+        code = served.process.wait(timeout=60)
+        answer = waiting.result(timeout=10)
+    assert code == 0 and time.monotonic() - began < 15, served.output()
+    assert answer.status_code == 503 and answer.json()["kind"] == "shutting_down"
+
+
+def test_ctrl_c_in_the_terminal_finishes_the_requests_running_and_no_engine_dies_mid_step(run, tmp_path):
+    """Ctrl-C signals every process of the terminal's foreground group: the engine processes ignore it,
+    and the server, as for SIGTERM, answers what it accepted and exits 0."""
+    expected = _cli(run, tmp_path, 4, 0, ("decode.precision=fp32",))
+    served = Server(
+        run, "--batching", "continuous", "decode.streams=2", "decode.precision=fp32", own_group=True
+    )
+    sent = threading.Event()
+
+    def client(i):  # request after request until Ctrl-C; those the server no longer accepts fail to connect
+        answers = []
+        while not sent.is_set():
+            try:
+                answers.append(served.post([{"src": s, "beam_size": 4} for s in SENTENCES[i : i + 8]]))
+            except httpx.TransportError:
+                break
+        return i, answers
+
+    with ThreadPoolExecutor(8) as clients:
+        running = [clients.submit(client, i) for i in range(8)]
+        deadline = time.monotonic() + 30
+        while _samples(served)["attnkit_running_sources"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.killpg(served.process.pid, signal.SIGINT)
+        sent.set()
+        answered = [done.result() for done in running]
+    code = served.process.wait(timeout=60)
+    output = served.output()
+    assert code == 0 and "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    for i, answers in answered:
+        for answer in answers:
+            assert answer.status_code == 200, answer.text
+            assert [r["tgt"] for r in answer.json()[0]] == expected[i : i + 8]
 
 
 def test_continuous_batching_is_refused_in_one_line_where_there_is_no_running_batch(run, tmp_path):

@@ -1,7 +1,11 @@
 """A running batch in a process of its own (serve/engine_process.py), with stand-in engines built in the
 child: it steps as the engine does; streamed pieces reach their sinks; the child's torch threads follow
 the caller's; a failing iteration, a killed child or one that cannot load is an ``EngineError``, and the
-continuous batcher answers with it and goes on with a new process; ``close`` ends the child."""
+continuous batcher answers with it and goes on with a new process; ``close`` ends the child. A child
+that answers no step within its deadline is ended and its requests told so; one hung worker shows in
+the batcher's stall clock while the others go on, and does not keep the batcher from stopping; a
+child that died while it held nothing is replaced without a failed request; a child ignores SIGINT
+and SIGTERM (the server ends it)."""
 
 import asyncio
 import os
@@ -15,7 +19,7 @@ import pytest
 import torch
 
 from attnkit.serve.continuous import ContinuousBatcher
-from attnkit.serve.engine_process import EngineError, EngineProcess
+from attnkit.serve.engine_process import EngineError, EngineGoneError, EngineProcess
 
 
 class Countdown:
@@ -166,17 +170,29 @@ def test_close_ends_the_child(engine):
     assert not engine.process.is_alive()
 
 
-def test_the_batcher_answers_a_failed_process_and_goes_on_with_a_new_one():
+def _batcher_of_processes(deadline_s: float = 300.0, **settings) -> tuple[ContinuousBatcher, list]:
+    """A continuous batcher whose engines are countdowns in processes of their own, and the list of the
+    processes it makes, in order."""
     made = []
 
     def new_engine():
-        made.append(EngineProcess(partial(Countdown)))
+        made.append(EngineProcess(partial(Countdown), deadline_s=deadline_s))
         return made[-1]
 
+    return ContinuousBatcher(new_engine, **{"max_batch_tokens": 100, "max_queue": 16, **settings}), made
+
+
+async def _started(batcher: ContinuousBatcher) -> ContinuousBatcher:
+    await asyncio.get_running_loop().run_in_executor(None, batcher.started)
+    batcher.start()
+    return batcher
+
+
+def test_the_batcher_answers_a_failed_process_and_goes_on_with_a_new_one():
+    batcher, made = _batcher_of_processes()
+
     async def go():
-        batcher = ContinuousBatcher(new_engine, max_batch_tokens=100, max_queue=16)
-        await asyncio.get_running_loop().run_in_executor(None, batcher.started)
-        batcher.start()
+        await _started(batcher)
         try:
             long = asyncio.ensure_future(batcher.submit(["a:1000000"], None, 1))
             await asyncio.sleep(0.3)
@@ -193,3 +209,147 @@ def test_the_batcher_answers_a_failed_process_and_goes_on_with_a_new_one():
     for process in asyncio.run(go()):
         assert not process.process.is_alive()  # stop ends the children
     assert time.monotonic() - began < 60
+
+
+def test_a_child_that_answers_no_step_within_its_deadline_is_ended_and_says_so():
+    process = EngineProcess(Countdown, deadline_s=1.0)
+    try:
+        process.iterate([(1, "a:5", None)], set())
+        os.kill(process.process.pid, signal.SIGSTOP)  # stopped: it will never answer
+        began = time.monotonic()
+        with pytest.raises(EngineGoneError, match=r"answered no step within 1 s and was ended"):
+            process.iterate([], set())
+        assert time.monotonic() - began < 5 and not process.process.is_alive()
+    finally:
+        process.close()
+
+
+def _stopped_worker_test(deadline_s: float, stall_after: float):
+    """Two engine processes, one of them stopped (SIGSTOP) while it holds a request; returns what the
+    batcher said of it."""
+    batcher, made = _batcher_of_processes(deadline_s, max_batch_tokens=1, workers=2)
+
+    async def go():
+        await _started(batcher)
+        seen = {}
+        try:
+            stuck = asyncio.ensure_future(batcher.submit(["a:100000"], None, 1))
+            await asyncio.sleep(0.3)
+            os.kill(made[0].process.pid, signal.SIGSTOP)
+            began = time.monotonic()
+            other = [await batcher.submit([f"b{i}:20"], None, 1) for i in range(20)]  # the second worker
+            seen["others answered"] = other == [[f"B{i}"] for i in range(20)]
+            while time.monotonic() - began < stall_after:
+                await asyncio.sleep(0.05)
+            seen["stalled for"] = batcher.stalled_for()
+            if deadline_s < stall_after * 3:
+                seen["stuck"] = await asyncio.gather(stuck, return_exceptions=True)
+        finally:
+            began = time.monotonic()
+            await batcher.stop()
+            seen["stopped in"] = time.monotonic() - began
+        seen.setdefault("stuck", [stuck.cancelled()])
+        return seen
+
+    try:
+        return asyncio.run(go())
+    finally:
+        for process in made:
+            process.end()
+
+
+def test_one_hung_worker_shows_in_the_stall_clock_and_its_requests_are_told_after_the_deadline():
+    seen = _stopped_worker_test(deadline_s=3.0, stall_after=1.5)
+    assert seen["others answered"]  # the other worker went on meanwhile
+    assert seen["stalled for"] > 1.4  # ... which did not hide the stopped one from /health
+    (error,) = seen["stuck"]
+    assert isinstance(error, EngineGoneError) and "answered no step within 3 s" in str(error)
+
+
+def test_a_hung_worker_does_not_keep_the_batcher_from_stopping():
+    seen = _stopped_worker_test(deadline_s=300.0, stall_after=0.5)
+    assert seen["stopped in"] < 10  # the stopped child was ended before its thread was joined
+    assert seen["stuck"] == [True]  # its request was dropped (nobody waits at a stop past the grace)
+
+
+def test_a_child_killed_while_it_held_nothing_is_replaced_without_failing_a_request():
+    batcher, made = _batcher_of_processes()
+
+    async def go():
+        await _started(batcher)
+        try:
+            assert await batcher.submit(["a:2"], None, 1) == ["A"]
+            os.kill(made[0].process.pid, signal.SIGKILL)  # idle: nothing of anyone's is lost
+            made[0].process.join(timeout=10)
+            assert await batcher.submit(["b:2"], None, 1) == ["B"]
+            assert len(made) == 2 and batcher.broken is None
+        finally:
+            await batcher.stop()
+
+    asyncio.run(go())
+
+
+def test_a_child_ignores_sigint_and_sigterm(engine):
+    engine.started()
+    for number in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C reaches every process of the terminal's group
+        os.kill(engine.process.pid, number)
+    time.sleep(0.5)
+    assert engine.iterate([(1, "a:1", None)], set()) == [(1, "A")]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_what_a_child_is_given_is_the_checkpoints_weights_whatever_the_precision_served(run, precision):
+    from safetensors.torch import load
+
+    from attnkit.loading import build_for_tokenizer, load_for_inference
+    from attnkit.models import load_weights
+    from attnkit.serve.served import weights_bytes
+    from attnkit.serve.translator import load_translator
+
+    served = load_translator(run, [f"decode.precision={precision}"])
+    made = build_for_tokenizer(served.config, served.tokenizer)
+    assert load_weights(made, load(weights_bytes(served.model))) == ([], [])  # tied tensors tied again
+    stored = load_for_inference(run, pack=False)[0].state_dict()  # float32, as trained and saved
+    assert made.state_dict().keys() == stored.keys()
+    assert all(made.state_dict()[name].equal(tensor) for name, tensor in stored.items())
+
+
+def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run, tmp_path):
+    import shutil
+
+    from attnkit.checkpoint.folder import resolve_checkpoint
+    from attnkit.data.synthetic import dates
+    from attnkit.serve.served import MadeAgain
+    from attnkit.serve.translator import load_translator
+
+    folder = tmp_path / "rotated"
+    shutil.copytree(resolve_checkpoint(run), folder)
+    served = load_translator(folder, ["decode.precision=fp32"])
+    shutil.rmtree(folder)  # rotated away by a run still training, or its volume unmounted
+    texts = dates(6, seed=5).src
+    joining = [(i, text, (4, 2)) for i, text in enumerate(texts)]
+    here = served.running_batch()
+    process = EngineProcess(MadeAgain(served))
+    try:
+        expected, found = {}, {}
+        while len(expected) < len(texts):
+            expected.update(here.iterate(joining if not expected and not here.sources else [], set()))
+        while len(found) < len(texts):
+            found.update(process.iterate(joining if not found and not process.sources else [], set()))
+        assert found == expected
+    finally:
+        process.close()
+
+
+def test_engine_processes_do_not_grow_with_the_cores_unless_asked(run):
+    from attnkit.serve.served import MAX_ENGINE_PROCESSES
+    from attnkit.serve.translator import load_translator
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(16)
+    try:
+        assert load_translator(run, []).engine_processes() == MAX_ENGINE_PROCESSES == 4
+        assert load_translator(run, ["decode.streams=6"]).engine_processes() == 6  # asked for: given
+        assert load_translator(run, ["decode.streams=0"]).streams == 16  # threads: one per thread still
+    finally:
+        torch.set_num_threads(before)

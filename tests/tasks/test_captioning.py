@@ -86,7 +86,7 @@ def _predict_captions_image_files(run, folder):
     (folder / "text.png").write_text("not an image", encoding="utf-8")
     for arguments, said in (
         (["--image", str(small)], f"{small}: an image of (40, 40) pixels; this model reads (48, 48)"),
-        (["--image", str(folder / "text.png")], "text.png: not an image this can read"),
+        (["--image", str(folder / "text.png")], "text.png: not a PNG or JPEG image"),
         (["--text", "a 3"], "a captioner reads images, not text: give --image FILE"),
     ):
         result = CliRunner().invoke(app, ["predict", "--ckpt", str(run), *arguments])

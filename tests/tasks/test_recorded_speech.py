@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from attnkit.cli import app
 from attnkit.config import load_run_config
-from attnkit.data.audio import log_mel, read_wav
+from attnkit.data.audio import heard, read_wav
 from attnkit.data.transcribed import read_transcripts, transcribed_features
 from attnkit.decode.transcripts import transcribe
 from attnkit.errors import ConfigError, DataError
@@ -64,7 +64,8 @@ def test_a_recogniser_trains_on_recorded_speech_and_is_tested_on_a_file_of_its_o
     clip = data / "clips" / "test.tsv-1.wav"
     result = CliRunner().invoke(app, ["predict", "--ckpt", str(run), "--audio", str(clip)])
     assert result.exit_code == 0, result.output
-    expected = transcribe(model, tokenizer, [log_mel(*read_wav(clip))], config.decode)
+    assert config.model.sample_rate == 16000  # recorded speech: the default rate, saved with the run
+    expected = transcribe(model, tokenizer, [heard(read_wav(clip), 16000)], config.decode)
     assert result.stdout.split("\n")[:1] == expected
 
 
@@ -75,7 +76,7 @@ def test_a_transcript_file_reads_as_its_lines_and_what_is_wrong_is_one_line_nami
         (1, "said.tsv-0.wav", SAID[0]), (2, "said.tsv-1.wav", SAID[1]), (3, "said.tsv-2.wav", SAID[2]),
         (5, "said.tsv-3.wav", SAID[3]), (6, "said.tsv-4.wav", SAID[0]),
     ]  # fmt: skip
-    features, texts = transcribed_features(tmp_path / name, 40)
+    features, texts = transcribed_features(tmp_path / name, 16000, 40)
     assert texts == [SAID[i % 4] for i in range(5)] and features[1].shape == (47, 40)  # 0.5 s
     bad = tmp_path / "bad.tsv"
     for content, said in (
@@ -86,7 +87,7 @@ def test_a_transcript_file_reads_as_its_lines_and_what_is_wrong_is_one_line_nami
     ):
         bad.write_text(content, encoding="utf-8")
         with pytest.raises(DataError, match=said):
-            transcribed_features(bad, 40)
+            transcribed_features(bad, 16000, 40)
     settings = ["model.arch=listen-attend-spell", f"data.dir={tmp_path}", f"data.train=[{name}]"]
     with pytest.raises(ConfigError, match=r"data.test: recorded speech is tested on a transcript file"):
         split_utterances(load_run_config(None, settings), "test")
@@ -106,15 +107,50 @@ def test_a_transcript_file_reads_as_its_lines_and_what_is_wrong_is_one_line_nami
     )
 
 
+def test_a_malformed_or_short_wav_in_a_transcript_file_is_one_line_naming_line_and_file(tmp_path):
+    _recordings(tmp_path, "said.tsv", 3, 0)
+    sound = wav_bytes(chirp(0.5, 1))
+    clips = {
+        # 16-bit samples cut on an odd byte, the data chunk saying it holds more than the file has
+        "odd.wav": sound[:40] + (10**6).to_bytes(4, "little") + sound[44:1001],
+        "short.wav": wav_bytes(chirp(0.028, 1)),  # 448 samples: past the 25 ms window, short of the FFT's
+        "slow.wav": wav_bytes(chirp(0.5, 1), rate=40),  # a hop of 0 samples at 40 Hz
+    }
+    said = {
+        "odd.wav": r"odd.wav: its sound stops mid-sample",
+        "short.wav": r"short.wav: 28 ms of sound, shorter than the 42 ms that 2 frames of features take",
+        "slow.wav": r"slow.wav: a sample rate of 40 Hz; this reads 8,000 to 96,000 Hz",
+    }
+    for clip, data in clips.items():
+        (tmp_path / "clips" / clip).write_bytes(data)
+        bad = tmp_path / "bad.tsv"
+        bad.write_text(f"clips/said.tsv-0.wav\tfine\nclips/{clip}\tbroken\n", encoding="utf-8")
+        with pytest.raises(DataError, match=rf"^{re.escape(str(bad))}:2: \S*clips/{said[clip]}"):
+            transcribed_features(bad, 16000, 40)
+        settings = ["model.arch=listen-attend-spell", f"data.dir={tmp_path}", "data.train=[bad.tsv]"]
+        result = CliRunner().invoke(app, ["train", "--run-dir", str(tmp_path / f"run-{clip}"), *settings,
+                                          "train.max_steps=1"])  # fmt: skip
+        one_line_error(result, rf"bad.tsv:2: \S*clips/{said[clip]}")
+
+
+def test_recorded_speech_at_another_rate_is_heard_at_the_models(tmp_path):
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "slow.wav").write_bytes(wav_bytes(chirp(0.5, 3)[::2], rate=8000))
+    (tmp_path / "said.tsv").write_text("clips/slow.wav\tslow\n", encoding="utf-8")
+    (features,), _ = transcribed_features(tmp_path / "said.tsv", 16000, 40)
+    assert features.shape == (47, 40)  # half a second at 16 kHz, not at 8 kHz (48 frames, other bands)
+    assert features.equal(heard(read_wav(tmp_path / "clips" / "slow.wav"), 16000))
+
+
 def test_the_training_file_is_read_once_with_its_held_out_part_and_again_once_changed(tmp_path, monkeypatch):
     from attnkit.tasks import speech
 
     name = _recordings(tmp_path, "train.tsv", 10, 0)
     read = []
 
-    def counted(path, n_mels):
+    def counted(path, sample_rate, n_mels):
         read.append(path.name)
-        return transcribed_features(path, n_mels)
+        return transcribed_features(path, sample_rate, n_mels)
 
     monkeypatch.setattr(speech, "transcribed_features", counted)
     speech._transcribed.cache_clear()

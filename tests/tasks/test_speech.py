@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from attnkit.cli import app
 from attnkit.config import load_run_config
-from attnkit.data.audio import log_mel, read_wav
+from attnkit.data.audio import heard, read_wav
 from attnkit.data.spoken import spoken_utterances
 from attnkit.decode.transcripts import transcribe
 from attnkit.errors import ConfigError
@@ -69,7 +69,8 @@ def test_a_speech_recogniser_trains_is_evaluated_and_transcribes_wav_files(tmp_p
     for i, u in enumerate(utterances):
         files.append(tmp_path / f"said{i}.wav")
         _wav(files[-1], u.audio, 22050)
-    features = [log_mel(*read_wav(path)) for path in files]  # as the files read back (16-bit)
+    assert config.model.sample_rate == 22050  # espeak-ng's rate, the synthesised set's, saved with the run
+    features = [heard(read_wav(path), 22050) for path in files]  # as the files read back (16-bit)
     expected = transcribe(model, tokenizer, features, config.decode)
     result = CliRunner().invoke(
         app, ["predict", "--ckpt", str(run), *[a for f in files for a in ("--audio", str(f))]]

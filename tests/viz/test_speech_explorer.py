@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnkit.cli import app
-from attnkit.data.audio import log_mel, read_wav
+from attnkit.data.audio import heard, read_wav
 from attnkit.decode.transcripts import alignments_while_spelling, transcribe
 from attnkit.loading import load_for_inference
 from attnkit.viz.speech_explorer import speech_page, speech_view
@@ -37,7 +37,7 @@ def utterance(tmp_path_factory):
     """A WAV file of 1.2 seconds, and its features as a recogniser hears them."""
     path = tmp_path_factory.mktemp("sound") / "said.wav"
     path.write_bytes(wav_bytes(chirp(1.2, 5)))
-    return path, log_mel(*read_wav(path))  # (117, 40)
+    return path, heard(read_wav(path), 16000)  # (117, 40)
 
 
 def _page_data(page_html: str) -> dict:

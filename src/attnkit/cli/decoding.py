@@ -364,13 +364,14 @@ def _captions(ckpt: Path, images: list[Path], device, overrides: list[str]) -> l
 def _transcripts(ckpt: Path, sounds: list[Path], device, overrides: list[str]) -> list[str]:
     """A speech recogniser's transcript of each WAV file (a one-line error names a file it cannot
     read)."""
-    from attnkit.data.audio import log_mel, read_wav
+    from attnkit.data.audio import heard, read_wav
     from attnkit.loading import load_for_inference
     from attnkit.tasks import task_of
 
     recognisers = archs(reading="audio", writing="text")
     model, tokenizer, config = load_for_inference(ckpt, device, arch=recognisers, overrides=overrides)
-    features = [log_mel(*read_wav(path), config.model.n_mels) for path in sounds]
+    read = [read_wav(path) for path in sounds]  # every file checked before any is heard
+    features = [heard(sound, config.model.sample_rate, config.model.n_mels) for sound in read]
     return task_of(config).infer(model, tokenizer, config, features, device)
 
 

@@ -49,6 +49,14 @@ Port = Annotated[int, typer.Option(help="Port to listen on.")]
 MaxBatchTokens = Annotated[
     int, typer.Option(help="Source tokens in one batch at most (requests over it: 413).")
 ]
+MaxBatchPositions = Annotated[
+    int,
+    typer.Option(
+        help="Token positions the rows of one batch hold at most: each row its input and the longest "
+        "output it may write (beam rows × (source + output bound); a prompt and its max_new_tokens). "
+        "What admits requests by the memory and steps they take; a request over it: 413.",
+    ),
+]
 MaxWaitMs = Annotated[
     float,
     typer.Option(
@@ -113,6 +121,7 @@ def serve(
     precision: Precision = None,
     int8: Int8 = False,
     max_batch_tokens: MaxBatchTokens = 4096,
+    max_batch_positions: MaxBatchPositions = 65_536,
     max_wait_ms: MaxWaitMs = 0.0,
     max_queue: MaxQueue = 256,
     api_key: ApiKey = "",
@@ -138,7 +147,8 @@ def serve(
     address taken, before the model loads."""
     if not 0 <= port <= 65535:
         raise AttnkitError(f"--port {port}: a port is a number from 0 to 65535")
-    lowest = {"--max-batch-tokens": (max_batch_tokens, 1), "--max-wait-ms": (max_wait_ms, 0),
+    lowest = {"--max-batch-tokens": (max_batch_tokens, 1), "--max-batch-positions": (max_batch_positions, 1),
+              "--max-wait-ms": (max_wait_ms, 0),
               "--max-queue": (max_queue, 1), "--grace": (grace, 0), "--max-body-bytes": (max_body_bytes, 1),
               "--max-explore-tokens": (max_explore_tokens, 1), "--stall-after": (stall_after, 1)}  # fmt: skip
     for option, (value, low) in lowest.items():
@@ -168,8 +178,10 @@ def serve(
             "at its next step); add --batching batches to wait"
         )
     listening = _listening_socket(host, port)  # before the model loads: a busy port is one line now
-    settings = ServeSettings(max_batch_tokens, max_wait_ms, max_queue, key, max_body_bytes=max_body_bytes,
-                             max_explore_tokens=max_explore_tokens, stall_after_s=stall_after,
+    settings = ServeSettings(max_batch_tokens=max_batch_tokens, max_batch_positions=max_batch_positions,
+                             max_wait_ms=max_wait_ms, max_queue=max_queue, api_key=key,
+                             max_body_bytes=max_body_bytes, max_explore_tokens=max_explore_tokens,
+                             stall_after_s=stall_after,
                              hosts=LOOPBACK_NAMES if host in LOOPBACK_HOSTS else (),
                              batching=batching, workers=workers)  # fmt: skip
     _serve_until_stopped(served, load, settings, listening, grace)
@@ -191,10 +203,11 @@ def _serve_until_stopped(
     config = uvicorn.Config(None, timeout_graceful_shutdown=grace, log_level="info")
     server = uvicorn.Server(config)
     config.app = make_app(served, load, settings, stopping=lambda: server.should_exit)
-    # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it found: this
-    # one, which lets the command end with status 0 (a stop asked for is not a failure), not the
-    # default, which would end the process by the signal
-    signal.signal(signal.SIGTERM, lambda number, frame: None)
+    # uvicorn stops gracefully on SIGTERM and SIGINT (Ctrl-C), then raises the signal again for the
+    # handler it found: this one, which lets the command end with status 0 (a stop asked for is not a
+    # failure), not the default, which would end the process by the signal (or KeyboardInterrupt)
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda number, frame: None)
     server.run(sockets=[listening])
 
 

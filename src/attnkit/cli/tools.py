@@ -163,13 +163,15 @@ def _caption_page(loaded: list, names: list[str], image: Path) -> tuple[str, str
 def _speech_page(loaded: list, names: list[str], sound: Path) -> tuple[str, str]:
     """The speech explorer's page of ``loaded`` recognisers on the WAV file ``sound``, and what each
     heard."""
-    from attnkit.data.audio import log_mel, read_wav
+    from attnkit.data.audio import heard, read_wav
     from attnkit.viz.speech_explorer import speech_page, speech_view
 
-    samples, rate = read_wav(sound)
+    read = read_wav(sound)
     views, features = [], None
     for (model, tokenizer, config), name in zip(loaded, names, strict=True):
-        features = log_mel(samples, rate, config.model.n_mels)  # (frames, n_mels), each model's bands
+        features = heard(
+            read, config.model.sample_rate, config.model.n_mels
+        )  # (frames, n_mels), each model's
         views.append(speech_view(model, tokenizer, config.decode, features, name))
     assert features is not None
     page = speech_page(features, views, f"transcripts of {native_path(sound)}")

@@ -5,8 +5,9 @@ One safetensors file a set, under ``data.store`` (as the token stores: ``$XDG_CA
 by default) in ``spoken/``, named by a hash of everything that makes the set: its split, size, seed, the
 features' bands, the espeak-ng version and :data:`FORMAT`. The features of every utterance are one
 ``(frames, n_mels)`` float32 tensor with each utterance's length beside it; the texts and voices are its
-metadata. It is written to a temporary name and renamed (a crash leaves no half file), and a file that
-does not read back is made again.
+metadata. It is written to a temporary file of its own, created exclusively (a name planted in a shared
+store folder, a link among them, is never written through), and renamed (a crash leaves no half
+file); a file that does not read back is made again.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import hashlib
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor
 
 from attnkit.atomic import make_shareable
@@ -58,12 +60,18 @@ def kept_or_made(
     except (OSError, SafetensorError, KeyError, ValueError, RuntimeError):
         pass  # not there yet, or not whole: made again
     features, texts, voices = make()
-    writable_root(path.parent)
-    work = path.with_name(f".{path.name}.{os.getpid()}")
     tensors = {"features": torch.cat(features), "lengths": torch.tensor([len(f) for f in features])}
-    save_file(tensors, work, metadata={"texts": json.dumps(texts), "voices": json.dumps(voices)})
-    make_shareable(work)
-    os.replace(work, path)
+    data = save(tensors, metadata={"texts": json.dumps(texts), "voices": json.dumps(voices)})
+    # a name of its own, created exclusively (never a file or link someone planted in a shared store)
+    handle, work = tempfile.mkstemp(dir=writable_root(path.parent), prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        make_shareable(Path(work))
+        os.replace(work, path)
+    except BaseException:
+        Path(work).unlink(missing_ok=True)
+        raise
     return features, texts, voices
 
 

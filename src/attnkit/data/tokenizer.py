@@ -105,11 +105,18 @@ class Tokenizer:
     def load(cls, path: str | Path) -> Tokenizer:
         if not Path(path).is_file():
             raise DataError(f"{path}: file not found")
-        try:  # read here, not by tokenizers: it takes no file name that the C locale escaped (utf8.py)
-            hf = HFTokenizer.from_str(Path(path).read_text(encoding="utf-8"))
+        # read here, not by tokenizers: it takes no file name that the C locale escaped (utf8.py)
+        return cls.from_str(Path(path).read_text(encoding="utf-8"), str(path))
+
+    @classmethod
+    def from_str(cls, text: str, source: str = "tokenizer") -> Tokenizer:
+        """The tokenizer a :meth:`to_str` (or a ``tokenizer.json`` file) holds; ``source``: what errors
+        call it."""
+        try:
+            hf = HFTokenizer.from_str(text)
         except Exception as error:  # tokenizers raises plain Exception subclasses with long messages
-            raise DataError(f"{path}: not a tokenizer file ({str(error).splitlines()[0]})") from None
-        return cls(hf, str(path))
+            raise DataError(f"{source}: not a tokenizer file ({str(error).splitlines()[0]})") from None
+        return cls(hf, source)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.hf.to_str(pretty=True), encoding="utf-8")

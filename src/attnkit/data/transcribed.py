@@ -9,8 +9,9 @@ transcript file's folder, or absolute), a tab, and what is said in it::
     clips/0002.wav	glue the sheet to the dark blue background
 
 Blank lines are skipped. A line without its tab or its words, or naming a file that is not a WAV file
-this reads (data/audio.py: 8-, 16- or 32-bit PCM, any rate), is one error naming the transcript file
-and line.
+this reads (data/audio.py: 8-, 16- or 32-bit PCM at 8 to 96 kHz, at least two frames of features long),
+is one error naming the transcript file, the line and the WAV file. Each file is resampled to the
+model's sample rate (``model.sample_rate``) before its features are computed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from attnkit.data.audio import log_mel, read_wav
+from attnkit.data.audio import heard, read_wav
 from attnkit.data.readers import read_lines
 from attnkit.errors import DataError
 
@@ -38,13 +39,13 @@ def read_transcripts(path: Path) -> list[tuple[int, Path, str]]:
     return utterances
 
 
-def transcribed_features(path: Path, n_mels: int) -> tuple[list[Tensor], list[str]]:
-    """The log-mel features ``(frames, n_mels)`` of each WAV file the transcript file ``path`` names, and
-    its transcript, in the file's order."""
+def transcribed_features(path: Path, sample_rate: int, n_mels: int) -> tuple[list[Tensor], list[str]]:
+    """The log-mel features ``(frames, n_mels)`` of each WAV file the transcript file ``path`` names, at
+    ``sample_rate``, and its transcript, in the file's order."""
     features, texts = [], []
     for number, sound, words in read_transcripts(path):
         try:
-            features.append(log_mel(*read_wav(sound), n_mels))
+            features.append(heard(read_wav(sound), sample_rate, n_mels))
         except DataError as error:
             raise DataError(f"{path}:{number}: {error}") from None
         texts.append(words)

@@ -99,6 +99,18 @@ class Search:
         }
         return cls(**{**settings, **changes})  # type: ignore[arg-type]
 
+    def output_limit(self, source_length: int) -> int:
+        """The bound on the output of a source of ``source_length`` tokens (``</s>`` included): what
+        :func:`limits_of` computes for a batch."""
+        limit = max(1, int(self.max_len_a * source_length + self.max_len_b))
+        return limit if self.max_output_len is None else min(limit, self.max_output_len)
+
+    def positions(self, source_lengths: list[int]) -> int:
+        """The token positions a search of sources of ``source_lengths`` holds at most: each source's
+        ``beam_size`` rows, each row its source and the longest output it may write (what a server
+        admits its requests by: rows × positions)."""
+        return sum(self.beam_size * (n + self.output_limit(n)) for n in source_lengths)
+
 
 @dataclass
 class Hypothesis:

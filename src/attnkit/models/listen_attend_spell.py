@@ -52,6 +52,7 @@ class ListenAttendSpellConfig(RNNConfig):
     cell: str = "lstm"
     attention: str = "location"  # Chorowski's location-aware attention (or bahdanau, dot, ...)
     n_mels: int = 40  # features a frame (set from the data)
+    sample_rate: int = 16000  # Hz of the sound trained on: other sound is resampled to it (data/audio.py)
     stack: int = 3  # frames stacked into one at the input: 10 ms frames -> 30 ms
     pyramid: int = 2  # pyramidal BLSTM layers, each halving the frames
     max_len: int = 100  # longest transcript the search spells, in characters
@@ -87,6 +88,7 @@ class ListenAttendSpellConfig(RNNConfig):
                 "model.hard: Listen, Attend and Spell attends softly; hard attention is for images"
             )
         require_at_least("model.n_mels", self.n_mels, 1)
+        require_at_least("model.sample_rate", self.sample_rate, 8000)
         require_at_least("model.stack", self.stack, 1)
         require_at_least("model.pyramid", self.pyramid, 0)
         require_at_least("model.guided_attention", self.guided_attention, 0.0)

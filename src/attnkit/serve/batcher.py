@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +47,7 @@ class Job:
     inputs: list[Any]
     settings: Hashable  # requests share a search only with equal settings
     tokens: int  # what the request adds to a batch's token budget
+    positions: int  # the token positions its rows hold at most (serve/state.py: check_positions)
     future: asyncio.Future = field(repr=False)
     queued: float = field(default_factory=time.perf_counter)
     work: Callable[..., Any] | None = None  # work(*inputs) alone, with no batch beside it (see alone())
@@ -66,6 +67,7 @@ class Batcher:
         max_batch_tokens: int,
         max_wait_ms: float,
         max_queue: int,
+        max_batch_positions: int | None = None,
         workers: int = 1,
         prepare: Callable[[int], None] = lambda running: None,
         observe: Callable[[int, int, float], None] = lambda requests, inputs, seconds: None,
@@ -73,6 +75,7 @@ class Batcher:
     ) -> None:
         self.run, self.observe, self.abandon = run, observe, abandon
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait_ms / 1000, max_queue
+        self.budget = Budget(max_batch_tokens, max_batch_positions)
         self.workers, self.prepare = workers, prepare
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
         self.taken: list[Job] = []  # the next batch's requests, out of the queue while a worker is awaited
@@ -87,6 +90,7 @@ class Batcher:
         self.loop_task: asyncio.Task | None = None
         self.running: set[asyncio.Task] = set()
         self.progressed = time.monotonic()  # when a batch last started or ended
+        self.broken: str | None = None  # (the workers are threads: nothing to start again)
 
     def started(self) -> None:
         """Wait until the workers can run (they are threads: at once)."""
@@ -125,13 +129,15 @@ class Batcher:
     async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
         """``work(*args)`` on a worker while no batch runs: queued as a request of its own (so
         :class:`QueueFullError` when the queue is full), run once every worker is free."""
-        return await self._queued(Job(list(args), None, 0, self._future(), work=work))
+        return await self._queued(Job(list(args), None, 0, 0, self._future(), work=work))
 
-    async def submit(self, inputs: list[Any], settings: Hashable, tokens: int) -> list[Any]:
+    async def submit(
+        self, inputs: list[Any], settings: Hashable, tokens: int, positions: int = 0
+    ) -> list[Any]:
         """The outputs of ``inputs`` once their batch has run; :class:`QueueFullError` at once if the queue
         is full. Cancelling the caller (a client gone) drops the request if its batch has not begun, and
         tells ``abandon`` of its inputs if it has."""
-        return await self._queued(Job(inputs, settings, tokens, self._future()))
+        return await self._queued(Job(inputs, settings, tokens, positions, self._future()))
 
     def _future(self) -> asyncio.Future:
         return asyncio.get_running_loop().create_future()
@@ -205,11 +211,9 @@ class Batcher:
                 self.free.release()
 
     async def _collect(self, batch: list[Job]) -> None:
-        """Add to ``batch`` (the oldest request) those that follow within the wait, up to the token
-        budget."""
-        tokens = sum(job.tokens for job in batch)
+        """Add to ``batch`` (the oldest request) those that follow within the wait, within the budget."""
         deadline = time.perf_counter() + self.max_wait
-        while tokens < self.max_batch_tokens:
+        while not self.budget.full(batch):
             try:
                 job = self.queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -220,11 +224,10 @@ class Batcher:
                     job = await asyncio.wait_for(self.queue.get(), left)
                 except asyncio.TimeoutError:
                     break
-            if job.work is not None or tokens + job.tokens > self.max_batch_tokens:
+            if job.work is not None or not self.budget.fits(batch, job):
                 self._put_back(job)
                 break
             batch.append(job)
-            tokens += job.tokens
 
     def _put_back(self, job: Job) -> None:
         """A request that does not fit this batch goes first into the next."""
@@ -261,6 +264,30 @@ class Batcher:
         for job in jobs:
             settle(job, result=outputs[start : start + len(job.inputs)])
             start += len(job.inputs)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a batch may hold: ``tokens`` of input, and ``positions`` token positions in its rows (None:
+    no bound but the tokens)."""
+
+    tokens: int
+    positions: int | None = None
+
+    def fits(self, jobs: Iterable[Job], job: Job) -> bool:
+        """Whether ``job`` fits beside ``jobs``."""
+        jobs = list(jobs)
+        if sum(j.tokens for j in jobs) + job.tokens > self.tokens:
+            return False
+        return self.positions is None or sum(j.positions for j in jobs) + job.positions <= self.positions
+
+    def full(self, jobs: Iterable[Job]) -> bool:
+        """Whether ``jobs`` already take the whole budget."""
+        jobs = list(jobs)
+        held = sum(j.positions for j in jobs)
+        return sum(j.tokens for j in jobs) >= self.tokens or (
+            self.positions is not None and held >= self.positions
+        )
 
 
 async def settle_with(job: Job, thread: ThreadPoolExecutor, call: Callable[..., Any], *args: Any) -> None:

@@ -4,7 +4,9 @@ done (``attnkit serve --batching continuous``; translation and summarisation on 
 The batcher of batcher.py runs a batch to its end: a request that comes meanwhile waits for the
 batch's longest sentence. Here each worker keeps one running batch (an engine such as
 ``attnkit.decode.continuous.RunningTranslations``) and loops: it admits waiting requests, oldest
-first, while its batch holds fewer than ``max_batch_tokens`` source tokens (a request that does not
+first, while its batch holds fewer than ``max_batch_tokens`` source tokens and ``max_batch_positions``
+token positions in its rows (each row its source and the longest output it may write, so that beams
+and long outputs count as the memory and steps they take; a request that does not
 fit waits at the front, and nothing overtakes it, so a long request is never starved); on its
 thread, it runs the newcomers' first step and one step of every running sentence, and goes on
 stepping while no sentence is done and nothing new has come (each hop back to the event loop costs
@@ -30,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from attnkit.serve.batcher import Job, QueueFullError, settle, settle_with
+from attnkit.serve.batcher import Budget, Job, QueueFullError, settle, settle_with
+from attnkit.serve.engine_process import EngineNotStartedError
 
 LOG = logging.getLogger("uvicorn.error")
 
@@ -69,12 +72,14 @@ class ContinuousBatcher:
         *,
         max_batch_tokens: int,
         max_queue: int,
+        max_batch_positions: int | None = None,
         workers: int = 1,
         prepare: Callable[[int], None] = lambda running: None,
         observe: Callable[[int, int, list[float], float, int], None] = lambda *heard: None,
     ) -> None:
         self.make_engine, self.prepare, self.observe = engine, prepare, observe
-        self.max_batch_tokens, self.max_queue, self.workers = max_batch_tokens, max_queue, workers
+        self.max_queue, self.workers = max_queue, workers
+        self.budget = Budget(max_batch_tokens, max_batch_positions)  # what each running batch may hold
         self.queue: list[Job] = []  # oldest first
         self.arrived: asyncio.Event | None = None  # set when a job is queued (made in the loop)
         self.threads = [
@@ -88,6 +93,8 @@ class ContinuousBatcher:
         self.iterating = 0  # workers in an iteration now
         self.prepared = [0] * workers  # the running workers each worker's thread was last readied for
         self.progressed = time.monotonic()  # when an iteration last ended or a request came to an idle server
+        self.stepped = [self.progressed] * workers  # when each worker's running batch last moved
+        self.broken: str | None = None  # why a worker's new engine could not start (/health: failed)
 
     def started(self) -> None:
         """Wait until every engine can step (one in a process of its own has loaded its model); blocks,
@@ -107,7 +114,9 @@ class ContinuousBatcher:
         self.loops = [loop.create_task(self._work(worker)) for worker in range(self.workers)]
 
     async def stop(self) -> None:
-        """Stop the workers (after their iteration) and drop what waits: as Batcher.stop."""
+        """Stop the workers and drop what waits (as Batcher.stop): the engines in processes of their own
+        are ended first, so that a worker's thread waiting on a step that never comes (a hung engine)
+        is answered, and then the threads are joined."""
         for task in self.loops:
             task.cancel()
         for task in self.loops:
@@ -119,6 +128,8 @@ class ContinuousBatcher:
         for flights in self.flights:
             for flight in flights.values():
                 flight.job.future.cancel()
+        for engine in self.engines:
+            getattr(engine, "end", lambda: None)()
         for thread in self.threads:
             await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
         for engine in self.engines:
@@ -133,19 +144,26 @@ class ContinuousBatcher:
         return sum(engine.rows for engine in self.engines)
 
     def stalled_for(self) -> float:
-        """Seconds without an iteration ending while requests wait or run (0 when idle)."""
-        if not self.queue and not any(self.flights):
-            return 0.0
-        return time.monotonic() - self.progressed
+        """The longest that a worker's running batch has held requests without its iteration ending, or
+        that requests have waited with no worker moving (0 when idle): one hung engine shows here
+        while the others go on."""
+        now = time.monotonic()
+        stalls = [now - self.stepped[worker] for worker in range(self.workers) if self.flights[worker]]
+        if self.queue:
+            stalls.append(now - self.progressed)
+        return max(stalls, default=0.0)
 
-    async def submit(self, inputs: list[Any], settings: Hashable, tokens: int) -> list[Any]:
+    async def submit(
+        self, inputs: list[Any], settings: Hashable, tokens: int, positions: int = 0
+    ) -> list[Any]:
         """The outputs of ``inputs``, once all are done; :class:`QueueFullError` at once if the queue is
         full. Cancelling the caller (a client gone) takes its inputs out of the running batch."""
-        return await self._queued(Job(inputs, settings, tokens, asyncio.get_running_loop().create_future()))
+        future = asyncio.get_running_loop().create_future()
+        return await self._queued(Job(inputs, settings, tokens, positions, future))
 
     async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
         """``work(*args)`` while no worker steps: queued behind the requests already waiting."""
-        job = Job(list(args), None, 0, asyncio.get_running_loop().create_future(), work=work)
+        job = Job(list(args), None, 0, 0, asyncio.get_running_loop().create_future(), work=work)
         return await self._queued(job)
 
     async def _queued(self, job: Job) -> Any:
@@ -161,7 +179,7 @@ class ContinuousBatcher:
     async def _work(self, worker: int) -> None:
         """One worker's loop: admit, iterate, answer; sleep while there is nothing to do."""
         assert self.arrived is not None
-        loop, flights = asyncio.get_running_loop(), self.flights[worker]
+        flights = self.flights[worker]
         while True:
             if self.pause is not None:
                 await self.pause
@@ -178,23 +196,18 @@ class ContinuousBatcher:
             leaving = {(job_id, i) for job_id in gone for i in range(len(flights.pop(job_id).outputs))}
             inputs = [((job_id, i), x, flights[job_id].job.settings)
                       for job_id in joining for i, x in enumerate(flights[job_id].job.inputs)]  # fmt: skip
+            if len(flights) == len(joining):  # nothing ran before: its clock starts now
+                self.stepped[worker] = time.monotonic()
             began = time.perf_counter()
-            self.iterating += 1
             try:
-                done = await loop.run_in_executor(
-                    self.threads[worker], self._iterate, worker, inputs, leaving
-                )
+                done = await self._iteration(worker, inputs, leaving, idle=len(flights) == len(joining))
             except Exception as error:
                 LOG.exception("a running batch failed; its requests are answered with the error")
                 for flight in flights.values():
                     settle(flight.job, error=error)
                 flights.clear()
-                _close(self.engines[worker])
-                self.engines[worker] = self.make_engine()
+                await self._replace(worker)
                 continue
-            finally:
-                self.iterating -= 1
-                self.progressed = time.monotonic()
             done, steps, first_token = done
             first_tokens = [first_token - flights[job_id].job.queued for job_id in joining]
             sources = sum(engine.sources for engine in self.engines)
@@ -208,6 +221,36 @@ class ContinuousBatcher:
                 if flight.left == 0:
                     settle(flight.job, result=flight.outputs)
                     del flights[job_id]
+
+    async def _iteration(self, worker: int, inputs: list, leaving: set, idle: bool) -> tuple:
+        """One hop to the worker's thread (:meth:`_iterate`). An engine that has gone while it held
+        nothing (an engine process killed while idle) lost nothing: a new one takes the newcomers. An
+        engine that cannot start makes the batcher broken (``/health`` says so) until an iteration
+        succeeds."""
+        if idle and not getattr(self.engines[worker], "alive", True):
+            LOG.warning("an engine process had gone while it held nothing; a new one takes its requests")
+            await self._replace(worker)
+            leaving = set()  # (the new engine holds none of them)
+        self.iterating += 1
+        try:
+            done = await asyncio.get_running_loop().run_in_executor(
+                self.threads[worker], self._iterate, worker, inputs, leaving
+            )
+        except EngineNotStartedError as error:
+            self.broken = str(error)
+            raise
+        finally:
+            self.iterating -= 1
+            self.progressed = self.stepped[worker] = time.monotonic()
+        self.broken = None
+        return done
+
+    async def _replace(self, worker: int) -> None:
+        """A new engine for ``worker`` in place of its failed one, made on the worker's thread (an engine
+        process pickles the model's weights to its child: not on the event loop)."""
+        _close(self.engines[worker])
+        loop = asyncio.get_running_loop()
+        self.engines[worker] = await loop.run_in_executor(self.threads[worker], self.make_engine)
 
     def _load(self, worker: int) -> int:
         """Source tokens in a worker's running batch."""
@@ -228,7 +271,8 @@ class ContinuousBatcher:
             if job.future.done():  # its client went while it waited
                 self.queue.pop(0)
                 continue
-            if flights and (tokens + job.tokens > self.max_batch_tokens or any(o < tokens for o in others)):
+            held = [flight.job for flight in flights.values()]
+            if flights and (not self.budget.fits(held, job) or any(o < tokens for o in others)):
                 break
             self.queue.pop(0)
             job_id = next(self.ids)
@@ -250,7 +294,8 @@ class ContinuousBatcher:
         # on, a step at a time, while nothing is done and nothing new has come: one hop to the event
         # loop and back costs more than the time a step's outputs would wait
         while not done and engine.sources and not self._news(worker):
-            self.progressed = time.monotonic()  # (for /health: steps go on, however long the hop)
+            # (for /health: steps go on, however long the hop)
+            self.progressed = self.stepped[worker] = time.monotonic()
             done, steps = engine.iterate([], set()), steps + 1
         return done, steps, first_token
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from attnkit.checkpoint.ctranslate2_folder import exported_model
 from attnkit.config import DecodeConfig
 from attnkit.decode.ct2 import CTranslate2Generator, CTranslate2Translator
+from attnkit.decode.search import Search
 from attnkit.serve.decoder import Prompt, SamplingModel
 from attnkit.serve.served import ServedModel
 
@@ -51,6 +52,14 @@ class EngineTranslator(ServedModel):
 
     def describe(self) -> dict[str, Any]:
         return _described(self.checkpoint, self.engine_model.decode)
+
+    def positions(self, tokens: list[int], settings: Hashable) -> int:
+        """A beam's rows for each source, each its source and its output's bound."""
+        beam, _ = settings  # type: ignore[misc]
+        search = Search.of(
+            self.engine_model.decode, beam_size=beam, max_output_len=self.max_source_tokens + 1
+        )
+        return search.positions(tokens)
 
     def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
         beam, n_best = settings  # type: ignore[misc]

@@ -25,7 +25,7 @@ from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.generate import generate
 from attnkit.loading import load_for_inference
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel, ServedModel, reloading
+from attnkit.serve.served import AttnkitModel, ServedModel
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,11 @@ class SamplingModel(ServedModel):
         return Sampling(
             decode.max_new_tokens, decode.temperature, decode.top_k, decode.top_p, tuple(decode.stop)
         )
+
+    def positions(self, tokens: list[int], settings: Hashable) -> int:
+        """A row for each prompt, its prompt and as many new tokens as it may have (within the context)."""
+        new = settings.max_new_tokens  # type: ignore[attr-defined]
+        return sum(min(n + new, self.context) for n in tokens)
 
     def abandon(self, inputs: list[Prompt]) -> None:
         """The client of these prompts has gone: their generation stops at its next step."""
@@ -124,5 +129,4 @@ def load_decoder(ckpt: str | Path, overrides: list[str], *, device: str = "cpu")
     model, tokenizer, config = load_for_inference(
         checkpoint, device, arch=archs(using="generate"), overrides=overrides
     )
-    reload = reloading(load_decoder, checkpoint, overrides, config, device)
-    return ServedDecoder(checkpoint, tokenizer, model, config, torch.device(device), reload)
+    return ServedDecoder(checkpoint, tokenizer, model, config, torch.device(device))

@@ -15,11 +15,18 @@ thread was given (the batcher shares the CPU out among its workers). Streaming p
 pieces back with the step that made them, and the worker's thread hands them to the prompts' sinks.
 A child that fails, or dies, makes the iteration fail (the batcher answers its requests with the
 error and starts a new one); a child whose parent is gone sees its pipe close and exits.
+
+A child that answers no step within ``deadline_s`` (stopped, deadlocked, swapping) is ended and the
+iteration fails saying so, rather than its requests waiting for ever. The children ignore SIGINT and
+SIGTERM: Ctrl-C in a terminal signals every process of the foreground group, and the server, which
+finishes what runs before it exits, ends its children itself (or, if it is killed, they see their
+pipes close).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -47,11 +54,23 @@ class EngineError(RuntimeError):
     """The child's iteration failed, or the child is gone: its running batch is lost."""
 
 
+class EngineNotStartedError(EngineError):
+    """The child could not load its model, or exited before it had."""
+
+
+class EngineGoneError(EngineError):
+    """The child is gone (killed, out of memory, ended for missing its deadline): it failed on nothing
+    it was given, as far as anyone can tell."""
+
+
 class EngineProcess:
     """The running batch that ``build()`` makes, in a child process (see the module docstring).
     ``build`` is pickled to the child (a function of the module level, or a ``partial`` of one)."""
 
-    def __init__(self, build: Callable[[], Any], name: str = "attnkit-engine") -> None:
+    def __init__(
+        self, build: Callable[[], Any], name: str = "attnkit-engine", deadline_s: float = 300.0
+    ) -> None:
+        self.deadline_s = deadline_s  # how long a step may take before the child is taken for hung
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads forked mid-step
         self.connection, theirs = context.Pipe()
         self.process = context.Process(target=_child, args=(theirs, build), name=name, daemon=True)
@@ -79,13 +98,23 @@ class EngineProcess:
             self.sinks.pop(key, None)
         return done
 
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def end(self) -> None:
+        """Kill the child at once (its running batch is dropped): a thread waiting on its step is
+        answered, the pipe closing, with :class:`EngineGoneError`. Safe from any thread."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+
     def close(self) -> None:
-        """Stop the child (its running batch is dropped)."""
+        """Stop the child (its running batch is dropped); no thread may be waiting on it."""
         self.connection.close()  # the child sees the pipe close and exits
         self.process.join(timeout=5)
         if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+            self.end()
 
     def _shipped(self, key: Hashable, x: Any) -> Any:
         """A prompt as a :class:`Remote` (its sink kept here, by key); a text as it is."""
@@ -102,24 +131,34 @@ class EngineProcess:
         began = time.monotonic()
         while not self.connection.poll(1.0):
             if not self.process.is_alive():
-                raise EngineError(f"the engine process exited ({self.process.exitcode}) as it started")
+                raise EngineNotStartedError(
+                    f"the engine process exited ({self.process.exitcode}) as it started"
+                )
             if time.monotonic() - began > STARTED_WITHIN_S:
-                raise EngineError(f"the engine process did not start in {STARTED_WITHIN_S:g} s")
-        self._receive()
+                raise EngineNotStartedError(f"the engine process did not start in {STARTED_WITHIN_S:g} s")
+        try:
+            self._receive()
+        except EngineError as error:
+            raise EngineNotStartedError(str(error)) from None
         self.ready = True
 
     def _send(self, message: tuple) -> None:
         try:
             self.connection.send(message)
         except (OSError, ValueError) as error:
-            raise EngineError(f"the engine process is gone ({self._exit()}): {error}") from None
+            raise EngineGoneError(f"the engine process is gone ({self._exit()}): {error}") from None
 
     def _receive(self) -> Any:
+        """The child's answer to the last message, within the deadline (else the child is ended)."""
         try:
+            if not self.connection.poll(self.deadline_s):
+                self.end()
+                said = f"the engine process answered no step within {self.deadline_s:g} s and was ended"
+                raise EngineGoneError(f"{said} (it was stopped, deadlocked or swapping)")
             kind, payload = self.connection.recv()
         except (EOFError, OSError) as error:
             gone = f"the engine process is gone ({self._exit()}): {error or 'pipe closed'}"
-            raise EngineError(gone) from None
+            raise EngineGoneError(gone) from None
         if kind == "failed":
             raise EngineError(payload)
         return payload
@@ -133,6 +172,8 @@ class EngineProcess:
 def _child(connection: Any, build: Callable[[], Any]) -> None:
     """The child's loop: build the running batch, then iterate it as the parent asks until the pipe
     closes. A failed iteration is reported and ends the child (its batch is in no known state)."""
+    for number in (signal.SIGINT, signal.SIGTERM):  # the server ends its children (module docstring)
+        signal.signal(number, signal.SIG_IGN)
     try:
         engine = build()
     except Exception as error:
@@ -166,8 +207,3 @@ def _child(connection: Any, build: Callable[[], Any]) -> None:
 
 def _keep(pieces: list[tuple[Hashable, str]], key: Hashable, piece: str) -> None:
     pieces.append((key, piece))
-
-
-def running_batch_of(load: Callable[[], Any]) -> Any:
-    """What a child builds: the running batch of the served model that ``load()`` loads."""
-    return load().running_batch()

@@ -11,7 +11,7 @@ has gone while its batch runs).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,6 +38,12 @@ class ServedModel:
     def tokens(self, texts: list[str]) -> list[int]:
         """How many tokens each text is (for the length limits and the batches' token budget)."""
         return [len(ids) for ids in self.tokenizer.encode_batch(texts)]
+
+    def positions(self, tokens: list[int], settings: Hashable) -> int:
+        """The token positions the rows of inputs of ``tokens`` hold at most with ``settings`` (each row
+        its input and the longest output it may write): what a batch's ``--max-batch-positions`` counts.
+        One row an input, nothing written, unless the model says otherwise."""
+        return sum(tokens)
 
     def output_tokens(self, text: str) -> int:
         """How many tokens an output is (the metrics' output tokens)."""
@@ -70,10 +76,15 @@ class ServedModel:
         where the model has one (``steps_continuously``)."""
         raise NotImplementedError
 
-    def running_batch_process(self) -> Callable[[], Any] | None:
-        """What makes :meth:`running_batch` in a process of its own (serve/engine_process.py), where the
-        model can be loaded there; None where it cannot (the batcher's threads then step it here)."""
+    def running_batch_process(self, deadline_s: float) -> Callable[[], Any] | None:
+        """What makes :meth:`running_batch` in a process of its own (serve/engine_process.py), answering
+        each step within ``deadline_s``, where the model can be made there; None where it cannot (the
+        batcher's threads then step it here)."""
         return None
+
+    def engine_processes(self) -> int:
+        """How many running batches in processes of their own serve it."""
+        return self.streams
 
     def abandon(self, inputs: list[Any]) -> None:
         """Nobody waits for ``inputs`` any more (their client has gone): work on them may stop early.
@@ -87,9 +98,6 @@ class AttnkitModel(ServedModel):
     model: torch.nn.Module
     config: RunConfig
     device: torch.device
-    # how another process loads this model as it was loaded here (same checkpoint and settings, the
-    # precision this one resolved to): a running batch in a process of its own (engine_process.py)
-    reload: Callable[[], AttnkitModel] | None = field(default=None, repr=False, compare=False)
 
     engine: ClassVar[str] = "attnkit"
     shows_attention: ClassVar[bool] = True
@@ -111,14 +119,27 @@ class AttnkitModel(ServedModel):
         keeps its threads until it ends, so for a while the CPU may hold more threads than cores)."""
         torch.set_num_threads(max(1, self.threads // running))
 
-    def running_batch_process(self) -> Callable[[], Any] | None:
-        """A child process that loads the model again and keeps its running batch (on a CPU: a GPU's
-        memory would hold the model twice)."""
-        if self.reload is None or self.device.type != "cpu" or not self.steps_continuously:
-            return None
-        from attnkit.serve.engine_process import EngineProcess, running_batch_of
+    def warm_up(self) -> None:
+        """Whatever the model needs done before the server says it is ready (a translator builds its
+        compiled step); nothing here."""
 
-        return partial(EngineProcess, partial(running_batch_of, self.reload))
+    def engine_processes(self) -> int:
+        """How many running batches in processes of their own serve it: ``decode.streams`` where given,
+        else one per thread up to :data:`MAX_ENGINE_PROCESSES` (each loads a copy of the model: a
+        server's memory must not grow with the machine's cores)."""
+        if self.config.decode.streams:
+            return self.workers
+        return min(self.workers, MAX_ENGINE_PROCESSES)
+
+    def running_batch_process(self, deadline_s: float) -> Callable[[], Any] | None:
+        """A child process that makes the model again from this one's weights in memory
+        (:class:`MadeAgain`) and keeps its running batch, answering each step within ``deadline_s``
+        (on a CPU: a GPU's memory would hold the model twice)."""
+        if self.device.type != "cpu" or not self.steps_continuously:
+            return None
+        from attnkit.serve.engine_process import EngineProcess
+
+        return partial(EngineProcess, MadeAgain(self), deadline_s=deadline_s)
 
     def describe(self) -> dict[str, Any]:
         """The model's architecture and the settings a client may want: the model, its decoding and its
@@ -137,9 +158,11 @@ class AttnkitModel(ServedModel):
 @dataclass
 class ReadsUploads(AttnkitModel):
     """A model whose inputs are files uploaded to the server (images, sound), not text: the endpoints
-    of serve/endpoints/uploads.py read each file of the form field ``field`` with :meth:`read_upload`,
-    batch the inputs by :meth:`cost`, and answer with each one's output named ``output``; its explorer
-    asks for a file with a form and shows :meth:`explore_upload`'s page."""
+    of serve/endpoints/uploads.py read each file of the form field ``field`` with :meth:`read_upload`
+    (its header only: what it is, how large, so what it costs), batch the uploads by :meth:`cost`,
+    and answer with each one's output named ``output``; the file is decoded (:meth:`decoded`) on the
+    batcher's worker, once its request has its place in the queue. Its explorer asks for a file with
+    a form and shows :meth:`explore_upload`'s page."""
 
     dialects: ClassVar[tuple[str, ...]] = ("uploads",)
     reading: ClassVar[str]  # what its architectures read (models.archs): "images", "audio"
@@ -152,16 +175,37 @@ class ReadsUploads(AttnkitModel):
     upload_form: ClassVar[str]  # the explorer's upload form (HTML, ``{action}`` its address)
 
     def read_upload(self, data: bytes, name: str) -> Any:
-        """An uploaded file's bytes as the model's input; what it cannot read is a one-line
-        :class:`~attnkit.errors.DataError` naming ``name``."""
+        """An uploaded file's bytes with its header read and checked (a format and size the model
+        reads), nothing decoded; what it cannot read is a one-line :class:`~attnkit.errors.DataError`
+        naming ``name``."""
         raise NotImplementedError
 
-    def cost(self, item: Any) -> int:
-        """What an input costs a batch, in ``unit``s (``--max-batch-tokens`` bounds a request's)."""
+    def cost(self, upload: Any) -> int:
+        """What an upload costs a batch, in ``unit``s (``--max-batch-tokens`` bounds a request's), known
+        from its header."""
         raise NotImplementedError
 
-    def explore_upload(self, item: Any, name: str, base: str) -> str:
-        """The explorer's page for an input (the file ``name``), with the upload form (to ``base``) on
+    def decode_input(self, upload: Any) -> Any:
+        """An upload decoded as the model reads it (pixels, features)."""
+        raise NotImplementedError
+
+    def decoded(self, upload: Any) -> Any:
+        """:meth:`decode_input`, on a worker; a file whose data breaks past its header is a one-line
+        :class:`~attnkit.errors.DataError` naming the field and the file (a 422)."""
+        from attnkit.errors import DataError
+
+        try:
+            return self.decode_input(upload)
+        except DataError as error:
+            raise DataError(f"{self.field}: {error}") from None
+
+    def positions(self, tokens: list[int], settings: Hashable) -> int:
+        """Each upload's rows (the run's beam) × its ``unit``s and the longest output the model writes."""
+        beam = self.config.decode.beam_size
+        return sum(beam * (cost + self.model.config.max_len) for cost in tokens)
+
+    def explore_upload(self, upload: Any, name: str, base: str) -> str:
+        """The explorer's page for an upload (the file ``name``), with the upload form (to ``base``) on
         top."""
         raise NotImplementedError
 
@@ -180,11 +224,12 @@ class ReadsUploads(AttnkitModel):
         return cls(checkpoint, tokenizer, model, config, torch.device(device))
 
     def run(self, inputs: list[Any], settings: Hashable) -> list[str]:
-        """Each input's output (an image's caption, an utterance's transcript: what ``attnkit predict``
+        """Each upload's output (an image's caption, an utterance's transcript: what ``attnkit predict``
         prints for its file), by the task's ``infer`` and the run's decode settings."""
         from attnkit.tasks import task_of
 
-        return task_of(self.config).infer(self.model, self.tokenizer, self.config, inputs, self.device)
+        decoded = [self.decoded(upload) for upload in inputs]
+        return task_of(self.config).infer(self.model, self.tokenizer, self.config, decoded, self.device)
 
     def explore(self, text: str, target: str | None, base: str, limit: int) -> tuple[str, int]:
         """The explorer's upload form (``POST`` to the same address); a 400 for text, which the model
@@ -207,10 +252,61 @@ def form_for_uploads(field: str, accept: str, button: str) -> str:
     )
 
 
-def reloading(load: Callable[..., AttnkitModel], checkpoint: Path, overrides: list[str], config: RunConfig,
-              device: str) -> Callable[[], AttnkitModel]:  # fmt: skip
-    """``load(checkpoint, overrides, device=device)`` as it loaded a model whose run config came out as
-    ``config``, its precision pinned (``auto`` probes the CPU, and times it: a busy machine could tell a
-    second process otherwise): an :class:`AttnkitModel`'s ``reload``."""
-    pinned = [*overrides, f"decode.precision={config.decode.precision}"]
-    return partial(load, checkpoint, pinned, device=device)
+MAX_ENGINE_PROCESSES = 4  # running batches in processes of their own, unless decode.streams asks for more
+
+
+class MadeAgain:
+    """How a child process makes a served model's running batch: the model made again from what this
+    server holds in memory (its class, the checkpoint's name, the run config with its precision
+    resolved, the tokenizer, the weights), never read from the checkpoint folder, which may have been
+    moved, rotated away by a run still training, or unmounted since the server loaded it. The weights
+    are serialised (safetensors) only when this is pickled for a new process, and not kept."""
+
+    def __init__(self, served: AttnkitModel) -> None:
+        self.served = served
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        s = self.served
+        tokenizer = s.tokenizer.to_str() if s.tokenizer is not None else None
+        held = (type(s), s.checkpoint, s.config.to_dict(), tokenizer, weights_bytes(s.model), str(s.device))
+        return (partial, (running_batch_made_again, *held))
+
+
+def weights_bytes(model: torch.nn.Module) -> bytes:
+    """``model``'s weights as a safetensors file's bytes, a tensor shared by several names (tied
+    embeddings) under its first name only, as safetensors' ``save_model`` writes it."""
+    from safetensors.torch import save
+
+    kept: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            kept[name] = tensor.detach().to("cpu").contiguous()
+    return save(kept)
+
+
+def running_batch_made_again(
+    served: type[AttnkitModel], checkpoint: Path, config: dict[str, Any], tokenizer: str | None,
+    weights: bytes, device: str,
+) -> Any:  # fmt: skip
+    """In a child process: the served model made again from what :class:`MadeAgain` carried, warmed
+    up, and its running batch."""
+    from safetensors.torch import load
+
+    from attnkit.loading import build_for_tokenizer, ready_for_inference
+    from attnkit.models import load_weights
+
+    run = RunConfig.from_dict(config, f"{checkpoint.name}/config.json")
+    text = (
+        Tokenizer.from_str(tokenizer, f"{checkpoint.name}/tokenizer.json") if tokenizer is not None else None
+    )
+    model = build_for_tokenizer(run, text)
+    missing, unexpected = load_weights(model, load(weights))
+    if missing or unexpected:
+        raise RuntimeError(
+            f"the weights held do not fit the model (missing {missing[:3]}, extra {unexpected[:3]})"
+        )
+    copy = served(checkpoint, text, ready_for_inference(model, run, device), run, torch.device(device))
+    copy.warm_up()
+    return copy.running_batch()

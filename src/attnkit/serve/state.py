@@ -16,12 +16,14 @@ from typing import Any
 
 from fastapi import Request
 
+from attnkit.errors import DataError
 from attnkit.serve.batcher import Batcher, QueueFullError
 from attnkit.serve.continuous import ContinuousBatcher
 from attnkit.serve.errors import RequestError
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.served import ServedModel
 
+ENGINE_DEADLINE_STALLS = 2  # an engine process is ended when it has not answered for this many stall times
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 LOG = logging.getLogger("uvicorn.error")  # the server's log, beside uvicorn's own lines
 
@@ -31,6 +33,9 @@ class ServeSettings:
     """What ``attnkit serve``'s options set."""
 
     max_batch_tokens: int = 4096  # source tokens of all requests in one batch
+    # token positions the rows of one batch hold at most: each row its input and the longest output it
+    # may write (beam rows × (source + output bound); a prompt and its max_new_tokens)
+    max_batch_positions: int = 65_536
     max_wait_ms: float = 0.0  # how long a batch waits for more requests after its first
     max_queue: int = 256  # requests waiting at most (explorer pages too); more are refused (503)
     api_key: str = ""  # when set, every endpoint but /health needs "Authorization: Bearer KEY"
@@ -62,16 +67,21 @@ class ServerState:
         has them, start loading the model now; ``batcher.started()`` waits for them)."""
         s = self.settings
         if s.batching == "continuous":
-            elsewhere = model.running_batch_process() if s.workers == "processes" else None
+            # an engine process that has not answered a step for twice --stall-after is ended: /health has
+            # said "stalled" meanwhile (an orchestrator may replace the server), and its requests get a 500
+            deadline = ENGINE_DEADLINE_STALLS * s.stall_after_s
+            elsewhere = model.running_batch_process(deadline) if s.workers == "processes" else None
             return ContinuousBatcher(
                 elsewhere or model.running_batch,
                 max_batch_tokens=s.max_batch_tokens,
+                max_batch_positions=s.max_batch_positions,
                 max_queue=s.max_queue,
-                workers=model.streams,
+                workers=model.engine_processes() if elsewhere else model.streams,
                 prepare=model.prepare_worker,
                 observe=self.metrics.iteration,
             )
-        return Batcher(model.run, max_batch_tokens=s.max_batch_tokens, max_wait_ms=s.max_wait_ms,
+        return Batcher(model.run, max_batch_tokens=s.max_batch_tokens,
+                       max_batch_positions=s.max_batch_positions, max_wait_ms=s.max_wait_ms,
                        max_queue=s.max_queue, workers=model.streams, prepare=model.prepare_worker,
                        observe=self.metrics.batch, abandon=model.abandon)  # fmt: skip
 
@@ -100,10 +110,23 @@ class ServerState:
             message = f"body: {sum(tokens)} {unit}, more than the server's --max-batch-tokens {budget}"
             raise RequestError(413, "too_long", message)
 
-    def batched(self, request: Request, inputs: list[Any], settings: Hashable, tokens: int) -> Awaitable[Any]:
-        """The outputs of ``inputs`` once their batch has run (see :meth:`answered`)."""
+    def check_positions(self, positions: int) -> None:
+        """413 for a request whose rows would hold more token positions than a batch may (each row its
+        input and the longest output it may write: a beam multiplies the rows, ``max_tokens`` lengthens
+        them)."""
+        budget = self.settings.max_batch_positions
+        if positions > budget:
+            held = f"{positions:,} token positions (its rows' inputs and the longest outputs they may write)"
+            message = f"body: {held}, more than the server's --max-batch-positions {budget:,}"
+            raise RequestError(413, "too_much_work", message)
+
+    def batched(
+        self, request: Request, inputs: list[Any], settings: Hashable, tokens: int, positions: int
+    ) -> Awaitable[Any]:
+        """The outputs of ``inputs`` (``tokens`` of input, ``positions`` in their rows: see
+        :meth:`check_positions`) once their batch has run (see :meth:`answered`)."""
         assert self.batcher is not None
-        return self.answered(request, self.batcher.submit(inputs, settings, tokens))
+        return self.answered(request, self.batcher.submit(inputs, settings, tokens, positions))
 
     async def answered(self, request: Request, work: Awaitable[Any]) -> Any:
         """What ``work`` (the batcher's answer to this request) gives; the request is dropped from the
@@ -119,6 +142,8 @@ class ServerState:
             raise RequestError(503, "queue_full", str(full), self._retry()) from None
         except RequestError:
             raise
+        except DataError as error:  # an upload whose data breaks past its header (read on a worker)
+            raise RequestError(422, "invalid_request", str(error)) from None
         except asyncio.CancelledError:
             if not self.stopping():  # a stream whose client has gone: its response is cancelled
                 self.metrics.errors.labels("client_gone").inc()

@@ -16,10 +16,11 @@ import torch
 
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.decode.continuous import RunningTranslations
+from attnkit.decode.search import Search
 from attnkit.decode.translate import translate
 from attnkit.loading import load_for_inference
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel, reloading
+from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
 
 
@@ -42,11 +43,24 @@ class Translator(AttnkitModel):
             limit = min(limit, self.config.data.source_limit)
         return limit - 1
 
+    def positions(self, tokens: list[int], settings: Hashable) -> int:
+        """A beam's rows for each source, each its source and its output's bound."""
+        beam, _ = settings  # type: ignore[misc]
+        return Search.of(
+            self.config.decode, beam_size=beam, max_output_len=self.model.config.max_len
+        ).positions(tokens)
+
     def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
         """Each text's ``n_best`` translations and scores by a beam of ``beam`` (1: greedy search)."""
         beam, n_best = settings  # type: ignore[misc]
         return translate(self.model, self.tokenizer, texts, self.config.decode, n_best=n_best, beam_size=beam,
                          device=self.device)  # fmt: skip
+
+    def warm_up(self) -> None:
+        """One sentence before the server says it is ready: a compiled decoding step (decode.compile) is
+        built (or read from its cache) now, not in the first client's request (about 20 s for a small
+        model)."""
+        self.run(["."], (self.beam_size, 1))
 
     def running_batch(self) -> RunningTranslations:
         """Inputs ``(text, (beam, n_best))`` searched as :meth:`run` searches them, in a running batch
@@ -60,9 +74,6 @@ def load_translator(ckpt: str | Path, overrides: list[str], *, device: str = "cp
     model, tokenizer, config = load_for_inference(
         checkpoint, device, arch=archs(using="translate"), overrides=overrides
     )
-    reload = reloading(load_translator, checkpoint, overrides, config, device)
-    translator = Translator(checkpoint, tokenizer, model, config, torch.device(device), reload)
-    # one sentence before the server says it is ready: a compiled decoding step (decode.compile) is
-    # built now, not in the first client's request (about 20 s for a small model)
-    translator.run(["."], (translator.beam_size, 1))
+    translator = Translator(checkpoint, tokenizer, model, config, torch.device(device))
+    translator.warm_up()
     return translator

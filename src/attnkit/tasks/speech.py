@@ -111,11 +111,11 @@ def recorded_utterances(config: RunConfig, split: str) -> Spoken:
     """The utterances of the transcript file ``data.<split>`` names (data/transcribed.py). Without a
     ``data.valid`` file, the last ``data.valid_fraction`` of the training file's utterances are held out
     for validation (and not trained on); the test needs a file of its own."""
-    d, n_mels = config.data, config.model.n_mels
+    d, model = config.data, config.model
     if split == "test" and not d.test:
         raise ConfigError("data.test: recorded speech is tested on a transcript file of its own: give one")
     name = (d.valid or d.train)[0] if split == "valid" else getattr(d, split)[0]
-    features, texts = _transcribed(d.path(name), n_mels, _stamp(d.path(name)))
+    features, texts = _transcribed(d.path(name), model.sample_rate, model.n_mels, _stamp(d.path(name)))
     if split != "test" and not d.valid:
         kept = len(texts) - max(1, int(len(texts) * d.valid_fraction))
         if kept < 1:
@@ -128,10 +128,12 @@ def recorded_utterances(config: RunConfig, split: str) -> Spoken:
 
 
 @functools.lru_cache(maxsize=1)
-def _transcribed(path: Path, n_mels: int, stamp: tuple[int, int]) -> tuple[list[Tensor], list[str]]:
+def _transcribed(
+    path: Path, sample_rate: int, n_mels: int, stamp: tuple[int, int]
+) -> tuple[list[Tensor], list[str]]:
     """:func:`~attnkit.data.transcribed.transcribed_features`, the last file's kept while its ``stamp``
     (:func:`_stamp`) is the same: the training file's held-out part is read once with the rest."""
-    return transcribed_features(path, n_mels)
+    return transcribed_features(path, sample_rate, n_mels)
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -185,6 +187,8 @@ class SpeechTask:
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         self.config = config
+        if not config.data.train:  # synthesised: espeak-ng's rate, saved with the run
+            config.model.sample_rate = SAMPLE_RATE
         began = time.perf_counter()
         self.train = split_utterances(config, "train")
         self.valid = split_utterances(config, "valid")
@@ -255,7 +259,7 @@ class SpeechTask:
         first: int = 1,
     ) -> list[str]:
         """Each utterance's transcript, by the run's decode settings; an utterance is its features
-        ``(frames, n_mels)`` (data/audio.py's ``log_mel``)."""
+        ``(frames, n_mels)`` (data/audio.py's ``heard``, at ``model.sample_rate``)."""
         assert tokenizer is not None
         return transcribe(model, tokenizer, list(inputs), config.decode, device=device)
 

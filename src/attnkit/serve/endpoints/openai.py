@@ -33,7 +33,8 @@ async def completions(request: Request, body: CompletionBody) -> dict | Streamin
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": body.model or asked.model.checkpoint.name}  # fmt: skip
     if not body.stream:
-        outputs = await server.batched(request, asked.prompts(texts), asked.sampling, sum(asked.tokens))
+        prompts = asked.prompts(texts)
+        outputs = await server.batched(request, prompts, asked.sampling, sum(asked.tokens), asked.positions)
         produced = sum(asked.model.tokens(outputs)) if outputs else 0
         choices = [_choice(asked, i, text, text) for i, text in enumerate(outputs)]
         usage = {"prompt_tokens": sum(asked.tokens), "completion_tokens": produced,

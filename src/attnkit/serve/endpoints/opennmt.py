@@ -36,7 +36,9 @@ async def translate(request: Request, items: list[TranslateItem]) -> list[list[d
     texts = [item.src for item in items]
     tokens = await asyncio.to_thread(translator.tokens, texts)
     server.check_lengths(tokens, translator.max_source_tokens, "src")
-    found = await server.batched(request, texts, (beam, n_best), sum(tokens))
+    positions = translator.positions(tokens, (beam, n_best))
+    server.check_positions(positions)
+    found = await server.batched(request, texts, (beam, n_best), sum(tokens), positions)
     results = []
     for text, best in zip(texts, found, strict=True):
         for target, score in best or [("", 0.0)] * n_best:  # an empty input: no hypotheses

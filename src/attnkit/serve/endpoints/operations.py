@@ -17,17 +17,19 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 ``ready`` once the model serves; 503 ``loading`` before it, ``failed`` if it could not load,
-    and ``stalled`` while requests have waited or run ``--stall-after`` seconds with no batch starting or
-    ending (a server that has stopped making progress)."""
+    """200 ``ready`` once the model serves; 503 ``loading`` before it, ``failed`` if it could not load
+    (or a new engine process could not start in place of one that failed), and ``stalled`` while any
+    worker's requests have waited or run ``--stall-after`` seconds with no batch starting or ending, or
+    no step of its running batch (a server that has stopped making progress)."""
     server = server_of(request)
-    if server.failed:
-        return JSONResponse({"status": "failed", "error": server.failed}, status_code=503)
+    failed = server.failed or (server.batcher.broken if server.batcher is not None else None)
+    if failed:
+        return JSONResponse({"status": "failed", "error": failed}, status_code=503)
     if server.batcher is None:
         return JSONResponse({"status": "loading"}, status_code=503)
     stalled = server.batcher.stalled_for()
     if stalled > server.settings.stall_after_s:
-        said = f"requests have waited {stalled:.0f} s without a batch starting or ending"
+        said = f"requests have waited or run {stalled:.0f} s without a batch or a step ending"
         return JSONResponse({"status": "stalled", "error": said}, status_code=503)
     return JSONResponse({"status": "ready"})
 

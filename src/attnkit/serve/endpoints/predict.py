@@ -24,5 +24,7 @@ async def predict(request: Request, body: PredictBody) -> dict:
         raise RequestError(422, "invalid_request", problem)
     tokens = await asyncio.to_thread(predictor.tokens, body.inputs)
     server.check_lengths(tokens, predictor.max_tokens, "inputs")
-    lines = await server.batched(request, body.inputs, None, sum(tokens))
+    positions = predictor.positions(tokens, None)
+    server.check_positions(positions)
+    lines = await server.batched(request, body.inputs, None, sum(tokens), positions)
     return {"outputs": [predictor.as_json(line) for line in lines]}

@@ -32,6 +32,11 @@ class Prepared:
     tokens: list[int]
     seed: int
 
+    @property
+    def positions(self) -> int:
+        """The token positions its prompts' rows hold at most (each prompt and its new tokens)."""
+        return self.model.positions(self.tokens, self.sampling)
+
     def prompts(self, texts: list[str], sinks: list[Callable[[str], None]] | None = None) -> list[Prompt]:
         """The batcher's inputs: prompt i seeded ``seed + i`` (with its sink, for a stream)."""
         return [Prompt(text, self.seed + i, sinks[i] if sinks else None) for i, text in enumerate(texts)]
@@ -53,6 +58,7 @@ async def prepared(server: ServerState, prompts: list[str], seed: int | None, **
         if count == 0:
             raise RequestError(422, "invalid_request", f"prompt {i}: empty; give at least one character")
     server.check_lengths(tokens, model.context - 1, "inputs")  # one position left to continue
+    server.check_positions(model.positions(tokens, sampling))
     if seed is not None and sampling.temperature > 0 and not model.seeds_per_request:
         message = (
             f"seed: {model.engine} draws from one generator, seeded when the model loaded "
@@ -75,7 +81,8 @@ async def streamed(
         return lambda text: loop.call_soon_threadsafe(pieces.put_nowait, (i, text))
 
     inputs = asked.prompts(texts, [sink_of(i) for i in range(len(texts))])
-    waiting = asyncio.ensure_future(server.batched(request, inputs, asked.sampling, sum(asked.tokens)))
+    batched = server.batched(request, inputs, asked.sampling, sum(asked.tokens), asked.positions)
+    waiting = asyncio.ensure_future(batched)
     await asyncio.sleep(0)  # queued, or refused at once
     if waiting.done():
         waiting.result()  # the refusal, raised before any response

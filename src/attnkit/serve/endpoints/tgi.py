@@ -22,7 +22,8 @@ router = APIRouter()
 async def generate(request: Request, body: GenerateBody) -> dict:
     server = server_of(request)
     asked = await _prepared(server, body)
-    (text,) = await server.batched(request, asked.prompts([body.inputs]), asked.sampling, sum(asked.tokens))
+    prompts = asked.prompts([body.inputs])
+    (text,) = await server.batched(request, prompts, asked.sampling, sum(asked.tokens), asked.positions)
     return {"generated_text": text}
 
 

@@ -8,10 +8,14 @@ as the model says (``curl -F image=@scene.png``, ``curl -F audio=@hello.wav``):
   the captioner looked; the speech explorer: the spectrogram, each character over the frames it
   attended), with the upload form again; ``GET /explore`` gives the form.
 
-A body that is not a form of uploads is a 415 saying how to send one; a form without a file in the
-model's field, or a file the model cannot read (no image, or not of its size; not a WAV file of PCM
-samples), a 422 naming it; files that cost more than ``--max-batch-tokens`` (counted in the model's
-unit: regions, annotations), a 413.
+Each file's header is read here (what it is, how large: so what it costs) and nothing more; the file is
+decoded (pixels, features) on the batcher's worker, once the request has its place in the queue, so
+that ``--max-queue`` bounds the uploads being decoded as it bounds every other request. A body that is
+not a form of uploads is a 415 saying how to send one, a form that cannot be read a 400 saying why; a
+form without a file in the model's field, or a file the model cannot read (no PNG or JPEG, or not of its
+size; not a WAV file of PCM samples at 8 to 96 kHz, or too short), a 422 naming it; files that cost more
+than ``--max-batch-tokens`` (counted in the model's unit: regions, annotations) or ``--max-batch-positions``,
+a 413, and a file that costs the explorer more than ``--max-explore-tokens``, a 413 too.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
+from starlette.exceptions import HTTPException
 
 from attnkit.errors import DataError
 from attnkit.serve.errors import RequestError
 from attnkit.serve.served import ReadsUploads
-from attnkit.serve.state import server_of
+from attnkit.serve.state import ServerState, server_of
 
 router = APIRouter()
 MAX_FILES = 256  # files in one request at most
@@ -35,10 +40,12 @@ MAX_FILES = 256  # files in one request at most
 async def predict(request: Request) -> dict:
     server = server_of(request)
     model: ReadsUploads = server.ready_model()
-    inputs = [item for _, item in await _uploaded(request, model)]
-    costs = [model.cost(item) for item in inputs]
+    uploads = [upload for _, upload in await _uploaded(request, model)]
+    costs = [model.cost(upload) for upload in uploads]
     server.check_lengths(costs, None, model.field, model.unit)
-    outputs = await server.batched(request, inputs, None, sum(costs))
+    positions = model.positions(costs, None)
+    server.check_positions(positions)
+    outputs = await server.batched(request, uploads, None, sum(costs), positions)
     return {"outputs": [{model.output: text} for text in outputs]}
 
 
@@ -50,32 +57,54 @@ async def explore(request: Request) -> HTMLResponse:
     if len(uploads) != 1:
         said = f"{model.field}: {len(uploads)} files; the explorer shows one"
         raise RequestError(422, "invalid_request", said)
-    ((name, item),) = uploads
+    ((name, upload),) = uploads
+    _check_explorable(server, model, model.cost(upload))
     assert server.batcher is not None
-    asked = server.batcher.alone(model.explore_upload, item, name, "/explore")
+    asked = server.batcher.alone(model.explore_upload, upload, name, "/explore")
     return HTMLResponse(await server.answered(request, asked))
 
 
+def _check_explorable(server: ServerState, model: ReadsUploads, cost: int) -> None:
+    """413 for a file that costs more than a batch may hold, or than the explorer shows (its page grows
+    with the file: a spectrogram's frames, an alignment's rows)."""
+    server.check_lengths([cost], None, model.field, model.unit)
+    limit = server.settings.max_explore_tokens
+    if cost > limit:
+        message = (
+            f"{model.field}: {cost} {model.unit}, more than the explorer's {limit} (--max-explore-tokens)"
+        )
+        raise RequestError(413, "too_long", message)
+
+
 async def _uploaded(request: Request, model: ReadsUploads) -> list[tuple[str, Any]]:
-    """Each file uploaded in ``request``'s fields named ``model.field``, with its name, read by the
-    model (off the event loop)."""
+    """Each file uploaded in ``request``'s fields named ``model.field``, with its name, its header read
+    by the model (off the event loop)."""
     field = model.field
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         said = f"this model {model.reads}: upload them as multipart/form-data fields named {field}"
         raise RequestError(415, "unsupported_media_type", f"{said} ({model.example})")
-    async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES) as form:
-        uploads = [part for part in form.getlist(field) if not isinstance(part, str)]
-        if not uploads:
-            raise RequestError(422, "invalid_request", f"{field}: no file uploaded in a field named {field}")
-        files = [(upload.filename or f"{field}.{i}", await upload.read()) for i, upload in enumerate(uploads)]
+    try:
+        async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES) as form:
+            uploads = [part for part in form.getlist(field) if not isinstance(part, str)]
+            if not uploads:
+                raise RequestError(
+                    422, "invalid_request", f"{field}: no file uploaded in a field named {field}"
+                )
+            files = [
+                (upload.filename or f"{field}.{i}", await upload.read()) for i, upload in enumerate(uploads)
+            ]
+    except HTTPException as error:  # Starlette's refusal of a form it cannot parse
+        raise RequestError(
+            400, "malformed_form", f"body: not a multipart form this reads ({error.detail})"
+        ) from None
     return await asyncio.to_thread(_read_all, files, model)
 
 
 def _read_all(files: list[tuple[str, bytes]], model: ReadsUploads) -> list[tuple[str, Any]]:
-    inputs = []
+    uploads = []
     for name, data in files:
         try:
-            inputs.append((name, model.read_upload(data, name)))
+            uploads.append((name, model.read_upload(data, name)))
         except DataError as error:
             raise RequestError(422, "invalid_request", f"{model.field}: {error}") from None
-    return inputs
+    return uploads
