@@ -163,15 +163,18 @@ SHOWN = {"attnkit": "attnkit serve", "ctranslate2": "attnkit serve --engine ctra
 def soaks(args: argparse.Namespace, url: str, pid: int, sentences: list[str]) -> dict[str, dict]:
     """The soak of the translation server at ``url``, and at the same time those of a captioner's and a
     speech recogniser's servers (``--soak-captioner``, ``--soak-recogniser``; each started here, in a
-    process of its own): their results by name."""
+    process of its own, in the precision ``--server-option decode.precision=...`` names): their results
+    by name."""
     runs = {"translator": (url, pid, sentences, Dialect())}
     servers = []
+    precision = [option for option in args.server_option if option.startswith("decode.precision=")]
     try:
         for name, ckpt, dialect in (("captioner", args.soak_captioner, CaptionerDialect),
                                     ("recogniser", args.soak_recogniser, RecogniserDialect)):  # fmt: skip
             if ckpt is not None:
                 port = free_port()
-                command = [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(ckpt), "--port", str(port)]
+                command = [sys.executable, "-m", "attnkit", "serve", "--ckpt", str(ckpt), "--port", str(port),
+                           *precision]  # fmt: skip
                 servers.append(start(command, f"http://127.0.0.1:{port}"))
                 speaks = dialect.of()
                 runs[name] = (f"http://127.0.0.1:{port}", servers[-1].pid, speaks.items, speaks)

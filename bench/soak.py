@@ -168,13 +168,22 @@ class RecogniserDialect(UploadDialect):
 
     @classmethod
     def of(cls) -> RecogniserDialect:
-        """Sounds of 1 to 3 s; absurd rates, samples cut mid-way, clips too short, sound over the budget
-        and no WAV at all as hostile files; 20 s for the explorer (past its 64 annotations)."""
+        """Sounds of 1 to 3 s; absurd rates (a million 8-bit samples at 100 Hz, under 1 MiB: a million
+        frames of features), samples cut mid-way, clips too short and no WAV at all as hostile files;
+        20 s for the explorer (past its 64 annotations). (Sound over the batch budget cannot come in
+        1 MiB at the recipes' 12 frames an annotation: 1 MiB of 8-bit sound at 8 kHz is 131 s, about
+        1,100 annotations of the 4,096.)"""
         sounds = [_wav(_chirp(1 + (k % 5) / 2, k)) for k in range(50)]
         cut = sounds[0][:40] + (10**6).to_bytes(4, "little") + sounds[0][44:1001]
-        silence = np.zeros(1_000_000)  # a million 8-bit samples: under 1 MiB
-        hostile = [_wav(silence, 100, width=1), _wav(_chirp(1, 1), 40), cut, _wav(_chirp(0.01, 2)),
-                   _wav(silence, 8000, width=1), b"RIFF" + b"\0" * 60, b"not a sound"]  # fmt: skip
+        slow = _wav(np.zeros(1_000_000), 100, width=1)
+        hostile = [
+            slow,
+            _wav(_chirp(1, 1), 40),
+            cut,
+            _wav(_chirp(0.01, 2)),
+            b"RIFF" + b"\0" * 60,
+            b"not a sound",
+        ]
         return cls(sounds, hostile, _wav(_chirp(20, 9)))
 
 

@@ -1,8 +1,10 @@
-"""Image files for the tests of what reads them (data/images.py, the captioner's server): decompression
-bombs, PNGs whose header declares a huge image whose pixels compress to almost nothing."""
+"""Images and captioners for the tests of what reads them (data/images.py, the captioner's server, the
+soak): decompression bombs, PNGs whose header declares a huge image whose pixels compress to almost
+nothing; an untrained captioner saved as a run."""
 
 import struct
 import zlib
+from pathlib import Path
 
 
 def bomb(side: int, depth: int = 8) -> bytes:
@@ -16,3 +18,22 @@ def bomb(side: int, depth: int = 8) -> bytes:
     header = struct.pack(">IIBBBBB", side, side, depth, 0, 0, 0, 0)
     png = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b"")
     return b"\x89PNG\r\n\x1a\n" + png
+
+
+def untrained_captioner(folder: Path) -> Path:
+    """A small Transformer captioner with random weights (its captions need only be its own), writing at
+    most 8 tokens, saved as a run in ``folder``."""
+    import torch
+
+    from attnkit.checkpoint.folder import save_checkpoint
+    from attnkit.config import RunConfig
+    from attnkit.models import build_model, from_preset
+    from attnkit.tasks.captioning import caption_tokenizer
+
+    tokenizer = caption_tokenizer()
+    torch.manual_seed(1)
+    config = from_preset("caption-transformer-tiny", max_len=8)
+    model = build_model(config, tokenizer.vocab_size)
+    save_checkpoint(folder, 1, model=model, config=RunConfig.for_model(config).to_dict(),
+                    tokenizer_json=tokenizer.to_str(), is_best=True)  # fmt: skip
+    return folder

@@ -295,14 +295,23 @@ def test_the_data_scale_benchmark_prepares_trains_on_one_and_two_ranks_and_compa
     assert len(corpus) == 1000 and corpus[60].endswith(" 1") and len(set(corpus)) == 1000
 
 
-def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer(copy_run, copy_data):
+def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer(
+    copy_run, copy_data, tmp_path
+):
     pytest.importorskip("ctranslate2", reason="the peer serves CTranslate2")
     pytest.importorskip("httpx", reason="the load generator is an httpx client")
+    pytest.importorskip("sklearn", reason="the captioner's soak draws scikit-learn's digits")
+    from tests.images import untrained_captioner
+    from tests.recognisers import untrained_recogniser
+
+    captioner = untrained_captioner(tmp_path / "captioner")
+    recogniser = untrained_recogniser(tmp_path / "recogniser")
     result = subprocess.run(
         [sys.executable, str(BENCH / "serve_load.py"), "--ckpt", str(copy_run), "--src",
          str(copy_data / "valid.src"), "--clients", "1,2,4", "--seconds", "1.5", "--beam", "2",
          "--threads", "1", "--soak", "120", "--engines", "attnkit,ctranslate2",
-         "--server-option", "decode.precision=fp32"],
+         "--server-option", "decode.precision=fp32", "--soak-captioner", str(captioner),
+         "--soak-recogniser", str(recogniser)],
         capture_output=True, text=True, encoding="utf-8", timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -326,3 +335,8 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
     soak = json.loads(re.search(r"^soak: (.*)$", result.stdout, re.M)[1])
     assert soak["5xx"] == 0 and soak["wrong"] == 0 and soak["unexpected"] == 0, soak
     assert soak["malformed"] > 0 and soak["good"] > 60 and soak["after_status"] == 200, soak
+    for model in ("captioner", "recogniser"):  # soaked beside the translator, with hostile uploads
+        found = re.search(rf"^soak \({model}, beside the translator's\): (.*)$", result.stdout, re.M)
+        uploads = json.loads(found[1])
+        assert uploads["5xx"] == 0 and uploads["wrong"] == 0 and uploads["unexpected"] == 0, uploads
+        assert uploads["malformed"] > 0 and uploads["good"] > 60 and uploads["after_status"] == 200, uploads

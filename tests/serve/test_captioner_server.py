@@ -19,31 +19,20 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 pytest.importorskip("sklearn", reason="the scenes draw scikit-learn's bundled digits")
 from fastapi.testclient import TestClient
 
-from attnkit.checkpoint.folder import save_checkpoint
 from attnkit.cli.serving import _attnkit_model
-from attnkit.config import RunConfig
 from attnkit.data.digit_scenes import digit_scenes
 from attnkit.decode.captions import caption
 from attnkit.loading import load_for_inference
-from attnkit.models import build_model, from_preset
 from attnkit.serve.app import make_app
 from attnkit.serve.captioner import ServedCaptioner
 from attnkit.serve.state import ServeSettings
-from attnkit.tasks.captioning import caption_tokenizer, pixels
-from tests.images import bomb
+from attnkit.tasks.captioning import pixels
+from tests.images import bomb, untrained_captioner
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """An untrained Transformer captioner (its captions need only be what the CLI gives), saved as a run."""
-    tokenizer = caption_tokenizer()
-    torch.manual_seed(1)
-    config = from_preset("caption-transformer-tiny", max_len=8)
-    model = build_model(config, tokenizer.vocab_size)
-    folder = tmp_path_factory.mktemp("captioner") / "run"
-    save_checkpoint(folder, 1, model=model, config=RunConfig.for_model(config).to_dict(),
-                    tokenizer_json=tokenizer.to_str(), is_best=True)  # fmt: skip
-    return folder
+    return untrained_captioner(tmp_path_factory.mktemp("captioner") / "run")
 
 
 @pytest.fixture(scope="module")

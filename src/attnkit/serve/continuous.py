@@ -6,8 +6,8 @@ batch's longest sentence. Here each worker keeps one running batch (an engine su
 ``attnkit.decode.continuous.RunningTranslations``) and loops: it admits waiting requests, oldest
 first, while its batch holds fewer than ``max_batch_tokens`` source tokens and ``max_batch_positions``
 token positions in its rows (each row its source and the longest output it may write, so that beams
-and long outputs count as the memory and steps they take; a request that does not
-fit waits at the front, and nothing overtakes it, so a long request is never starved); on its
+and long outputs count as the memory and steps they take); a request that does not fit waits at the
+front, and nothing overtakes it, so a long request is never starved; on its
 thread, it runs the newcomers' first step and one step of every running sentence, and goes on
 stepping while no sentence is done and nothing new has come (each hop back to the event loop costs
 time); it answers the requests whose sentences are all done. A request whose client has gone leaves
@@ -246,10 +246,11 @@ class ContinuousBatcher:
         return done
 
     async def _replace(self, worker: int) -> None:
-        """A new engine for ``worker`` in place of its failed one, made on the worker's thread (an engine
-        process pickles the model's weights to its child: not on the event loop)."""
-        _close(self.engines[worker])
+        """A new engine for ``worker`` in place of its failed one, the old one let go and the new one made
+        on the worker's thread (an engine process pickles the model's weights for its child: not on the
+        event loop)."""
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.threads[worker], _close, self.engines[worker])
         self.engines[worker] = await loop.run_in_executor(self.threads[worker], self.make_engine)
 
     def _load(self, worker: int) -> int:

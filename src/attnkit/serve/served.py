@@ -23,6 +23,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.streams import stream_count
 
 PRIVATE_DATA_FIELDS = ("dir", "train", "valid", "test", "store")  # where the run's files were
+MAX_ENGINE_PROCESSES = 4  # running batches in processes of their own, unless decode.streams asks for more
 
 
 @dataclass
@@ -252,9 +253,6 @@ def form_for_uploads(field: str, accept: str, button: str) -> str:
     )
 
 
-MAX_ENGINE_PROCESSES = 4  # running batches in processes of their own, unless decode.streams asks for more
-
-
 class MadeAgain:
     """How a child process makes a served model's running batch: the model made again from what this
     server holds in memory (its class, the checkpoint's name, the run config with its precision
@@ -274,7 +272,8 @@ class MadeAgain:
 
 def weights_bytes(model: torch.nn.Module) -> bytes:
     """``model``'s weights as a safetensors file's bytes, a tensor shared by several names (tied
-    embeddings) under its first name only, as safetensors' ``save_model`` writes it."""
+    embeddings) under one of them only, as safetensors' ``save_model`` keeps it (``load_weights`` ties
+    the others to it again)."""
     from safetensors.torch import save
 
     kept: dict[str, torch.Tensor] = {}
