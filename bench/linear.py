@@ -60,12 +60,11 @@ def main() -> None:
             layer = Linear(d_in, d_out)
             with torch.no_grad():
                 layer.weight.copy_(weight), layer.bias.copy_(bias)
-            if layer.pack_for_inference() and rows > 1 and onednn_applies(x, weight, packed=True):
+            if layer.pack_for_inference() and onednn_applies(x, weight, packed=True):
                 ours["oneDNN with the packed weight"] = torch.no_grad()(lambda x=x, layer=layer: layer(x))
             bf16 = Linear(d_in, d_out)
             with torch.no_grad():
                 bf16.weight.copy_(weight), bf16.bias.copy_(bias)
-            # where it does not pay (few rows of a small map: OneDNNLinear._pays) the layer takes F.linear
             if args.bf16 and bf16.pack_for_inference(torch.bfloat16) and bf16._packed_applies(x):
                 ours["a packed bf16 weight"] = torch.no_grad()(lambda x=x, layer=bf16: layer(x))
             exact = F.linear(x.double(), weight.double(), bias.double())

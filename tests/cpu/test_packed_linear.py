@@ -1,6 +1,6 @@
 """Weights packed in oneDNN's layout for CPU inference: the same products as ``x Wᵀ + b`` (checked in
-float64), used only while the weight is the one that was packed, without gradients, for more than one
-row; and a model loaded for inference translates exactly as the unpacked model does."""
+float64), used only while the weight is the one that was packed, without gradients, for any number of
+rows; and a model loaded for inference translates exactly as the unpacked model does."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def weights_seen(monkeypatch) -> list[bool]:
     """Whether each oneDNN call got a packed (oneDNN-layout) weight."""
     seen: list[bool] = []
     real = linear_module._onednn_linear
-    linear_module._packing_works()  # probed before the spy: its own call is not the layer's
+    linear_module._packing_works(torch.float32)  # probed before the spy, as the layer asks: not its call
 
     def spy(x, weight, *args):
         seen.append(weight.is_mkldnn)
@@ -51,29 +51,32 @@ def test_packed_weights_give_the_product_and_are_used(shape, weights_seen):
     assert weights_seen == [True]
 
 
-def test_a_packed_weight_serves_few_rows_where_the_plain_one_goes_to_f_linear(weights_seen):
-    """Packed, oneDNN is faster from two rows (bench/linear.py): a mid-sized weight (Q, K and V of
-    d_model 256) that would multiply 5 rows with ``F.linear`` takes its packed copy."""
+def test_in_inference_few_rows_go_to_onednn_and_its_packed_weight_where_there_is_one(weights_seen):
+    """In training, 5 rows of a mid-sized weight (Q, K and V of d_model 256) go to ``F.linear``, which is
+    faster there; in inference, to oneDNN whatever the rows, so that a row's product does not depend on
+    how many come with it (docs/invariance.md); packed, to its packed copy."""
     torch.manual_seed(0)
     layer = Linear(256, 768)
     x = torch.randn(5, 1, 256)  # one sentence's 5 beams, one step
+    linear_module.linear(x.requires_grad_(), layer.weight, layer.bias)
+    assert weights_seen == []  # training: too few multiply-adds for oneDNN
     with torch.no_grad():
         linear_module.linear(x, layer.weight, layer.bias)
-        assert weights_seen == []  # unpacked: too few multiply-adds for oneDNN
         assert layer.pack_for_inference()
         got = layer(x)
-    assert weights_seen == [True]
+    assert weights_seen == [False, True]
     torch.testing.assert_close(got.double(), _exact(x, layer), rtol=1e-5, atol=1e-4)
 
 
-def test_one_row_and_gradients_take_the_plain_weight(weights_seen):
+def test_one_row_takes_the_packed_weight_and_gradients_the_plain_one(weights_seen):
     layer = _layer()
     layer.pack_for_inference()
     with torch.no_grad():
-        layer(torch.randn(1, 256))  # a single row: the plain weight is as fast or faster
+        one = torch.randn(1, 256)
+        assert torch.equal(layer(one), layer(torch.cat([one, torch.randn(7, 256)]))[:1])  # as among others
     x = torch.randn(4, 256)
     layer(x).sum().backward()  # with gradients: the autograd path, on the parameter itself
-    assert weights_seen == [False, False]
+    assert weights_seen == [True, True, False]
     torch.testing.assert_close(layer.weight.grad, torch.ones(2048, 1) * x.sum(0))
 
 

@@ -15,6 +15,9 @@ state-dict keys) with four changes, each where it pays on a CPU and a no-op else
   times slower in bf16 than in float32 (bench/train_speed.py ``--precision bf16``; docs/benchmarks.md),
   and its products are a small share of a step next to the projections, which stay bf16. The reference
   path (dropout on the weights) keeps bf16, whose batched products are the faster there;
+- in inference, each row's attention is what it would be alone, whatever its batchmates and their
+  lengths (:func:`attnkit.cpu.alone.attend_as_alone`; docs/invariance.md), where the keys' layout
+  allows it (padding after the real keys, or none);
 - traced into a compiled decoding step (:func:`decoding_step`), attention of a few queries is written as
   products and sums (:func:`attend_few_queries`) rather than the fused kernel's call, so that the
   compiler fuses it with the reading of the keys and values: the step's self-attention gathers each
@@ -37,6 +40,7 @@ from torch import Tensor, nn
 
 from attnkit.attention.functional import fused
 from attnkit.attention.multihead import KVCache, MultiHeadAttention
+from attnkit.cpu.alone import attend_as_alone
 from attnkit.cpu.dropout import dropout
 from attnkit.cpu.linear import linear
 from attnkit.cpu.packing import active_packing
@@ -47,6 +51,25 @@ class CPUMultiHeadAttention(MultiHeadAttention):
 
     project = staticmethod(linear)
     drop_weights = staticmethod(dropout)
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+        causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """As ``MultiHeadAttention.forward``; what :meth:`_attend` needs to know of the call (whether the
+        queries are the keys' own positions) is held for it in a ``ContextVar``, as decoding streams
+        may run the same module in several threads at once."""
+        token = _QUERIES_ARE_KEYS.set(memory is None and cache is None)
+        try:
+            return super().forward(query, memory, mask, cache=cache, need_weights=need_weights, causal=causal)
+        finally:
+            _QUERIES_ARE_KEYS.reset(token)
 
     def _project(self, query: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, ...]:
         packing = active_packing()
@@ -72,6 +95,11 @@ class CPUMultiHeadAttention(MultiHeadAttention):
         if _IN_DECODING_STEP.get() and not causal and fused(q, **settings, need_weights=need_weights):
             scale = 1.0 / math.sqrt(q.size(-1)) if self.score == "scaled_dot" else 1.0
             return attend_few_queries(q, k, v, mask, scale), None
+        if _inferring(q) and not causal and fused(q, **settings, need_weights=need_weights):
+            scale = None if self.score == "scaled_dot" else 1.0
+            out = attend_as_alone(q, k, v, mask, scale, _QUERIES_ARE_KEYS.get())
+            if out is not None:
+                return out, None
         if not (_trained_in_bf16(q) and fused(q, **settings, need_weights=need_weights)):
             return super()._attend(q, k, v, mask, need_weights, causal)
         with torch.autocast("cpu", enabled=False):  # else autocast would cast them back to bf16
@@ -87,6 +115,20 @@ class CPUMultiHeadAttention(MultiHeadAttention):
 
 
 _IN_DECODING_STEP: ContextVar[bool] = ContextVar("in_decoding_step", default=False)
+# whether the attention running in this thread or task is self-attention over padded positions, without
+# a cache: its queries past a row's length are padding (attnkit.cpu.alone)
+_QUERIES_ARE_KEYS: ContextVar[bool] = ContextVar("queries_are_keys", default=False)
+
+
+def _inferring(q: Tensor) -> bool:
+    """Whether these queries are inference's on a CPU in float32, outside a compiler's trace: where each
+    row's attention must be what it is alone (docs/invariance.md)."""
+    return (
+        q.is_cpu
+        and q.dtype == torch.float32
+        and not (torch.is_grad_enabled() and q.requires_grad)
+        and not torch.compiler.is_compiling()
+    )
 
 
 @contextmanager

@@ -22,17 +22,31 @@ parameters and state-dict keys, so checkpoints and conversions do not change.
 For inference, :func:`pack_for_inference` also keeps each weight in oneDNN's own blocked layout, as
 ``torch.compile``'s frozen CPU graphs and CTranslate2 do, so that oneDNN does not rearrange it at every
 call: the same products, faster, most of all for few rows (``bench/linear.py``, docs/benchmarks.md).
-Packed, oneDNN pays for any number of rows from two, so a packed weight is taken for few rows too (a
-beam search over one sentence, the last steps of a batch), where the plain one is left to ``F.linear``;
-a single row keeps the plain weight, which is as fast or faster there.
 
 On a CPU with bf16 matrix units (AMX, AVX512-BF16: ``attnkit.cpu.precision``), the packed copy may be
 bf16 (``pack_for_inference(torch.bfloat16)``, what ``decode.precision=bf16`` does): each input is
 rounded to bf16 on its way in, the products are summed in float32 by the units, and the output comes
 back as float32 with the float32 bias added, so the layer norms, attention, softmax and search around
 the maps stay float32. For the Multi30k model's maps that is 2-3.5x faster than float32 from 64 rows
-(``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product); for few rows of a
-small map, rounding the inputs costs more than it saves, and float32's ``F.linear`` serves.
+(``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product).
+
+**The same answer whatever the batch.** In inference (no gradient wanted) a row's product must not
+depend on the rows that come with it, or a sentence's translation would depend on its batchmates
+(docs/invariance.md). Two things made it depend on them, and neither is allowed there:
+
+- *choosing the kernel by the number of rows*: float32's ``F.linear`` for few rows and oneDNN for many,
+  or a bf16 weight for many rows and float32 for few. In inference every product goes to oneDNN (its
+  packed weight where there is one, in its precision), whatever the rows and the weight's size: MKL's
+  ``F.linear``, which the small maps took, sums a row in another order for another number of rows
+  (6 rows of a 256 x 256 map against 12, with torch 2.13 on a 2-core AMD EPYC);
+- *a kernel that sums one row in another order*: oneDNN sums a single float32 row with a
+  matrix-vector kernel, so a single row is padded with a zero row to :data:`ONEDNN_MIN_ROWS`. From two
+  rows, oneDNN sums every row in the same order for any number of rows and threads, and so do its bf16
+  kernels and int8's integer sums (exact) from one; ``tests/cpu/test_linear_rows.py`` checks it bit
+  for bit.
+
+Training keeps the fastest choice for each call (its gradients are not expected to be the same bits
+in another batch).
 
 The private operations (``torch.ops.mkldnn._linear_pointwise``, ``_reorder_linear_weight``,
 ``torch._int_mm``) may change with any torch release, so each is tried once on a small example
@@ -72,13 +86,15 @@ def _probe_linear():
 _onednn_linear = _probe_linear()  # None: F.linear everywhere
 # below these F.linear is as fast or faster (bench/linear.py): see the module docstring
 MIN_WEIGHTS, MIN_MULTIPLY_ADDS, ENOUGH_WEIGHTS = 2**17, 2**22, 2**19
-BF16_MULTIPLY_ADDS = 2**21  # below this a packed bf16 weight is slower than float32's F.linear
+# inference pads a single row to two, which oneDNN sums in another order (see the module docstring)
+ONEDNN_MIN_ROWS = 2
 
 
-def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
+def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False, *, inference: bool = False) -> bool:
     """Whether :func:`linear` multiplies ``x`` by ``weight`` with oneDNN (see the module docstring);
-    ``packed``: with the weight already in oneDNN's layout, which pays for any number of rows. The
-    checks run on every call, cheapest and most often decisive first."""
+    ``packed``: with the weight already in oneDNN's layout, which pays for any number of rows;
+    ``inference``: chosen by the weight alone, whatever the rows. The checks run on every call,
+    cheapest and most often decisive first."""
     return (
         _onednn_linear is not None
         # torch.compile and torch.export lower F.linear their own way (oneDNN too); checked before the
@@ -86,8 +102,13 @@ def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
         and not torch.compiler.is_compiling()
         and x.dtype == torch.float32
         and x.is_cpu
-        and weight.numel() >= MIN_WEIGHTS
-        and (packed or weight.numel() >= ENOUGH_WEIGHTS or x.numel() * weight.size(0) >= MIN_MULTIPLY_ADDS)
+        and (inference or weight.numel() >= MIN_WEIGHTS)
+        and (
+            packed
+            or inference
+            or weight.numel() >= ENOUGH_WEIGHTS
+            or x.numel() * weight.size(0) >= MIN_MULTIPLY_ADDS
+        )
         and weight.dtype == torch.float32
         and weight.dim() == 2
         and torch.backends.mkldnn.enabled
@@ -96,14 +117,15 @@ def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False) -> bool:
 
 
 def padded_rows(n: int) -> int:
-    """The number of rows oneDNN multiplies for ``n``: the next of 32 sizes per power of two.
+    """The number of rows oneDNN multiplies for ``n``: the next of 32 sizes per power of two, and at
+    least :data:`ONEDNN_MIN_ROWS` (a single row is summed in another order: see the module docstring).
 
     oneDNN compiles a kernel for each new number of rows (milliseconds, then cached), and a training run
     whose batches hold different numbers of tokens would compile one nearly every step; so the rows are
     padded with zeros to one of these sizes (at most 3% more work, 1.5% on average). Callers that can
     make matrices of this many rows in the first place (packing.py) spare the copy."""
     quantum = 1 << max(0, n.bit_length() - 6)
-    return -(-n // quantum) * quantum
+    return max(ONEDNN_MIN_ROWS, -(-n // quantum) * quantum)
 
 
 def _multiply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -149,12 +171,15 @@ def _needs_gradient(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``, by oneDNN where :func:`onednn_applies`."""
-    if not onednn_applies(x, weight):
-        return F.linear(x, weight, bias)
+    """``F.linear(x, weight, bias)``, by oneDNN where :func:`onednn_applies`; in inference each row's
+    product the same whatever the rows that come with it (see the module docstring)."""
     if _needs_gradient(x, weight, bias):
+        if not onednn_applies(x, weight):
+            return F.linear(x, weight, bias)
         return _OneDNNLinear.apply(x, weight, bias)
-    return _multiply(x, weight, bias)
+    if onednn_applies(x, weight, inference=True):
+        return _multiply(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class OneDNNLinear(nn.Linear):
@@ -195,11 +220,12 @@ class OneDNNLinear(nn.Linear):
         docstring), in ``dtype``: float32, or bfloat16 for the processor's bf16 units; True if this
         layer's products go through oneDNN at all. The copy serves only while the weight is unchanged
         (any in-place update, as an optimizer step or ``load_state_dict``, retires it), without
-        gradients, and for inputs of enough rows to pay (:meth:`_pays`; fewer take ``F.linear``)."""
+        gradients, for any number of rows (the product must not depend on them: see the module
+        docstring)."""
         weight = self.weight
         if not _packing_works(dtype) or not weight.is_cpu or weight.dtype != torch.float32:
             return False
-        if weight.numel() < MIN_WEIGHTS and dtype == torch.float32:  # bf16 still gains on many rows
+        if weight.numel() < MIN_WEIGHTS and dtype == torch.float32:  # F.linear serves: linear()
             return False
         if weight.is_inference():  # made under torch.inference_mode: no version counter to retire a copy by
             return False
@@ -216,22 +242,11 @@ class OneDNNLinear(nn.Linear):
         return (
             x.dtype == torch.float32
             and x.is_cpu
-            and self._pays(x.numel() // x.size(-1))
             and self.packed_from == (weight.data_ptr(), weight._version)
             and not _needs_gradient(x, weight, self.bias)
             and torch.backends.mkldnn.enabled
             and not torch.is_autocast_enabled("cpu")
         )
-
-    def _pays(self, rows: int) -> bool:
-        """Whether the packed weight is faster than ``F.linear``'s float32 for ``rows`` rows: a float32
-        one from two rows; a bf16 one, whose rounding of the inputs costs a little too, from
-        :data:`BF16_MULTIPLY_ADDS` (8 rows of a 256 x 1024 map), or for any rows of a weight of
-        :data:`ENOUGH_WEIGHTS` (an output layer), as ``bench/linear.py --bf16`` measured."""
-        if self.packed_dtype == torch.float32:
-            return rows > 1
-        numel = self.weight.numel()
-        return rows * numel >= BF16_MULTIPLY_ADDS or numel >= ENOUGH_WEIGHTS
 
     def quantize_int8(self) -> None:
         """Multiply by int8 weights from now on, in CPU inference, by dynamic quantisation (as

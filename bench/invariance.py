@@ -1,0 +1,111 @@
+"""How many translations change with the batch: each sentence of a file translated alone, then in
+batches, with the same weights and settings, for each of attnkit's precisions and for CTranslate2
+(``translate_batch`` alone and in batches, float32 and int8 weights exported from the same checkpoint).
+
+A translation is a function of its sentence and the settings (docs/invariance.md): every attnkit row
+should read 0. Counted are the n-best lines (text and score) that differ, and the sentences whose best
+translation differs. The batches are ``--batch`` sentences of similar length, as both engines make them
+(the tests also draw random batchmates of mixed lengths: tests/decode/test_batch_invariance.py).
+
+Run: ``python bench/invariance.py --ckpt RUN --src FILE [--lines 1000] [--beam 5] [--n-best 2]
+[--batch 64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import itertools
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attnkit.convert.export import export_ctranslate2
+from attnkit.data.readers import read_lines
+from attnkit.decode.ct2 import CTranslate2Translator
+from attnkit.decode.translate import translate
+from attnkit.loading import load_for_inference
+
+Translations = list[list[tuple[str, float]]]
+
+
+def differences(alone: Translations, batched: Translations) -> tuple[int, int, int]:
+    """(n-best lines that differ, sentences whose best translation differs, lines)."""
+    lines = sum(len(hypotheses) for hypotheses in alone)
+    pairs = list(zip(alone, batched, strict=True))
+    differ = sum(a != b for mine, theirs in pairs for a, b in itertools.zip_longest(mine, theirs))
+    best = sum(
+        mine[:1] != theirs[:1] and (not mine or not theirs or mine[0][0] != theirs[0][0])
+        for mine, theirs in pairs
+    )
+    return differ, best, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ckpt", required=True, help="a translation run or checkpoint folder")
+    parser.add_argument("--src", required=True, help="source sentences, one a line (.gz read too)")
+    parser.add_argument("--lines", type=int, default=1000)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--n-best", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    texts = [line for line in read_lines(args.src)[: args.lines] if line.strip()]
+    print(f"{len(texts)} sentences of {args.src}; beam {args.beam}, {args.n_best} best; alone against "
+          f"batches of {args.batch}; {args.threads} threads")  # fmt: skip
+    print("| engine | n-best lines that differ | best translations that differ | alone s | batched s |")
+    print("|---|---|---|---|---|")
+    rows = []  # (name, translate(texts, batch size) -> each text's n best)
+    for precision in ("fp32", "bf16", "int8"):
+        model, tokenizer, config = load_for_inference(args.ckpt, overrides=[f"decode.precision={precision}"])
+        for compiled in (False, True):
+
+            def ours(
+                group: list[str],
+                size: int,
+                model=model,
+                tokenizer=tokenizer,
+                config=config,
+                compiled=compiled,
+            ):
+                decode = dataclasses.replace(config.decode, batch_size=size, compile=compiled)
+                return translate(model, tokenizer, group, decode, n_best=args.n_best, beam_size=args.beam)
+
+            rows.append(
+                (f"attnkit {config.decode.precision}" + (", compiled steps" if compiled else ""), ours)
+            )
+    if importlib.util.find_spec("ctranslate2"):
+        model, tokenizer, config = load_for_inference(args.ckpt, overrides=["decode.precision=fp32"])
+        scratch = Path(tempfile.mkdtemp(prefix="invariance-"))
+        for quantization in (None, "int8"):
+            folder = export_ctranslate2(
+                model, tokenizer, vars(config.decode), scratch / str(quantization), quantization
+            )
+
+            def peer(group: list[str], size: int, folder=folder) -> Translations:
+                translator = CTranslate2Translator(folder, [f"decode.batch_size={size}"])
+                return translator.translate_n_best(group, args.n_best, beam_size=args.beam)
+
+            rows.append((f"CTranslate2 {quantization or 'float32'}", peer))
+    else:
+        print("note: ctranslate2 is not installed; no CTranslate2 rows")
+    for name, run in rows:
+        began = time.perf_counter()
+        alone = run(texts, 1)
+        middle = time.perf_counter()
+        batched = run(texts, args.batch)
+        ended = time.perf_counter()
+        differ, best, lines = differences(alone, batched)
+        seconds = f"{middle - began:.1f} | {ended - middle:.1f}"
+        print(f"| {name} | {differ} of {lines} | {best} of {len(texts)} | {seconds} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""In inference a row's product by a linear map is the same bits however many rows come with it and
+however many threads multiply them (attnkit.cpu.linear, docs/invariance.md): in float32 (plain and
+packed weights, small and large), bf16 and int8."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.cpu.linear import OneDNNLinear, _onednn_linear
+
+pytestmark = pytest.mark.skipif(_onednn_linear is None, reason="this torch has no oneDNN linear")
+
+
+def _layer(d_out: int, d_in: int, precision: str) -> OneDNNLinear:
+    torch.manual_seed(0)
+    layer = OneDNNLinear(d_in, d_out)
+    if precision == "int8":
+        layer.quantize_int8()
+    elif precision != "plain":
+        assert layer.pack_for_inference(torch.bfloat16 if precision == "bf16" else torch.float32)
+    return layer
+
+
+@pytest.mark.parametrize("precision", ["plain", "fp32", "bf16", "int8"])
+@pytest.mark.parametrize("shape", [(256, 256), (1024, 256), (256, 2048)])
+def test_a_rows_product_is_the_same_bits_among_any_number_of_rows(precision, shape):
+    if precision == "fp32" and shape == (256, 256):
+        pytest.skip("too small to pack in float32: the plain row covers it")
+    layer = _layer(*shape, precision)
+    x = torch.randn(300, shape[1], generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            alone = torch.cat([layer(x[i : i + 1]) for i in range(40)])  # (40, d_out): one row at a time
+            for count in (2, 3, 5, 17, 64, 300):
+                for n_threads in (1, 2):
+                    torch.set_num_threads(n_threads)
+                    got = layer(x[:count].view(1, count, -1))[0, :40]  # a batch's rows, (…, d_in) shaped
+                    assert torch.equal(got, alone[:count]), (count, n_threads)
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,107 @@
+"""A sentence's translation is a function of the sentence and the settings alone (docs/invariance.md):
+decoded alone or among random batchmates of other lengths, in any batch size, in every precision, its
+n best translations and their scores are the same to the last bit, and so are the logits of each
+decoding step."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from attnkit import build_transformer
+from attnkit.config import load_run_config
+from attnkit.data.batching import pad
+from attnkit.data.synthetic import copy
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.translate import translate
+from attnkit.loading import ready_for_inference
+from attnkit.models.config import TransformerConfig
+from attnkit.models.seq2seq import Seq2SeqDecoding
+
+PRECISIONS = ["fp32", "bf16", "int8"]
+# wide enough that the linear maps take both of float32's kernels (256 x 256: F.linear; 1024 x 256:
+# oneDNN), short outputs so that a random model's searches end soon
+MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
+SETTINGS = ["decode.max_len_a=0", "decode.max_len_b=8"]
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    """30 sources of 1 to 16 words, in no order."""
+    data = copy(400, seed=3, max_length=16)
+    return data, list(dict.fromkeys(data.src))[:30]
+
+
+def _model(data, precision: str):
+    tokenizer = Tokenizer.train("word", data.src)
+    torch.manual_seed(7)
+    model = build_transformer(TransformerConfig.from_preset("tiny", **MODEL), tokenizer.vocab_size)
+    config = load_run_config(None, [f"decode.precision={precision}", *SETTINGS])
+    model = ready_for_inference(model, config)
+    return model, tokenizer, config
+
+
+def _random_batches(n: int, rng: random.Random) -> list[list[int]]:
+    """The indices ``0 .. n-1`` shuffled, in batches of 2 to ``n`` of them."""
+    order = rng.sample(range(n), n)
+    batches = []
+    while order:
+        size = rng.randint(2, max(2, len(order)))
+        batches.append(order[:size])
+        order = order[size:]
+    return batches
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_sentence_is_translated_alike_alone_and_in_any_batch(sentences, precision, beam):
+    data, texts = sentences
+    model, tokenizer, config = _model(data, precision)
+    assert config.decode.precision == precision
+
+    def translated(group: list[str], batch_size: int, streams: int = 0) -> list:
+        decode = dataclasses.replace(config.decode, batch_size=batch_size, streams=streams)
+        return translate(model, tokenizer, group, decode, n_best=beam, beam_size=beam)
+
+    alone = translated(texts, 1)
+    rng = random.Random(beam)
+    for round_ in range(3):  # three ways of cutting the same sentences into batches
+        found = [None] * len(texts)
+        for batch in _random_batches(len(texts), rng):
+            group = translated([texts[i] for i in batch], len(batch), streams=round_ % 2 * 2)
+            for i, hypotheses in zip(batch, group, strict=True):
+                found[i] = hypotheses
+        differ = [(texts[i], alone[i], found[i]) for i in range(len(texts)) if found[i] != alone[i]]
+        assert not differ, f"{len(differ)} of {len(texts)} differ, e.g. {differ[0]}"
+    assert len({len(text.split()) for text in texts}) >= 12  # mixed lengths: padding in every batch
+    assert len({score for hypotheses in alone for _, score in hypotheses}) > len(texts) // 2  # not one answer
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_each_decoding_steps_logits_are_the_same_bits_whatever_the_batch(sentences, precision):
+    data, texts = sentences
+    model, tokenizer, _ = _model(data, precision)
+    specials = tokenizer.specials
+    sources = [[*tokenizer.encode(text), specials.eos] for text in texts]
+    steps = torch.randint(
+        4, tokenizer.vocab_size, (len(texts), 3), generator=torch.Generator().manual_seed(0)
+    )
+
+    def logits(rows: list[int]) -> list[torch.Tensor]:
+        """The logits of 3 steps of ``rows``' sources, fed the same tokens: ``(len(rows), 3, V)``."""
+        with torch.no_grad():
+            decoding = Seq2SeqDecoding(model, pad([sources[i] for i in rows], specials.pad), use_cache=True)
+            tokens = torch.full((len(rows), 1), specials.bos)
+            out = []
+            for step in range(3):
+                out.append(decoding.next_logits(tokens))  # (len(rows), V)
+                tokens = torch.cat([tokens, steps[rows, step : step + 1]], dim=1)
+        return torch.stack(out, dim=1)
+
+    alone = torch.cat([logits([i]) for i in range(len(texts))])  # (N, 3, V)
+    for batch in _random_batches(len(texts), random.Random(1)):
+        batched = logits(batch)
+        assert torch.equal(batched, alone[batch]), f"batch of {len(batch)}: logits differ"
