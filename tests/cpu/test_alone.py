@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from attnkit.cpu.alone import attend_as_alone
+from attnkit.cpu.alone import MEMORY, PADDED, PAST, attend_as_alone
 
 h, d_k = 4, 16
 
@@ -45,7 +45,7 @@ def test_each_row_is_the_same_bits_alone_and_among_other_lengths(t_q, order):
     if order == "shuffled":
         lengths = [16, 3, 30, 9, 3, 64, 7, 17, 8, 15]
     rows = [_row(t_q, n, seed) for seed, n in enumerate(lengths)]
-    alone = [attend_as_alone(q, k, v, torch.ones(1, 1, 1, k.size(-2), dtype=torch.bool), None, False)
+    alone = [attend_as_alone(q, k, v, torch.ones(1, 1, 1, k.size(-2), dtype=torch.bool), None, MEMORY)
              for q, k, v in rows]  # fmt: skip
     threads = torch.get_num_threads()
     try:
@@ -53,7 +53,7 @@ def test_each_row_is_the_same_bits_alone_and_among_other_lengths(t_q, order):
             torch.set_num_threads(n_threads)
             for take in (slice(0, 2), slice(0, 10), slice(4, 10)):
                 Q, K, V, mask = _batch(rows[take], t_q)
-                out = attend_as_alone(Q, K, V, mask, None, False)
+                out = attend_as_alone(Q, K, V, mask, None, MEMORY)
                 for r, expected in enumerate(alone[take]):
                     assert torch.equal(out[r : r + 1], expected), (n_threads, take, r)
     finally:
@@ -66,9 +66,9 @@ def test_self_attention_over_padded_positions_keeps_each_rows_queries():
     longest = 16
     Q, K, V, mask = _batch(rows, longest)
     K, V, mask = K[..., :longest, :], V[..., :longest, :], mask[..., :longest]
-    out = attend_as_alone(Q, K, V, mask, None, True)
+    out = attend_as_alone(Q, K, V, mask, None, PADDED)
     for r, (q, k, v) in enumerate(rows):
-        alone = attend_as_alone(q, k, v, torch.ones(1, 1, 1, k.size(-2), dtype=torch.bool), None, True)
+        alone = attend_as_alone(q, k, v, torch.ones(1, 1, 1, k.size(-2), dtype=torch.bool), None, PADDED)
         assert torch.equal(out[r : r + 1, :, : q.size(-2)], alone)
 
 
@@ -76,16 +76,38 @@ def test_it_is_equation_1():
     q, k, v = _row(3, 11, 0)
     mask = torch.ones(1, 1, 1, 11, dtype=torch.bool)
     mask[..., 9:] = False
-    got = attend_as_alone(q, k, v, mask, None, False)
+    got = attend_as_alone(q, k, v, mask, None, MEMORY)
     scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d_k)
     expected = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v.double()
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
-    assert attend_as_alone(q, k, v, mask, 1.0, False).ne(got).any()  # the "dot" score's scale
+    assert attend_as_alone(q, k, v, mask, 1.0, MEMORY).ne(got).any()  # the "dot" score's scale
 
 
 def test_masks_it_cannot_keep_fixed_are_left_to_the_caller():
     q, k, v = _row(1, 6, 0)
     left_padded = torch.tensor([[[[False, False, True, True, True, True]]]])
     per_query = torch.ones(1, 1, 3, 6, dtype=torch.bool)
-    assert attend_as_alone(q, k, v, left_padded, None, False) is None
-    assert attend_as_alone(q.expand(1, h, 3, d_k), k, v, per_query, None, False) is None
+    assert attend_as_alone(q, k, v, left_padded, None, MEMORY) is None
+    assert attend_as_alone(q.expand(1, h, 3, d_k), k, v, per_query, None, MEMORY) is None
+
+
+def test_a_decoders_past_padded_on_the_left_is_each_rows_own_keys():
+    """Continuous batching's rows started at other steps: their past is padded on the left, and each
+    row attends as it does alone, where its past has no padding and no mask."""
+    lengths = [12, 12, 9, 5, 5, 1]  # joined at later and later steps
+    rows = [_row(1, n, seed) for seed, n in enumerate(lengths)]
+    longest = max(lengths)
+    Q = torch.cat([q for q, _, _ in rows])
+    K, V = (
+        torch.cat([torch.nn.functional.pad(x[i], (0, 0, longest - x[i].size(-2), 0)) for x in rows])
+        for i in (1, 2)
+    )
+    mask = torch.zeros(len(rows), 1, 1, longest, dtype=torch.bool)
+    for r, n in enumerate(lengths):
+        mask[r, ..., longest - n :] = True
+    out = attend_as_alone(Q, K, V, mask, None, PAST)
+    for r, (q, k, v) in enumerate(rows):
+        assert torch.equal(out[r : r + 1], attend_as_alone(q, k, v, None, None, PAST)), r
+    shuffled = [3, 0, 5, 2, 1, 4]
+    out = attend_as_alone(Q[shuffled], K[shuffled], V[shuffled], mask[shuffled], None, PAST)
+    assert torch.equal(out, attend_as_alone(Q, K, V, mask, None, PAST)[shuffled])

@@ -16,6 +16,7 @@ from attnkit.config import load_run_config
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.translate import translate
 from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
@@ -105,3 +106,25 @@ def test_each_decoding_steps_logits_are_the_same_bits_whatever_the_batch(sentenc
     for batch in _random_batches(len(texts), random.Random(1)):
         batched = logits(batch)
         assert torch.equal(batched, alone[batch]), f"batch of {len(batch)}: logits differ"
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_source_joining_a_running_batch_at_any_step_gets_the_same_bits_as_alone(sentences, precision):
+    """Continuous batching (the server's): sources join at several steps, with other beams beside them;
+    each gets exactly the n best, scores to the last bit, that ``translate`` gives it alone."""
+    data, texts = sentences
+    model, tokenizer, config = _model(data, precision)
+    decode = dataclasses.replace(config.decode, batch_size=1, streams=1)
+    settings = [(4, 2), (1, 1), (4, 4)]
+    arrivals: dict[int, list] = {}
+    for n, text in enumerate(texts[:18]):  # three at the first step, then one or two every step or two
+        arrivals.setdefault(0 if n < 3 else n // 2 + n % 3, []).append((n, text, settings[n % len(settings)]))
+    running = RunningTranslations(model, tokenizer, decode)
+    done, step = {}, 0
+    while step <= max(arrivals) or running.sources:
+        done.update(running.iterate(arrivals.get(step, [])))
+        step += 1
+    for n, text in enumerate(texts[:18]):
+        beam, n_best = settings[n % len(settings)]
+        alone = translate(model, tokenizer, [text], decode, n_best=n_best, beam_size=beam)[0]
+        assert done[n] == alone, (n, text)

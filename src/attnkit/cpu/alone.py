@@ -10,18 +10,22 @@ in two ways (``tests/cpu/test_alone.py`` finds both):
 - for a single query per row, it splits the keys between threads when the batch has few rows, and adds
   the parts in another order than one thread does.
 
-So for inference, :func:`attend_as_alone` gives every row keys of a length fixed by its own: its real
-keys padded to the next multiple of :data:`KEY_BUCKET`, and calls the fused kernel once for each group
-of rows of the same such length. In self-attention over a padded batch (an encoder's), the queries are
-cut to that length too, the rest of the output being padding. A single query is sent twice (two queries
-take the kernel's path that splits nothing between threads) and the second answer dropped. A sentence
-alone gets the same shapes, so the same sums. The batches ``translate`` makes are sorted by length, so
-they hold one or two groups of consecutive rows: slices of the batch, not copies.
+So for inference, :func:`attend_as_alone` gives every row keys of a length fixed by its own, and calls
+the fused kernel once for each group of rows of the same such length, on their keys alone:
 
-The layouts it handles are the ones whose real keys come first in each row: sources padded on the right,
-and keys with no mask at all (every row sees every key: a beam search's own past, in which every row
-is at the same step). Other masks (padding on the left, a mask per query) return None, and the caller
-takes the fused kernel as it is.
+- keys padded on the right (:data:`PADDED`, :data:`MEMORY`: a batch of sources, an encoder's memory):
+  the row's real keys padded to the next multiple of :data:`KEY_BUCKET`, the padding masked; in
+  self-attention over the padded positions (:data:`PADDED`, an encoder's), the queries are cut to that
+  length too, the rest of the output being padding;
+- a decoder's own past (:data:`PAST`, self-attention with a cache), whose rows may have started at
+  other steps and are padded on the left (continuous batching, prompts of several lengths): exactly the
+  row's own keys, the last ones, with no mask, as a row that is alone has them.
+
+A single query is sent twice (two queries take the kernel's path that splits nothing between threads)
+and the second answer dropped. A sentence alone gets the same shapes, so the same sums. The batches
+``translate`` makes are sorted by length and a running batch's rows by the step they joined at, so
+that groups are runs of consecutive rows: slices of the batch, not copies. Other masks (a mask per
+query, keys not in one run) return None, and the caller takes the fused kernel as it is.
 """
 
 from __future__ import annotations
@@ -32,34 +36,38 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-KEY_BUCKET = 8  # each row's keys are padded to a multiple of this many
+KEY_BUCKET = 8  # keys padded on the right are padded to a multiple of this many
+# what the keys are (see the module docstring)
+PADDED, MEMORY, PAST = "padded", "memory", "past"
 
 
-def key_lengths(mask: Tensor | None, batch: int, t_k: int) -> Tensor | None:
+def key_lengths(mask: Tensor | None, batch: int, t_k: int, first: bool) -> Tensor | None:
     """Each row's number of real keys ``(B,)`` where ``mask`` (boolean, ``(B or 1, 1, 1, T_k)``, True =
-    may attend) marks a prefix of the keys in every row; all ``t_k`` without a mask; None otherwise."""
+    may attend) marks a run of them in every row: the first ones (``first``) or the last; all ``t_k``
+    without a mask; None otherwise."""
     if mask is None:
         return torch.full((batch,), t_k, dtype=torch.long)
     if mask.dim() != 4 or mask.shape[1:3] != (1, 1):
         return None
     valid = mask[:, 0, 0, :].expand(batch, t_k)  # (B, T_k)
     lengths = valid.sum(-1)  # (B,)
-    prefix = torch.arange(t_k, device=mask.device)[None, :] < lengths[:, None]  # (B, T_k)
-    return lengths if bool(torch.equal(valid, prefix)) else None
+    positions = torch.arange(t_k, device=mask.device)[None, :]  # (1, T_k)
+    run = positions < lengths[:, None] if first else positions >= t_k - lengths[:, None]  # (B, T_k)
+    return lengths if bool(torch.equal(valid, run)) else None
 
 
-def _groups(buckets: Tensor) -> Iterator[tuple[int, Tensor | slice]]:
-    """``(bucket, rows)`` for each bucket length in ``buckets (B,)``: the rows as a slice where they are
-    consecutive, else as an index."""
-    if bool((buckets[1:] >= buckets[:-1]).all()):  # sorted: runs of consecutive rows
-        values, counts = torch.unique_consecutive(buckets, return_counts=True)
+def _groups(lengths: Tensor) -> Iterator[tuple[int, Tensor | slice]]:
+    """``(length, rows)`` for each length in ``lengths (B,)``: the rows as a slice where each length's
+    rows are consecutive, else as an index."""
+    values, counts = torch.unique_consecutive(lengths, return_counts=True)
+    if len(values) == len(set(values.tolist())):  # each length in one run of rows
         start = 0
         for value, count in zip(values.tolist(), counts.tolist(), strict=True):
             yield value, slice(start, start + count)
             start += count
         return
-    for value in torch.unique(buckets).tolist():
-        yield value, (buckets == value).nonzero().squeeze(1)
+    for value in torch.unique(lengths).tolist():
+        yield value, (lengths == value).nonzero().squeeze(1)
 
 
 def _padded_to(x: Tensor, length: int) -> Tensor:
@@ -70,30 +78,39 @@ def _padded_to(x: Tensor, length: int) -> Tensor:
 
 
 def attend_as_alone(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, queries_are_keys: bool
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, keys: str
 ) -> Tensor | None:
     """``softmax(scale · q kᵀ) v`` (eq. 1), each row's output what it would be alone (see the module
     docstring); None where ``mask`` is not a layout this handles. ``q (B, h, T_q, d_k)``, ``k`` and
     ``v (B, h, T_k, d_k)``; ``mask`` boolean ``(B or 1, 1, 1, T_k)`` or None; ``scale`` None for
-    ``1/√d_k``; ``queries_are_keys``: self-attention over padded positions, whose queries past a row's
-    real length are padding (their output: zeros or whatever a lone row's padding gets)."""
+    ``1/√d_k``; ``keys``: :data:`PADDED` (self-attention over padded positions, whose queries past a
+    row's length are padding: their output zeros or whatever a lone row's padding gets), :data:`MEMORY`
+    or :data:`PAST`."""
     B, _, T_q, _ = q.shape
     T_k = k.size(-2)
-    lengths = key_lengths(mask, B, T_k)
+    lengths = key_lengths(mask, B, T_k, first=keys != PAST)
     if lengths is None:
         return None
-    # without a mask every row's length is the step's, the same alone: no padding to add
-    buckets = lengths if mask is None else (lengths.clamp(min=1) + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET
-    out = q.new_zeros(q.shape) if queries_are_keys else q.new_empty(q.shape)  # (B, h, T_q, d_v)
-    for bucket, rows in _groups(buckets):
-        q_rows, k_rows, v_rows = q[rows], _padded_to(k[rows], bucket), _padded_to(v[rows], bucket)
-        if queries_are_keys:
-            q_rows = _padded_to(q_rows, bucket)
+    if keys != PAST:  # the real keys first, padded to a multiple of KEY_BUCKET
+        lengths, real = (lengths.clamp(min=1) + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET, lengths
+    out = q.new_zeros(q.shape) if keys == PADDED else q.new_empty(q.shape)  # (B, h, T_q, d_v)
+    for length, rows in _groups(lengths):
+        if keys == PAST:  # the row's own keys, the last ones, all real
+            q_rows, k_rows, v_rows, row_mask = (
+                q[rows],
+                k[rows][..., T_k - length :, :],
+                v[rows][..., T_k - length :, :],
+                None,
+            )
+        else:
+            q_rows, k_rows, v_rows = q[rows], _padded_to(k[rows], length), _padded_to(v[rows], length)
+            row_mask = (torch.arange(length) < real[rows, None])[:, None, None, :]  # (n, 1, 1, length)
+            if keys == PADDED:
+                q_rows = _padded_to(q_rows, length)
         single = q_rows.size(-2) == 1
         if single:  # (n, h, 1, d_k) -> (n, h, 2, d_k): the path that splits no keys between threads
             q_rows = q_rows.expand(-1, -1, 2, -1)
-        row_mask = None if mask is None else (torch.arange(bucket) < lengths[rows, None])[:, None, None, :]
         got = F.scaled_dot_product_attention(q_rows, k_rows, v_rows, attn_mask=row_mask, scale=scale)
-        got = got[..., :1, :] if single else got[..., : min(T_q, bucket), :]  # (n, h, ≤T_q, d_v)
+        got = got[..., :1, :] if single else got[..., : min(T_q, length), :]  # (n, h, ≤T_q, d_v)
         out[rows, :, : got.size(-2)] = got
     return out

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from attnkit.attention.functional import fused
 from attnkit.attention.multihead import KVCache, MultiHeadAttention
-from attnkit.cpu.alone import attend_as_alone
+from attnkit.cpu.alone import MEMORY, PADDED, PAST, attend_as_alone
 from attnkit.cpu.dropout import dropout
 from attnkit.cpu.linear import linear
 from attnkit.cpu.packing import active_packing
@@ -62,14 +62,14 @@ class CPUMultiHeadAttention(MultiHeadAttention):
         need_weights: bool = False,
         causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """As ``MultiHeadAttention.forward``; what :meth:`_attend` needs to know of the call (whether the
-        queries are the keys' own positions) is held for it in a ``ContextVar``, as decoding streams
-        may run the same module in several threads at once."""
-        token = _QUERIES_ARE_KEYS.set(memory is None and cache is None)
+        """As ``MultiHeadAttention.forward``; what :meth:`_attend` needs to know of the call (what the keys
+        are: attnkit.cpu.alone) is held for it in a ``ContextVar``, as decoding streams may run the same
+        module in several threads at once."""
+        token = _KEYS.set(MEMORY if memory is not None else PADDED if cache is None else PAST)
         try:
             return super().forward(query, memory, mask, cache=cache, need_weights=need_weights, causal=causal)
         finally:
-            _QUERIES_ARE_KEYS.reset(token)
+            _KEYS.reset(token)
 
     def _project(self, query: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, ...]:
         packing = active_packing()
@@ -97,7 +97,7 @@ class CPUMultiHeadAttention(MultiHeadAttention):
             return attend_few_queries(q, k, v, mask, scale), None
         if _inferring(q) and not causal and fused(q, **settings, need_weights=need_weights):
             scale = None if self.score == "scaled_dot" else 1.0
-            out = attend_as_alone(q, k, v, mask, scale, _QUERIES_ARE_KEYS.get())
+            out = attend_as_alone(q, k, v, mask, scale, _KEYS.get())
             if out is not None:
                 return out, None
         if not (_trained_in_bf16(q) and fused(q, **settings, need_weights=need_weights)):
@@ -115,9 +115,9 @@ class CPUMultiHeadAttention(MultiHeadAttention):
 
 
 _IN_DECODING_STEP: ContextVar[bool] = ContextVar("in_decoding_step", default=False)
-# whether the attention running in this thread or task is self-attention over padded positions, without
-# a cache: its queries past a row's length are padding (attnkit.cpu.alone)
-_QUERIES_ARE_KEYS: ContextVar[bool] = ContextVar("queries_are_keys", default=False)
+# what the keys of the attention running in this thread or task are (attnkit.cpu.alone): the padded
+# positions of its queries, a memory, or a decoder's past
+_KEYS: ContextVar[str] = ContextVar("attention_keys", default=MEMORY)
 
 
 def _inferring(q: Tensor) -> bool:
