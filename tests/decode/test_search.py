@@ -262,6 +262,35 @@ def test_blockwise_top_k_equals_torch_topk(V, k):
     assert torch.equal(index[finite], want_index[finite])  # no ties among finite random entries
 
 
+@pytest.mark.parametrize("V", [8000, 8001, 300])
+@pytest.mark.parametrize("K", [1, 3])
+def test_equal_continuations_rank_by_beam_then_token_as_argmax_takes_the_first(K, V):
+    """Ties (common in bf16's coarse products) are broken by a fixed rule, the first beam and token of
+    equals first, as greedy search's argmax does: a beam of one then chooses what greedy search
+    chooses, and a row's choice does not depend on its batch (docs/invariance.md). Integer-valued
+    log-probabilities are full of ties, across blocks, beams and the last partial block."""
+    torch.manual_seed(K + V)
+    n = 3
+    logits = torch.randint(0, 4, (n * K, V)).float()
+    logits[:, -1] = 3.0  # the last token ties with the best everywhere
+    scores = torch.zeros(n, K)
+    running = torch.zeros(n * K, dtype=torch.bool)  # no row at its bound
+    _, beams, tokens = best_continuations(
+        RandomLogits(logits), torch.zeros(n * K, 1), running, IDS, scores, 2 * K
+    )
+    log_probs = logits.log_softmax(-1)
+    log_probs[:, [IDS.pad, IDS.bos]] = float("-inf")
+    every = log_probs.view(n, K * V)  # by beam·V + token
+    for row in range(n):
+        order = sorted(range(K * V), key=lambda i: (-every[row, i].item(), i))[: 2 * K]  # value, then index
+        assert (beams[row] * V + tokens[row]).tolist() == order
+    if K == 1:
+        assert torch.equal(tokens[:, 0], argmax(log_probs))
+    _, index = top_k(logits, 2 * K)
+    for row in range(n * K):
+        assert index[row].tolist() == sorted(range(V), key=lambda i: (-logits[row, i].item(), i))[: 2 * K]
+
+
 @pytest.mark.parametrize("V", [8000, 8001, 9999, 300, 100])
 def test_blockwise_argmax_equals_torch_argmax_ties_included(V):
     """The first largest entry of each row, as Tensor.argmax: ties inside a block, across blocks and

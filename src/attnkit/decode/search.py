@@ -168,21 +168,35 @@ def _only_allowed(scores: Tensor, at_limit: Tensor, specials: SpecialIds) -> Ten
     return scores
 
 
+def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest entries of each row of ``x (N, C)``, largest first, and where they are (their
+    ``index``, default their column): of equal entries, the one of lowest index first, as ``argmax``
+    takes the first of equals. ``torch.topk`` orders equals as it meets them, which need not be the
+    same for a row alone and in a batch, nor for greedy search and a beam of one: a fixed rule keeps a
+    sentence's answer its own (docs/invariance.md)."""
+    if index is not None:
+        by_index = index.argsort(dim=-1)  # (N, C)
+        x, index = x.gather(1, by_index), index.gather(1, by_index)
+    values, at = x.sort(dim=-1, descending=True, stable=True)  # stable: equals keep their order
+    values, at = values[:, :k], at[:, :k]
+    return values, (at if index is None else index.gather(1, at))
+
+
 def top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """``x.topk(k, dim=-1)`` of a wide ``x (N, V)``, faster on a CPU: a row's k largest entries lie in
-    the k blocks (of ``block`` consecutive entries) with the largest maxima, since a block outside
-    them has k blocks above it, each holding a larger entry. So: block maxima (one fast read), their
-    top k, and the top k of those k blocks' entries. ``torch.topk`` partially sorts every row: 3-4x
-    slower for 160 rows of 8,000. Equal entries may come in another order."""
+    """:func:`first_k` of a wide ``x (N, V)``, faster: a row's k largest entries lie in the k blocks
+    (of ``block`` consecutive entries) with the largest maxima, since a block outside them has k
+    blocks above it, each holding a larger entry (of equal maxima, the first blocks). So: block maxima
+    (one fast read), their top k, and the top k of those k blocks' entries, taken in column order.
+    Ranking every row whole is 3-4x slower for 160 rows of 8,000."""
     V = x.size(-1)
     blocks = V // block
     if k * block * 4 > V:
-        return x.topk(k, dim=-1)
+        return first_k(x, k)
     tiled = x[:, : blocks * block].unflatten(-1, (blocks, block))  # (N, blocks, block), a view
-    best_blocks = tiled.amax(-1).topk(k, dim=-1).indices  # (N, k)
+    best_blocks = first_k(tiled.amax(-1), k)[1].sort(dim=-1).values  # (N, k), in column order
     inside = tiled.gather(1, best_blocks[..., None].expand(-1, -1, block)).flatten(1)  # (N, k·block)
     candidates = torch.cat([inside, x[:, blocks * block :]], dim=1)  # and the last, partial block
-    values, at = candidates.topk(k, dim=-1)  # (N, k) each
+    values, at = first_k(candidates, k)  # (N, k) each
     in_block = best_blocks.gather(1, (at // block).clamp(max=k - 1)) * block + at % block
     return values, torch.where(at < k * block, in_block, blocks * block + at - k * block)
 
@@ -207,8 +221,10 @@ def best_continuations(
     top_log_probs, top_tokens = top_k(log_probs, min(width, V))  # (n·K, w) each
     w = top_log_probs.size(-1)
     candidates = (top_log_probs + scores.view(-1, 1)).view(n, K * w)
-    best, pick = candidates.topk(min(width, K * w), dim=-1)  # (n, width): which of each source's K·w
-    return best, pick // w, top_tokens.view(n, K * w).gather(-1, pick)
+    beams = torch.arange(K, device=scores.device).repeat_interleave(w)  # (K·w,): each candidate's beam
+    flat = beams * V + top_tokens.reshape(n, K * w)  # (n, K·w): beam·V + token, the order ties go by
+    best, chosen = first_k(candidates, min(width, K * w), flat)  # (n, width) each
+    return best, chosen // V, chosen % V
 
 
 BLOCK = 64  # consecutive tokens whose maximum stands for them in the first round of a blockwise top-k
@@ -227,24 +243,23 @@ def _best_by_blocks(log_probs: Tensor, scores: Tensor, width: int) -> tuple[Tens
     blocks = V // BLOCK
     whole = log_probs[:, : blocks * BLOCK].unflatten(-1, (blocks, BLOCK))  # (n·K, blocks, BLOCK), a view
     maxima = whole.amax(-1) + scores.view(-1, 1)  # (n·K, blocks): each block's best continuation
-    best_blocks = maxima.view(n, K * blocks).topk(width, dim=-1).indices  # (n, width): beam·blocks + block
+    best_blocks = (
+        first_k(maxima.view(n, K * blocks), width)[1].sort(dim=-1).values
+    )  # (n, width): beam·blocks + block
     rows = torch.arange(n, device=scores.device)[:, None] * K + best_blocks // blocks  # (n, width)
     inside = whole[rows, best_blocks % blocks] + scores.view(-1)[rows][..., None]  # (n, width, BLOCK)
-    candidates = inside.flatten(1)  # (n, width·BLOCK)
+    offsets = torch.arange(BLOCK, device=scores.device)
+    flat = (best_blocks // blocks * V + best_blocks % blocks * BLOCK)[..., None] + offsets  # beam·V + token
+    candidates, flat = inside.flatten(1), flat.flatten(1)  # (n, width·BLOCK) each
     tail = V - blocks * BLOCK
     if tail:  # the last tokens, of every beam: (n, K·tail)
         after = (log_probs[:, blocks * BLOCK :] + scores.view(-1, 1)).view(n, K * tail)
+        beams = torch.arange(K, device=scores.device).repeat_interleave(tail)  # (K·tail,)
+        tokens = blocks * BLOCK + torch.arange(tail, device=scores.device).repeat(K)  # (K·tail,)
         candidates = torch.cat([candidates, after], dim=1)
-    best, pick = candidates.topk(width, dim=-1)  # (n, width)
-    in_blocks = pick < width * BLOCK
-    chosen = best_blocks.gather(1, (pick // BLOCK).clamp(max=width - 1))  # (n, width): beam·blocks + block
-    beam = torch.where(in_blocks, chosen // blocks, (pick - width * BLOCK).clamp(min=0) // max(tail, 1))
-    token = torch.where(
-        in_blocks,
-        chosen % blocks * BLOCK + pick % BLOCK,
-        blocks * BLOCK + (pick - width * BLOCK).clamp(min=0) % max(tail, 1),
-    )
-    return best, beam, token
+        flat = torch.cat([flat, (beams * V + tokens).expand(n, -1)], dim=1)
+    best, chosen = first_k(candidates, width, flat)  # (n, width) each, ties to the first beam and token
+    return best, chosen // V, chosen % V
 
 
 def extend(
