@@ -19,6 +19,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.translate import translate
 from attnkit.loading import ready_for_inference
+from attnkit.models import build_model, from_preset
 from attnkit.models.config import TransformerConfig
 from attnkit.models.seq2seq import Seq2SeqDecoding
 
@@ -128,3 +129,48 @@ def test_a_source_joining_a_running_batch_at_any_step_gets_the_same_bits_as_alon
         beam, n_best = settings[n % len(settings)]
         alone = translate(model, tokenizer, [text], decode, n_best=n_best, beam_size=beam)[0]
         assert done[n] == alone, (n, text)
+
+
+def _decoder(precision: str):
+    tokenizer = Tokenizer.train(
+        "char", ["to be or not to be, that is the question", "all the world's a stage"]
+    )
+    torch.manual_seed(3)
+    preset = from_preset("tiny-decoder", max_len=64, d_model=128, d_ff=512, h=4)
+    model = build_model(preset, tokenizer.vocab_size).eval()
+    return ready_for_inference(model, load_run_config(None, [f"decode.precision={precision}"])), tokenizer
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_prompts_logits_are_the_same_bits_alone_and_padded_on_the_left_among_others(precision):
+    """A decoder-only model's prompts of several lengths, padded on the left as ``generate`` pads them:
+    the logits of the prompt's last position and of the steps after it are a prompt's alone."""
+    model, tokenizer = _decoder(precision)
+    prompts = [
+        tokenizer.encode(text) for text in ["to be", "all the world", "t", "that is the question", "or"]
+    ]
+    follow = torch.randint(
+        4, tokenizer.vocab_size, (len(prompts), 2), generator=torch.Generator().manual_seed(0)
+    )
+
+    def logits(rows: list[int]) -> torch.Tensor:
+        """``(len(rows), 3, V)``: after the prompt, then after each of two more tokens."""
+        longest = max(len(prompts[i]) for i in rows)
+        ids = torch.tensor([[0] * (longest - len(prompts[i])) + prompts[i] for i in rows])  # (B, T)
+        valid = torch.tensor([[False] * (longest - len(prompts[i])) + [True] * len(prompts[i]) for i in rows])
+        padded = not bool(valid.all())
+        caches, out = model.new_caches(), []
+        with torch.no_grad():
+            positions = (valid.cumsum(1) - 1).clamp(min=0)  # each prompt's own positions
+            out.append(model(ids, valid if padded else None, positions, caches)[:, -1])
+            for step in range(2):
+                valid = torch.cat([valid, torch.ones(len(rows), 1, dtype=torch.bool)], dim=1)
+                positions = positions[:, -1:] + 1
+                new = follow[rows, step : step + 1]
+                out.append(model(new, valid if padded else None, positions, caches)[:, -1])
+        return torch.stack(out, dim=1)
+
+    alone = torch.cat([logits([i]) for i in range(len(prompts))])
+    for batch in ([0, 1], [3, 2, 4], [4, 3, 2, 1, 0], [1, 1, 2]):
+        got = logits(batch)
+        assert torch.equal(got, alone[batch]), (batch, (got != alone[batch]).any(-1))

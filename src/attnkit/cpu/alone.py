@@ -19,7 +19,9 @@ the fused kernel once for each group of rows of the same such length, on their k
   length too, the rest of the output being padding;
 - a decoder's own past (:data:`PAST`, self-attention with a cache), whose rows may have started at
   other steps and are padded on the left (continuous batching, prompts of several lengths): exactly the
-  row's own keys, the last ones, with no mask, as a row that is alone has them.
+  row's own keys, the last ones, with no mask, as a row that is alone has them; a batch of prompts
+  padded on the left (:func:`attend_prompts_as_alone`), each prompt's own positions, causally, as the
+  prompt alone is attended.
 
 A single query is sent twice (two queries take the kernel's path that splits nothing between threads)
 and the second answer dropped. A sentence alone gets the same shapes, so the same sums. The batches
@@ -109,8 +111,36 @@ def attend_as_alone(
                 q_rows = _padded_to(q_rows, length)
         single = q_rows.size(-2) == 1
         if single:  # (n, h, 1, d_k) -> (n, h, 2, d_k): the path that splits no keys between threads
-            q_rows = q_rows.expand(-1, -1, 2, -1)
+            q_rows = q_rows.repeat(1, 1, 2, 1)  # a copy: the kernel takes other paths for a stride of 0
         got = F.scaled_dot_product_attention(q_rows, k_rows, v_rows, attn_mask=row_mask, scale=scale)
         got = got[..., :1, :] if single else got[..., : min(T_q, length), :]  # (n, h, ≤T_q, d_v)
         out[rows, :, : got.size(-2)] = got
+    return out
+
+
+def attend_prompts_as_alone(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float | None
+) -> Tensor | None:
+    """Causal self-attention over a batch of prompts padded on the left (a decoder-only model's first
+    step), each prompt's output what it is alone, where the fused kernel's own causal masking serves
+    (see the module docstring); None where ``mask`` is not that layout. ``q``, ``k``, ``v``
+    ``(B, h, T, d_k)``; ``mask (B, 1, T, T)``: each query sees the real keys up to its own position.
+    The queries of the padding get zeros."""
+    B, _, T, _ = q.shape
+    if mask.dim() != 4 or mask.size(1) != 1 or mask.shape[-2:] != (T, T) or k.size(-2) != T:
+        return None
+    lengths = key_lengths(mask[:, :, -1:, :], B, T, first=False)  # the last query sees all its prompt
+    if lengths is None:
+        return None
+    positions = torch.arange(T, device=mask.device)
+    real = positions[None, :] >= T - lengths[:, None]  # (B, T)
+    expected = (positions[:, None] >= positions[None, :])[None] & real[:, None, :] & real[:, :, None]
+    if not torch.equal(mask[:, 0] & real[:, :, None], expected):
+        return None
+    out = q.new_zeros(q.shape)  # (B, h, T, d_v)
+    for length, rows in _groups(lengths):
+        own = slice(T - length, T)
+        out[rows, :, own] = F.scaled_dot_product_attention(
+            q[rows][..., own, :], k[rows][..., own, :], v[rows][..., own, :], is_causal=True, scale=scale
+        )
     return out

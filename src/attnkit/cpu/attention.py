@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from attnkit.attention.functional import fused
 from attnkit.attention.multihead import KVCache, MultiHeadAttention
-from attnkit.cpu.alone import MEMORY, PADDED, PAST, attend_as_alone
+from attnkit.cpu.alone import MEMORY, PADDED, PAST, attend_as_alone, attend_prompts_as_alone
 from attnkit.cpu.dropout import dropout
 from attnkit.cpu.linear import linear
 from attnkit.cpu.packing import active_packing
@@ -95,9 +95,13 @@ class CPUMultiHeadAttention(MultiHeadAttention):
         if _IN_DECODING_STEP.get() and not causal and fused(q, **settings, need_weights=need_weights):
             scale = 1.0 / math.sqrt(q.size(-1)) if self.score == "scaled_dot" else 1.0
             return attend_few_queries(q, k, v, mask, scale), None
+        if causal and q.size(-2) == 1 and mask is None:  # the last position sees every key: no mask
+            causal = False
         if _inferring(q) and not causal and fused(q, **settings, need_weights=need_weights):
             scale = None if self.score == "scaled_dot" else 1.0
             out = attend_as_alone(q, k, v, mask, scale, _KEYS.get())
+            if out is None and mask is not None and _KEYS.get() == PAST:  # prompts padded on the left?
+                out = attend_prompts_as_alone(q, k, v, mask, scale)
             if out is not None:
                 return out, None
         if not (_trained_in_bf16(q) and fused(q, **settings, need_weights=need_weights)):
