@@ -23,15 +23,16 @@ the fused kernel once for each group of rows of the same such length, on their k
   padded on the left (:func:`attend_prompts_as_alone`), each prompt's own positions, causally, as the
   prompt alone is attended.
 
-A single query is sent twice (two queries take the kernel's path that splits nothing between threads)
-and the second answer dropped. A sentence alone gets the same shapes, so the same sums. The batches
-``translate`` makes are sorted by length and a running batch's rows by the step they joined at, so
-that groups are runs of consecutive rows: slices of the batch, not copies. Other masks (a mask per
-query, keys not in one run) return None, and the caller takes the fused kernel as it is.
+A single query per row (a decoding step's) is attended by matrix-vector products instead, which sum in
+one order whatever the batch and the threads. A sentence alone gets the same shapes, so the same sums.
+The batches ``translate`` makes are sorted by length and a running batch's rows by the step they joined
+at, so that groups are runs of consecutive rows: slices of the batch, not copies. Other masks (a mask
+per query, keys not in one run) return None, and the caller takes the fused kernel as it is.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -79,6 +80,18 @@ def _padded_to(x: Tensor, length: int) -> Tensor:
     return F.pad(x, (0, 0, 0, length - x.size(-2)))
 
 
+def _one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
+    """Eq. 1 for a single query per row, ``q (n, h, 1, d_k)``, by batched matrix products: a
+    matrix-vector product for each row and head, which sums in the same order whatever the batch and
+    the threads (the fused kernel would split the keys between threads for few rows), and is faster
+    than the fused kernel's path that splits nothing."""
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)).mul_(scale)  # (n, h, 1, T_k)
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, float("-inf"))
+    return scores.softmax(-1) @ v  # (n, h, 1, d_v)
+
+
 def attend_as_alone(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, keys: str
 ) -> Tensor | None:
@@ -95,8 +108,9 @@ def attend_as_alone(
         return None
     if keys != PAST:  # the real keys first, padded to a multiple of KEY_BUCKET
         lengths, real = (lengths.clamp(min=1) + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET, lengths
-    out = q.new_zeros(q.shape) if keys == PADDED else q.new_empty(q.shape)  # (B, h, T_q, d_v)
-    for length, rows in _groups(lengths):
+    groups = list(_groups(lengths))
+    out = None  # (B, h, T_q, d_v), made where more than one call fills it
+    for length, rows in groups:
         if keys == PAST:  # the row's own keys, the last ones, all real
             q_rows, k_rows, v_rows, row_mask = (
                 q[rows],
@@ -109,11 +123,15 @@ def attend_as_alone(
             row_mask = (torch.arange(length) < real[rows, None])[:, None, None, :]  # (n, 1, 1, length)
             if keys == PADDED:
                 q_rows = _padded_to(q_rows, length)
-        single = q_rows.size(-2) == 1
-        if single:  # (n, h, 1, d_k) -> (n, h, 2, d_k): the path that splits no keys between threads
-            q_rows = q_rows.repeat(1, 1, 2, 1)  # a copy: the kernel takes other paths for a stride of 0
-        got = F.scaled_dot_product_attention(q_rows, k_rows, v_rows, attn_mask=row_mask, scale=scale)
-        got = got[..., :1, :] if single else got[..., : min(T_q, length), :]  # (n, h, ≤T_q, d_v)
+        if q_rows.size(-2) == 1:
+            got = _one_query(q_rows, k_rows, v_rows, row_mask, scale)  # (n, h, 1, d_v)
+        else:
+            got = F.scaled_dot_product_attention(q_rows, k_rows, v_rows, attn_mask=row_mask, scale=scale)
+            got = got[..., : min(T_q, length), :]  # (n, h, ≤T_q, d_v)
+        if len(groups) == 1 and got.size(-2) == T_q:  # every row in one call: nothing to assemble
+            return got
+        if out is None:
+            out = q.new_zeros(q.shape) if keys == PADDED else q.new_empty(q.shape)
         out[rows, :, : got.size(-2)] = got
     return out
 

@@ -91,9 +91,13 @@ def consecutive(n: int, size: int) -> list[list[int]]:
     return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
 
 
-def pad(sequences: list[list[int]], pad_id: int) -> Tensor:
-    """Right-pad lists of ids with ``pad_id`` into a ``(B, longest)`` tensor."""
-    out = torch.full((len(sequences), max(map(len, sequences))), pad_id, dtype=torch.long)
+def pad(sequences: list[list[int]], pad_id: int, multiple: int = 1, most: int | None = None) -> Tensor:
+    """Right-pad lists of ids with ``pad_id`` into a ``(B, width)`` tensor: the longest rounded up to a
+    ``multiple``, but not past ``most`` (a model's positions)."""
+    longest = max(map(len, sequences))
+    width = -(-longest // multiple) * multiple
+    width = max(longest, min(width, most)) if most is not None else width
+    out = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     for row, ids in enumerate(sequences):
         out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     return out

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import DecodeConfig
+from attnkit.cpu.alone import KEY_BUCKET
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
@@ -109,7 +110,8 @@ class RunningTranslations:
         encoded = cut_sources(
             self.tokenizer, [text for _, text in sources], model.config.max_len, None, Reporting()
         )
-        src = pad(encoded, specials.pad).to(self.device)  # (N, S)
+        # (N, S): S a multiple of the keys' bucket, as a source alone is padded (attnkit.cpu.alone)
+        src = pad(encoded, specials.pad, KEY_BUCKET, self.model.config.max_len).to(self.device)
         start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=self.device)
         keys = [key for key, _ in sources]
         joining = Beams(

@@ -11,6 +11,7 @@ from typing import Literal, overload
 import torch
 
 from attnkit.config import DecodeConfig
+from attnkit.cpu.alone import KEY_BUCKET
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
@@ -119,7 +120,8 @@ def _hypotheses(
     compiled = decode.compile and torch.device(device).type == "cpu" and bool(batches)
 
     def searched(chunk: list[int], decoding: Callable | None) -> list[list[Hypothesis]]:
-        src = pad([encoded[i] for i in chunk], specials.pad).to(device)
+        # (B, S): S a multiple of the keys' bucket, as a source alone is padded (attnkit.cpu.alone)
+        src = pad([encoded[i] for i in chunk], specials.pad, KEY_BUCKET, longest).to(device)
         if search.beam_size == 1 and not scored:  # greedy: no scores wanted
             outputs = greedy(model, src, specials, search, decoding=decoding)
             return [[Hypothesis(ids, float("nan"))] for ids in outputs]
