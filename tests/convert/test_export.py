@@ -170,8 +170,9 @@ def test_the_ctranslate2_exports_n_best_from_the_command_line(trained, copy_data
         assert len(scores) == 3 and scores == sorted(scores, reverse=True)
     ended = {}
     for engine, ckpt in (("attnkit", trained), ("ctranslate2", out)):
+        precision = ["--precision", "fp32"] if engine == "attnkit" else []  # as CTranslate2's float32
         result = runner.invoke(app, ["translate", "--engine", engine, "--ckpt", str(ckpt), "--beam", "3",
-                                     "--n-best", "1", "-i", str(source), *ONLY_END])  # fmt: skip
+                                     "--n-best", "1", "-i", str(source), *ONLY_END, *precision])  # fmt: skip
         assert result.exit_code == 0, result.output
         ended[engine] = [line.split(" ||| ") for line in result.stdout.splitlines()]
     assert len(ended["attnkit"]) == lines and all(row[1] == "" for row in ended["attnkit"])

@@ -50,7 +50,7 @@ def test_an_hf_marian_folder_becomes_a_run_that_translates_with_hfs_logits(token
     result = CliRunner().invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(run)])
     assert result.exit_code == 0, result.output
     assert "attnkit translate" in result.output
-    ours, loaded_tokenizer, config = load_for_inference(run)
+    ours, loaded_tokenizer, config = load_for_inference(run, overrides=["decode.precision=fp32"])  # as HF's
     assert config.model.arch == "encoder-decoder" and loaded_tokenizer.vocab_size == tokenizer.vocab_size
     src = torch.tensor([[*ids, tokenizer.specials.eos] for ids in tokenizer.encode_batch(TEXTS[:1])])
     tgt = torch.tensor([[tokenizer.specials.bos, 7, 9, 11]])
