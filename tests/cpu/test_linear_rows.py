@@ -1,6 +1,6 @@
 """In inference a row's product by a linear map is the same bits however many rows come with it and
 however many threads multiply them (attnkit.cpu.linear, docs/invariance.md): in float32 (plain and
-packed weights, small and large), bf16 (a small map's copy float32) and int8."""
+packed weights, small and large), bf16 and int8."""
 
 from __future__ import annotations
 

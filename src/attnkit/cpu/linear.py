@@ -28,9 +28,9 @@ bf16 (``pack_for_inference(torch.bfloat16)``, what ``decode.precision=bf16`` doe
 rounded to bf16 on its way in, the products are summed in float32 by the units, and the output comes
 back as float32 with the float32 bias added, so the layer norms, attention, softmax and search around
 the maps stay float32. For the Multi30k model's maps that is 2-3.5x faster than float32 from 64 rows
-(``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product). Maps of fewer than
-:data:`BF16_MIN_WEIGHTS` weights (256 x 256) keep a float32 copy: at a decoding step's few rows,
-rounding their inputs costs more than their bf16 product saves.
+(``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product). For few rows of a
+small map, rounding the inputs costs more than the bf16 product saves; it is taken all the same, as
+the precision may not depend on the rows (below).
 
 **The same answer whatever the batch.** In inference (no gradient wanted) a row's product must not
 depend on the rows that come with it, or a sentence's translation would depend on its batchmates
@@ -90,9 +90,6 @@ _onednn_linear = _probe_linear()  # None: F.linear everywhere
 MIN_WEIGHTS, MIN_MULTIPLY_ADDS, ENOUGH_WEIGHTS = 2**17, 2**22, 2**19
 # inference pads a single row to two, which oneDNN sums in another order (see the module docstring)
 ONEDNN_MIN_ROWS = 2
-# in bf16 inference, maps of fewer weights keep float32 (packed): at a decoding step's few rows, rounding
-# their inputs to bf16 costs more than the bf16 product saves (bench/linear.py --bf16)
-BF16_MIN_WEIGHTS = 2**17
 
 
 def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False, *, inference: bool = False) -> bool:
@@ -228,8 +225,6 @@ class OneDNNLinear(nn.Linear):
         gradients, for any number of rows (the product must not depend on them: see the module
         docstring)."""
         weight = self.weight
-        if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
-            dtype = torch.float32  # a small map: rounding its inputs to bf16 costs more than it saves
         if not _packing_works(dtype) or not weight.is_cpu or weight.dtype != torch.float32:
             return False
         if weight.is_inference():  # made under torch.inference_mode: no version counter to retire a copy by
@@ -347,8 +342,7 @@ def linear_precision(model: nn.Module) -> str:
 
 
 def pack_for_inference(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
-    """:meth:`OneDNNLinear.pack_for_inference` in ``dtype`` for every :class:`OneDNNLinear` of ``model``
-    (in bf16, the maps of fewer than :data:`BF16_MIN_WEIGHTS` weights in float32); returns how many
-    took it."""
+    """:meth:`OneDNNLinear.pack_for_inference` in ``dtype`` for every :class:`OneDNNLinear` of ``model``;
+    returns how many took it."""
     layers = [module for module in model.modules() if isinstance(module, OneDNNLinear)]
     return sum(layer.pack_for_inference(dtype) for layer in layers)
