@@ -59,6 +59,22 @@ def test_a_bf16_map_multiplies_every_number_of_rows_in_bf16(monkeypatch, rows):
     assert calls == [torch.bfloat16]
 
 
+def test_a_small_map_keeps_a_packed_float32_copy_whatever_the_rows(monkeypatch):
+    """256 x 256: rounding its inputs to bf16 costs more than its bf16 product saves at a decoding
+    step's rows, so its copy is float32, for every number of rows alike."""
+    layer = _layer(256, 256)
+    assert layer.pack_for_inference(torch.bfloat16) and layer.packed_dtype == torch.float32
+    calls = []
+    real = linear_module._onednn_linear
+    spy = lambda x, *rest: calls.append(x.dtype) or real(x, *rest)  # noqa: E731
+    monkeypatch.setattr(linear_module, "_onednn_linear", spy)
+    with torch.no_grad():
+        for rows in (1, 300):
+            x = torch.randn(rows, 256)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert calls == [torch.float32, torch.float32]
+
+
 def test_the_bf16_copy_retires_when_the_weight_changes_and_gradients_take_float32():
     layer = _layer(256, 2048)
     layer.pack_for_inference(torch.bfloat16)

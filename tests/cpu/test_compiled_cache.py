@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from attnkit import build_transformer
 from attnkit.cli import app
 from attnkit.cpu.compiled import cache as compiled
+from attnkit.models.config import TransformerConfig
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def test_the_key_holds_what_the_linear_maps_multiply_in():
     keys = set()
     for precision in ("fp32", "bf16", "int8"):
         torch.manual_seed(0)
-        model = build_transformer("tiny", 30).eval()
+        model = build_transformer(TransformerConfig.from_preset("tiny", d_model=256, d_ff=1024), 30).eval()
         speed_up(model, inference=precision == "fp32")
         if precision == "bf16":
             pack_for_inference(model, torch.bfloat16)

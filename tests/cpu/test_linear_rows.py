@@ -38,3 +38,42 @@ def test_a_rows_product_is_the_same_bits_among_any_number_of_rows(precision, sha
                     assert torch.equal(got, alone[:count]), (count, n_threads)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_training_keeps_its_own_kernels_where_it_multiplies_without_autograd(monkeypatch):
+    """The fused loss (attnkit.tasks.losses) multiplies without autograd inside a training step: it
+    passes ``inference=False`` and keeps training's choice (``F.linear`` for a small map), which a
+    trained model's numbers depend on; inference without gradients goes to oneDNN."""
+    import attnkit.cpu.linear as linear_module
+
+    calls = []
+    real = linear_module._onednn_linear
+    monkeypatch.setattr(linear_module, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
+    x, weight = torch.randn(8, 256), torch.randn(256, 256)  # small for training, not tiny
+    with torch.no_grad():
+        assert torch.equal(
+            linear_module.linear(x, weight, inference=False), torch.nn.functional.linear(x, weight)
+        )
+        assert calls == []
+        linear_module.linear(x, weight)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("shape", [(96, 32), (32, 32), (13, 32), (128, 128)])
+def test_a_tiny_maps_rows_are_summed_alike_among_any_number_of_rows(shape):
+    """Maps of at most TINY_WEIGHTS weights: products summed by torch, the same bits for a row alone,
+    among 2 to 300 rows (several chunks of ROWS_AT_ONCE) and on 1 or 2 threads; eq. y = x Wᵀ + b."""
+    layer = _layer(*shape, "fp32")
+    x = torch.randn(300, shape[1], generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            alone = torch.cat([layer(x[i : i + 1]) for i in range(70)])
+            exact = x[:70].double() @ layer.weight.double().T + layer.bias.double()
+            torch.testing.assert_close(alone.double(), exact, rtol=1e-5, atol=1e-5)
+            for count in (2, 7, 65, 300):
+                for n_threads in (1, 2):
+                    torch.set_num_threads(n_threads)
+                    assert torch.equal(layer(x[:count])[:70], alone[:count]), (count, n_threads)
+    finally:
+        torch.set_num_threads(threads)

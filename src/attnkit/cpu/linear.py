@@ -28,9 +28,9 @@ bf16 (``pack_for_inference(torch.bfloat16)``, what ``decode.precision=bf16`` doe
 rounded to bf16 on its way in, the products are summed in float32 by the units, and the output comes
 back as float32 with the float32 bias added, so the layer norms, attention, softmax and search around
 the maps stay float32. For the Multi30k model's maps that is 2-3.5x faster than float32 from 64 rows
-(``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product). For few rows of a
-small map, rounding the inputs costs more than the bf16 product saves; it is taken all the same, as
-the precision may not depend on the rows (below).
+(``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product). Maps of fewer than
+:data:`BF16_MIN_WEIGHTS` weights (256 x 256 and smaller) keep a float32 copy, for any number of rows
+(the precision may not depend on the rows: below).
 
 **The same answer whatever the batch.** In inference (no gradient wanted) a row's product must not
 depend on the rows that come with it, or a sentence's translation would depend on its batchmates
@@ -90,6 +90,14 @@ _onednn_linear = _probe_linear()  # None: F.linear everywhere
 MIN_WEIGHTS, MIN_MULTIPLY_ADDS, ENOUGH_WEIGHTS = 2**17, 2**22, 2**19
 # inference pads a single row to two, which oneDNN sums in another order (see the module docstring)
 ONEDNN_MIN_ROWS = 2
+# a bf16 model's maps of fewer weights keep a float32 copy: at a decoding step's rows, rounding their
+# inputs to bf16 costs more than their bf16 product saves (bench/linear.py --bf16), and a small model
+# loses accuracy (the quickstart's dates model: 88.7% exact in float32's small maps, 76.7% all in bf16)
+BF16_MIN_WEIGHTS = 2**17
+# in inference, maps of at most this many weights (128 x 128) are multiplied as products summed by torch
+# (:func:`_summed_products`): a oneDNN call costs ~30 µs more than their arithmetic
+TINY_WEIGHTS = 2**14
+ROWS_AT_ONCE = 64  # rows multiplied at once by _summed_products (their products: 64 x d_out x d_in)
 
 
 def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False, *, inference: bool = False) -> bool:
@@ -172,16 +180,49 @@ def _needs_gradient(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, inference: bool | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, by oneDNN where :func:`onednn_applies`; in inference each row's
-    product the same whatever the rows that come with it (see the module docstring)."""
-    if _needs_gradient(x, weight, bias):
+    product the same whatever the rows that come with it (see the module docstring). ``inference``:
+    default, wherever no gradient is wanted; a training step's own products made without autograd (the
+    fused loss's, ``attnkit.tasks.losses``) pass False, so that training keeps its kernels."""
+    if inference is None:
+        inference = not _needs_gradient(x, weight, bias)
+    if not inference:
         if not onednn_applies(x, weight):
             return F.linear(x, weight, bias)
-        return _OneDNNLinear.apply(x, weight, bias)
+        if _needs_gradient(x, weight, bias):
+            return _OneDNNLinear.apply(x, weight, bias)
+        return _multiply(x, weight, bias)
+    if _tiny(x, weight):
+        return _summed_products(x, weight, bias)
     if onednn_applies(x, weight, inference=True):
         return _multiply(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def _tiny(x: Tensor, weight: Tensor) -> bool:
+    """Whether inference multiplies ``x`` by ``weight`` with :func:`_summed_products`."""
+    return (
+        weight.numel() <= TINY_WEIGHTS
+        and x.dtype == weight.dtype == torch.float32
+        and x.is_cpu
+        and not torch.compiler.is_compiling()
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def _summed_products(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x (..., d_in) @ weight (d_out, d_in)ᵀ + bias -> (..., d_out)`` as products summed over
+    ``d_in`` (:data:`ROWS_AT_ONCE` rows at a time): each output one sum of a row's own products, in an
+    order fixed by ``d_in``, whatever the rows beside it; for maps so small (:data:`TINY_WEIGHTS`) that
+    a kernel call costs more than their arithmetic."""
+    rows = x.reshape(-1, x.size(-1))  # (N, d_in)
+    parts = [(rows[start : start + ROWS_AT_ONCE, None, :] * weight).sum(-1)
+             for start in range(0, rows.size(0), ROWS_AT_ONCE)]  # fmt: skip
+    out = torch.cat(parts) if parts else rows.new_zeros(0, weight.size(0))  # (N, d_out)
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.size(0))
 
 
 class OneDNNLinear(nn.Linear):
@@ -202,7 +243,9 @@ class OneDNNLinear(nn.Linear):
         int8 = self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32
         if int8 and not _needs_gradient(x, self.weight, self.bias):
             return self._int8_forward(x)
-        if self.packed_weight is None:
+        if self.packed_weight is None or (
+            _tiny(x, self.weight) and not _needs_gradient(x, self.weight, self.bias)
+        ):
             return linear(x, self.weight, self.bias)
         bf16 = self.packed_dtype == torch.bfloat16
         # torch.compile lowers F.linear itself (a bf16 weight made from a frozen one is packed once), and
@@ -227,6 +270,8 @@ class OneDNNLinear(nn.Linear):
         weight = self.weight
         if not _packing_works(dtype) or not weight.is_cpu or weight.dtype != torch.float32:
             return False
+        if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
+            dtype = torch.float32  # a small map: see BF16_MIN_WEIGHTS
         if weight.is_inference():  # made under torch.inference_mode: no version counter to retire a copy by
             return False
         copy = weight.detach().to(dtype).contiguous()
@@ -342,7 +387,8 @@ def linear_precision(model: nn.Module) -> str:
 
 
 def pack_for_inference(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
-    """:meth:`OneDNNLinear.pack_for_inference` in ``dtype`` for every :class:`OneDNNLinear` of ``model``;
-    returns how many took it."""
+    """:meth:`OneDNNLinear.pack_for_inference` in ``dtype`` for every :class:`OneDNNLinear` of ``model``
+    (in bf16, the maps of fewer than :data:`BF16_MIN_WEIGHTS` weights in float32); returns how many
+    took it."""
     layers = [module for module in model.modules() if isinstance(module, OneDNNLinear)]
     return sum(layer.pack_for_inference(dtype) for layer in layers)

@@ -130,7 +130,7 @@ class _ProjectedLoss(torch.autograd.Function):
         with torch.autocast(device, enabled=False):
             for s in range(0, len(rows), step):
                 h, part = rows[s : s + step].to(dtype), slice(s, s + step)
-                z = linear(h, W, b).to(exact)  # (n, V) logits
+                z = linear(h, W, b, inference=False).to(exact)  # (n, V) logits
                 smoothed, log_q_ref[part], g = _smoothed_rows(
                     z, refs[part], keep[part], epsilon, pad_id, any(wants)
                 )
@@ -139,7 +139,7 @@ class _ProjectedLoss(torch.autograd.Function):
                     continue
                 g = g.to(dtype)
                 if dh is not None:
-                    dh[part] = linear(g, W.t())  # (n, V) @ (V, d)
+                    dh[part] = linear(g, W.t(), inference=False)  # (n, V) @ (V, d)
                 if dW is not None and dtype == exact:
                     dW.addmm_(g.t(), h)  # (V, n) @ (n, d), added in place
                 elif dW is not None:  # multiplied in the autocast dtype, summed in float32
