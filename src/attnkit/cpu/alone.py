@@ -103,6 +103,12 @@ def attend_as_alone(
     or :data:`PAST`."""
     B, _, T_q, _ = q.shape
     T_k = k.size(-2)
+    if keys == PAST and mask is None:  # every row at the same step (a beam search's): one group, as alone
+        return (
+            _one_query(q, k, v, None, scale)
+            if T_q == 1
+            else F.scaled_dot_product_attention(q, k, v, scale=scale)
+        )
     lengths = key_lengths(mask, B, T_k, first=keys != PAST)
     if lengths is None:
         return None

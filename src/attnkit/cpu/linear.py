@@ -243,10 +243,10 @@ class OneDNNLinear(nn.Linear):
         int8 = self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32
         if int8 and not _needs_gradient(x, self.weight, self.bias):
             return self._int8_forward(x)
-        if self.packed_weight is None or (
-            _tiny(x, self.weight) and not _needs_gradient(x, self.weight, self.bias)
-        ):
+        if self.packed_weight is None:
             return linear(x, self.weight, self.bias)
+        if _tiny(x, self.weight) and not _needs_gradient(x, self.weight, self.bias):
+            return _summed_products(x, self.weight, self.bias)
         bf16 = self.packed_dtype == torch.bfloat16
         # torch.compile lowers F.linear itself (a bf16 weight made from a frozen one is packed once), and
         # cannot trace _packed_applies's data pointers
