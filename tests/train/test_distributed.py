@@ -2,6 +2,7 @@
 dropout from their own seeds, and resume exactly; too little data for the processes is an error."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -161,17 +162,19 @@ STORE_SETTINGS = ["model.preset=tiny", "data.train=[train.src, train.tgt]",
                   "model.dropout=0.1"]  # fmt: skip
 
 
-def _probe_run(tmp_path, name, launcher, copy_data, launches=1):
-    """The store probe under ``launcher`` (``launches`` copies of it at once: one per "machine"); returns
-    each rank's preparation messages and the run's final weights."""
+def _probe_run(tmp_path, name, launcher, copy_data, launches=1, env=None):
+    """The store probe under ``launcher`` (``launches`` copies of it at once: one per "machine"), with
+    ``env`` added to the environment; returns each rank's preparation messages and the run's final
+    weights."""
     probe = tmp_path / "probe.py"
     probe.write_text(STORE_PROBE, encoding="utf-8")
     logs = tmp_path / f"{name}-logs"
     logs.mkdir()
     settings = [*STORE_SETTINGS, f"data.dir={copy_data}", f"data.store={tmp_path / name / 'stores'}"]
     command = [*launcher, str(probe), str(tmp_path / name / "run"), str(logs), *settings]
+    environment = {**os.environ, **(env or {})}
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  encoding="utf-8") for _ in range(launches)]  # fmt: skip
+                                  encoding="utf-8", env=environment) for _ in range(launches)]  # fmt: skip
     for process in processes:
         output = process.communicate(timeout=300)[0]
         assert process.returncode == 0, output
@@ -192,7 +195,13 @@ def test_one_rank_builds_the_token_store_and_the_other_finds_it(copy_data, tmp_p
 def test_two_machines_of_one_process_train_as_one_machine_of_two(copy_data, tmp_path):
     """Two launches of torchrun (two "machines", here both on 127.0.0.1) meeting through c10d
     rendezvous: the second machine's process finds the first's store (one file system here) and the
-    run ends with the weights of one machine running two processes."""
+    run ends with the weights of one machine running two processes.
+
+    torchrun gives each process one thread when a machine runs several (``OMP_NUM_THREADS=1``) and
+    leaves a lone process all the cores; two threads split some sums differently (and, with two such
+    processes on two cores, not always the same way), which moves the weights by more than 1e-6. So
+    the two "machines" are given one thread each, as on the one machine: the comparison is of the
+    rendezvous and the training, not of thread counts."""
     one = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     _, expected = _probe_run(tmp_path, "one-machine", one, copy_data)
     with socket.socket() as s:
@@ -200,7 +209,8 @@ def test_two_machines_of_one_process_train_as_one_machine_of_two(copy_data, tmp_
         port = s.getsockname()[1]
     two = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=attnkit-test"]  # fmt: skip
-    logs, weights = _probe_run(tmp_path, "two-machines", two, copy_data, launches=2)
+    logs, weights = _probe_run(tmp_path, "two-machines", two, copy_data, launches=2,
+                               env={"OMP_NUM_THREADS": "1"})
     assert "rows, built now)" in logs[0] and "rows, built before)" in logs[1]
     for name in expected:
         torch.testing.assert_close(weights[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
