@@ -209,8 +209,9 @@ def test_two_machines_of_one_process_train_as_one_machine_of_two(copy_data, tmp_
         port = s.getsockname()[1]
     two = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=attnkit-test"]  # fmt: skip
-    logs, weights = _probe_run(tmp_path, "two-machines", two, copy_data, launches=2,
-                               env={"OMP_NUM_THREADS": "1"})
+    logs, weights = _probe_run(
+        tmp_path, "two-machines", two, copy_data, launches=2, env={"OMP_NUM_THREADS": "1"}
+    )
     assert "rows, built now)" in logs[0] and "rows, built before)" in logs[1]
     for name in expected:
         torch.testing.assert_close(weights[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
