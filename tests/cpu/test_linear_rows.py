@@ -77,3 +77,18 @@ def test_a_tiny_maps_rows_are_summed_alike_among_any_number_of_rows(shape):
                     assert torch.equal(layer(x[:count])[:70], alone[:count]), (count, n_threads)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("precision", ["plain", "fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(256, 64), (1024, 256)])
+def test_a_transposed_inputs_rows_are_summed_as_a_copy_of_them(precision, shape):
+    """An image's regions arrive as a transposed view, ``(1, L, C)`` of ``(1, C, L)`` features, and a
+    batch of images as a copy (reshaping several images' views cannot keep the view): each row's
+    product must be the same bits either way."""
+    layer = _layer(*shape, precision)
+    features = torch.randn(6, shape[1], 36, generator=torch.Generator().manual_seed(3))  # (B, C, L)
+    with torch.no_grad():
+        batched = layer(features.transpose(1, 2))  # (6, L, d_out)
+        for i in range(6):
+            view = features[i : i + 1].transpose(1, 2)  # (1, L, C), not contiguous
+            assert torch.equal(layer(view)[0], batched[i]), i

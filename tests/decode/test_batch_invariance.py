@@ -58,7 +58,7 @@ def _random_batches(n: int, rng: random.Random) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("beam", [1, 3, 4])
 def test_a_sentence_is_translated_alike_alone_and_in_any_batch(sentences, precision, beam):
     data, texts = sentences
     model, tokenizer, config = _model(data, precision)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.invariance import each_alone
+
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -73,6 +75,9 @@ class LuongConcat(nn.Module):
     every (query, key) pair: each half is applied once and the results are broadcast.
     """
 
+    # ``x Wᵀ``: attnkit.cpu gives this instance its own, whose rows sum alike in any batch
+    linear: Callable[..., Tensor] = staticmethod(nn.functional.linear)
+
     def __init__(self, d_q: int, d_k: int | None = None, d_attn: int | None = None) -> None:
         super().__init__()
         self.d_q = d_q
@@ -80,10 +85,10 @@ class LuongConcat(nn.Module):
         self.v_a = nn.Linear(d_attn or d_q, 1, bias=False)
 
     def project_keys(self, k: Tensor) -> Tensor:
-        return k @ self.W_a.weight[:, self.d_q :].T
+        return self.linear(k, self.W_a.weight[:, self.d_q :].contiguous())
 
     def match(self, q: Tensor, projected: Tensor) -> Tensor:
-        return _additive(q @ self.W_a.weight[:, : self.d_q].T, projected, self.v_a)
+        return _additive(self.linear(q, self.W_a.weight[:, : self.d_q].contiguous()), projected, self.v_a)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return self.match(q, self.project_keys(k))
@@ -143,7 +148,7 @@ class LocationAware(nn.Module):
     def match(self, q: Tensor, projected: Tensor, previous: Tensor) -> Tensor:
         """Scores ``(B, 1, S)`` for the query ``q (B, 1, d_q)``, the projected keys ``(B, S, A)`` and
         the previous step's weights ``previous (B, S)``."""
-        f = self.F(previous.unsqueeze(1).to(projected.dtype)).transpose(1, 2)  # (B, S, filters)
+        f = each_alone(self.F, previous.unsqueeze(1).to(projected.dtype)).transpose(1, 2)  # (B, S, filters)
         return _additive(self.W(q), projected + self.U(f), self.w)
 
 

@@ -23,8 +23,9 @@ the fused kernel once for each group of rows of the same such length, on their k
   padded on the left (:func:`attend_prompts_as_alone`), each prompt's own positions, causally, as the
   prompt alone is attended.
 
-A single query per row (a decoding step's) is attended by matrix-vector products instead, which sum in
-one order whatever the batch and the threads. A sentence alone gets the same shapes, so the same sums.
+A decoding step's queries (one per row, or the beams that share one source's memory) are attended by
+batched matrix products instead, which sum in one order whatever the batch and the threads. A sentence
+alone gets the same shapes, so the same sums.
 The batches ``translate`` makes are sorted by length and a running batch's rows by the step they joined
 at, so that groups are runs of consecutive rows: slices of the batch, not copies. Other masks (a mask
 per query, keys not in one run) return None, and the caller takes the fused kernel as it is.
@@ -33,13 +34,13 @@ per query, keys not in one run) return None, and the caller takes the fused kern
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-KEY_BUCKET = 8  # keys padded on the right are padded to a multiple of this many
+from attnkit.attention.invariance import bucketed, cut_or_padded, groups
+
 # what the keys are (see the module docstring)
 PADDED, MEMORY, PAST = "padded", "memory", "past"
 
@@ -59,37 +60,17 @@ def key_lengths(mask: Tensor | None, batch: int, t_k: int, first: bool) -> Tenso
     return lengths if bool(torch.equal(valid, run)) else None
 
 
-def _groups(lengths: Tensor) -> Iterator[tuple[int, Tensor | slice]]:
-    """``(length, rows)`` for each length in ``lengths (B,)``: the rows as a slice where each length's
-    rows are consecutive, else as an index."""
-    values, counts = torch.unique_consecutive(lengths, return_counts=True)
-    if len(values) == len(set(values.tolist())):  # each length in one run of rows
-        start = 0
-        for value, count in zip(values.tolist(), counts.tolist(), strict=True):
-            yield value, slice(start, start + count)
-            start += count
-        return
-    for value in torch.unique(lengths).tolist():
-        yield value, (lengths == value).nonzero().squeeze(1)
-
-
-def _padded_to(x: Tensor, length: int) -> Tensor:
-    """``x (..., T, d)`` cut or padded with zeros to ``length`` positions."""
-    if x.size(-2) >= length:
-        return x[..., :length, :]
-    return F.pad(x, (0, 0, 0, length - x.size(-2)))
-
-
-def _one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
-    """Eq. 1 for a single query per row, ``q (n, h, 1, d_k)``, by batched matrix products: a
-    matrix-vector product for each row and head, which sums in the same order whatever the batch and
-    the threads (the fused kernel would split the keys between threads for few rows), and is faster
-    than the fused kernel's path that splits nothing."""
+def _by_products(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
+    """Eq. 1 for a few queries per row (a decoding step's, or the beams that share one source's
+    memory), ``q (n, h, T_q, d_k)``, by batched matrix products, which sum each row in the same order
+    whatever the batch and the threads: the fused kernel does not (it splits a single query's keys
+    between threads for few rows, and blocks 3 queries, or more than 8 over 8 keys, by the batch: torch
+    2.13), and these products are faster than it at these sizes."""
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    scores = (q @ k.transpose(-1, -2)).mul_(scale)  # (n, h, 1, T_k)
+    scores = (q @ k.transpose(-1, -2)).mul_(scale)  # (n, h, T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill_(~mask, float("-inf"))
-    return scores.softmax(-1) @ v  # (n, h, 1, d_v)
+    return scores.softmax(-1) @ v  # (n, h, T_q, d_v)
 
 
 def attend_as_alone(
@@ -105,7 +86,7 @@ def attend_as_alone(
     T_k = k.size(-2)
     if keys == PAST and mask is None:  # every row at the same step (a beam search's): one group, as alone
         return (
-            _one_query(q, k, v, None, scale)
+            _by_products(q, k, v, None, scale)
             if T_q == 1
             else F.scaled_dot_product_attention(q, k, v, scale=scale)
         )
@@ -113,10 +94,10 @@ def attend_as_alone(
     if lengths is None:
         return None
     if keys != PAST:  # the real keys first, padded to a multiple of KEY_BUCKET
-        lengths, real = (lengths.clamp(min=1) + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET, lengths
-    groups = list(_groups(lengths))
+        lengths, real = bucketed(lengths), lengths
+    row_groups = list(groups(lengths))
     out = None  # (B, h, T_q, d_v), made where more than one call fills it
-    for length, rows in groups:
+    for length, rows in row_groups:
         if keys == PAST:  # the row's own keys, the last ones, all real
             q_rows, k_rows, v_rows, row_mask = (
                 q[rows],
@@ -125,16 +106,17 @@ def attend_as_alone(
                 None,
             )
         else:
-            q_rows, k_rows, v_rows = q[rows], _padded_to(k[rows], length), _padded_to(v[rows], length)
+            k_rows, v_rows = cut_or_padded(k[rows], length, -2), cut_or_padded(v[rows], length, -2)
+            q_rows = q[rows]
             row_mask = (torch.arange(length) < real[rows, None])[:, None, None, :]  # (n, 1, 1, length)
             if keys == PADDED:
-                q_rows = _padded_to(q_rows, length)
-        if q_rows.size(-2) == 1:
-            got = _one_query(q_rows, k_rows, v_rows, row_mask, scale)  # (n, h, 1, d_v)
+                q_rows = cut_or_padded(q_rows, length, -2)
+        if keys != PADDED:  # a decoding step's queries
+            got = _by_products(q_rows, k_rows, v_rows, row_mask, scale)  # (n, h, T_q, d_v)
         else:
             got = F.scaled_dot_product_attention(q_rows, k_rows, v_rows, attn_mask=row_mask, scale=scale)
             got = got[..., : min(T_q, length), :]  # (n, h, ≤T_q, d_v)
-        if len(groups) == 1 and got.size(-2) == T_q:  # every row in one call: nothing to assemble
+        if len(row_groups) == 1 and got.size(-2) == T_q:  # every row in one call: nothing to assemble
             return got
         if out is None:
             out = q.new_zeros(q.shape) if keys == PADDED else q.new_empty(q.shape)
@@ -162,7 +144,7 @@ def attend_prompts_as_alone(
     if not torch.equal(mask[:, 0] & real[:, :, None], expected):
         return None
     out = q.new_zeros(q.shape)  # (B, h, T, d_v)
-    for length, rows in _groups(lengths):
+    for length, rows in groups(lengths):
         own = slice(T - length, T)
         out[rows, :, own] = F.scaled_dot_product_attention(
             q[rows][..., own, :], k[rows][..., own, :], v[rows][..., own, :], is_causal=True, scale=scale

@@ -216,7 +216,9 @@ def _summed_products(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     ``d_in`` (:data:`ROWS_AT_ONCE` rows at a time): each output one sum of a row's own products, in an
     order fixed by ``d_in``, whatever the rows beside it; for maps so small (:data:`TINY_WEIGHTS`) that
     a kernel call costs more than their arithmetic."""
-    rows = x.reshape(-1, x.size(-1))  # (N, d_in)
+    # contiguous: a view of a transposed input (one image's regions, say) would sum its products in
+    # the order of its strides, another than the copy that a batch of them reshapes into
+    rows = x.reshape(-1, x.size(-1)).contiguous()  # (N, d_in)
     parts = [(rows[start : start + ROWS_AT_ONCE, None, :] * weight).sum(-1)
              for start in range(0, rows.size(0), ROWS_AT_ONCE)]  # fmt: skip
     out = torch.cat(parts) if parts else rows.new_zeros(0, weight.size(0))  # (N, d_out)
@@ -356,13 +358,18 @@ def _packing_works(dtype: torch.dtype = torch.float32) -> bool:
 
 def as_onednn(model: nn.Module) -> int:
     """Make every plain ``nn.Linear`` of ``model`` a :class:`OneDNNLinear`, in place (the same parameters,
-    only the forward changes); returns how many. Nothing where this build has no oneDNN linear."""
+    only the forward changes), and give :func:`linear` to the modules that multiply by weights of their
+    own through a ``linear`` attribute that is ``F.linear`` (the RNN decoder's cells, the mean bridge);
+    returns how many. Nothing where this build has no oneDNN linear."""
     if _onednn_linear is None:
         return 0
     layers = [module for module in model.modules() if type(module) is nn.Linear]
     for layer in layers:
         layer.__class__ = OneDNNLinear
-    return len(layers)
+    own = [module for module in model.modules() if getattr(module, "linear", None) is F.linear]
+    for module in own:
+        module.linear = linear
+    return len(layers) + len(own)
 
 
 def quantize_int8(model: nn.Module) -> int:

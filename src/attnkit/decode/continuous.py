@@ -33,8 +33,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
-from attnkit.cpu.alone import KEY_BUCKET
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding

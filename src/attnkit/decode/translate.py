@@ -10,8 +10,8 @@ from typing import Literal, overload
 
 import torch
 
+from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
-from attnkit.cpu.alone import KEY_BUCKET
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding

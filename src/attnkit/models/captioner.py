@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.invariance import each_alone
 from attnkit.errors import ConfigError, require_at_least
 from attnkit.models.rnn import MeanBridge, RNNConfig, RNNSeq2Seq
 from attnkit.models.rnn_attention import Alignment, Source
@@ -89,7 +90,7 @@ class ImageEncoder(nn.Module):
         self.places = nn.Parameter(torch.zeros(regions, width))  # each region's place
 
     def forward(self, images: Tensor) -> Tensor:
-        features = self.convolutions(images)  # (B, C, H/8, W/8)
+        features = each_alone(self.convolutions, images)  # (B, C, H/8, W/8), in inference as alone
         regions = features.flatten(2).transpose(1, 2)  # (B, L, C), row by row
         return self.project(regions) + self.places  # (B, L, width)
 

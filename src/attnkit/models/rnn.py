@@ -31,12 +31,14 @@ state is its recurrent state and last attentional vector, reordered with the bea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.invariance import cut_or_padded
 from attnkit.attention.masks import padding_mask
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
 from attnkit.models.config import _Presets
@@ -117,6 +119,9 @@ class StepRNN(nn.Module):
     operations cost a fraction of a millisecond at the decoder's sizes, and follow autocast's bf16.
     """
 
+    # ``x Wᵀ + b``: attnkit.cpu gives this instance its own, whose rows sum alike in any batch
+    linear: Callable[..., Tensor] = staticmethod(nn.functional.linear)
+
     def __init__(self, cell: str, input_size: int, hidden_size: int, layers: int) -> None:
         super().__init__()
         self.lstm, self.hidden_size, self.layers = cell == "lstm", hidden_size, layers
@@ -137,8 +142,8 @@ class StepRNN(nn.Module):
             weights = [
                 getattr(self, f"{name}_l{k}") for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")
             ]
-            from_x = nn.functional.linear(inputs, weights[0], weights[1])  # (B, gates)
-            from_h = nn.functional.linear(h_all[k], weights[2], weights[3])
+            from_x = self.linear(inputs, weights[0], weights[1])  # (B, gates)
+            from_h = self.linear(h_all[k], weights[2], weights[3])
             if self.lstm:
                 i, f, g, o = (from_x + from_h).chunk(4, -1)
                 c = torch.sigmoid(f) * c_all[k] + torch.sigmoid(i) * torch.tanh(g)
@@ -159,6 +164,8 @@ class MeanBridge(nn.Linear):
     (Xu et al., 2015, §3.1.2, ``f_init``), for an encoder whose last states sum up nothing (an image's
     regions, an utterance's frames): every layer's state (and an LSTM's cell) from one linear map."""
 
+    linear: Callable[..., Tensor] = staticmethod(nn.functional.linear)  # as StepRNN's
+
     def __init__(self, d_hidden: int, layers: int, cell: str) -> None:
         self.states = layers * (2 if cell == "lstm" else 1)  # h_0 (and c_0) of every layer
         self.d_hidden, self.lstm = d_hidden, cell == "lstm"
@@ -169,7 +176,8 @@ class MeanBridge(nn.Linear):
         the pair ``(h_0, c_0)`` for an LSTM."""
         real = mask.squeeze(1).unsqueeze(-1).to(annotations.dtype)  # (B, S, 1)
         mean = (annotations * real).sum(1) / real.sum(1).clamp(min=1)  # (B, d_hidden)
-        first = torch.tanh(super().forward(mean)).view(-1, self.states, self.d_hidden).transpose(0, 1)
+        first = torch.tanh(self.linear(mean, self.weight, self.bias))  # (B, states · d_hidden)
+        first = first.view(-1, self.states, self.d_hidden).transpose(0, 1)  # (states, B, d_hidden)
         if self.lstm:
             return tuple(h.contiguous() for h in first.chunk(2))
         return first.contiguous()  # (states, B, d_hidden)
@@ -213,15 +221,27 @@ class RNNSeq2Seq(nn.Module):
         """The source to attend to (annotations ``(B, S, d_hidden)``) and the decoder's first state."""
         c = self.config
         lengths = (src != c.pad_id).sum(-1).clamp(min=1).cpu()
-        packed = nn.utils.rnn.pack_padded_sequence(
-            self.dropout(self.embed(src)), lengths, batch_first=True, enforce_sorted=False
-        )
-        out, final = self.encoder(packed)
-        annotations, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+        annotations, final = self._encoded(self.dropout(self.embed(src)), lengths)
         mask = padding_mask(src, c.pad_id)  # (B, 1, S)
         if c.attention == "none":  # nothing to attend to
             return make_source(annotations, mask), self._bridge(final)
         return self.attention.prepare(annotations, mask), self._bridge(final)
+
+    def _encoded(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Any]:
+        """The bidirectional encoder over each row's first ``lengths`` steps of ``x (B, S, d_embed)``:
+        the annotations ``(B, S, d_hidden)``, zeros past a row's end, and the final states. In inference
+        each row alone: an RNN kernel's products, and a packed batch's rows that end one after another,
+        would sum a row in another order in another batch (docs/invariance.md)."""
+        if torch.is_grad_enabled():
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+            out, final = self.encoder(packed)
+            return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.size(1))[0], final
+        rows = [self.encoder(x[i : i + 1, :n]) for i, n in enumerate(lengths.tolist())]
+        annotations = torch.cat([cut_or_padded(out, x.size(1), 1) for out, _ in rows])  # (B, S, d_hidden)
+        finals = [final for _, final in rows]  # each (2 · layers, 1, d_hidden / 2), or an LSTM's (h, c)
+        if isinstance(finals[0], tuple):
+            return annotations, tuple(torch.cat(states, 1) for states in zip(*finals, strict=True))
+        return annotations, torch.cat(finals, 1)
 
     def _bridge(self, final: Any) -> Any:
         """Each layer's forward and backward final states, joined and mapped to the decoder's size."""

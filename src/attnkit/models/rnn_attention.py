@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention.invariance import bucketed, cut_or_padded, groups
 from attnkit.attention.masks import keys_near
 from attnkit.attention.normalisers import softmax
 from attnkit.attention.scores import (
@@ -82,6 +83,14 @@ class Alignment:
     weights: Tensor  # (B, S): α_t, zero on padding and outside a local window
     log_prob: Tensor | None = None  # hard attention: log-probability of the sampled position (B,)
     entropy: Tensor | None = None  # hard attention: entropy of the distribution it was drawn from (B,)
+
+
+def _cut(value: Tensor | None, rows: Tensor | slice, length: int, field: str) -> Tensor | None:
+    """``rows`` of a :class:`Source`'s ``field``, its positions cut or padded to ``length``."""
+    if value is None:
+        return None
+    dim = {"annotations": 1, "keys": 1, "mask": -1, "previous": -1}.get(field)
+    return value[rows] if dim is None else cut_or_padded(value[rows], length, dim)
 
 
 def make_source(annotations: Tensor, mask: Tensor, project_keys: Any = None) -> Source:
@@ -130,7 +139,31 @@ class SourceAttention(nn.Module):
         return source
 
     def forward(self, query: Tensor, t: int, source: Source) -> tuple[Tensor, Alignment]:
-        """The context ``(B, 1, d_hidden)`` for a query ``(B, 1, d_hidden)`` at target step ``t``."""
+        """The context ``(B, 1, d_hidden)`` for a query ``(B, 1, d_hidden)`` at target step ``t``; in
+        inference, each row's what it is alone (:meth:`_as_alone`)."""
+        if torch.is_grad_enabled() or self.training:
+            return self._attend(query, t, source)
+        return self._as_alone(query, t, source)
+
+    def _as_alone(self, query: Tensor, t: int, source: Source) -> tuple[Tensor, Alignment]:
+        """:meth:`_attend` for each group of rows whose real annotations, padded to a multiple of
+        ``KEY_BUCKET``, are as long (``attnkit.attention.invariance``): a row's softmax and context
+        then sum over the same positions in the same order whatever its batchmates' lengths, so that a
+        sentence's output does not depend on its batch (docs/invariance.md)."""
+        S = source.mask.size(-1)
+        lengths = bucketed(source.mask.sum(-1).view(-1))  # (B,)
+        contexts = query.new_empty(query.size(0), 1, source.annotations.size(-1))  # (B, 1, d_hidden)
+        weights = query.new_zeros(query.size(0), S)  # (B, S)
+        for length, rows in groups(lengths):
+            part = Source(*(_cut(getattr(source, f.name), rows, length, f.name) for f in fields(Source)))
+            contexts[rows], alignment = self._attend(query[rows], t, part)
+            weights[rows] = cut_or_padded(alignment.weights, S, -1)
+            if source.previous is not None:  # what the next step's location features read
+                source.previous[rows] = cut_or_padded(part.previous, S, -1)
+        return contexts, Alignment(weights)
+
+    def _attend(self, query: Tensor, t: int, source: Source) -> tuple[Tensor, Alignment]:
+        """The context ``(B, 1, d_hidden)`` and weights of every row of ``source`` together."""
         if isinstance(self.score, LocationAware):
             scores = self.score.match(query, source.keys, source.previous)  # (B, 1, S)
         else:

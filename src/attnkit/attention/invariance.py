@@ -1,0 +1,63 @@
+"""What keeps each row's output in inference what it is when the row is alone, whatever its batchmates
+(docs/invariance.md): rows grouped by how many keys they attend to, and kernels run one row at a time.
+
+A sum over a row's keys (a softmax's denominator, a context's weighted sum of values) is added up in an
+order that depends on how many keys the kernel is given: vector lanes, blocks and their tails all
+follow that length, padded keys included (their weight is exactly zero, but they move where the real
+ones fall). A batch pads every row to its longest, so the same row would be summed in another order
+in another batch. Inference therefore gives each row its real keys padded to the next multiple of
+:data:`KEY_BUCKET` (a length fixed by the row alone) and attends for each group of rows of one such
+length together (:func:`groups`). The Transformer's attention does it in ``attnkit.cpu.alone``; the
+RNN decoders' attention in ``attnkit.models.rnn_attention``.
+
+A convolution's kernel blocks a batch by its size (oneDNN's on a CPU), so an image's features, or the
+location features of an utterance's attention, would depend on the batch: in inference those run one
+row at a time (:func:`each_alone`), which costs little next to the decoding that follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+KEY_BUCKET = 8  # keys padded on the right are padded to a multiple of this many
+
+
+def bucketed(lengths: Tensor) -> Tensor:
+    """Each row's number of real keys ``(B,)`` rounded up to a multiple of :data:`KEY_BUCKET` (at least
+    one bucket: a row with no real key still gets a length)."""
+    return (lengths.clamp(min=1) + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET
+
+
+def groups(lengths: Tensor) -> Iterator[tuple[int, Tensor | slice]]:
+    """``(length, rows)`` for each length in ``lengths (B,)``: the rows as a slice where each length's
+    rows are consecutive (the batches ``translate`` sorts by length, a running batch's rows by the step
+    they joined at: slices, not copies), else as an index."""
+    values, counts = torch.unique_consecutive(lengths, return_counts=True)
+    if len(values) == len(set(values.tolist())):  # each length in one run of rows
+        start = 0
+        for value, count in zip(values.tolist(), counts.tolist(), strict=True):
+            yield value, slice(start, start + count)
+            start += count
+        return
+    for value in torch.unique(lengths).tolist():
+        yield value, (lengths == value).nonzero().squeeze(1)
+
+
+def cut_or_padded(x: Tensor, length: int, dim: int) -> Tensor:
+    """``x`` cut, or padded with zeros (False for a mask), to ``length`` positions along ``dim``."""
+    if x.size(dim) >= length:
+        return x.narrow(dim, 0, length)
+    shape = list(x.shape)
+    shape[dim] = length - x.size(dim)
+    return torch.cat([x, x.new_zeros(shape)], dim)
+
+
+def each_alone(kernel: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``kernel(x)`` for a batch ``x (B, ...)``; when no gradient is wanted (inference), computed one row
+    at a time, so that a row's output is the bits it gets alone (see the module docstring)."""
+    if torch.is_grad_enabled():
+        return kernel(x)
+    return torch.cat([kernel(row) for row in x.split(1)])
