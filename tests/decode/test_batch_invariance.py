@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 
 import pytest
 import torch
 
 from attnkit import build_transformer
 from attnkit.config import load_run_config
+from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
@@ -35,6 +37,14 @@ def sentences():
     """30 sources of 1 to 16 words, in no order."""
     data = copy(400, seed=3, max_length=16)
     return data, list(dict.fromkeys(data.src))[:30]
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """One cache folder for the module's compiled steps (a precision's first step is built once)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache")))
+        yield
 
 
 def _model(data, precision: str):
@@ -82,6 +92,50 @@ def test_a_sentence_is_translated_alike_alone_and_in_any_batch(sentences, precis
     assert len({score for hypotheses in alone for _, score in hypotheses}) > len(texts) // 2  # not one answer
 
 
+@pytest.mark.slow  # compiles the steps with a C++ compiler (about 20 s each)
+@pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="compiling the step needs a C++ compiler (apt-get install g++)",
+)
+@pytest.mark.parametrize(("precision", "beam"), [("fp32", 4), ("bf16", 4), ("bf16", 1), ("int8", 4)])
+def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
+    sentences, compile_cache, precision, beam, monkeypatch
+):
+    """``decode.compile``: the compiled steps attend over every key of their batch's width, so
+    ``translate`` gives them batches of sources of one width, the width each gets alone."""
+    data, texts = sentences
+    model, tokenizer, config = _model(data, precision)
+    calls, run = [0], CompiledStep.__call__
+
+    def counted(step, *tensors):
+        calls[0] += 1
+        return run(step, *tensors)
+
+    monkeypatch.setattr(CompiledStep, "__call__", counted)
+
+    def translated(group: list[str], batch_size: int, streams: int = 0) -> list:
+        decode = dataclasses.replace(config.decode, batch_size=batch_size, streams=streams, compile=True)
+        return translate(model, tokenizer, group, decode, n_best=beam, beam_size=beam)
+
+    alone = translated(texts, 1)
+    assert calls[0] > len(texts)  # the compiled steps ran
+    rng = random.Random(beam)
+    for round_ in range(2):
+        found = [None] * len(texts)
+        for batch in _random_batches(len(texts), rng):
+            group = translated([texts[i] for i in batch], len(batch), streams=round_ * 2)
+            for i, hypotheses in zip(batch, group, strict=True):
+                found[i] = hypotheses
+        differ = [(texts[i], alone[i], found[i]) for i in range(len(texts)) if found[i] != alone[i]]
+        assert not differ, f"{len(differ)} of {len(texts)} differ, e.g. {differ[0]}"
+    # and joining a running batch (the server's continuous batching) at any step
+    decode = dataclasses.replace(config.decode, batch_size=1, streams=1, compile=True)
+    calls[0] = 0
+    done = _run_joining(RunningTranslations(model, tokenizer, decode), texts, [(beam, beam)])
+    assert {n: done[n] for n in range(len(texts))} == dict(enumerate(alone))
+    assert calls[0] > len(texts)
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_each_decoding_steps_logits_are_the_same_bits_whatever_the_batch(sentences, precision):
     data, texts = sentences
@@ -117,18 +171,24 @@ def test_a_source_joining_a_running_batch_at_any_step_gets_the_same_bits_as_alon
     model, tokenizer, config = _model(data, precision)
     decode = dataclasses.replace(config.decode, batch_size=1, streams=1)
     settings = [(4, 2), (1, 1), (4, 4)]
-    arrivals: dict[int, list] = {}
-    for n, text in enumerate(texts[:18]):  # three at the first step, then one or two every step or two
-        arrivals.setdefault(0 if n < 3 else n // 2 + n % 3, []).append((n, text, settings[n % len(settings)]))
-    running = RunningTranslations(model, tokenizer, decode)
-    done, step = {}, 0
-    while step <= max(arrivals) or running.sources:
-        done.update(running.iterate(arrivals.get(step, [])))
-        step += 1
+    done = _run_joining(RunningTranslations(model, tokenizer, decode), texts[:18], settings)
     for n, text in enumerate(texts[:18]):
         beam, n_best = settings[n % len(settings)]
         alone = translate(model, tokenizer, [text], decode, n_best=n_best, beam_size=beam)[0]
         assert done[n] == alone, (n, text)
+
+
+def _run_joining(running: RunningTranslations, texts: list[str], settings: list[tuple[int, int]]) -> dict:
+    """Each text's translations by ``running``: three join at the first step, then one or two every step
+    or two, text n with ``settings[n % len(settings)]`` (beam, n_best)."""
+    arrivals: dict[int, list] = {}
+    for n, text in enumerate(texts):
+        arrivals.setdefault(0 if n < 3 else n // 2 + n % 3, []).append((n, text, settings[n % len(settings)]))
+    done, step = {}, 0
+    while step <= max(arrivals) or running.sources:
+        done.update(running.iterate(arrivals.get(step, [])))
+        step += 1
+    return done
 
 
 def _decoder(precision: str):

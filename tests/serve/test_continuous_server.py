@@ -46,14 +46,13 @@ def _samples(server):
     return {sample.name: sample.value for sample in samples}
 
 
-# every answer is the CLI's for that sentence alone, in every precision (docs/invariance.md); the compiled
-# steps in float32 (in bf16 and int8 they do not keep it yet)
+# every answer is the CLI's for that sentence alone, in every precision and step kind (docs/invariance.md)
 @pytest.mark.parametrize(
     ("overrides", "workers"),
     [
         ((), "threads"),
         (("decode.precision=int8",), "processes"),
-        (("decode.precision=fp32", "decode.compile=true"), "processes"),
+        (("decode.compile=true",), "processes"),
     ],
     ids=["defaults, model's steps on threads", "int8 in processes", "compiled steps in processes"],
 )

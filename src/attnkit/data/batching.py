@@ -8,6 +8,7 @@ a run is reproducible and a resumed run sees exactly the batches it would have s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -66,11 +67,18 @@ def _greedy_cuts(size: np.ndarray, max_tokens: int) -> list[int]:
     return ends
 
 
-def length_batches(indices: Iterable[int], lengths: Sequence[int], size: int) -> list[list[int]]:
+def length_batches(
+    indices: Iterable[int], lengths: Sequence[int], size: int, bucket: int | None = None
+) -> list[list[int]]:
     """``indices`` in batches of at most ``size``, ordered by ``lengths[i]`` so that similar lengths
-    share a batch (less padding when decoding)."""
+    share a batch (less padding when decoding). With a ``bucket``, a batch holds the lengths of one
+    ``⌈length / bucket⌉`` only: every sequence of it is padded to the width it gets alone (what a
+    compiled decoding step needs to give each source the bits it gets alone: docs/invariance.md)."""
     order = sorted(indices, key=lengths.__getitem__)
-    return [order[i : i + size] for i in range(0, len(order), size)]
+    runs = [order]
+    if bucket is not None:
+        runs = [list(run) for _, run in itertools.groupby(order, key=lambda i: -(-lengths[i] // bucket))]
+    return [run[i : i + size] for run in runs for i in range(0, len(run), size)]
 
 
 @dataclass

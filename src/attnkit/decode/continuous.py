@@ -15,7 +15,9 @@ and searched with the same settings and the same code (``search.Beams``), its ro
 own keys (the padding is masked) and its scores are its own. With ``decode.compile``, the steps are
 the compiled ones, as ``translate`` takes them (decode/compiled.py: newcomers' keys join the
 history in slots of their own). Sources with other settings (a beam of 1 and one of 5, or another
-``n_best``) run in running batches of their own, stepped one after the other.
+``n_best``) run in running batches of their own, stepped one after the other; so do, with compiled
+steps, sources of another padded width (a compiled step attends over every key of its batch's width,
+which must be the width each source gets alone, as in ``translate``).
 
 Prompts go the same way through ``search.Extension`` (``generate``'s steps): left-padded as
 ``generate`` pads them, each sampled from its own generator seeded with its seed, its text streamed
@@ -53,13 +55,15 @@ Translations = list[tuple[str, float]]
 
 @dataclass
 class RunningTranslations:
-    """The running batches of one model, one per search setting (beam and ``n_best``)."""
+    """The running batches of one model, one per search setting (beam and ``n_best``) and, with
+    compiled steps, padded source width (see the module docstring)."""
 
     model: EncoderDecoder
     tokenizer: Tokenizer
     decode: DecodeConfig
     device: torch.device | str = "cpu"
-    running: dict[tuple[int, int], Beams] = field(default_factory=dict)  # (beam, n_best) -> its batch
+    # (beam, n_best, width: 0 but with compiled steps) -> its batch
+    running: dict[tuple[int, int, int], Beams] = field(default_factory=dict)
     # how sources are decoded, by beam: decode.compile's compiled steps where they can be (as
     # translate decodes them), else the model's own
     decodings: dict[int, Callable[[Tensor], Seq2SeqDecoding]] = field(default_factory=dict)
@@ -85,33 +89,41 @@ class RunningTranslations:
         if leaving:
             self._leave(set(leaving))
         done: list[tuple[Key, list[Hypothesis]]] = []
-        by_settings: dict[tuple[int, int], list[tuple[Key, str]]] = {}
-        for key, text, settings in joining:
+        texts = [text for _, text, _ in joining if text.strip()]
+        encoded = iter(cut_sources(self.tokenizer, texts, self.model.config.max_len, None, Reporting()))
+        by_batch: dict[tuple[int, int, int], list[tuple[Key, list[int]]]] = {}
+        for key, text, (beam, n_best) in joining:
             if text.strip():
-                by_settings.setdefault(settings, []).append((key, text))
+                ids = next(encoded)
+                by_batch.setdefault((beam, n_best, self._width(beam, ids)), []).append((key, ids))
             else:
                 done.append((key, []))
-        for settings, sources in by_settings.items():
-            done += self._join(settings, sources)
-        for settings in list(self.running):
-            done += self.running[settings].step()
-            if not self.running[settings].sources:
-                del self.running[settings]
+        for batch, sources in by_batch.items():
+            done += self._join(batch, sources)
+        for batch in list(self.running):
+            done += self.running[batch].step()
+            if not self.running[batch].sources:
+                del self.running[batch]
         return [(key, [(self.tokenizer.decode(h.tokens), h.score) for h in found]) for key, found in done]
 
+    def _width(self, beam: int, ids: list[int]) -> int:
+        """The width a source of ``ids`` is padded to alone, where its running batch must have it (a
+        compiled step's: see the module docstring); 0 for the model's own steps, whatever the width."""
+        if self._decoding(beam) is self.model.decoding:
+            return 0
+        return min(-(-len(ids) // KEY_BUCKET) * KEY_BUCKET, self.model.config.max_len)
+
     def _join(
-        self, settings: tuple[int, int], sources: list[tuple[Key, str]]
+        self, batch: tuple[int, int, int], sources: list[tuple[Key, list[int]]]
     ) -> list[tuple[Key, list[Hypothesis]]]:
-        """Encode ``sources``, take their first step as a batch of their own, and merge those still
-        searched into the running batch of their settings; returns those already done."""
-        beam, n_best = settings
+        """Take the first step of ``sources`` (their keys and ids) as a batch of their own, and merge
+        those still searched into the running ``batch`` (beam, n_best, width); returns those already
+        done."""
+        beam, n_best, _ = batch
         model, specials = self.model, self.tokenizer.specials
         search = Search.of(self.decode, beam_size=beam, n_best=n_best, max_output_len=model.config.max_len)
-        encoded = cut_sources(
-            self.tokenizer, [text for _, text in sources], model.config.max_len, None, Reporting()
-        )
         # (N, S): S a multiple of the keys' bucket, as a source alone is padded (attnkit.cpu.alone)
-        src = pad(encoded, specials.pad, KEY_BUCKET, self.model.config.max_len).to(self.device)
+        src = pad([ids for _, ids in sources], specials.pad, KEY_BUCKET, model.config.max_len).to(self.device)
         start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=self.device)
         keys = [key for key, _ in sources]
         joining = Beams(
@@ -119,10 +131,10 @@ class RunningTranslations:
         )
         done = joining.step()  # the first step, on one row per source; then K beams each
         if joining.sources:
-            if settings in self.running:
-                self.running[settings].merge(joining)
+            if batch in self.running:
+                self.running[batch].merge(joining)
             else:
-                self.running[settings] = joining
+                self.running[batch] = joining
         return done
 
     def _decoding(self, beam: int) -> Callable[[Tensor], Seq2SeqDecoding]:
@@ -135,10 +147,10 @@ class RunningTranslations:
         return self.decodings[beam]
 
     def _leave(self, keys: set[Key]) -> None:
-        for settings in list(self.running):
-            self.running[settings].leave(keys)
-            if not self.running[settings].sources:
-                del self.running[settings]
+        for batch in list(self.running):
+            self.running[batch].leave(keys)
+            if not self.running[batch].sources:
+                del self.running[batch]
 
 
 class Continuing(Protocol):

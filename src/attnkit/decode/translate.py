@@ -116,8 +116,11 @@ def _hypotheses(
     search = dataclasses.replace(search, max_output_len=longest)
     found: list[list[Hypothesis]] = [[] for _ in texts]
     todo = [i for i, text in enumerate(texts) if text.strip()]
-    batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
-    compiled = decode.compile and torch.device(device).type == "cpu" and bool(batches)
+    compiled = decode.compile and torch.device(device).type == "cpu" and bool(todo)
+    # a compiled step attends over every key of its batch's width: its batches hold sources of one
+    # width, the width each gets alone (the model's steps give each row its own keys: attnkit.cpu.alone)
+    lengths = [len(ids) for ids in encoded]
+    batches = length_batches(todo, lengths, decode.batch_size, KEY_BUCKET if compiled else None)
 
     def searched(chunk: list[int], decoding: Callable | None) -> list[list[Hypothesis]]:
         # (B, S): S a multiple of the keys' bucket, as a source alone is padded (attnkit.cpu.alone)
