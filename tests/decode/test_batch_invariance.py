@@ -47,10 +47,10 @@ def compile_cache(tmp_path_factory):
         yield
 
 
-def _model(data, precision: str):
+def _model(data, precision: str, **changes):
     tokenizer = Tokenizer.train("word", data.src)
     torch.manual_seed(7)
-    model = build_transformer(TransformerConfig.from_preset("tiny", **MODEL), tokenizer.vocab_size)
+    model = build_transformer(TransformerConfig.from_preset("tiny", **MODEL, **changes), tokenizer.vocab_size)
     config = load_run_config(None, [f"decode.precision={precision}", *SETTINGS])
     model = ready_for_inference(model, config)
     return model, tokenizer, config
@@ -137,9 +137,13 @@ def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_each_decoding_steps_logits_are_the_same_bits_whatever_the_batch(sentences, precision):
+@pytest.mark.parametrize("copy_mechanism", [False, True], ids=["", "copy"])
+def test_each_decoding_steps_logits_are_the_same_bits_whatever_the_batch(
+    sentences, precision, copy_mechanism
+):
+    """The summarisers' copy mechanism too (its pointer attends to the source once more)."""
     data, texts = sentences
-    model, tokenizer, _ = _model(data, precision)
+    model, tokenizer, _ = _model(data, precision, copy=copy_mechanism)
     specials = tokenizer.specials
     sources = [[*tokenizer.encode(text), specials.eos] for text in texts]
     steps = torch.randint(

@@ -31,6 +31,12 @@ def bucketed(lengths: Tensor) -> Tensor:
     return (lengths.clamp(min=1) + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET
 
 
+def key_groups(mask: Tensor) -> Iterator[tuple[int, Tensor | slice]]:
+    """:func:`groups` of the rows of a padding ``mask (B, 1, S)`` (True at a row's real keys, which come
+    first) by their number of real keys rounded up with :func:`bucketed`."""
+    return groups(bucketed(mask.sum(-1).view(-1)))
+
+
 def groups(lengths: Tensor) -> Iterator[tuple[int, Tensor | slice]]:
     """``(length, rows)`` for each length in ``lengths (B,)``: the rows as a slice where each length's
     rows are consecutive (the batches ``translate`` sorts by length, a running batch's rows by the step

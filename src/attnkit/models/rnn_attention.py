@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.invariance import bucketed, cut_or_padded, groups
+from attnkit.attention.invariance import cut_or_padded, key_groups
 from attnkit.attention.masks import keys_near
 from attnkit.attention.normalisers import softmax
 from attnkit.attention.scores import (
@@ -151,10 +151,9 @@ class SourceAttention(nn.Module):
         then sum over the same positions in the same order whatever its batchmates' lengths, so that a
         sentence's output does not depend on its batch (docs/invariance.md)."""
         S = source.mask.size(-1)
-        lengths = bucketed(source.mask.sum(-1).view(-1))  # (B,)
         contexts = query.new_empty(query.size(0), 1, source.annotations.size(-1))  # (B, 1, d_hidden)
         weights = query.new_zeros(query.size(0), S)  # (B, S)
-        for length, rows in groups(lengths):
+        for length, rows in key_groups(source.mask):
             part = Source(*(_cut(getattr(source, f.name), rows, length, f.name) for f in fields(Source)))
             contexts[rows], alignment = self._attend(query[rows], t, part)
             weights[rows] = cut_or_padded(alignment.weights, S, -1)

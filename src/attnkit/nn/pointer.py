@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.attention.functional import attend
+from attnkit.attention.invariance import cut_or_padded, key_groups
 
 _TINY = 1e-30  # log(P) for a token that neither softmax (underflowed) nor the pointer gives anything
 
@@ -47,7 +48,7 @@ class PointerGenerator(nn.Module):
         they came from; ``keys`` (from :meth:`keys`) and ``memory``: ``(B, S, d_model)``; ``src (B, S)``:
         the source token ids; ``src_mask (B, 1, S)``: True where a source token is real.
         """
-        context, alpha = attend(self.query(hidden), keys, memory, src_mask, need_weights=True)
+        context, alpha = self._attend(self.query(hidden), keys, memory, src_mask)
         # context (B, T, d_model), alpha (B, T, S)
         p_gen = torch.sigmoid(self.switch(torch.cat([hidden, context], dim=-1)).float())  # (B, T, 1)
         B, T, S = alpha.shape
@@ -55,3 +56,20 @@ class PointerGenerator(nn.Module):
         copy = logits.new_zeros(logits.shape, dtype=torch.float32).scatter_add_(-1, index, alpha.float())
         probs = p_gen * logits.float().softmax(-1) + (1.0 - p_gen) * copy  # (B, T, V), sums to one
         return probs.clamp_min(_TINY).log()
+
+    @staticmethod
+    def _attend(query: Tensor, keys: Tensor, memory: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``attend`` with its weights; in inference for each group of rows whose real source tokens,
+        padded to a multiple of ``KEY_BUCKET``, are as many (``attnkit.attention.invariance``): a row's
+        sums then run over the positions it has alone, whatever its batchmates' lengths."""
+        if torch.is_grad_enabled():
+            return attend(query, keys, memory, src_mask, need_weights=True)
+        B, T, S = query.size(0), query.size(1), keys.size(1)
+        context = query.new_empty(B, T, memory.size(-1))  # (B, T, d_model)
+        alpha = query.new_empty(B, T, S)
+        for length, rows in key_groups(src_mask):
+            k, v = (cut_or_padded(x[rows], length, 1) for x in (keys, memory))  # (n, length, d_model)
+            mask = cut_or_padded(src_mask[rows], length, -1)  # (n, 1, length)
+            context[rows], weights = attend(query[rows], k, v, mask, need_weights=True)  # (n, T, length)
+            alpha[rows] = cut_or_padded(weights, S, -1)
+        return context, alpha
