@@ -19,6 +19,7 @@ from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.continuous import RunningTranslations
+from attnkit.decode.generate import generate
 from attnkit.decode.translate import translate
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, from_preset
@@ -238,3 +239,27 @@ def test_a_prompts_logits_are_the_same_bits_alone_and_padded_on_the_left_among_o
     for batch in ([0, 1], [3, 2, 4], [4, 3, 2, 1, 0], [1, 1, 2]):
         got = logits(batch)
         assert torch.equal(got, alone[batch]), (batch, (got != alone[batch]).any(-1))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_prompt_is_continued_alike_alone_and_in_any_batch(precision, temperature):
+    """``generate``, greedy and sampled (each prompt from its own seed), prompts of mixed lengths."""
+    model, tokenizer = _decoder(precision)
+    line = "to be or not to be, that is the question; all the world's a stage"
+    prompts = [line[i : i + 1 + 3 * (i % 5)] for i in range(0, 48, 4)]  # 1 to 13 characters
+    settings = [
+        f"decode.precision={precision}",
+        f"decode.temperature={temperature}",
+        "decode.max_new_tokens=12",
+    ]
+    decode = load_run_config(None, settings).decode
+
+    def continued(rows: list[int]) -> list[str]:
+        batch = dataclasses.replace(decode, batch_size=len(rows))
+        return generate(model, tokenizer, [prompts[i] for i in rows], batch, seeds=rows)
+
+    alone = [continued([i])[0] for i in range(len(prompts))]
+    for batch in _random_batches(len(prompts), random.Random(5)):
+        assert continued(batch) == [alone[i] for i in batch], batch
+    assert len(set(alone)) > len(prompts) // 2  # not one continuation for all
