@@ -238,12 +238,13 @@ def test_continuous_batching_is_refused_in_one_line_where_there_is_no_running_ba
 
 
 def test_32_clients_sampling_from_a_running_batch_get_what_attnkit_generate_gives(decoder, tmp_path):
-    """32 concurrent prompts (every other one streamed), each with its own seed, join a running batch as
-    they come: each continuation is what ``attnkit generate`` gives that prompt with that seed."""
+    """32 concurrent prompts of several lengths (every other one streamed), each with its own seed, join
+    a running batch as they come, in the default precision: each continuation is what ``attnkit
+    generate`` gives that prompt with that seed alone."""
     import json
 
-    prompts = [f"the {a}" for a in ("cat", "dog", "hen", "fox")] * 8
-    decode = ["decode.max_new_tokens=16", "decode.top_k=4", "decode.temperature=1.0", "decode.precision=fp32"]
+    prompts = ["the cat", "the dog sat on", "t", "the fox sat on the b"] * 8
+    decode = ["decode.max_new_tokens=16", "decode.top_k=4", "decode.temperature=1.0"]
     expected = generated(decoder, prompts, decode, tmp_path)  # prompt i: seed 1337 + i
     assert len(set(expected)) > 8  # the seeds matter: the same prompts continue differently
     served = Server(decoder, "--batching", "continuous", "decode.streams=2", *decode)
