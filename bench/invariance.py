@@ -1,6 +1,8 @@
 """How many translations change with the batch: each sentence of a file translated alone, then in
-batches, with the same weights and settings, for each of attnkit's precisions and for CTranslate2
-(``translate_batch`` alone and in batches, float32 and int8 weights exported from the same checkpoint).
+batches, with the same weights and settings, for each of attnkit's precisions and for its peers:
+CTranslate2 (``translate_batch`` alone and in batches, float32 and int8 weights exported from the same
+checkpoint) and HF transformers' ``generate`` (``MarianMTModel``, float32, ``attnkit export --to hf``;
+every sentence bounded to the same number of new tokens, so that only the batch differs).
 
 A translation is a function of its sentence and the settings (docs/invariance.md): every attnkit row
 should read 0. Counted are the n-best lines (text and score) that differ, and the sentences whose best
@@ -8,7 +10,7 @@ translation differs. The batches are ``--batch`` sentences of similar length, as
 (the tests also draw random batchmates of mixed lengths: tests/decode/test_batch_invariance.py).
 
 Run: ``python bench/invariance.py --ckpt RUN --src FILE [--lines 1000] [--beam 5] [--n-best 2]
-[--batch 64]``.
+[--batch 64] [--engines attnkit,ctranslate2,hf] [--steps eager,compiled]``.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import importlib.util
 import itertools
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from attnkit.convert.export import export_ctranslate2
+from attnkit.convert.export import export_ctranslate2, export_hf
+from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_lines
 from attnkit.decode.ct2 import CTranslate2Translator
 from attnkit.decode.translate import translate
@@ -44,6 +48,86 @@ def differences(alone: Translations, batched: Translations) -> tuple[int, int, i
     return differ, best, lines
 
 
+def hf_peer(ckpt: str, folder: Path, n_best: int, beam: int, bound: int):
+    """HF ``generate`` of the checkpoint's weights (exported to ``folder``) as a ``(texts, batch size) ->
+    n best`` function: sources encoded as attnkit encodes them, in batches of similar length, each
+    output at most ``bound`` new tokens; the scores are HF's (``sequences_scores``)."""
+    from transformers import MarianMTModel
+
+    model, tokenizer, config = load_for_inference(ckpt, overrides=["decode.precision=fp32"])
+    hf = MarianMTModel.from_pretrained(export_hf(model, tokenizer, folder)).eval()
+    specials = tokenizer.specials
+
+    def run(group: list[str], size: int) -> Translations:
+        encoded = [[*ids, specials.eos] for ids in tokenizer.encode_batch(group)]
+        found: Translations = [[] for _ in group]
+        for chunk in length_batches(range(len(group)), [len(ids) for ids in encoded], size):
+            src = pad([encoded[i] for i in chunk], specials.pad)  # (B, S)
+            with torch.inference_mode():
+                out = hf.generate(src, attention_mask=src != specials.pad, num_beams=beam,
+                                  num_return_sequences=n_best, do_sample=False, max_length=1 + bound,
+                                  length_penalty=config.decode.alpha, output_scores=True,
+                                  return_dict_in_generate=True)  # fmt: skip
+            sequences, scores = out.sequences.tolist(), out.sequences_scores.tolist()
+            for j, i in enumerate(chunk):
+                rows = range(j * n_best, (j + 1) * n_best)
+                found[i] = [(tokenizer.decode(sequences[r]), scores[r]) for r in rows]
+        return found
+
+    return run
+
+
+Row = tuple[str, Callable[[list[str], int], Translations]]  # a name, and (texts, batch size) -> n best
+
+
+def attnkit_rows(args: argparse.Namespace) -> list[Row]:
+    """attnkit in each precision, with the model's steps and with compiled ones (``--steps``)."""
+    rows = []
+    for precision in ("fp32", "bf16", "int8"):
+        model, tokenizer, config = load_for_inference(args.ckpt, overrides=[f"decode.precision={precision}"])
+        for compiled in [kind == "compiled" for kind in args.steps.split(",")]:
+
+            def ours(group: list[str], size: int, model=model, tokenizer=tokenizer, config=config,
+                     compiled=compiled) -> Translations:  # fmt: skip
+                decode = dataclasses.replace(config.decode, batch_size=size, compile=compiled)
+                return translate(model, tokenizer, group, decode, n_best=args.n_best, beam_size=args.beam)
+
+            rows.append(
+                (f"attnkit {config.decode.precision}" + (", compiled steps" if compiled else ""), ours)
+            )
+    return rows
+
+
+def ctranslate2_rows(args: argparse.Namespace) -> list[Row]:
+    """CTranslate2 with float32 and int8 weights exported from the checkpoint."""
+    if not importlib.util.find_spec("ctranslate2"):
+        print("note: ctranslate2 is not installed; no CTranslate2 rows")
+        return []
+    model, tokenizer, config = load_for_inference(args.ckpt, overrides=["decode.precision=fp32"])
+    scratch, rows = Path(tempfile.mkdtemp(prefix="invariance-")), []
+    for quantization in (None, "int8"):
+        folder = export_ctranslate2(
+            model, tokenizer, vars(config.decode), scratch / str(quantization), quantization
+        )
+
+        def peer(group: list[str], size: int, folder=folder) -> Translations:
+            translator = CTranslate2Translator(folder, [f"decode.batch_size={size}"])
+            return translator.translate_n_best(group, args.n_best, beam_size=args.beam)
+
+        rows.append((f"CTranslate2 {quantization or 'float32'}", peer))
+    return rows
+
+
+def hf_rows(args: argparse.Namespace, texts: list[str]) -> list[Row]:
+    """HF ``generate`` in float32, every output bounded to twice the longest source and ten tokens."""
+    if not importlib.util.find_spec("transformers"):
+        print("note: transformers is not installed; no HF row")
+        return []
+    longest = max(len(ids) for ids in load_for_inference(args.ckpt)[1].encode_batch(texts)) + 1
+    run = hf_peer(args.ckpt, Path(tempfile.mkdtemp()), args.n_best, args.beam, 2 * longest + 10)
+    return [("HF generate float32", run)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -55,6 +139,8 @@ def main() -> None:
     parser.add_argument("--n-best", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--engines", default="attnkit,ctranslate2,hf", help="which of them to run")
+    parser.add_argument("--steps", default="eager,compiled", help="attnkit's step kinds (compiling: ~20 s)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     texts = [line for line in read_lines(args.src)[: args.lines] if line.strip()]
@@ -63,39 +149,13 @@ def main() -> None:
     print("| engine | n-best lines that differ | best translations that differ | alone s | batched s |")
     print("|---|---|---|---|---|")
     rows = []  # (name, translate(texts, batch size) -> each text's n best)
-    for precision in ("fp32", "bf16", "int8"):
-        model, tokenizer, config = load_for_inference(args.ckpt, overrides=[f"decode.precision={precision}"])
-        for compiled in (False, True):
-
-            def ours(
-                group: list[str],
-                size: int,
-                model=model,
-                tokenizer=tokenizer,
-                config=config,
-                compiled=compiled,
-            ):
-                decode = dataclasses.replace(config.decode, batch_size=size, compile=compiled)
-                return translate(model, tokenizer, group, decode, n_best=args.n_best, beam_size=args.beam)
-
-            rows.append(
-                (f"attnkit {config.decode.precision}" + (", compiled steps" if compiled else ""), ours)
-            )
-    if importlib.util.find_spec("ctranslate2"):
-        model, tokenizer, config = load_for_inference(args.ckpt, overrides=["decode.precision=fp32"])
-        scratch = Path(tempfile.mkdtemp(prefix="invariance-"))
-        for quantization in (None, "int8"):
-            folder = export_ctranslate2(
-                model, tokenizer, vars(config.decode), scratch / str(quantization), quantization
-            )
-
-            def peer(group: list[str], size: int, folder=folder) -> Translations:
-                translator = CTranslate2Translator(folder, [f"decode.batch_size={size}"])
-                return translator.translate_n_best(group, args.n_best, beam_size=args.beam)
-
-            rows.append((f"CTranslate2 {quantization or 'float32'}", peer))
-    else:
-        print("note: ctranslate2 is not installed; no CTranslate2 rows")
+    engines = set(args.engines.split(","))
+    if "attnkit" in engines:
+        rows += attnkit_rows(args)
+    if "ctranslate2" in engines:
+        rows += ctranslate2_rows(args)
+    if "hf" in engines:
+        rows += hf_rows(args, texts)
     for name, run in rows:
         began = time.perf_counter()
         alone = run(texts, 1)

@@ -225,6 +225,25 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
     assert scores[("attnkit", "1")] == scores[("ctranslate2", "1")] == scores[("hf-generate", "1")]
 
 
+def test_the_invariance_benchmark_counts_the_outputs_that_change_with_the_batch_for_every_engine(
+    copy_run, copy_data
+):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the peers")
+    pytest.importorskip("transformers", reason="HF generate is one of the peers")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "invariance.py"), "--ckpt", str(copy_run), "--src",
+         str(copy_data / "valid.src"), "--lines", "12", "--batch", "5", "--beam", "3", "--steps", "eager"],
+        capture_output=True, text=True, encoding="utf-8", timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"\| ([\w ,]+?) \| (\d+) of 24 \| \d+ of 12 \| [\d.]+ \| [\d.]+ \|", result.stdout)
+    names = [name for name, _ in rows]
+    assert names[3:] == ["CTranslate2 float32", "CTranslate2 int8", "HF generate float32"], result.stdout
+    # attnkit in each precision (bf16 is fp32 where this torch packs no bf16 weights): the same answers
+    assert names[0] == "attnkit fp32" and names[2] == "attnkit int8" and names[1].startswith("attnkit")
+    assert [differ for _, differ in rows[:3]] == ["0", "0", "0"], result.stdout
+
+
 def test_the_translation_speed_benchmark_compares_the_compiled_step_with_the_eager_one(
     copy_run, copy_data, tmp_path
 ):
