@@ -21,6 +21,7 @@ import torch
 from attnkit.checkpoint.folder import load_model_weights, read_run_config, resolve_checkpoint
 from attnkit.config import RunConfig, with_decode_overrides
 from attnkit.cpu import pack_for_inference, quantize_int8, speed_up
+from attnkit.cpu.linear import linear_precision
 from attnkit.cpu.precision import matrix_units
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
@@ -114,9 +115,11 @@ def ready_for_inference(
     model = model.to(device).eval()
     precision = config.decode.precision
     speed_up(model, inference=pack and precision == "fp32")
-    if precision == "bf16" and not pack_for_inference(model, torch.bfloat16):
-        config.decode.precision = "fp32"  # this torch's oneDNN packs no bf16 weights: float32's, packed
-        pack_for_inference(model)
+    if precision == "bf16":
+        if not pack_for_inference(model, torch.bfloat16):
+            pack_for_inference(model)  # this torch's oneDNN packs no bf16 weights: float32's, packed
+        if linear_precision(model) != "bf16":  # that, or every map too small for bf16 (a toy model's):
+            config.decode.precision = "fp32"  # the config says what the maps multiply in
     elif precision == "int8":
         quantize_int8(model)
     return model

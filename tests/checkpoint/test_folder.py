@@ -20,9 +20,11 @@ from attnkit.checkpoint.folder import (
     save_checkpoint,
 )
 from attnkit.checkpoint.trainer_state import load_trainer_state
+from attnkit.config import load_run_config
 from attnkit.cpu.linear import BF16_MIN_WEIGHTS
 from attnkit.errors import AttnkitError
-from attnkit.loading import load_for_inference
+from attnkit.loading import load_for_inference, ready_for_inference
+from attnkit.models.config import TransformerConfig
 
 
 def _save(run, step, model, optimizer=None, **kw):
@@ -224,11 +226,16 @@ def test_one_loader_applies_the_precision_and_decode_overrides_for_every_command
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.int8_weight is not None and m.packed_weight is None for m in linears)
     bf16, _, config = load_for_inference(dates_run, overrides=["decode.precision=bf16"])
-    assert config.decode.precision == "bf16"
     linears = [m for m in bf16.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.numel() < BF16_MIN_WEIGHTS for m in linears)  # a toy model's maps
+    assert all(m.packed_dtype == torch.float32 and m.int8_weight is None for m in linears)
+    assert config.decode.precision == "fp32"  # every map kept float32, and the config says so
+    wider = build_transformer(TransformerConfig.from_preset("tiny", d_model=256, d_ff=1024), 50)
+    config = load_run_config(None, ["decode.precision=bf16"])
+    linears = [m for m in ready_for_inference(wider, config).modules() if isinstance(m, torch.nn.Linear)]
     wanted = [torch.bfloat16 if m.weight.numel() >= BF16_MIN_WEIGHTS else torch.float32 for m in linears]
-    assert linears and [m.packed_dtype for m in linears] == wanted  # small maps: float32 copies
-    assert all(m.int8_weight is None for m in linears)
+    assert torch.bfloat16 in wanted and [m.packed_dtype for m in linears] == wanted  # small maps: float32
+    assert config.decode.precision == "bf16"
     packed, _, plain = load_for_inference(dates_run, overrides=["decode.precision=fp32"])
     assert plain.decode.beam_size == 4 and plain.decode.precision == "fp32"
     linears = [m for m in packed.modules() if isinstance(m, torch.nn.Linear)]

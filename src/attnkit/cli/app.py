@@ -43,8 +43,9 @@ Int8 = Annotated[bool, typer.Option("--int8", help="The same as --precision int8
 Precision = Annotated[
     str | None,
     typer.Option(
-        help="CPU: what the linear maps multiply in: bf16 (the processor's bf16 units), int8 (weights and "
-        "activations), fp32, or auto (bf16 where this CPU's bf16 products are fast). Default: the run's "
+        help="CPU: what the linear maps multiply in: bf16 (the processor's bf16 units; maps under 2^17 "
+        "weights stay fp32, and a model with no larger one runs fp32), int8 (weights and activations), "
+        "fp32, or auto (bf16 where this CPU's bf16 products are fast). Default: the run's "
         "decode.precision (auto)."
     ),
 ]
