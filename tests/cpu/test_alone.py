@@ -111,3 +111,31 @@ def test_a_decoders_past_padded_on_the_left_is_each_rows_own_keys():
     shuffled = [3, 0, 5, 2, 1, 4]
     out = attend_as_alone(Q[shuffled], K[shuffled], V[shuffled], mask[shuffled], None, PAST)
     assert torch.equal(out, attend_as_alone(Q, K, V, mask, None, PAST)[shuffled])
+
+
+def test_the_groups_found_once_for_a_mask_follow_its_changes_and_serve_its_views():
+    """A memory's groups are found once per mask (a decoding step after step): a view of the same mask
+    gets them again, and a mask changed in place, or another mask, gets its own."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (
+        torch.randn(4, 2, 1, 8, generator=g),
+        torch.randn(4, 2, 24, 8, generator=g),
+        torch.randn(4, 2, 24, 8, generator=g),
+    )
+    mask = torch.zeros(4, 1, 24, dtype=torch.bool)  # (B, 1, T_k), as a decoding holds it
+    for row, length in enumerate((3, 20, 9, 24)):
+        mask[row, :, :length] = True
+
+    def expected(m):
+        return torch.cat([attend_as_alone(q[i : i + 1], k[i : i + 1], v[i : i + 1], m[i : i + 1, None], None,
+                                          MEMORY) for i in range(4)])  # fmt: skip
+
+    first = attend_as_alone(q, k, v, mask.unsqueeze(1), None, MEMORY)
+    assert torch.equal(first, expected(mask))
+    assert torch.equal(attend_as_alone(q, k, v, mask.unsqueeze(1), None, MEMORY), first)  # another view
+    mask[0, :, 3:12] = True  # row 0 now has 12 real keys
+    changed = attend_as_alone(q, k, v, mask.unsqueeze(1), None, MEMORY)
+    assert torch.equal(changed, expected(mask)) and not torch.equal(changed[0], first[0])
+    other = mask.clone()
+    other[1, :, 5:] = False
+    assert torch.equal(attend_as_alone(q, k, v, other.unsqueeze(1), None, MEMORY), expected(other))

@@ -73,6 +73,46 @@ def _by_products(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: fl
     return scores.softmax(-1) @ v  # (n, h, T_q, d_v)
 
 
+# a row group: its key length, its rows (a slice or an index) and its mask (None: every key real)
+Group = tuple[int, "Tensor | slice", "Tensor | None"]
+# groups by their mask: a memory's mask is the same data at every step of a decoding (a new view of it
+# at each call), so its groups are found once; (where its data is, its shape, strides and version, B,
+# T_k, keys) -> (the mask, kept so that its memory is not reused meanwhile; its groups), the oldest
+# dropped past PLANS_KEPT
+_PLANS: dict[tuple, tuple[Tensor | None, list[Group]]] = {}
+PLANS_KEPT = 64
+
+
+def _groups_of(mask: Tensor | None, batch: int, t_k: int, keys: str) -> list[Group] | None:
+    """The groups of rows that ``mask`` makes (see :func:`attend_as_alone`), found once per mask tensor;
+    None where the mask is not a layout this handles."""
+    where = None if mask is None else (mask.data_ptr(), mask.shape, mask.stride(), mask._version)
+    key = (where, batch, t_k, keys)
+    found = _PLANS.get(key)
+    if found is not None:
+        return found[1]
+    plan = _planned(mask, batch, t_k, keys)
+    if plan is not None:
+        if len(_PLANS) >= PLANS_KEPT:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = (mask, plan)
+    return plan
+
+
+def _planned(mask: Tensor | None, batch: int, t_k: int, keys: str) -> list[Group] | None:
+    lengths = key_lengths(mask, batch, t_k, first=keys != PAST)
+    if lengths is None:
+        return None
+    if keys == PAST:  # the row's own keys, the last ones, all real
+        return [(length, rows, None) for length, rows in groups(lengths)]
+    # the real keys first, padded to a multiple of KEY_BUCKET
+    plan = []
+    for length, rows in groups(bucketed(lengths)):
+        real = lengths[rows, None]  # (n, 1)
+        plan.append((length, rows, (torch.arange(length) < real)[:, None, None, :]))  # (n, 1, 1, length)
+    return plan
+
+
 def attend_as_alone(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, keys: str
 ) -> Tensor | None:
@@ -90,25 +130,17 @@ def attend_as_alone(
             if T_q == 1
             else F.scaled_dot_product_attention(q, k, v, scale=scale)
         )
-    lengths = key_lengths(mask, B, T_k, first=keys != PAST)
-    if lengths is None:
+    row_groups = _groups_of(mask, B, T_k, keys)
+    if row_groups is None:
         return None
-    if keys != PAST:  # the real keys first, padded to a multiple of KEY_BUCKET
-        lengths, real = bucketed(lengths), lengths
-    row_groups = list(groups(lengths))
     out = None  # (B, h, T_q, d_v), made where more than one call fills it
-    for length, rows in row_groups:
+    for length, rows, row_mask in row_groups:
+        whole = isinstance(rows, slice) and rows == slice(0, B)
+        q_rows, k_rows, v_rows = (q, k, v) if whole else (q[rows], k[rows], v[rows])
         if keys == PAST:  # the row's own keys, the last ones, all real
-            q_rows, k_rows, v_rows, row_mask = (
-                q[rows],
-                k[rows][..., T_k - length :, :],
-                v[rows][..., T_k - length :, :],
-                None,
-            )
+            k_rows, v_rows = k_rows[..., T_k - length :, :], v_rows[..., T_k - length :, :]
         else:
-            k_rows, v_rows = cut_or_padded(k[rows], length, -2), cut_or_padded(v[rows], length, -2)
-            q_rows = q[rows]
-            row_mask = (torch.arange(length) < real[rows, None])[:, None, None, :]  # (n, 1, 1, length)
+            k_rows, v_rows = cut_or_padded(k_rows, length, -2), cut_or_padded(v_rows, length, -2)
             if keys == PADDED:
                 q_rows = cut_or_padded(q_rows, length, -2)
         if keys != PADDED:  # a decoding step's queries
