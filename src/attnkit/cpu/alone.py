@@ -34,6 +34,7 @@ per query, keys not in one run) return None, and the caller takes the fused kern
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,7 @@ Group = tuple[int, "Tensor | slice", "Tensor | None"]
 # T_k, keys) -> (the mask, kept so that its memory is not reused meanwhile; its groups), the oldest
 # dropped past PLANS_KEPT
 _PLANS: dict[tuple, tuple[Tensor | None, list[Group]]] = {}
+_PLANS_LOCK = threading.Lock()
 PLANS_KEPT = 64
 
 
@@ -93,9 +95,10 @@ def _groups_of(mask: Tensor | None, batch: int, t_k: int, keys: str) -> list[Gro
         return found[1]
     plan = _planned(mask, batch, t_k, keys)
     if plan is not None:
-        if len(_PLANS) >= PLANS_KEPT:
-            _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = (mask, plan)
+        with _PLANS_LOCK:  # decoding streams are threads: one of them changes the dict at a time
+            while len(_PLANS) >= PLANS_KEPT:
+                del _PLANS[next(iter(_PLANS))]
+            _PLANS[key] = (mask, plan)
     return plan
 
 
