@@ -139,3 +139,14 @@ def test_the_groups_found_once_for_a_mask_follow_its_changes_and_serve_its_views
     other = mask.clone()
     other[1, :, 5:] = False
     assert torch.equal(attend_as_alone(q, k, v, other.unsqueeze(1), None, MEMORY), expected(other))
+
+
+def test_masks_made_under_inference_mode_are_attended_as_alone_too():
+    """``torch.inference_mode`` makes tensors without a version counter (the groups' cache keys on it)."""
+    q, k, v = torch.randn(3, 2, 1, 8), torch.randn(3, 2, 16, 8), torch.randn(3, 2, 16, 8)
+    with torch.inference_mode():
+        mask = torch.arange(16)[None, None, None, :] < torch.tensor([4, 16, 9])[:, None, None, None]
+        out = attend_as_alone(q, k, v, mask, None, MEMORY)
+        alone = [attend_as_alone(q[i : i + 1], k[i : i + 1], v[i : i + 1], mask[i : i + 1], None, MEMORY)
+                 for i in range(3)]  # fmt: skip
+    assert torch.equal(out, torch.cat(alone))

@@ -88,6 +88,8 @@ PLANS_KEPT = 64
 def _groups_of(mask: Tensor | None, batch: int, t_k: int, keys: str) -> list[Group] | None:
     """The groups of rows that ``mask`` makes (see :func:`attend_as_alone`), found once per mask tensor;
     None where the mask is not a layout this handles."""
+    if mask is not None and mask.is_inference():  # made under torch.inference_mode: no version counter
+        return _planned(mask, batch, t_k, keys)  # to tell an in-place change by, so found every time
     where = None if mask is None else (mask.data_ptr(), mask.shape, mask.stride(), mask._version)
     key = (where, batch, t_k, keys)
     found = _PLANS.get(key)
