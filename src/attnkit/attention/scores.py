@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention.invariance import each_alone
+from attnkit.attention.invariance import correlated
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -148,7 +148,11 @@ class LocationAware(nn.Module):
     def match(self, q: Tensor, projected: Tensor, previous: Tensor) -> Tensor:
         """Scores ``(B, 1, S)`` for the query ``q (B, 1, d_q)``, the projected keys ``(B, S, A)`` and
         the previous step's weights ``previous (B, S)``."""
-        f = each_alone(self.F, previous.unsqueeze(1).to(projected.dtype)).transpose(1, 2)  # (B, S, filters)
+        previous = previous.to(projected.dtype)
+        if torch.is_grad_enabled():
+            f = self.F(previous.unsqueeze(1)).transpose(1, 2)  # (B, S, filters)
+        else:  # in inference each row's features as it gets them alone (attnkit.attention.invariance)
+            f = correlated(previous, self.F.weight)
         return _additive(self.W(q), projected + self.U(f), self.w)
 
 

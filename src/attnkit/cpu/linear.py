@@ -97,7 +97,8 @@ BF16_MIN_WEIGHTS = 2**17
 # in inference, maps of at most this many weights (128 x 128) are multiplied as products summed by torch
 # (:func:`_summed_products`): a oneDNN call costs ~30 µs more than their arithmetic
 TINY_WEIGHTS = 2**14
-ROWS_AT_ONCE = 64  # rows multiplied at once by _summed_products (their products: 64 x d_out x d_in)
+ROWS_AT_ONCE = 64  # rows multiplied at once by _summed_products (their products: 64 x d_out x d_in),
+PRODUCTS_AT_ONCE = 2**18  # or more for a tinier map, as many as make this many products
 
 
 def onednn_applies(x: Tensor, weight: Tensor, packed: bool = False, *, inference: bool = False) -> bool:
@@ -213,14 +214,14 @@ def _tiny(x: Tensor, weight: Tensor) -> bool:
 
 def _summed_products(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x (..., d_in) @ weight (d_out, d_in)ᵀ + bias -> (..., d_out)`` as products summed over
-    ``d_in`` (:data:`ROWS_AT_ONCE` rows at a time): each output one sum of a row's own products, in an
-    order fixed by ``d_in``, whatever the rows beside it; for maps so small (:data:`TINY_WEIGHTS`) that
-    a kernel call costs more than their arithmetic."""
+    ``d_in`` (:data:`ROWS_AT_ONCE` rows at a time, or :data:`PRODUCTS_AT_ONCE` products): each output
+    one sum of a row's own products, in an order fixed by ``d_in``, whatever the rows beside it; for
+    maps so small (:data:`TINY_WEIGHTS`) that a kernel call costs more than their arithmetic."""
     # contiguous: a view of a transposed input (one image's regions, say) would sum its products in
     # the order of its strides, another than the copy that a batch of them reshapes into
     rows = x.reshape(-1, x.size(-1)).contiguous()  # (N, d_in)
-    parts = [(rows[start : start + ROWS_AT_ONCE, None, :] * weight).sum(-1)
-             for start in range(0, rows.size(0), ROWS_AT_ONCE)]  # fmt: skip
+    step = max(ROWS_AT_ONCE, PRODUCTS_AT_ONCE // weight.numel())  # a tinier map: more rows at once
+    parts = [(rows[start : start + step, None, :] * weight).sum(-1) for start in range(0, rows.size(0), step)]
     out = torch.cat(parts) if parts else rows.new_zeros(0, weight.size(0))  # (N, d_out)
     if bias is not None:
         out += bias

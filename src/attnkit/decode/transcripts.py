@@ -10,18 +10,20 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
-from attnkit.data.batching import pad
+from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.captions import written
 from attnkit.decode.search import Search
 from attnkit.models import evaluating
 
 
-def padded_frames(features: Sequence[Tensor]) -> Tensor:
+def padded_frames(features: Sequence[Tensor], multiple: int = 1) -> Tensor:
     """Utterances' features ``(frames, n_mels)`` as one batch ``(B, T, n_mels)``, zero frames after
-    each one's end (what the model reads its lengths from)."""
-    return torch.nn.utils.rnn.pad_sequence(list(features), batch_first=True)
+    each one's end (what the model reads its lengths from), ``T`` rounded up to a ``multiple``."""
+    batch = torch.nn.utils.rnn.pad_sequence(list(features), batch_first=True)
+    return torch.nn.functional.pad(batch, (0, 0, 0, -batch.size(1) % multiple))
 
 
 @torch.no_grad()
@@ -37,12 +39,15 @@ def transcribe(
     """The transcript of each utterance of ``features`` (each ``(frames, n_mels)``), by ``decode``'s
     beam (or ``beam_size``)."""
     search = Search.of(decode, beam_size=beam_size or decode.beam_size, max_output_len=model.config.max_len)
-    order = sorted(range(len(features)), key=lambda i: len(features[i]))
+    # batches of one padded width of annotations, padded to it: the speller's attention then takes a
+    # batch in one call, as an utterance alone (attnkit.attention.invariance)
+    annotations = [model.config.annotations(len(f)) for f in features]
+    batches = length_batches(range(len(features)), annotations, decode.batch_size, KEY_BUCKET)
     found: dict[int, str] = {}
     with evaluating(model):
-        for start in range(0, len(order), decode.batch_size):
-            rows = order[start : start + decode.batch_size]
-            frames = padded_frames([features[i] for i in rows]).to(device)  # (B, T, n_mels)
+        for rows in batches:
+            frames = padded_frames([features[i] for i in rows], KEY_BUCKET * model.config.reduction)
+            frames = frames.to(device)  # (B, T, n_mels)
             found.update(zip(rows, written(model, tokenizer, frames, search), strict=True))
     return [found[i] for i in range(len(features))]
 

@@ -151,9 +151,12 @@ class SourceAttention(nn.Module):
         then sum over the same positions in the same order whatever its batchmates' lengths, so that a
         sentence's output does not depend on its batch (docs/invariance.md)."""
         S = source.mask.size(-1)
+        row_groups = list(key_groups(source.mask))
+        if len(row_groups) == 1 and row_groups[0][0] == S:  # every row padded to its own width already
+            return self._attend(query, t, source)
         contexts = query.new_empty(query.size(0), 1, source.annotations.size(-1))  # (B, 1, d_hidden)
         weights = query.new_zeros(query.size(0), S)  # (B, S)
-        for length, rows in key_groups(source.mask):
+        for length, rows in row_groups:
             part = Source(*(_cut(getattr(source, f.name), rows, length, f.name) for f in fields(Source)))
             contexts[rows], alignment = self._attend(query[rows], t, part)
             weights[rows] = cut_or_padded(alignment.weights, S, -1)
