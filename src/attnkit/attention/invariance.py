@@ -11,8 +11,10 @@ length together (:func:`groups`). The Transformer's attention does it in ``attnk
 RNN decoders' attention in ``attnkit.models.rnn_attention``.
 
 A convolution's kernel blocks a batch by its size (oneDNN's on a CPU), so an image's features, or the
-location features of an utterance's attention, would depend on the batch: in inference those run one
-row at a time (:func:`each_alone`), which costs little next to the decoding that follows.
+location features of an utterance's attention, would depend on the batch: in inference an image's
+convolutions run one image at a time (:func:`each_alone`), a small cost next to the decoding that
+follows, and the location features, taken at every step, as products summed over each window
+(:func:`correlated`).
 """
 
 from __future__ import annotations

@@ -99,12 +99,17 @@ def consecutive(n: int, size: int) -> list[list[int]]:
     return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
 
 
+def padded_width(longest: int, multiple: int = 1, most: int | None = None) -> int:
+    """The width :func:`pad` gives ``longest`` ids: rounded up to a ``multiple``, but not past ``most``
+    (a model's positions) unless ``longest`` is longer still."""
+    width = -(-longest // multiple) * multiple
+    return max(longest, min(width, most)) if most is not None else width
+
+
 def pad(sequences: list[list[int]], pad_id: int, multiple: int = 1, most: int | None = None) -> Tensor:
     """Right-pad lists of ids with ``pad_id`` into a ``(B, width)`` tensor: the longest rounded up to a
     ``multiple``, but not past ``most`` (a model's positions)."""
-    longest = max(map(len, sequences))
-    width = -(-longest // multiple) * multiple
-    width = max(longest, min(width, most)) if most is not None else width
+    width = padded_width(max(map(len, sequences)), multiple, most)
     out = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     for row, ids in enumerate(sequences):
         out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)

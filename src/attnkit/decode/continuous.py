@@ -37,7 +37,7 @@ from torch import Tensor
 
 from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
-from attnkit.data.batching import pad
+from attnkit.data.batching import pad, padded_width
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.generate import TextStream, encode_prompts, room
@@ -111,7 +111,7 @@ class RunningTranslations:
         compiled step's: see the module docstring); 0 for the model's own steps, whatever the width."""
         if self._decoding(beam) is self.model.decoding:
             return 0
-        return min(-(-len(ids) // KEY_BUCKET) * KEY_BUCKET, self.model.config.max_len)
+        return padded_width(len(ids), KEY_BUCKET, self.model.config.max_len)
 
     def _join(
         self, batch: tuple[int, int, int], sources: list[tuple[Key, list[int]]]
