@@ -109,7 +109,7 @@ class RunningTranslations:
     def _width(self, beam: int, ids: list[int]) -> int:
         """The width a source of ``ids`` is padded to alone, where its running batch must have it (a
         compiled step's: see the module docstring); 0 for the model's own steps, whatever the width."""
-        if self._decoding(beam) is self.model.decoding:
+        if self._decoding(beam) == self.model.decoding:  # a bound method: a new object at each access
             return 0
         return padded_width(len(ids), KEY_BUCKET, self.model.config.max_len)
 

@@ -65,9 +65,12 @@ class PointerGenerator(nn.Module):
         if torch.is_grad_enabled():
             return attend(query, keys, memory, src_mask, need_weights=True)
         B, T, S = query.size(0), query.size(1), keys.size(1)
+        row_groups = list(key_groups(src_mask))
+        if len(row_groups) == 1 and row_groups[0][0] == S:  # every row padded to its own width already
+            return attend(query, keys, memory, src_mask, need_weights=True)
         context = query.new_empty(B, T, memory.size(-1))  # (B, T, d_model)
         alpha = query.new_empty(B, T, S)
-        for length, rows in key_groups(src_mask):
+        for length, rows in row_groups:
             k, v = (cut_or_padded(x[rows], length, 1) for x in (keys, memory))  # (n, length, d_model)
             mask = cut_or_padded(src_mask[rows], length, -1)  # (n, 1, length)
             context[rows], weights = attend(query[rows], k, v, mask, need_weights=True)  # (n, T, length)
