@@ -51,7 +51,8 @@ def compile_cache(tmp_path_factory):
 def _model(data, precision: str, **changes):
     tokenizer = Tokenizer.train("word", data.src)
     torch.manual_seed(7)
-    model = build_transformer(TransformerConfig.from_preset("tiny", **{**MODEL, **changes}), tokenizer.vocab_size)
+    config = TransformerConfig.from_preset("tiny", **{**MODEL, **changes})
+    model = build_transformer(config, tokenizer.vocab_size)
     config = load_run_config(None, [f"decode.precision={precision}", *SETTINGS])
     model = ready_for_inference(model, config)
     return model, tokenizer, config
