@@ -18,6 +18,7 @@ ORDER = [
             "attnkit.utf8",
             "attnkit.metrics",
             "attnkit.processes",
+            "attnkit.ranking",
         ],
     ),
     ("attention", ["attnkit.attention"]),

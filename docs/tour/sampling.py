@@ -10,7 +10,7 @@
 #
 # This page trains a tiny character-level decoder (attnkit's `decoder` architecture, preset
 # `tiny-decoder`) on generated sentences for 500 steps, then looks at one next-token distribution under
-# each setting with attnkit's own sampling code (`attnkit.decode.search.restrict`, what
+# each setting with attnkit's own sampling code (`attnkit.decode.sampling.restrict`, what
 # `attnkit generate --temperature --top-p` uses) and samples continuations with `attnkit.decode.generate`.
 #
 # Run: `python sampling.py` (under a minute on a CPU; writes `sampling.png` into the current folder).
@@ -30,7 +30,7 @@ from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import load_run_config
 from attnkit.data.synthetic import PLACES, slot_sentences
 from attnkit.decode.generate import generate
-from attnkit.decode.search import restrict
+from attnkit.decode.sampling import restrict
 from attnkit.loading import load_for_inference
 from attnkit.train.loop import Trainer
 

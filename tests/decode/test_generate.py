@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import TextStream, borders, generate, prefix_at_end
-from attnkit.decode.search import argmax, extend, restrict, sampler
+from attnkit.decode.sampling import restrict, sampler
+from attnkit.decode.search import argmax, extend
 from attnkit.errors import AttnkitError
 
 TEXT = ["to be or not to be, that is the question", "all the world's a stage", "now is the winter"]

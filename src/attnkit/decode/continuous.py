@@ -41,7 +41,8 @@ from attnkit.data.batching import pad, padded_width
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.generate import TextStream, encode_prompts, room
-from attnkit.decode.search import Beams, Extension, Hypothesis, Search, limits_of, sampler
+from attnkit.decode.sampling import sampler
+from attnkit.decode.search import Beams, Extension, Hypothesis, Search, limits_of
 from attnkit.decode.translate import Reporting, cut_sources
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel

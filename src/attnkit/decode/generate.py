@@ -22,7 +22,8 @@ from torch import Tensor
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import extend, sampler
+from attnkit.decode.sampling import sampler
+from attnkit.decode.search import extend
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.errors import AttnkitError
 from attnkit.models import evaluating

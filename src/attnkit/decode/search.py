@@ -35,8 +35,10 @@ import torch
 from torch import Tensor
 
 from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES, DecodeConfig
+from attnkit.cpu.search import best_by_blocks, block_argmax, log_softmax_in_place
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.models.seq2seq import EncoderDecoder, stacked
+from attnkit.ranking import first_k, top_k
 
 # log-probabilities (n, V) and which of the N rows they are (n,) -> the next token of each (n,)
 Choose = Callable[[Tensor, Tensor], Tensor]
@@ -140,19 +142,8 @@ def next_log_probs(
     logits = decoding.next_logits(tokens)
     if not normalised:
         return _only_allowed(logits, at_limit, specials)
-    # On a CPU each pass over the (N, V) matrix costs as much as the rest of the search step, and one
-    # into a second matrix more than one over the logits the product has just written (3.6% of a beam
-    # search, measured): so the log-probabilities overwrite the logits (ours to overwrite, see
-    # Decoding) where they can, and the rows at their limit are masked only when there are some.
-    overwritable = (
-        logits.is_cpu
-        and logits.dtype == torch.float32
-        and logits.is_contiguous()
-        and not logits.requires_grad
-    )
-    if overwritable:
-        log_probs = torch.log_softmax(logits, -1, out=logits)
-    else:
+    log_probs = log_softmax_in_place(logits)  # on a CPU: see attnkit.cpu.search
+    if log_probs is None:
         log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     return _only_allowed(log_probs, at_limit, specials)
 
@@ -168,50 +159,6 @@ def _only_allowed(scores: Tensor, at_limit: Tensor, specials: SpecialIds) -> Ten
     return scores
 
 
-def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The ``k`` largest entries of each row of ``x (N, C)``, largest first, and where they are (their
-    ``index``, default their column): of equal entries, the one of lowest index first, as ``argmax``
-    takes the first of equals. ``torch.topk`` orders equals as it meets them, which need not be the
-    same for a row alone and in a batch, nor for greedy search and a beam of one: a fixed rule keeps a
-    sentence's answer its own (docs/invariance.md). ``torch.topk`` finds them (a full sort costs ten
-    times more); rows where an entry left out equals the last one kept are ranked whole."""
-    if index is None:
-        index = torch.arange(x.size(-1), device=x.device).expand_as(x)
-    values, at = x.topk(k, dim=-1)  # (N, k) each, largest first, equals in any order
-    chosen = index.gather(1, at)  # (N, k)
-    # the kept ones by value, then index: a stable sort by value of them in index order
-    by_index = chosen.argsort(dim=-1)
-    values, chosen = values.gather(1, by_index), chosen.gather(1, by_index)
-    values, order = values.sort(dim=-1, descending=True, stable=True)
-    chosen = chosen.gather(1, order)
-    tied = (x >= values[:, -1:]).sum(-1) > k  # (N,): an equal of the last one kept was left out
-    if bool(tied.any()):  # those rows ranked whole, in index order
-        rows = tied.nonzero().squeeze(1)
-        by_index = index[rows].argsort(dim=-1)
-        ranked, at = x[rows].gather(1, by_index).sort(dim=-1, descending=True, stable=True)
-        values[rows], chosen[rows] = ranked[:, :k], index[rows].gather(1, by_index).gather(1, at[:, :k])
-    return values, chosen
-
-
-def top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """:func:`first_k` of a wide ``x (N, V)``, faster: a row's k largest entries lie in the k blocks
-    (of ``block`` consecutive entries) with the largest maxima, since a block outside them has k
-    blocks above it, each holding a larger entry (of equal maxima, the first blocks). So: block maxima
-    (one fast read), their top k, and the top k of those k blocks' entries, taken in column order.
-    Ranking every row whole is 3-4x slower for 160 rows of 8,000."""
-    V = x.size(-1)
-    blocks = V // block
-    if k * block * 4 > V:
-        return first_k(x, k)
-    tiled = x[:, : blocks * block].unflatten(-1, (blocks, block))  # (N, blocks, block), a view
-    best_blocks = first_k(tiled.amax(-1), k)[1].sort(dim=-1).values  # (N, k), in column order
-    inside = tiled.gather(1, best_blocks[..., None].expand(-1, -1, block)).flatten(1)  # (N, k·block)
-    candidates = torch.cat([inside, x[:, blocks * block :]], dim=1)  # and the last, partial block
-    values, at = first_k(candidates, k)  # (N, k) each
-    in_block = best_blocks.gather(1, (at // block).clamp(max=k - 1)) * block + at % block
-    return values, torch.where(at < k * block, in_block, blocks * block + at - k * block)
-
-
 def best_continuations(
     decoding: Decoding, tokens: Tensor, at_limit: Tensor, specials: SpecialIds, scores: Tensor, width: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -221,55 +168,22 @@ def best_continuations(
     log-probabilities so far. A continuation's score is ``score + log p(token)``, with ``log p`` as
     :func:`next_log_probs` gives it; returns ``(scores, beam, token)``, each ``(n, width)``, best
     first, ``beam`` in 0..K-1. The same as the top ``width`` of all K·V continuations, but without
-    adding the scores to, and ranking, all of them: on a CPU, by blocks of :data:`BLOCK` tokens
-    (:func:`_best_by_blocks`); elsewhere, a source's best ``width`` continuations are among its beams'
-    own best ``width`` tokens (:func:`top_k`), so only those K·width are ranked.
+    adding the scores to, and ranking, all of them: on a CPU, by blocks of tokens
+    (:func:`attnkit.cpu.search.best_by_blocks`); elsewhere, a source's best ``width`` continuations are
+    among its beams' own best ``width`` tokens (:func:`attnkit.ranking.top_k`), so only those K·width
+    are ranked.
     """
     log_probs = next_log_probs(decoding, tokens, at_limit, specials)  # (n·K, V)
     V, (n, K) = log_probs.size(-1), scores.shape
-    if log_probs.is_cpu and width * BLOCK * 4 <= V:
-        return _best_by_blocks(log_probs, scores, width)
+    by_blocks = best_by_blocks(log_probs, scores, width)  # on a CPU: see attnkit.cpu.search
+    if by_blocks is not None:
+        return by_blocks
     top_log_probs, top_tokens = top_k(log_probs, min(width, V))  # (n·K, w) each
     w = top_log_probs.size(-1)
     candidates = (top_log_probs + scores.view(-1, 1)).view(n, K * w)
     beams = torch.arange(K, device=scores.device).repeat_interleave(w)  # (K·w,): each candidate's beam
     flat = beams * V + top_tokens.reshape(n, K * w)  # (n, K·w): beam·V + token, the order ties go by
     best, chosen = first_k(candidates, min(width, K * w), flat)  # (n, width) each
-    return best, chosen // V, chosen % V
-
-
-BLOCK = 64  # consecutive tokens whose maximum stands for them in the first round of a blockwise top-k
-
-
-def _best_by_blocks(log_probs: Tensor, scores: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`best_continuations` of ``log_probs (n·K, V)`` and ``scores (n, K)``, by blocks: a source's
-    ``width`` best continuations lie in the ``width`` blocks, among all its beams' blocks of
-    :data:`BLOCK` tokens, whose best continuation (the beam's score + the block's maximum) is highest,
-    since a block outside them has ``width`` blocks above it, each holding a better continuation. So:
-    block maxima (one read of ``log_probs``), the best ``width`` of each source's K·V/BLOCK, then the
-    best ``width`` of those blocks' entries, with the tokens after the last whole block (V not a
-    multiple of BLOCK) taken as they are. Two rankings of a few hundred entries per source, where
-    :func:`top_k` ranks per beam and then per source: a tenth of a beam-5 step's time on a CPU."""
-    (n, K), V = scores.shape, log_probs.size(-1)
-    blocks = V // BLOCK
-    whole = log_probs[:, : blocks * BLOCK].unflatten(-1, (blocks, BLOCK))  # (n·K, blocks, BLOCK), a view
-    maxima = whole.amax(-1) + scores.view(-1, 1)  # (n·K, blocks): each block's best continuation
-    best_blocks = (
-        first_k(maxima.view(n, K * blocks), width)[1].sort(dim=-1).values
-    )  # (n, width): beam·blocks + block
-    rows = torch.arange(n, device=scores.device)[:, None] * K + best_blocks // blocks  # (n, width)
-    inside = whole[rows, best_blocks % blocks] + scores.view(-1)[rows][..., None]  # (n, width, BLOCK)
-    offsets = torch.arange(BLOCK, device=scores.device)
-    flat = (best_blocks // blocks * V + best_blocks % blocks * BLOCK)[..., None] + offsets  # beam·V + token
-    candidates, flat = inside.flatten(1), flat.flatten(1)  # (n, width·BLOCK) each
-    tail = V - blocks * BLOCK
-    if tail:  # the last tokens, of every beam: (n, K·tail)
-        after = (log_probs[:, blocks * BLOCK :] + scores.view(-1, 1)).view(n, K * tail)
-        beams = torch.arange(K, device=scores.device).repeat_interleave(tail)  # (K·tail,)
-        tokens = blocks * BLOCK + torch.arange(tail, device=scores.device).repeat(K)  # (K·tail,)
-        candidates = torch.cat([candidates, after], dim=1)
-        flat = torch.cat([flat, (beams * V + tokens).expand(n, -1)], dim=1)
-    best, chosen = first_k(candidates, width, flat)  # (n, width) each, ties to the first beam and token
     return best, chosen // V, chosen % V
 
 
@@ -389,61 +303,12 @@ def _strip(ids: list[int], specials: SpecialIds) -> list[int]:
     return [i for i in ids if i != specials.pad]
 
 
-def argmax(log_probs: Tensor, rows: Tensor | None = None, block: int = 64) -> Tensor:
-    """Greedy choice: the most probable token of each row (the first of equals, as ``Tensor.argmax``).
-
-    On a CPU, torch's ``argmax`` over a row of thousands is several times slower than a maximum (330
-    against 18 µs for 32 rows of 8,000, one thread): so the first block of ``block`` entries holding
-    the row's maximum (block maxima, then their argmax: a short row), then the first maximum inside it,
-    and the entries after the last whole block on their own; 5x faster, the same choice."""
-    V = log_probs.size(-1)
-    blocks = V // block
-    if not log_probs.is_cpu or blocks < 2:
-        return log_probs.argmax(-1)
-    tiled = log_probs[:, : blocks * block].unflatten(-1, (blocks, block))  # (N, blocks, block), a view
-    maxima = tiled.amax(-1)  # (N, blocks)
-    best = maxima.argmax(-1)  # (N,): the first block with the row's maximum
-    inside = tiled.gather(1, best[:, None, None].expand(-1, 1, block)).squeeze(1).argmax(-1)  # (N,)
-    token = best * block + inside
-    if blocks * block < V:  # the last, partial block wins only with a larger entry
-        tail = log_probs[:, blocks * block :]
-        larger = tail.amax(-1) > maxima.gather(1, best[:, None]).squeeze(1)
-        token = torch.where(larger, blocks * block + tail.argmax(-1), token)
-    return token
-
-
-def sampler(
-    generators: list[torch.Generator], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-) -> Choose:
-    """Sampling from ``softmax(log p / temperature)``, restricted to the ``top_k`` most probable tokens
-    (0 = all) and to the smallest set whose probability reaches ``top_p`` (Holtzman et al., 2020;
-    1.0 = all). Row ``i`` draws from ``generators[i]``, so its text does not depend on the other rows
-    (nor on when they end).
-    ``temperature = 0`` is greedy."""
-
-    def choose(log_probs: Tensor, rows: Tensor) -> Tensor:
-        if temperature == 0:
-            return argmax(log_probs)
-        probs = restrict(log_probs / temperature, top_k, top_p).softmax(-1)  # (n, V)
-        chosen = zip(probs, rows.tolist(), strict=True)
-        picks = [torch.multinomial(p, 1, generator=generators[i]) for p, i in chosen]
-        return torch.cat(picks)
-
-    return choose
-
-
-def restrict(scores: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """``scores (N, V)`` with everything outside the top-k / top-p set set to ``-inf``."""
-    if 0 < top_k < scores.size(-1):
-        kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        ordered, order = scores.sort(dim=-1, descending=True)
-        probs = ordered.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability of the more likely tokens
-        drop = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, order, before >= top_p)
-        scores = scores.masked_fill(drop, float("-inf"))
-    return scores
+def argmax(log_probs: Tensor, rows: Tensor | None = None) -> Tensor:
+    """Greedy choice: the most probable token of each row (the first of equals, as ``Tensor.argmax``),
+    on a CPU by blocks (:func:`attnkit.cpu.search.block_argmax`: several times faster, the same
+    choice)."""
+    found = block_argmax(log_probs)
+    return log_probs.argmax(-1) if found is None else found
 
 
 def beam(
