@@ -13,7 +13,8 @@ import torch
 from attnkit.config import load_run_config
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import Hypothesis, Search, beam
+from attnkit.decode.beams import beam
+from attnkit.decode.search import Hypothesis, Search
 from attnkit.decode.transcripts import padded_frames
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, from_preset

@@ -9,7 +9,8 @@ import torch
 from attnkit import build_transformer
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import Search, beam_search, greedy, length_penalty
-from attnkit.decode.search import argmax, beam, best_continuations, next_log_probs
+from attnkit.decode.beams import beam
+from attnkit.decode.search import argmax, best_continuations, next_log_probs
 from attnkit.ranking import top_k
 
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)  # the tiny model's sources below use ids 4..15

@@ -9,7 +9,8 @@ from attnkit.cli import app
 from attnkit.config import load_run_config
 from attnkit.data.batching import make_batch
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode.search import Search, beam_search, greedy
+from attnkit.decode.beams import beam_search
+from attnkit.decode.search import Search, greedy
 from attnkit.loading import load_for_inference
 from attnkit.models import RNNConfig, build_model
 from attnkit.models.rnn import ATTENTIONS

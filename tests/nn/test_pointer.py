@@ -9,7 +9,8 @@ import torch
 
 from attnkit.convert.marian import hf_marian_config_kwargs
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode.search import Search, beam_search, greedy
+from attnkit.decode.beams import beam_search
+from attnkit.decode.search import Search, greedy
 from attnkit.errors import ConfigError, ConversionError
 from attnkit.models.config import TransformerConfig
 from attnkit.models.seq2seq import EncoderDecoder

@@ -10,7 +10,8 @@ from torch import Tensor
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.search import Search, argmax, beam, extend
+from attnkit.decode.beams import beam
+from attnkit.decode.search import Search, argmax, extend
 from attnkit.models import evaluating
 
 

@@ -30,6 +30,13 @@ from attnkit.nn.transformer import DecoderCache
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
 
+# A compiled step attends over every key of its batch's padded width (the model's own steps give each
+# row its keys alone: attnkit.cpu.alone), so a source gets its own bits only in batches of the width it
+# has alone: sources to be decoded by compiled steps are padded to a multiple of this many tokens and
+# batched by that width. Coarser than the model's own KEY_BUCKET: fewer widths make fewer, fuller
+# batches (a server's running batches are one per width), for a few more masked keys.
+WIDTH_BUCKET = 16
+
 
 class History:
     """Every layer's self-attention keys and values of the positions decoded so far, as the compiled

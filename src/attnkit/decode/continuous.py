@@ -11,7 +11,7 @@ caches on the left and lets each row go on at its own position); every running s
 step; those whose search is over leave at once, and their rows are not decoded again.
 
 Each source gets what ``translate`` gives it alone, whatever shares its steps: it is cut, bounded
-and searched with the same settings and the same code (``search.Beams``), its rows see only their
+and searched with the same settings and the same code (``beams.Beams``), its rows see only their
 own keys (the padding is masked) and its scores are its own. With ``decode.compile``, the steps are
 the compiled ones, as ``translate`` takes them (decode/compiled.py: newcomers' keys join the
 history in slots of their own). Sources with other settings (a beam of 1 and one of 5, or another
@@ -39,10 +39,11 @@ from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import pad, padded_width
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.compiled import compiled_decoding
+from attnkit.decode.beams import Beams
+from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
 from attnkit.decode.generate import TextStream, encode_prompts, room
 from attnkit.decode.sampling import sampler
-from attnkit.decode.search import Beams, Extension, Hypothesis, Search, limits_of
+from attnkit.decode.search import Extension, Hypothesis, Search, limits_of
 from attnkit.decode.translate import Reporting, cut_sources
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
@@ -112,7 +113,7 @@ class RunningTranslations:
         compiled step's: see the module docstring); 0 for the model's own steps, whatever the width."""
         if self._decoding(beam) == self.model.decoding:  # a bound method: a new object at each access
             return 0
-        return padded_width(len(ids), KEY_BUCKET, self.model.config.max_len)
+        return padded_width(len(ids), WIDTH_BUCKET, self.model.config.max_len)
 
     def _join(
         self, batch: tuple[int, int, int], sources: list[tuple[Key, list[int]]]
@@ -120,11 +121,12 @@ class RunningTranslations:
         """Take the first step of ``sources`` (their keys and ids) as a batch of their own, and merge
         those still searched into the running ``batch`` (beam, n_best, width); returns those already
         done."""
-        beam, n_best, _ = batch
+        beam, n_best, width = batch
         model, specials = self.model, self.tokenizer.specials
         search = Search.of(self.decode, beam_size=beam, n_best=n_best, max_output_len=model.config.max_len)
-        # (N, S): S a multiple of the keys' bucket, as a source alone is padded (attnkit.cpu.alone)
-        src = pad([ids for _, ids in sources], specials.pad, KEY_BUCKET, model.config.max_len).to(self.device)
+        # (N, S): S a multiple of the bucket, as a source alone is padded (translate)
+        bucket = WIDTH_BUCKET if width else KEY_BUCKET
+        src = pad([ids for _, ids in sources], specials.pad, bucket, model.config.max_len).to(self.device)
         start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=self.device)
         keys = [key for key, _ in sources]
         joining = Beams(

@@ -14,8 +14,9 @@ from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.compiled import compiled_decoding
-from attnkit.decode.search import Hypothesis, Search, beam_search, greedy
+from attnkit.decode.beams import beam_search
+from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
+from attnkit.decode.search import Hypothesis, Search, greedy
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import evaluating
 from attnkit.models.seq2seq import EncoderDecoder
@@ -117,14 +118,15 @@ def _hypotheses(
     found: list[list[Hypothesis]] = [[] for _ in texts]
     todo = [i for i, text in enumerate(texts) if text.strip()]
     compiled = decode.compile and torch.device(device).type == "cpu" and bool(todo)
-    # a compiled step attends over every key of its batch's width: its batches hold sources of one
-    # width, the width each gets alone (the model's steps give each row its own keys: attnkit.cpu.alone)
+    # compiled steps: batches of sources of one width, the width each has alone (WIDTH_BUCKET); the
+    # model's own steps give each row its own keys whatever the width (attnkit.cpu.alone)
+    bucket = WIDTH_BUCKET if compiled else KEY_BUCKET
     lengths = [len(ids) for ids in encoded]
-    batches = length_batches(todo, lengths, decode.batch_size, KEY_BUCKET if compiled else None)
+    batches = length_batches(todo, lengths, decode.batch_size, bucket if compiled else None)
 
     def searched(chunk: list[int], decoding: Callable | None) -> list[list[Hypothesis]]:
-        # (B, S): S a multiple of the keys' bucket, as a source alone is padded (attnkit.cpu.alone)
-        src = pad([encoded[i] for i in chunk], specials.pad, KEY_BUCKET, longest).to(device)
+        # (B, S): S a multiple of the bucket, as a source alone is padded
+        src = pad([encoded[i] for i in chunk], specials.pad, bucket, longest).to(device)
         if search.beam_size == 1 and not scored:  # greedy: no scores wanted
             outputs = greedy(model, src, specials, search, decoding=decoding)
             return [[Hypothesis(ids, float("nan"))] for ids in outputs]
