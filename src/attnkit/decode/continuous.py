@@ -35,12 +35,11 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import pad, padded_width
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import Beams
-from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
+from attnkit.decode.compiled import compiled_decoding, width_bucket
 from attnkit.decode.generate import TextStream, encode_prompts, room
 from attnkit.decode.sampling import sampler
 from attnkit.decode.search import Extension, Hypothesis, Search, limits_of
@@ -113,7 +112,7 @@ class RunningTranslations:
         compiled step's: see the module docstring); 0 for the model's own steps, whatever the width."""
         if self._decoding(beam) == self.model.decoding:  # a bound method: a new object at each access
             return 0
-        return padded_width(len(ids), WIDTH_BUCKET, self.model.config.max_len)
+        return padded_width(len(ids), width_bucket(compiled=True), self.model.config.max_len)
 
     def _join(
         self, batch: tuple[int, int, int], sources: list[tuple[Key, list[int]]]
@@ -124,8 +123,7 @@ class RunningTranslations:
         beam, n_best, width = batch
         model, specials = self.model, self.tokenizer.specials
         search = Search.of(self.decode, beam_size=beam, n_best=n_best, max_output_len=model.config.max_len)
-        # (N, S): S a multiple of the bucket, as a source alone is padded (translate)
-        bucket = WIDTH_BUCKET if width else KEY_BUCKET
+        bucket = width_bucket(compiled=width > 0)  # (N, S) below: as translate pads a source alone
         src = pad([ids for _, ids in sources], specials.pad, bucket, model.config.max_len).to(self.device)
         start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=self.device)
         keys = [key for key, _ in sources]

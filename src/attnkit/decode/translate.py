@@ -10,12 +10,11 @@ from typing import Literal, overload
 
 import torch
 
-from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam_search
-from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
+from attnkit.decode.compiled import compiled_decoding, width_bucket
 from attnkit.decode.search import Hypothesis, Search, greedy
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import evaluating
@@ -120,7 +119,7 @@ def _hypotheses(
     compiled = decode.compile and torch.device(device).type == "cpu" and bool(todo)
     # compiled steps: batches of sources of one width, the width each has alone (WIDTH_BUCKET); the
     # model's own steps give each row its own keys whatever the width (attnkit.cpu.alone)
-    bucket = WIDTH_BUCKET if compiled else KEY_BUCKET
+    bucket = width_bucket(compiled)
     lengths = [len(ids) for ids in encoded]
     batches = length_batches(todo, lengths, decode.batch_size, bucket if compiled else None)
 
