@@ -18,11 +18,12 @@ from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.generate import generate
 from attnkit.decode.translate import translate
 from attnkit.loading import ready_for_inference
-from attnkit.models import build_model, from_preset
+from attnkit.models import build_model, evaluating, from_preset
 from attnkit.models.config import TransformerConfig
 from attnkit.models.seq2seq import Seq2SeqDecoding
 
@@ -94,10 +95,13 @@ def test_a_sentence_is_translated_alike_alone_and_in_any_batch(sentences, precis
     assert len({score for hypotheses in alone for _, score in hypotheses}) > len(texts) // 2  # not one answer
 
 
-@pytest.mark.skipif(
+needs_compiler = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
     reason="compiling the step needs a C++ compiler (apt-get install g++)",
 )
+
+
+@needs_compiler
 @pytest.mark.parametrize(
     ("precision", "beam"),
     # each precision in the fast set (a step compiled for each: about 20 s); greedy's own step in the slow
@@ -106,10 +110,14 @@ def test_a_sentence_is_translated_alike_alone_and_in_any_batch(sentences, precis
 def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
     sentences, compile_cache, precision, beam, monkeypatch
 ):
-    """``decode.compile``: the compiled steps attend over every key of their batch's width, so
-    ``translate`` gives them batches of sources of one width, the width each gets alone."""
+    """``decode.compile``: the compiled first step encodes a batch's sources at the width each gets
+    alone (``translate``: batches of one width), and the steps after it give each row its own bits at
+    any wider width, so a running batch holds sources of every width."""
     data, texts = sentences
-    texts = texts[:16]  # a one-layer decoder and fewer sentences: compiling is most of the time
+    # a one-layer decoder and fewer sentences: compiling is most of the time; two long sources too
+    texts = [*texts[:14], " ".join(texts[14:17]), " ".join(texts[17:22])]
+    widths = {-(-(len(text.split()) + 1) // WIDTH_BUCKET) for text in texts}  # words are tokens here
+    assert len(widths) >= 3, widths
     model, tokenizer, config = _model(data, precision, encoder_layers=1, decoder_layers=1)
     calls, run = [0], CompiledStep.__call__
 
@@ -137,9 +145,70 @@ def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
     # and joining a running batch (the server's continuous batching) at any step
     decode = dataclasses.replace(config.decode, batch_size=1, streams=1, compile=True)
     calls[0] = 0
-    done = _run_joining(RunningTranslations(model, tokenizer, decode), texts, [(beam, beam)])
+    running, batches = RunningTranslations(model, tokenizer, decode), []
+    iterate = running.iterate
+
+    def counted_batches(*args):
+        out = iterate(*args)
+        batches.append(len(running.running))
+        return out
+
+    running.iterate = counted_batches
+    done = _run_joining(running, texts, [(beam, beam)])
     assert {n: done[n] for n in range(len(texts))} == dict(enumerate(alone))
     assert calls[0] > len(texts)
+    assert max(batches) == 1  # one running batch for sources of every width
+
+
+@needs_compiler
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
+    sentences, compile_cache, precision
+):
+    """The compiled steps after the first attend over every key of the batch's widest source; a source
+    padded to a multiple of ``WIDTH_BUCKET`` gets its own logits at any wider such width (its extra
+    keys weigh exactly 0: docs/invariance.md).
+    Each source's first step runs alone, as the server runs newcomers' of each width; then they are
+    merged into one batch and decoded together."""
+    data, texts = sentences
+    model, tokenizer, _ = _model(data, precision, encoder_layers=1, decoder_layers=1)  # as above: cached
+    specials, beams = tokenizer.specials, 4
+    texts = [*texts[:6], " ".join(texts[6:9]), " ".join(texts[9:14])]
+    sources = [[*tokenizer.encode(text), specials.eos] for text in texts]
+    assert len({-(-len(ids) // WIDTH_BUCKET) for ids in sources}) >= 3  # widths 16, 32, 48 at least
+    with evaluating(model):
+        decoding = compiled_decoding(model, beams, start_token=specials.bos)
+    assert decoding is not None
+    steps = torch.randint(
+        4, tokenizer.vocab_size, (len(texts) * beams, 3), generator=torch.Generator().manual_seed(0)
+    )
+
+    def logits(rows: list[int]) -> torch.Tensor:
+        """The logits of 3 steps after the first of ``rows``' sources, ``beams`` rows each fed the same
+        tokens: ``(len(rows) · beams, 3, V)``."""
+        decodings = []
+        with torch.no_grad():
+            for i in rows:
+                alone = decoding(pad([sources[i]], specials.pad, WIDTH_BUCKET, model.config.max_len))
+                alone.next_logits(torch.full((1, 1), specials.bos))  # the first step, at its own width
+                alone.repeat(beams)
+                decodings.append(alone)
+            joined = decodings[0]
+            for other in decodings[1:]:
+                joined.merge(other)
+            tokens = torch.full((len(rows) * beams, 1), specials.bos)
+            fed = torch.cat([steps[i * beams : (i + 1) * beams] for i in rows])  # (len(rows) · beams, 3)
+            out = []
+            for step in range(3):
+                tokens = torch.cat([tokens, fed[:, step : step + 1]], dim=1)
+                out.append(joined.next_logits(tokens))  # (len(rows) · beams, V)
+        assert joined.history is not None  # the compiled step took the steps
+        return torch.stack(out, dim=1)
+
+    alone = torch.cat([logits([i]) for i in range(len(texts))])  # (N · beams, 3, V)
+    for batch in _random_batches(len(texts), random.Random(2)):
+        rows = [i * beams + j for i in batch for j in range(beams)]
+        assert torch.equal(logits(batch), alone[rows]), f"batch of {len(batch)}: logits differ"
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -88,7 +88,7 @@ def test_with_the_models_own_steps_sources_of_every_width_share_one_running_batc
     running = RunningTranslations(_model(tokenizer), tokenizer, DecodeConfig(batch_size=64, streams=1))
     short, long = "a b", " ".join(["a b c d e f g h i"] * 3)  # 3 and 28 tokens with </s>: widths 8, 32
     running.iterate([("short", short, (4, 1)), ("long", long, (4, 1))])
-    assert list(running.running) == [(4, 1, 0)] and running.sources == 2
+    assert list(running.running) == [(4, 1)] and running.sources == 2
 
 
 def test_sources_that_leave_change_nothing_for_the_others(tokenizer):

@@ -31,18 +31,19 @@ from attnkit.nn.transformer import DecoderCache
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
 
-# A compiled step attends over every key of its batch's padded width (the model's own steps give each
-# row its keys alone: attnkit.cpu.alone), so a source gets its own bits only in batches of the width it
-# has alone: sources to be decoded by compiled steps are padded to a multiple of this many tokens and
-# batched by that width. Coarser than the model's own KEY_BUCKET: fewer widths make fewer, fuller
-# batches (a server's running batches are one per width), for a few more masked keys.
+# The compiled first step (the encoder) gives a source its own bits only at the width it has alone
+# (not at every wider one; the model's own steps do: attnkit.cpu.alone), so sources to be decoded by
+# compiled steps are padded to a multiple of this many tokens and take their first step in batches of
+# that width; the steps after it give a row its bits at any wider width (docs/invariance.md).
+# Coarser than the model's own KEY_BUCKET: fewer widths make fewer, fuller first steps, for a few more
+# masked keys.
 WIDTH_BUCKET = 16
 
 
 def width_bucket(compiled: bool) -> int:
     """The multiple a batch's sources are padded to, as each is padded alone: :data:`WIDTH_BUCKET` for
     compiled steps, the model's own steps' ``KEY_BUCKET`` otherwise (``translate`` and the server's
-    running batches must agree on it, or a source's answer would depend on which decoded it)."""
+    first steps must agree on it, or a source's answer would depend on which decoded it)."""
     return WIDTH_BUCKET if compiled else KEY_BUCKET
 
 

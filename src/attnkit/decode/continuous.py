@@ -15,9 +15,11 @@ and searched with the same settings and the same code (``beams.Beams``), its row
 own keys (the padding is masked) and its scores are its own. With ``decode.compile``, the steps are
 the compiled ones, as ``translate`` takes them (decode/compiled.py: newcomers' keys join the
 history in slots of their own). Sources with other settings (a beam of 1 and one of 5, or another
-``n_best``) run in running batches of their own, stepped one after the other; so do, with compiled
-steps, sources of another padded width (a compiled step attends over every key of its batch's width,
-which must be the width each source gets alone, as in ``translate``).
+``n_best``) run in running batches of their own, stepped one after the other. With compiled steps,
+the newcomers' first step (which encodes them) runs on the sources of each padded width apart, at the
+width each has alone, as ``translate`` runs it (the compiled encoder is not the same bits at every
+width); the steps after it attend over the running batch's widest source, whose extra keys add exact
+zeros (docs/invariance.md), so sources of every width share one running batch.
 
 Prompts go the same way through ``search.Extension`` (``generate``'s steps): left-padded as
 ``generate`` pads them, each sampled from its own generator seeded with its seed, its text streamed
@@ -56,15 +58,15 @@ Translations = list[tuple[str, float]]
 
 @dataclass
 class RunningTranslations:
-    """The running batches of one model, one per search setting (beam and ``n_best``) and, with
-    compiled steps, padded source width (see the module docstring)."""
+    """The running batches of one model, one per search setting (beam and ``n_best``): see the module
+    docstring."""
 
     model: EncoderDecoder
     tokenizer: Tokenizer
     decode: DecodeConfig
     device: torch.device | str = "cpu"
-    # (beam, n_best, width: 0 but with compiled steps) -> its batch
-    running: dict[tuple[int, int, int], Beams] = field(default_factory=dict)
+    # (beam, n_best) -> its batch
+    running: dict[tuple[int, int], Beams] = field(default_factory=dict)
     # how sources are decoded, by beam: decode.compile's compiled steps where they can be (as
     # translate decodes them), else the model's own
     decodings: dict[int, Callable[[Tensor], Seq2SeqDecoding]] = field(default_factory=dict)
@@ -92,15 +94,16 @@ class RunningTranslations:
         done: list[tuple[Key, list[Hypothesis]]] = []
         texts = [text for _, text, _ in joining if text.strip()]
         encoded = iter(cut_sources(self.tokenizer, texts, self.model.config.max_len, None, Reporting()))
-        by_batch: dict[tuple[int, int, int], list[tuple[Key, list[int]]]] = {}
+        # newcomers by (beam, n_best, the width of their first step: see _width)
+        by_first_step: dict[tuple[int, int, int], list[tuple[Key, list[int]]]] = {}
         for key, text, (beam, n_best) in joining:
             if text.strip():
                 ids = next(encoded)
-                by_batch.setdefault((beam, n_best, self._width(beam, ids)), []).append((key, ids))
+                by_first_step.setdefault((beam, n_best, self._width(beam, ids)), []).append((key, ids))
             else:
                 done.append((key, []))
-        for batch, sources in by_batch.items():
-            done += self._join(batch, sources)
+        for (beam, n_best, width), sources in by_first_step.items():
+            done += self._join((beam, n_best), width, sources)
         for batch in list(self.running):
             done += self.running[batch].step()
             if not self.running[batch].sources:
@@ -108,19 +111,20 @@ class RunningTranslations:
         return [(key, [(self.tokenizer.decode(h.tokens), h.score) for h in found]) for key, found in done]
 
     def _width(self, beam: int, ids: list[int]) -> int:
-        """The width a source of ``ids`` is padded to alone, where its running batch must have it (a
-        compiled step's: see the module docstring); 0 for the model's own steps, whatever the width."""
+        """The width a source of ``ids`` is padded to alone, where its first step must have it (a
+        compiled first step's: see the module docstring); 0 for the model's own steps, whatever the
+        width."""
         if self._decoding(beam) == self.model.decoding:  # a bound method: a new object at each access
             return 0
         return padded_width(len(ids), width_bucket(compiled=True), self.model.config.max_len)
 
     def _join(
-        self, batch: tuple[int, int, int], sources: list[tuple[Key, list[int]]]
+        self, batch: tuple[int, int], width: int, sources: list[tuple[Key, list[int]]]
     ) -> list[tuple[Key, list[Hypothesis]]]:
-        """Take the first step of ``sources`` (their keys and ids) as a batch of their own, and merge
-        those still searched into the running ``batch`` (beam, n_best, width); returns those already
-        done."""
-        beam, n_best, width = batch
+        """Take the first step of ``sources`` (their keys and ids; of one padded ``width`` with compiled
+        steps, else 0) as a batch of their own, and merge those still searched into the running
+        ``batch`` (beam, n_best); returns those already done."""
+        beam, n_best = batch
         model, specials = self.model, self.tokenizer.specials
         search = Search.of(self.decode, beam_size=beam, n_best=n_best, max_output_len=model.config.max_len)
         bucket = width_bucket(compiled=width > 0)  # (N, S) below: as translate pads a source alone
