@@ -25,7 +25,7 @@ from attnkit.decode.translate import translate
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, evaluating, from_preset
 from attnkit.models.config import TransformerConfig
-from attnkit.models.seq2seq import Seq2SeqDecoding
+from attnkit.models.decoding import Seq2SeqDecoding
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 # wide enough that the linear maps take both of float32's kernels (256 x 256: F.linear; 1024 x 256:

@@ -13,7 +13,8 @@ from torch import Tensor
 
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import Decoding, Hypothesis, Search, best_continuations, length_penalty, limits_of
-from attnkit.models.seq2seq import EncoderDecoder, stacked
+from attnkit.models.decoding import stacked
+from attnkit.models.seq2seq import EncoderDecoder
 
 DEFAULT_SEARCH = Search()  # frozen: one default shared by every call
 

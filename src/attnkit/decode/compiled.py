@@ -25,7 +25,7 @@ from attnkit.cpu.compiled.build import FIRST_STEP
 from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.cpu.compiled.steps import compiled_step
 from attnkit.cpu.compiled.trace import history_dtype
-from attnkit.models.seq2seq import Seq2SeqDecoding
+from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.nn.transformer import DecoderCache
 
 if TYPE_CHECKING:

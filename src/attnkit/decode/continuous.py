@@ -48,7 +48,8 @@ from attnkit.decode.search import Extension, Hypothesis, Search, limits_of
 from attnkit.decode.translate import Reporting, cut_sources
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
-from attnkit.models.seq2seq import EncoderDecoder, Seq2SeqDecoding
+from attnkit.models.decoding import Seq2SeqDecoding
+from attnkit.models.seq2seq import EncoderDecoder
 
 # what a caller calls each source it hands in, and hears back when its translation is done
 Key = Hashable

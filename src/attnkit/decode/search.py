@@ -40,7 +40,8 @@ from torch import Tensor
 from attnkit.config import BEAM_STOPS, LENGTH_PENALTIES, DecodeConfig
 from attnkit.cpu.search import best_by_blocks, block_argmax, log_softmax_in_place
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.models.seq2seq import EncoderDecoder, stacked
+from attnkit.models.decoding import stacked
+from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.ranking import first_k, top_k
 
 # log-probabilities (n, V) and which of the N rows they are (n,) -> the next token of each (n,)

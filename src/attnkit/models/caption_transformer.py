@@ -11,7 +11,7 @@ The **decoder** is the paper's (Vaswani et al. §3.1), unchanged: the caption so
 with sinusoidal positions, goes through ``decoder_layers`` layers of masked self-attention, multi-head
 attention over the regions and a feed-forward network; the output projection is tied to the word
 embedding. Training, the KV cache, greedy and beam search are the translation model's
-(:class:`~attnkit.models.seq2seq.Seq2SeqDecoding`): the captioner offers the same ``encode``,
+(:class:`~attnkit.models.decoding.Seq2SeqDecoding`): the captioner offers the same ``encode``,
 ``decode``, ``source_mask`` and ``generator``.
 
 Where the RNN captioner has one attention a step, this one has ``decoder_layers × h`` heads;
@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from attnkit.attention.recording import recording
 from attnkit.models.captioner import DOWNSAMPLING, ImageEncoder, check_image_fields
 from attnkit.models.config import BaseTransformerConfig
-from attnkit.models.seq2seq import EncoderDecoder, Generator, Seq2SeqDecoding, decoder_stack, encoder_stack
+from attnkit.models.decoding import Seq2SeqDecoding
+from attnkit.models.seq2seq import EncoderDecoder, Generator, decoder_stack, encoder_stack
 from attnkit.nn.embedding import Embeddings, positional_encoding
 
 
@@ -126,4 +127,4 @@ class CaptionTransformer(nn.Module):
 
     def decoding(self, images: Tensor, use_cache: bool = True) -> Seq2SeqDecoding:
         """Step-by-step decoding of the captions of ``images (N, 1, H, W)`` (encoded once, now)."""
-        return Seq2SeqDecoding(self, images, use_cache)  # type: ignore[arg-type]
+        return Seq2SeqDecoding(self, images, use_cache)

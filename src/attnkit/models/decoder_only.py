@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor, nn
 
 from attnkit.attention.masks import causal_mask
 from attnkit.attention.multihead import KVCache
 from attnkit.models.config import DecoderModelConfig
+from attnkit.models.decoding import CausalDecoding
 from attnkit.models.layers import encoder_layer
-from attnkit.models.seq2seq import Generator, stacked
+from attnkit.models.seq2seq import Generator
 from attnkit.nn.embedding import Embeddings, positional_encoding
 from attnkit.nn.transformer import Encoder
 
@@ -96,59 +96,3 @@ class DecoderModel(nn.Module):
     def decoding(self, prompt_valid: Tensor, use_cache: bool = True) -> CausalDecoding:
         """Step-by-step decoding after left-padded prompts whose real tokens ``prompt_valid (B, P)`` marks."""
         return CausalDecoding(self, prompt_valid, use_cache)
-
-
-class CausalDecoding:
-    """What search needs from a :class:`DecoderModel`: ``next_logits(tokens)`` for all tokens so far
-    (prompt + generated; with the cache only the new ones are run) and ``reorder(index)`` of the rows."""
-
-    def __init__(self, model: DecoderModel, prompt_valid: Tensor, use_cache: bool) -> None:
-        self.model, self.prompt_valid = model, prompt_valid
-        self.caches = model.new_caches() if use_cache else None
-        self.merged = False  # whether rows that began at other steps have joined (merge)
-
-    def next_logits(self, tokens: Tensor) -> Tensor:
-        """``tokens (N, t)``, the left-padded prompt followed by what was generated -> ``(N, V)``."""
-        valid = self._valid(tokens.size(1))  # (N, t)
-        positions = (valid.cumsum(-1) - 1).clamp(min=0)  # padding takes no position
-        seen = len(self.caches[0]) if self.caches else 0
-        logits = self.model(tokens[:, seen:], valid, positions[:, seen:], self.caches)
-        return logits[:, -1]
-
-    def reorder(self, index: Tensor) -> None:
-        self.prompt_valid = self.prompt_valid.index_select(0, index)
-        for cache in self.caches or []:
-            cache.reorder(index)
-
-    def keep(self, index: Tensor) -> int:
-        """:meth:`reorder` (no source: keeping any rows is the same); after a :meth:`merge`, the
-        leading positions that are padding in every row kept are forgotten: returns how many."""
-        self.reorder(index)
-        if not self.merged or not self.caches:
-            return 0
-        unused = int(self.prompt_valid.long().cumsum(-1).eq(0).sum(-1).min())  # leading padding, shared
-        if unused:
-            self.prompt_valid = self.prompt_valid[:, unused:]
-            for i, cache in enumerate(self.caches):
-                self.caches[i] = KVCache(cache.key[:, :, unused:], cache.value[:, :, unused:])
-        return unused
-
-    def merge(self, other: CausalDecoding) -> None:
-        """Add ``other``'s rows after these: prompts that came later (continuous batching,
-        decode/continuous.py), each with its cache. The shorter rows are padded on the left (their
-        padding takes no position and is masked, as a short prompt's is), so each goes on as alone."""
-        if not self.caches or not other.caches:
-            raise ValueError("only cached decodings merge")
-        T, T_other = len(self.caches[0]), len(other.caches[0])
-        # the columns of the tokens (the cached ones and the newest) and the caches, padded on the left
-        self.prompt_valid = stacked(self._valid(T + 1), other._valid(T_other + 1), 1, False, left=True)
-        for i, (mine, theirs) in enumerate(zip(self.caches, other.caches, strict=True)):
-            key = stacked(mine.key, theirs.key, 2, 0.0, left=True)
-            self.caches[i] = KVCache(key, stacked(mine.value, theirs.value, 2, 0.0, left=True))
-        self.merged = True
-
-    def _valid(self, columns: int) -> Tensor:
-        """Which of the first ``columns`` tokens of each row are real: its prompt's, then all."""
-        N, P = self.prompt_valid.shape
-        generated = torch.ones(N, columns - P, dtype=torch.bool, device=self.prompt_valid.device)
-        return torch.cat([self.prompt_valid, generated], dim=1)  # (N, columns)

@@ -11,13 +11,12 @@ With ``model.copy`` a pointer-generator (nn/pointer.py) mixes those with copies 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from attnkit.attention.masks import causal_mask, padding_mask
-from attnkit.attention.multihead import KVCache
 from attnkit.errors import ConfigError
 from attnkit.models.config import TransformerConfig
+from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.layers import attention, encoder_layer, feed_forward, residual
 from attnkit.nn.embedding import EmbeddingNorm, Embeddings, positional_encoding
 from attnkit.nn.pointer import PointerGenerator
@@ -173,184 +172,6 @@ class EncoderDecoder(nn.Module):
     def decoding(self, src: Tensor, use_cache: bool = True) -> Seq2SeqDecoding:
         """Step-by-step decoding of the sources ``src (N, S)`` (encoded once, now)."""
         return Seq2SeqDecoding(self, src, use_cache)
-
-
-class Seq2SeqDecoding:
-    """What search needs from an :class:`EncoderDecoder`: ``next_logits(tokens)`` for all target tokens
-    so far (``<s>`` first; with the KV cache only the new ones are run) and ``reorder(index)``.
-
-    ``reorder`` keeps each row's memory: search only ever reorders rows among the beams of one source,
-    whose memories are identical; ``keep`` moves the memories too. With the cache, the cross-attention
-    keys and values stay one row per source however many beams it has (``beams`` consecutive rows):
-    attention reads them once per source (``MultiHeadAttention._shared``).
-    """
-
-    def __init__(
-        self, model: EncoderDecoder, src: Tensor, use_cache: bool, memory: Tensor | None = None
-    ) -> None:
-        """``memory``: the sources' encoding where it is computed already (by a compiled first step)."""
-        self.model = model
-        self.src_mask = model.source_mask(src)  # (N, 1, S)
-        self.memory = model.encode(src, self.src_mask) if memory is None else memory  # (N, S, d_model)
-        self.cache = model.new_cache() if use_cache else None
-        self.beams = 1  # consecutive rows per source
-        self.src = src  # (N, S): the pointer-generator copies these ids
-        self.pointer_keys = None if model.pointer is None else model.pointer.keys(self.memory)
-        self.src_valid = self.src_mask  # (N, 1, S): one row per source, as memory, src and pointer_keys
-        # (R,): where each row's first token is in the cache, once rows that started at other steps
-        # have joined (merge); None while every row starts at position 0
-        self.first: Tensor | None = None
-
-    def next_logits(self, tokens: Tensor) -> Tensor:
-        """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
-        ``model.copy``). After a :meth:`merge`, each row's tokens are right-aligned (padding first)."""
-        new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
-        positions = tgt_mask = None
-        if self.first is not None:  # rows at different positions: each its own, its padding hidden
-            columns = torch.arange(tokens.size(1), device=tokens.device)  # (t,)
-            positions = (columns[None, -new.size(1) :] - self.first[:, None]).clamp(min=0)  # (R, new)
-            tgt_mask = (columns[None, None, :] >= self.first[:, None, None]) & (
-                columns[None, -new.size(1) :, None] >= columns[None, None, :]
-            )  # (R, new, t): its own tokens, none after the query
-        hidden = self.model.decode(
-            self.memory, self.src_mask, new, tgt_mask, cache=self.cache, positions=positions
-        )[:, -1]  # (R, d_model)
-        logits = self.model.generator(hidden)  # (R, V)
-        if self.model.pointer is None:
-            return logits
-        M = self.memory.size(0)  # the rows of one source are consecutive: (R, ·) -> (M, R / M, ·)
-        log_probs = self.model.pointer(
-            logits.view(M, -1, logits.size(-1)), hidden.view(M, -1, hidden.size(-1)),
-            self.pointer_keys, self.memory, self.src, self.src_valid,
-        )  # fmt: skip
-        return log_probs.view_as(logits)
-
-    def _select_sources(self, rows: Tensor) -> None:
-        """Keep (or repeat) the memories of sources ``rows``, with what the pointer reads of them."""
-        self.memory = self.memory.index_select(0, rows)
-        self.src, self.src_valid = self.src.index_select(0, rows), self.src_valid.index_select(0, rows)
-        if self.pointer_keys is not None:
-            self.pointer_keys = self.pointer_keys.index_select(0, rows)
-
-    def reorder(self, index: Tensor) -> None:
-        if self.cache is not None:  # beams of one source share its memory: only the target side moves
-            self.cache.reorder(index, sources_too=False)
-        if self.first is not None:
-            self.first = self.first.index_select(0, index)
-
-    def keep(self, index: Tensor) -> int:
-        """Keep rows ``index`` of any sources (search drops the finished ones, all beams of a source
-        together): memories move too. Returns how many leading positions were forgotten (after a
-        :meth:`merge`: the padding of rows that have left)."""
-        self.src_mask = self.src_mask.index_select(0, index)
-        if self.cache is None:
-            self._select_sources(index)
-            return 0
-        sources = index[:: self.beams] // self.beams  # the first beam of each kept source: its source
-        self._select_sources(sources)
-        for layer in self.cache.layers:
-            layer.self_attn.reorder(index)
-            layer.src_attn.reorder(sources)
-        if self.first is None:
-            return 0
-        self.first = self.first.index_select(0, index)
-        return self._forget_unused()
-
-    def merge(self, other: Seq2SeqDecoding) -> None:
-        """Add ``other``'s rows after these: sources that began later (continuous batching,
-        decode/continuous.py), with as many rows per source and a KV cache each. The shorter cache is
-        padded on the left, its rows' first positions noted (:attr:`first`), so that each row goes on
-        at its own position with its own tokens; the sources are padded to the longer one's length."""
-        if self.cache is None or other.cache is None or self.beams != other.beams:
-            raise ValueError("only cached decodings with as many rows per source merge")
-        T, T_other = len(self.cache), len(other.cache)
-        first = torch.cat([self._firsts() + max(T_other - T, 0), other._firsts() + max(T - T_other, 0)])
-        self._merge_sources(other)
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            # self-attention (R, h, T, d_k): padded on the left
-            key = stacked(mine.self_attn.key, theirs.self_attn.key, 2, 0.0, left=True)
-            mine.self_attn = KVCache(
-                key, stacked(mine.self_attn.value, theirs.self_attn.value, 2, 0.0, left=True)
-            )
-        self.first = first
-
-    def _merge_sources(self, other: Seq2SeqDecoding) -> None:
-        """Add ``other``'s sources after these (:meth:`merge`): memories, masks, ids and the
-        cross-attention's keys and values, padded on the right to the longer source."""
-        pad_id = self.model.config.pad_id
-
-        def sources(mine: Tensor, theirs: Tensor, fill: float, dim: int = 1) -> Tensor:  # along S, then N
-            return stacked(mine, theirs, dim, fill)
-
-        self.memory = sources(self.memory, other.memory, 0.0)  # (N, S, d_model)
-        self.src = sources(self.src, other.src, pad_id)  # (N, S)
-        self.src_valid = sources(self.src_valid, other.src_valid, False, dim=2)  # (N, 1, S)
-        self.src_mask = sources(self.src_mask, other.src_mask, False, dim=2)  # (R, 1, S)
-        if self.pointer_keys is not None:
-            self.pointer_keys = sources(self.pointer_keys, other.pointer_keys, 0.0)
-        assert self.cache is not None and other.cache is not None
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            key = sources(mine.src_attn.key, theirs.src_attn.key, 0.0, dim=2)  # (N, h, S, d_k)
-            mine.src_attn = KVCache(key, sources(mine.src_attn.value, theirs.src_attn.value, 0.0, dim=2))
-
-    def _firsts(self) -> Tensor:
-        """Each row's first position in the cache (:attr:`first`, zeros before any merge)."""
-        if self.first is not None:
-            return self.first
-        return torch.zeros(self.src_mask.size(0), dtype=torch.long, device=self.src_mask.device)
-
-    def _forget_unused(self) -> int:
-        """Drop the cached positions no row reads any more (those before every row's first): the
-        padding of rows that have left; returns how many. Once no row has any, the steps mask nothing
-        again."""
-        assert self.first is not None
-        unused = int(self.first.min()) if len(self.first) else 0
-        if unused:
-            self._drop_positions(unused)
-        self.first = self.first - unused
-        if not bool(self.first.any()):  # every row starts at position 0
-            self.first = None
-        return unused
-
-    def _drop_positions(self, count: int) -> None:
-        """Drop the first ``count`` positions of every row's self-attention cache."""
-        assert self.cache is not None
-        for layer in self.cache.layers:
-            kept = layer.self_attn.key[:, :, count:], layer.self_attn.value[:, :, count:]
-            layer.self_attn = KVCache(*kept)
-
-    def repeat(self, times: int) -> None:
-        """Each row becomes ``times`` consecutive rows (beam search's beams; at most once, before or
-        after any step). With the cache the sources' memories, and their cross-attention keys and values
-        (computed at the first step), stay one row per source; the target side's cache is repeated."""
-        if self.beams != 1:
-            raise ValueError(f"the rows are already repeated ({self.beams} per source)")
-        rows = torch.arange(self.src_mask.size(0), device=self.src_mask.device).repeat_interleave(times)
-        self.src_mask = self.src_mask.index_select(0, rows)  # (N·times, 1, S)
-        self.beams = times
-        if self.first is not None:
-            self.first = self.first.index_select(0, rows)
-        if self.cache is None:
-            self._select_sources(rows)  # memory (N·times, S, d_model)
-            return
-        self.cache.reorder(rows, sources_too=False)
-
-
-def stacked(first: Tensor, second: Tensor, dim: int, fill: float, left: bool = False) -> Tensor:
-    """The rows of ``first`` then those of ``second``, the shorter padded with ``fill`` along ``dim``
-    to the longer's size (after its entries, or ``left``: before them): what merging running batches
-    does to sources (padded after), KV caches and tokens (padded before, so that the newest align)."""
-    size = max(first.size(dim), second.size(dim))
-
-    def padded(x: Tensor) -> Tensor:
-        if x.size(dim) == size:
-            return x
-        shape = list(x.shape)
-        shape[dim] = size - x.size(dim)
-        padding = x.new_full(shape, fill)
-        return torch.cat([padding, x] if left else [x, padding], dim=dim)
-
-    return torch.cat([padded(first), padded(second)])
 
 
 def build_transformer(
