@@ -15,6 +15,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import CompiledDecoding
 from attnkit.decode.continuous import RunningGenerations, RunningTranslations
 from attnkit.decode.generate import generate
+from attnkit.decode.starts import SourceDecoding
 from attnkit.decode.translate import translate
 from attnkit.models.config import TransformerConfig
 
@@ -124,8 +125,11 @@ def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer
             taken.append(beams)
             return step(*tensors)
 
-        return lambda src, use_cache=True: CompiledDecoding(
-            model, src, use_cache, counted, beams, (first, tokenizer.specials.bos)
+        return SourceDecoding(
+            lambda src, use_cache=True: CompiledDecoding(
+                model, src, use_cache, counted, beams, (first, tokenizer.specials.bos)
+            ),
+            compiled=True,
         )
 
     texts = copy(12, seed=6, max_length=9).src

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.attention.multihead import KVCache
 from attnkit.cpu.compiled.build import FIRST_STEP
 from attnkit.cpu.compiled.library import CompiledStep
@@ -38,13 +37,6 @@ if TYPE_CHECKING:
 # Coarser than the model's own KEY_BUCKET: fewer widths make fewer, fuller first steps, for a few more
 # masked keys.
 WIDTH_BUCKET = 16
-
-
-def width_bucket(compiled: bool) -> int:
-    """The multiple a batch's sources are padded to, as each is padded alone: :data:`WIDTH_BUCKET` for
-    compiled steps, the model's own steps' ``KEY_BUCKET`` otherwise (``translate`` and the server's
-    first steps must agree on it, or a source's answer would depend on which decoded it)."""
-    return WIDTH_BUCKET if compiled else KEY_BUCKET
 
 
 class History:

@@ -11,7 +11,7 @@ caches on the left and lets each row go on at its own position); every running s
 step; those whose search is over leave at once, and their rows are not decoded again.
 
 Each source gets what ``translate`` gives it alone, whatever shares its steps: it is cut, bounded
-and searched with the same settings and the same code (``beams.Beams``), its rows see only their
+and searched with the same settings and the same code (``starts``, ``beams.Beams``), its rows see only their
 own keys (the padding is masked) and its scores are its own. With ``decode.compile``, the steps are
 the compiled ones, as ``translate`` takes them (decode/compiled.py: newcomers' keys join the
 history in slots of their own). Sources with other settings (a beam of 1 and one of 5, or another
@@ -38,17 +38,20 @@ import torch
 from torch import Tensor
 
 from attnkit.config import DecodeConfig
-from attnkit.data.batching import pad, padded_width
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import Beams
-from attnkit.decode.compiled import compiled_decoding, width_bucket
-from attnkit.decode.generate import TextStream, encode_prompts, room
-from attnkit.decode.sampling import sampler
-from attnkit.decode.search import Extension, Hypothesis, Search, limits_of
-from attnkit.decode.translate import Reporting, cut_sources
-from attnkit.models import evaluating
+from attnkit.decode.generate import TextStream
+from attnkit.decode.search import Extension, Hypothesis, Search
+from attnkit.decode.starts import (
+    SourceDecoding,
+    encode_prompts,
+    encode_sources,
+    prompt_sampler,
+    ready_prompts,
+    ready_sources,
+    source_decoding,
+)
 from attnkit.models.decoder_only import DecoderModel
-from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.seq2seq import EncoderDecoder
 
 # what a caller calls each source it hands in, and hears back when its translation is done
@@ -70,7 +73,7 @@ class RunningTranslations:
     running: dict[tuple[int, int], Beams] = field(default_factory=dict)
     # how sources are decoded, by beam: decode.compile's compiled steps where they can be (as
     # translate decodes them), else the model's own
-    decodings: dict[int, Callable[[Tensor], Seq2SeqDecoding]] = field(default_factory=dict)
+    decodings: dict[int, SourceDecoding] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -94,47 +97,37 @@ class RunningTranslations:
             self._leave(set(leaving))
         done: list[tuple[Key, list[Hypothesis]]] = []
         texts = [text for _, text, _ in joining if text.strip()]
-        encoded = iter(cut_sources(self.tokenizer, texts, self.model.config.max_len, None, Reporting()))
+        encoded = iter(encode_sources(self.tokenizer, texts, self.model.config.max_len))
         # newcomers by (beam, n_best, the width of their first step: see _width)
         by_first_step: dict[tuple[int, int, int], list[tuple[Key, list[int]]]] = {}
         for key, text, (beam, n_best) in joining:
             if text.strip():
                 ids = next(encoded)
-                by_first_step.setdefault((beam, n_best, self._width(beam, ids)), []).append((key, ids))
+                width = self._decoding(beam).width(ids, self.model.config.max_len)
+                by_first_step.setdefault((beam, n_best, width), []).append((key, ids))
             else:
                 done.append((key, []))
-        for (beam, n_best, width), sources in by_first_step.items():
-            done += self._join((beam, n_best), width, sources)
+        for (beam, n_best, _), sources in by_first_step.items():
+            done += self._join((beam, n_best), sources)
         for batch in list(self.running):
             done += self.running[batch].step()
             if not self.running[batch].sources:
                 del self.running[batch]
         return [(key, [(self.tokenizer.decode(h.tokens), h.score) for h in found]) for key, found in done]
 
-    def _width(self, beam: int, ids: list[int]) -> int:
-        """The width a source of ``ids`` is padded to alone, where its first step must have it (a
-        compiled first step's: see the module docstring); 0 for the model's own steps, whatever the
-        width."""
-        if self._decoding(beam) == self.model.decoding:  # a bound method: a new object at each access
-            return 0
-        return padded_width(len(ids), width_bucket(compiled=True), self.model.config.max_len)
-
     def _join(
-        self, batch: tuple[int, int], width: int, sources: list[tuple[Key, list[int]]]
+        self, batch: tuple[int, int], sources: list[tuple[Key, list[int]]]
     ) -> list[tuple[Key, list[Hypothesis]]]:
-        """Take the first step of ``sources`` (their keys and ids; of one padded ``width`` with compiled
-        steps, else 0) as a batch of their own, and merge those still searched into the running
-        ``batch`` (beam, n_best); returns those already done."""
+        """Take the first step of ``sources`` (their keys and ids; of one padded width with compiled
+        steps: see the module docstring) as a batch of their own, and merge those still searched into
+        the running ``batch`` (beam, n_best); returns those already done."""
         beam, n_best = batch
         model, specials = self.model, self.tokenizer.specials
         search = Search.of(self.decode, beam_size=beam, n_best=n_best, max_output_len=model.config.max_len)
-        bucket = width_bucket(compiled=width > 0)  # (N, S) below: as translate pads a source alone
-        src = pad([ids for _, ids in sources], specials.pad, bucket, model.config.max_len).to(self.device)
-        start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=self.device)
+        ids = [ids for _, ids in sources]
+        ready = ready_sources(model, ids, self._decoding(beam), specials, search, self.device)
         keys = [key for key, _ in sources]
-        joining = Beams(
-            self._decoding(beam)(src), start, limits_of(src, specials.pad, search), specials, search, keys
-        )
+        joining = Beams(ready.decoding, ready.tokens, ready.limits, specials, search, keys)
         done = joining.step()  # the first step, on one row per source; then K beams each
         if joining.sources:
             if batch in self.running:
@@ -143,13 +136,11 @@ class RunningTranslations:
                 self.running[batch] = joining
         return done
 
-    def _decoding(self, beam: int) -> Callable[[Tensor], Seq2SeqDecoding]:
+    def _decoding(self, beam: int) -> SourceDecoding:
         if beam not in self.decodings:
-            compiled = None
-            if self.decode.compile and torch.device(self.device).type == "cpu":
-                with evaluating(self.model):
-                    compiled = compiled_decoding(self.model, beam, start_token=self.tokenizer.specials.bos)
-            self.decodings[beam] = compiled or self.model.decoding
+            self.decodings[beam] = source_decoding(
+                self.model, self.decode, beam, self.device, self.tokenizer.specials
+            )
         return self.decodings[beam]
 
     def _leave(self, keys: set[Key]) -> None:
@@ -224,25 +215,16 @@ class RunningGenerations:
         encoded = encode_prompts(
             self.tokenizer, [prompt.text for _, prompt in prompts], self.model.config.max_len
         )
-        longest = max(map(len, encoded))
-        tokens = pad([[pad_id] * (longest - len(ids)) + ids for ids in encoded], pad_id).to(self.device)
-        valid = torch.tensor([[False] * (longest - len(ids)) + [True] * len(ids) for ids in encoded],
-                             device=self.device)  # fmt: skip
-        limits = torch.tensor(
-            [room(ids, decode, self.model.config.max_len) for ids in encoded], device=self.device
-        )
+        ready = ready_prompts(self.model, encoded, pad_id, decode, self.device)
         numbers = [next(self.numbers) for _ in prompts]
         for number, (key, prompt) in zip(numbers, prompts, strict=True):
             generator = torch.Generator(self.device).manual_seed(prompt.seed)
             on_text = None if prompt.sink is None else (lambda _, text, sink=prompt.sink: sink(text))
             stream = TextStream(self.tokenizer, decode.stop, [0], on_text)
             self.continuing[number] = (key, generator, stream, [])
-        generators = _Generators(self.continuing)
-        choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)  # type: ignore[arg-type]
+        choose = prompt_sampler(_Generators(self.continuing), decode)
         rows = torch.tensor(numbers, device=self.device)
-        return Extension(
-            self.model.decoding(valid), tokens, limits + 1, self.tokenizer.specials, choose, rows
-        )
+        return Extension(ready.decoding, ready.tokens, ready.limits, self.tokenizer.specials, choose, rows)
 
     def _step(self, settings: Hashable, extension: Extension, merge: bool = False) -> list[tuple[Key, str]]:
         """One step of ``extension`` (newcomers: their first, then they join the running batch of their

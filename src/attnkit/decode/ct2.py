@@ -39,7 +39,8 @@ from attnkit.config import DecodeConfig, with_decode_overrides
 from attnkit.data.batching import length_batches
 from attnkit.data.text_blocks import stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.generate import OnText, TextStream, encode_prompts, room
+from attnkit.decode.generate import OnText, TextStream
+from attnkit.decode.starts import encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
 from attnkit.metrics import perplexity

@@ -20,12 +20,11 @@ import torch
 from torch import Tensor
 
 from attnkit.config import DecodeConfig
-from attnkit.data.batching import length_batches, pad
+from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.sampling import sampler
 from attnkit.decode.search import extend
+from attnkit.decode.starts import encode_prompts, prompt_sampler, ready_prompts
 from attnkit.decode.streams import fill_by_batch, stream_count
-from attnkit.errors import AttnkitError
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
 
@@ -67,27 +66,6 @@ def generate(
         return fill_by_batch(continue_batch, batches, streams, outputs, progress)
 
 
-def encode_prompts(tokenizer: Tokenizer, prompts: list[str], context: int, first: int = 0) -> list[list[int]]:
-    """Each prompt's ids; a one-line error for an empty prompt, or one that fills the model's
-    ``context`` (its positions, prompt and continuation together) and leaves no room to continue
-    (naming it by its number, ``first + 1`` for ``prompts[0]``)."""
-    encoded = tokenizer.encode_batch(prompts)
-    for i, ids in enumerate(encoded, start=first + 1):
-        if not ids:
-            raise AttnkitError(f"prompt {i} is empty: give the model at least one character to continue")
-        if len(ids) >= context:
-            raise AttnkitError(
-                f"prompt {i} has {len(ids)} tokens, but the model's context is {context} tokens "
-                "(prompt and continuation together): shorten the prompt"
-            )
-    return encoded
-
-
-def room(prompt: list[int], decode: DecodeConfig, context: int) -> int:
-    """How many tokens may follow ``prompt``: ``decode.max_new_tokens``, within the model's context."""
-    return min(decode.max_new_tokens, context - len(prompt))
-
-
 @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
 def _generate_batch(
     model: DecoderModel,
@@ -100,15 +78,9 @@ def _generate_batch(
 ) -> list[str]:
     """Continue one batch of encoded prompts; ``seeds`` are their generators' seeds, ``stream`` decodes
     the rows as they grow."""
-    longest = max(map(len, prompts))
-    pad_id = tokenizer.specials.pad
-    tokens = pad([[pad_id] * (longest - len(p)) + p for p in prompts], pad_id).to(device)  # left-padded
-    valid = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts], device=device)
-    rooms = [room(p, decode, model.config.max_len) for p in prompts]
-    generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
-    choose = sampler(generators, decode.temperature, decode.top_k, decode.top_p)
-    limits = torch.tensor(rooms, device=device) + 1  # up to `room` tokens, then </s> ends the row
-    generated = extend(model.decoding(valid), tokens, limits, tokenizer.specials, choose, stream.observe)
+    ready = ready_prompts(model, prompts, tokenizer.specials.pad, decode, device)
+    choose = prompt_sampler([torch.Generator(device).manual_seed(seed) for seed in seeds], decode)
+    generated = extend(ready.decoding, ready.tokens, ready.limits, tokenizer.specials, choose, stream.observe)
     return [stream.finish(row, ids) for row, ids in enumerate(generated)]
 
 

@@ -6,15 +6,21 @@ each row from its own generator, so that a row's text is its own whatever its ba
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
 from attnkit.decode.search import Choose, argmax
 
 
-def sampler(
-    generators: list[torch.Generator], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-) -> Choose:
+class Generators(Protocol):
+    """Each row's generator by the row's number: a list, or a server's table of its running rows."""
+
+    def __getitem__(self, row: int, /) -> torch.Generator: ...
+
+
+def sampler(generators: Generators, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Choose:
     """Sampling from ``softmax(log p / temperature)``, restricted to the ``top_k`` most probable tokens
     (0 = all) and to the smallest set whose probability reaches ``top_p`` (Holtzman et al., 2020;
     1.0 = all). Row ``i`` draws from ``generators[i]``, so its text does not depend on the other rows

@@ -5,17 +5,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal, overload
 
 import torch
 
 from attnkit.config import DecodeConfig
-from attnkit.data.batching import length_batches, pad
+from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.beams import beam_search
-from attnkit.decode.compiled import compiled_decoding, width_bucket
-from attnkit.decode.search import Hypothesis, Search, greedy
+from attnkit.decode.beams import beam
+from attnkit.decode.search import Hypothesis, Search, argmax, extend
+from attnkit.decode.starts import encode_sources, ready_sources, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import evaluating
 from attnkit.models.seq2seq import EncoderDecoder
@@ -112,62 +111,27 @@ def _hypotheses(
     """Each text's hypotheses, best first, by ``search`` (bounded by the model's positions), batched as
     ``decode`` says; a beam of one without ``scored`` is greedy search, whose hypotheses have no score."""
     specials, longest = tokenizer.specials, model.config.max_len
-    encoded = cut_sources(tokenizer, texts, longest, source_limit, reporting)
+    encoded = encode_sources(tokenizer, texts, longest, source_limit, reporting.warn, reporting.first_line)
     search = dataclasses.replace(search, max_output_len=longest)
     found: list[list[Hypothesis]] = [[] for _ in texts]
     todo = [i for i, text in enumerate(texts) if text.strip()]
-    compiled = decode.compile and torch.device(device).type == "cpu" and bool(todo)
-    # compiled steps: batches of sources of one width, the width each has alone (WIDTH_BUCKET); the
-    # model's own steps give each row its own keys whatever the width (attnkit.cpu.alone)
-    bucket = width_bucket(compiled)
-    lengths = [len(ids) for ids in encoded]
-    batches = length_batches(todo, lengths, decode.batch_size, bucket if compiled else None)
-
-    def searched(chunk: list[int], decoding: Callable | None) -> list[list[Hypothesis]]:
-        # (B, S): S a multiple of the bucket, as a source alone is padded
-        src = pad([encoded[i] for i in chunk], specials.pad, bucket, longest).to(device)
-        if search.beam_size == 1 and not scored:  # greedy: no scores wanted
-            outputs = greedy(model, src, specials, search, decoding=decoding)
-            return [[Hypothesis(ids, float("nan"))] for ids in outputs]
-        return beam_search(model, src, specials, search, decoding=decoding)
-
-    streams = stream_count(decode.streams, device, len(batches))
     if reporting.progress is not None:
         reporting.progress(len(texts) - len(todo))  # the empty lines
-    with evaluating(model):  # the step is compiled (traced) in eval mode too
-        decoding = None
-        if compiled:
-            decoding = compiled_decoding(model, search.beam_size, reporting.warn, specials.bos)
-        return fill_by_batch(
-            partial(searched, decoding=decoding), batches, streams, found, reporting.progress
-        )
+    if not todo:
+        return found
+    how = source_decoding(model, decode, search.beam_size, device, specials, reporting.warn)
+    # compiled steps: batches of sources of one width, the width each has alone (starts.SourceDecoding)
+    lengths = [len(ids) for ids in encoded]
+    batches = length_batches(todo, lengths, decode.batch_size, how.bucket if how.compiled else None)
 
+    @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
+    def searched(chunk: list[int]) -> list[list[Hypothesis]]:
+        ready = ready_sources(model, [encoded[i] for i in chunk], how, specials, search, device)
+        if search.beam_size == 1 and not scored:  # greedy: no scores wanted
+            outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
+            return [[Hypothesis(ids, float("nan"))] for ids in outputs]
+        return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
 
-def cut_sources(
-    tokenizer: Tokenizer, texts: list[str], longest: int, source_limit: int | None, reporting: Reporting
-) -> list[list[int]]:
-    """Each text's ids as the model reads them: cut to fit ``longest`` positions (a summariser's
-    ``source_limit``: shorter), then ``</s>``."""
-    limit = longest if source_limit is None else min(source_limit, longest)  # tokens with </s>
-    encoded = _cut(tokenizer.encode_batch(texts), limit, longest, reporting)
-    return [[*ids, tokenizer.specials.eos] for ids in encoded]
-
-
-def _cut(encoded: list[list[int]], limit: int, longest: int, reporting: Reporting) -> list[list[int]]:
-    """Each source cut to ``limit - 1`` tokens (one position is ``</s>``'s); ``reporting.warn`` hears
-    how many were cut, and why: the model's ``longest`` positions, or a summariser's shorter limit."""
-    too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > limit]
-    if too_long and reporting.warn is not None:
-        first = f"(line {too_long[0] + reporting.first_line}: {len(encoded[too_long[0]])} tokens)"
-        if limit < longest:
-            reporting.warn(
-                f"{len(too_long)} input line(s) are longer than the {limit} source tokens the model was "
-                f"trained on (data.max_source_len) {first}; they are cut to {limit - 1} tokens, as in "
-                "training"
-            )
-        else:
-            reporting.warn(
-                f"{len(too_long)} input line(s) have more tokens than the model's {longest} positions "
-                f"{first}; they are cut to {longest - 1} tokens, and outputs stop at {longest} tokens"
-            )
-    return [ids[: limit - 1] for ids in encoded]
+    streams = stream_count(decode.streams, device, len(batches))
+    with evaluating(model):
+        return fill_by_batch(searched, batches, streams, found, reporting.progress)

@@ -29,6 +29,7 @@ from attnkit.data.readers import ParallelText, Records, iter_jsonl, iter_pairs, 
 from attnkit.data.store import StoreColumn, prepared, store_root, uniform_sample
 from attnkit.data.synthetic import generate
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.starts import cut_sources
 from attnkit.decode.translate import Reporting, translate
 from attnkit.errors import ConfigError, DataError
 from attnkit.metrics import bleu, chrf, exact_match, rouge
@@ -98,11 +99,6 @@ def _read_summaries(config: DataConfig, split: str) -> ParallelText:
     targets = records.references[config.fields[1]]
     references = records.references.get(config.references, targets)
     return ParallelText(records.src, [r[0] for r in targets], references=references)
-
-
-def cut_sources(sources: list[list[int]], limit: int) -> tuple[list[list[int]], int]:
-    """Each source's first ``limit - 1`` tokens (room for ``</s>``), and how many were longer."""
-    return [ids[: limit - 1] for ids in sources], sum(len(ids) > limit - 1 for ids in sources)
 
 
 def prepare_data(

@@ -1,0 +1,181 @@
+"""Where every search starts: texts or prompts made into a search ready to step, for batch decoding
+(``translate``, ``generate``) and a server's running batches (``continuous``) alike, so that a sentence
+starts the same way whichever of them decodes it (docs/invariance.md).
+
+- Sources: cut to the model's positions (or a summariser's shorter limit), ``</s>`` added
+  (:func:`encode_sources`); padded on the right to the multiple their decoding needs, each searched
+  from ``<s>`` within its length bound (:func:`ready_sources`), by the compiled steps of
+  ``decode.compile`` where they can be, else by the model's own (:func:`source_decoding`).
+- Prompts: checked to leave room to continue (:func:`encode_prompts`), padded on the left so that
+  the newest tokens align, each bounded by ``decode.max_new_tokens`` within the model's context
+  (:func:`ready_prompts`), each sampled from its own generator (:func:`prompt_sampler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnkit.attention.invariance import KEY_BUCKET
+from attnkit.config import DecodeConfig
+from attnkit.data.batching import pad, padded_width
+from attnkit.data.tokenizer import SpecialIds, Tokenizer
+from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
+from attnkit.decode.sampling import Generators, sampler
+from attnkit.decode.search import Choose, Decoding, Search, limits_of
+from attnkit.errors import AttnkitError
+from attnkit.models import evaluating
+from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.seq2seq import EncoderDecoder
+
+
+@dataclass(frozen=True)
+class ReadySearch:
+    """What a search steps from: the rows' ``decoding``, their first ``tokens (B, t)`` (``<s>``, or a
+    left-padded prompt) and each row's bound on the tokens it may add, ``limits (B,)``."""
+
+    decoding: Decoding
+    tokens: Tensor
+    limits: Tensor
+
+
+# --- sources (an encoder-decoder's) --------------------------------------------------------------
+
+
+def cut_sources(sources: list[list[int]], limit: int) -> tuple[list[list[int]], int]:
+    """Each source's first ``limit - 1`` tokens (room for ``</s>``), and how many were longer."""
+    return [ids[: limit - 1] for ids in sources], sum(len(ids) > limit - 1 for ids in sources)
+
+
+def encode_sources(
+    tokenizer: Tokenizer,
+    texts: list[str],
+    longest: int,
+    source_limit: int | None = None,
+    warn: Callable[[str], None] | None = None,
+    first_line: int = 1,
+) -> list[list[int]]:
+    """Each text's ids as the model reads them: cut to fit ``longest`` positions (a summariser's
+    ``source_limit``: shorter), then ``</s>``. ``warn`` hears how many were cut, and why, naming the
+    first by its line (``first_line`` for ``texts[0]``)."""
+    limit = longest if source_limit is None else min(source_limit, longest)  # tokens with </s>
+    encoded = tokenizer.encode_batch(texts)
+    cut, count = cut_sources(encoded, limit)
+    if count and warn is not None:
+        at = next(i for i, ids in enumerate(encoded) if len(ids) > limit - 1)
+        first = f"(line {at + first_line}: {len(encoded[at])} tokens)"
+        if limit < longest:
+            warn(
+                f"{count} input line(s) are longer than the {limit} source tokens the model was "
+                f"trained on (data.max_source_len) {first}; they are cut to {limit - 1} tokens, as in "
+                "training"
+            )
+        else:
+            warn(
+                f"{count} input line(s) have more tokens than the model's {longest} positions "
+                f"{first}; they are cut to {longest - 1} tokens, and outputs stop at {longest} tokens"
+            )
+    return [[*ids, tokenizer.specials.eos] for ids in cut]
+
+
+@dataclass(frozen=True)
+class SourceDecoding:
+    """How an encoder-decoder's sources are decoded: ``decoding(src, use_cache)`` (``model.decoding``,
+    or ``decode.compile``'s compiled steps) and the multiple ``bucket`` their batches are padded to,
+    the one each source is padded to alone. Compiled steps: :data:`WIDTH_BUCKET`, and their first step
+    (the encoder) gives a source its own bits only at that width (decode/compiled.py), so batches of
+    sources of one ``width`` each; the model's own steps: ``KEY_BUCKET``, any widths together."""
+
+    decoding: Callable[[Tensor, bool], Decoding]
+    compiled: bool
+
+    @property
+    def bucket(self) -> int:
+        return WIDTH_BUCKET if self.compiled else KEY_BUCKET
+
+    def width(self, ids: Sequence[int], longest: int) -> int:
+        """The width a source of ``ids`` takes its first step at (compiled steps: see above), within
+        the model's ``longest`` positions; 0 for the model's own steps, which take any."""
+        return padded_width(len(ids), self.bucket, longest) if self.compiled else 0
+
+
+def source_decoding(
+    model: EncoderDecoder,
+    decode: DecodeConfig,
+    beam: int,
+    device: torch.device | str,
+    specials: SpecialIds,
+    warn: Callable[[str], None] | None = None,
+) -> SourceDecoding:
+    """How sources searched with ``beam`` rows each are decoded: ``decode.compile``'s compiled steps on
+    a CPU where they can be built (``warn`` hears why not, where not), the model's own otherwise."""
+    compiled = None
+    if decode.compile and torch.device(device).type == "cpu":
+        with evaluating(model):  # the steps are traced in eval mode
+            compiled = compiled_decoding(model, beam, warn, specials.bos)
+    return SourceDecoding(compiled or model.decoding, compiled is not None)
+
+
+def ready_sources(
+    model: EncoderDecoder,
+    sources: list[list[int]],
+    how: SourceDecoding,
+    specials: SpecialIds,
+    search: Search,
+    device: torch.device | str,
+) -> ReadySearch:
+    """A search of ``sources`` (ids with ``</s>``) from ``<s>``, each within its length bound: padded to
+    ``how.bucket`` as each is padded alone, encoded once (now)."""
+    src = pad(sources, specials.pad, how.bucket, model.config.max_len).to(device)  # (B, S)
+    start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)  # (B, 1)
+    return ReadySearch(how.decoding(src, True), start, limits_of(src, specials.pad, search))
+
+
+# --- prompts (a decoder's) ----------------------------------------------------------------------
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: list[str], context: int, first: int = 0) -> list[list[int]]:
+    """Each prompt's ids; a one-line error for an empty prompt, or one that fills the model's
+    ``context`` (its positions, prompt and continuation together) and leaves no room to continue
+    (naming it by its number, ``first + 1`` for ``prompts[0]``)."""
+    encoded = tokenizer.encode_batch(prompts)
+    for i, ids in enumerate(encoded, start=first + 1):
+        if not ids:
+            raise AttnkitError(f"prompt {i} is empty: give the model at least one character to continue")
+        if len(ids) >= context:
+            raise AttnkitError(
+                f"prompt {i} has {len(ids)} tokens, but the model's context is {context} tokens "
+                "(prompt and continuation together): shorten the prompt"
+            )
+    return encoded
+
+
+def room(prompt: list[int], decode: DecodeConfig, context: int) -> int:
+    """How many tokens may follow ``prompt``: ``decode.max_new_tokens``, within the model's context."""
+    return min(decode.max_new_tokens, context - len(prompt))
+
+
+def ready_prompts(
+    model: DecoderModel,
+    prompts: list[list[int]],
+    pad_id: int,
+    decode: DecodeConfig,
+    device: torch.device | str,
+) -> ReadySearch:
+    """A continuation of ``prompts`` (ids), left-padded (their padding takes no position and is masked,
+    so each goes on as alone), each bounded by its :func:`room`, then ``</s>``."""
+    longest = max(map(len, prompts))
+    tokens = pad([[pad_id] * (longest - len(p)) + p for p in prompts], pad_id).to(device)  # (B, P)
+    valid = torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts], device=device)
+    rooms = [room(p, decode, model.config.max_len) for p in prompts]
+    limits = torch.tensor(rooms, device=device) + 1  # up to `room` tokens, then </s> ends the row
+    return ReadySearch(model.decoding(valid), tokens, limits)
+
+
+def prompt_sampler(generators: Generators, decode: DecodeConfig) -> Choose:
+    """How the rows' next tokens are chosen: ``decode``'s sampling (greedy at temperature 0), row ``i``
+    drawing from ``generators[i]`` (its own, seeded with its seed)."""
+    return sampler(generators, decode.temperature, decode.top_k, decode.top_p)
