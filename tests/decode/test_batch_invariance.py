@@ -21,6 +21,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.generate import generate
+from attnkit.decode.search import BeamSettings
 from attnkit.decode.translate import translate
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, evaluating, from_preset
@@ -262,7 +263,9 @@ def _run_joining(running: RunningTranslations, texts: list[str], settings: list[
     or two, text n with ``settings[n % len(settings)]`` (beam, n_best)."""
     arrivals: dict[int, list] = {}
     for n, text in enumerate(texts):
-        arrivals.setdefault(0 if n < 3 else n // 2 + n % 3, []).append((n, text, settings[n % len(settings)]))
+        arrivals.setdefault(0 if n < 3 else n // 2 + n % 3, []).append(
+            (n, text, BeamSettings(*settings[n % len(settings)]))
+        )
     done, step = {}, 0
     while step <= max(arrivals) or running.sources:
         done.update(running.iterate(arrivals.get(step, [])))

@@ -15,6 +15,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import CompiledDecoding
 from attnkit.decode.continuous import RunningGenerations, RunningTranslations
 from attnkit.decode.generate import generate
+from attnkit.decode.search import BeamSettings
 from attnkit.decode.starts import SourceDecoding
 from attnkit.decode.translate import translate
 from attnkit.models.config import TransformerConfig
@@ -68,8 +69,9 @@ def test_sources_joining_at_any_step_get_their_translation_alone(tokenizer, chan
     settings = [(4, 1), (4, 2), (1, 1), (3, 3)]
     arrivals: dict[int, list] = {}
     for n, text in enumerate(texts):  # two at the first step, then one or two every few steps
-        arrivals.setdefault(0 if n < 2 else n // 2 + n % 3, []).append((n, text, settings[n % len(settings)]))
-    arrivals[3].append(("empty", "  ", (4, 1)))
+        beams = BeamSettings(*settings[n % len(settings)])
+        arrivals.setdefault(0 if n < 2 else n // 2 + n % 3, []).append((n, text, beams))
+    arrivals[3].append(("empty", "  ", BeamSettings(4, 1)))
     running = RunningTranslations(model, tokenizer, decode)
     done = _run(running, arrivals)
     assert done.pop("empty") == []
@@ -88,8 +90,8 @@ def test_with_the_models_own_steps_sources_of_every_width_share_one_running_batc
     the server's steps several smaller ones: 0.6x the sentences per second at 32 clients)."""
     running = RunningTranslations(_model(tokenizer), tokenizer, DecodeConfig(batch_size=64, streams=1))
     short, long = "a b", " ".join(["a b c d e f g h i"] * 3)  # 3 and 28 tokens with </s>: widths 8, 32
-    running.iterate([("short", short, (4, 1)), ("long", long, (4, 1))])
-    assert list(running.running) == [(4, 1)] and running.sources == 2
+    running.iterate([("short", short, BeamSettings(4, 1)), ("long", long, BeamSettings(4, 1))])
+    assert list(running.running) == [BeamSettings(4, 1)] and running.sources == 2
 
 
 def test_sources_that_leave_change_nothing_for_the_others(tokenizer):
@@ -98,8 +100,8 @@ def test_sources_that_leave_change_nothing_for_the_others(tokenizer):
     model = _model(tokenizer)
     decode = DecodeConfig(batch_size=64, streams=1)
     texts = copy(8, seed=4, max_length=9).src
-    arrivals = {0: [(n, text, (4, 1)) for n, text in enumerate(texts[:5])],
-                2: [(n, text, (4, 1)) for n, text in enumerate(texts[5:], start=5)]}  # fmt: skip
+    arrivals = {0: [(n, text, BeamSettings(4, 1)) for n, text in enumerate(texts[:5])],
+                2: [(n, text, BeamSettings(4, 1)) for n, text in enumerate(texts[5:], start=5)]}  # fmt: skip
     running = RunningTranslations(model, tokenizer, decode)
     done = _run(running, arrivals, leaving={1: {0, 3}, 3: {6}})
     assert sorted(done) == [1, 2, 4, 5, 7]
@@ -136,7 +138,7 @@ def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer
     settings = [(4, 2), (1, 1), (4, 1)]
     arrivals: dict[int, list] = {}
     for n, text in enumerate(texts):
-        arrivals.setdefault(n // 2 + n % 2, []).append((n, text, settings[n % len(settings)]))
+        arrivals.setdefault(n // 2 + n % 2, []).append((n, text, BeamSettings(*settings[n % len(settings)])))
     running = RunningTranslations(model, tokenizer, decode, decodings={1: traced(1), 4: traced(4)})
     done = _run(running, arrivals, leaving={3: {4}})
     assert sorted(done) == [n for n in range(len(texts)) if n != 4]

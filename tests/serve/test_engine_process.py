@@ -319,6 +319,7 @@ def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run
 
     from attnkit.checkpoint.folder import resolve_checkpoint
     from attnkit.data.synthetic import dates
+    from attnkit.decode.search import BeamSettings
     from attnkit.serve.served import MadeAgain
     from attnkit.serve.translator import load_translator
 
@@ -327,7 +328,7 @@ def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run
     served = load_translator(folder, ["decode.precision=fp32"])
     shutil.rmtree(folder)  # rotated away by a run still training, or its volume unmounted
     texts = dates(6, seed=5).src
-    joining = [(i, text, (4, 2)) for i, text in enumerate(texts)]
+    joining = [(i, text, BeamSettings(4, 2)) for i, text in enumerate(texts)]
     here = served.running_batch()
     process = EngineProcess(MadeAgain(served))
     try:

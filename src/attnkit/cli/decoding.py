@@ -120,8 +120,15 @@ def _translate_with_attnkit(ckpt, beam, input, output, n_best, overrides, world)
 
 
 def check_n_best(n_best: int, beam: int) -> None:
-    if n_best > beam:
-        raise AttnkitError(f"--n-best {n_best} needs a beam at least as wide: give --beam {n_best} or more")
+    """``--n-best`` against the beam (``BeamSettings``' rule), in the command line's words."""
+    from attnkit.decode.search import BeamSettings
+
+    try:
+        BeamSettings(beam, max(n_best, 1))
+    except ValueError:
+        raise AttnkitError(
+            f"--n-best {n_best} needs a beam at least as wide: give --beam {n_best} or more"
+        ) from None
 
 
 def n_best_lines(found: list[list[tuple[str, float]]], first: int) -> list[str]:

@@ -41,7 +41,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import Beams
 from attnkit.decode.generate import TextStream
-from attnkit.decode.search import Extension, Hypothesis, Search
+from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search
 from attnkit.decode.starts import (
     SourceDecoding,
     encode_prompts,
@@ -69,8 +69,7 @@ class RunningTranslations:
     tokenizer: Tokenizer
     decode: DecodeConfig
     device: torch.device | str = "cpu"
-    # (beam, n_best) -> its batch
-    running: dict[tuple[int, int], Beams] = field(default_factory=dict)
+    running: dict[BeamSettings, Beams] = field(default_factory=dict)  # each setting's batch
     # how sources are decoded, by beam: decode.compile's compiled steps where they can be (as
     # translate decodes them), else the model's own
     decodings: dict[int, SourceDecoding] = field(default_factory=dict)
@@ -87,10 +86,10 @@ class RunningTranslations:
 
     @torch.no_grad()
     def iterate(
-        self, joining: list[tuple[Key, str, tuple[int, int]]], leaving: set[Key] = frozenset()
+        self, joining: list[tuple[Key, str, BeamSettings]], leaving: set[Key] = frozenset()
     ) -> list[tuple[Key, Translations]]:
         """One step: the sources ``leaving`` (nobody waits for them) leave; ``joining`` (each source's
-        key, text and ``(beam, n_best)``) join after their first step; every running source takes one
+        key, text and :class:`BeamSettings`) join after their first step; every running source takes one
         step. Returns the sources whose translations are done, with them (an empty text at once, with
         no translations, as ``translate`` gives it)."""
         if leaving:
@@ -98,17 +97,17 @@ class RunningTranslations:
         done: list[tuple[Key, list[Hypothesis]]] = []
         texts = [text for _, text, _ in joining if text.strip()]
         encoded = iter(encode_sources(self.tokenizer, texts, self.model.config.max_len))
-        # newcomers by (beam, n_best, the width of their first step: see _width)
-        by_first_step: dict[tuple[int, int, int], list[tuple[Key, list[int]]]] = {}
-        for key, text, (beam, n_best) in joining:
+        # newcomers by their settings and the width of their first step (starts.SourceDecoding)
+        by_first_step: dict[tuple[BeamSettings, int], list[tuple[Key, list[int]]]] = {}
+        for key, text, settings in joining:
             if text.strip():
                 ids = next(encoded)
-                width = self._decoding(beam).width(ids, self.model.config.max_len)
-                by_first_step.setdefault((beam, n_best, width), []).append((key, ids))
+                width = self._decoding(settings.beam).width(ids, self.model.config.max_len)
+                by_first_step.setdefault((settings, width), []).append((key, ids))
             else:
                 done.append((key, []))
-        for (beam, n_best, _), sources in by_first_step.items():
-            done += self._join((beam, n_best), sources)
+        for (settings, _), sources in by_first_step.items():
+            done += self._join(settings, sources)
         for batch in list(self.running):
             done += self.running[batch].step()
             if not self.running[batch].sources:
@@ -116,14 +115,15 @@ class RunningTranslations:
         return [(key, [(self.tokenizer.decode(h.tokens), h.score) for h in found]) for key, found in done]
 
     def _join(
-        self, batch: tuple[int, int], sources: list[tuple[Key, list[int]]]
+        self, batch: BeamSettings, sources: list[tuple[Key, list[int]]]
     ) -> list[tuple[Key, list[Hypothesis]]]:
         """Take the first step of ``sources`` (their keys and ids; of one padded width with compiled
         steps: see the module docstring) as a batch of their own, and merge those still searched into
-        the running ``batch`` (beam, n_best); returns those already done."""
-        beam, n_best = batch
-        model, specials = self.model, self.tokenizer.specials
-        search = Search.of(self.decode, beam_size=beam, n_best=n_best, max_output_len=model.config.max_len)
+        the running ``batch`` of those settings; returns those already done."""
+        model, specials, beam = self.model, self.tokenizer.specials, batch.beam
+        search = Search.of(
+            self.decode, beam_size=beam, n_best=batch.n_best, max_output_len=model.config.max_len
+        )
         ids = [ids for _, ids in sources]
         ready = ready_sources(model, ids, self._decoding(beam), specials, search, self.device)
         keys = [key for key, _ in sources]

@@ -40,6 +40,7 @@ from attnkit.data.batching import length_batches
 from attnkit.data.text_blocks import stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import OnText, TextStream
+from attnkit.decode.search import BeamSettings
 from attnkit.decode.starts import encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
@@ -159,9 +160,7 @@ class CTranslate2Translator(_ExportedFolder):
         """Each text's hypotheses and their scores, best first: the best alone and unscored (``n_best``
         0), or ``n_best`` of them, scored."""
         tokenizer, decode = self.tokenizer, self.decode
-        beam = decode.beam_size if beam_size is None else beam_size
-        if n_best > beam:
-            raise ValueError(f"n_best ({n_best}) must not exceed the beam size ({beam})")
+        beam = BeamSettings(decode.beam_size if beam_size is None else beam_size, max(n_best, 1)).beam
         eos = self._token_names([tokenizer.specials.eos])
         sources = [self._token_names(ids) + eos for ids in tokenizer.encode_batch(texts)]
         todo = [i for i, text in enumerate(texts) if text.strip()]

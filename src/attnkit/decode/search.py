@@ -68,6 +68,24 @@ class Decoding(Protocol):
 
 
 @dataclass(frozen=True)
+class BeamSettings:
+    """A search's width and what it keeps: ``beam`` rows per source (1: greedy search) and the
+    ``n_best`` best hypotheses (at most ``beam``), the rule checked here for every caller (the command
+    line, the server's requests, ``translate``, :class:`Search`), which word its error their own way."""
+
+    beam: int = 5
+    n_best: int = 1
+
+    def __post_init__(self) -> None:
+        if self.beam < 1:
+            raise ValueError(f"beam_size must be at least 1, got {self.beam}")
+        if self.n_best < 1:
+            raise ValueError(f"n_best must be at least 1, got {self.n_best}")
+        if self.n_best > self.beam:
+            raise ValueError(f"n_best ({self.n_best}) must not exceed the beam size ({self.beam})")
+
+
+@dataclass(frozen=True)
 class Search:
     """The settings of one search (see the module docstring): a beam of ``beam_size`` (greedy search
     takes only the length bounds), finished hypotheses ranked by ``penalty`` with ``alpha``, the
@@ -84,8 +102,7 @@ class Search:
     max_output_len: int | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= self.n_best <= self.beam_size:
-            raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
+        BeamSettings(self.beam_size, self.n_best)  # the rule of the two
         if self.stop not in BEAM_STOPS:
             raise ValueError(f"unknown stopping rule {self.stop!r}; choose one of {', '.join(BEAM_STOPS)}")
         if self.penalty not in LENGTH_PENALTIES:

@@ -13,7 +13,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam
-from attnkit.decode.search import Hypothesis, Search, argmax, extend
+from attnkit.decode.search import BeamSettings, Hypothesis, Search, argmax, extend
 from attnkit.decode.starts import encode_sources, ready_sources, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import evaluating
@@ -85,10 +85,8 @@ def translate(
     cut). ``source_limit`` cuts sources shorter still, to the length the model was trained on (a
     summariser's ``data.max_source_len``: it has only ever read an email's beginning).
     """
-    beam = decode.beam_size if beam_size is None else beam_size
-    if n_best > beam:
-        raise ValueError(f"n_best ({n_best}) must not exceed the beam size ({beam})")
-    search = Search.of(decode, beam_size=beam, n_best=max(n_best, 1))
+    beam = BeamSettings(decode.beam_size if beam_size is None else beam_size, max(n_best, 1))
+    search = Search.of(decode, beam_size=beam.beam, n_best=beam.n_best)
     found = _hypotheses(model, tokenizer, texts, decode, search, scored=n_best > 0, device=device,
                         source_limit=source_limit, reporting=reporting or Reporting())  # fmt: skip
     if n_best:

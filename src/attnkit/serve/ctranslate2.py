@@ -12,7 +12,7 @@ explorer (CTranslate2 gives no attention weights; ``/explore`` answers 404).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,15 +20,15 @@ from typing import Any, ClassVar
 from attnkit.checkpoint.ctranslate2_folder import exported_model
 from attnkit.config import DecodeConfig
 from attnkit.decode.ct2 import CTranslate2Generator, CTranslate2Translator
-from attnkit.decode.search import Search
-from attnkit.serve.decoder import Prompt, SamplingModel
+from attnkit.decode.search import BeamSettings, Search
+from attnkit.serve.decoder import Prompt, Sampling, SamplingModel
 from attnkit.serve.served import ServedModel
 
 DEFAULT_INPUT = 1024  # CTranslate2's own bound on an input (its max_input_length), for older exports
 
 
 @dataclass
-class EngineTranslator(ServedModel):
+class EngineTranslator(ServedModel[BeamSettings]):
     """A CTranslate2 translation model, answering ``POST /translator/translate`` as :class:`Translator`."""
 
     engine_model: CTranslate2Translator
@@ -53,17 +53,15 @@ class EngineTranslator(ServedModel):
     def describe(self) -> dict[str, Any]:
         return _described(self.checkpoint, self.engine_model.decode)
 
-    def positions(self, tokens: list[int], settings: Hashable) -> int:
+    def positions(self, tokens: list[int], settings: BeamSettings) -> int:
         """A beam's rows for each source, each its source and its output's bound."""
-        beam, _ = settings  # type: ignore[misc]
         search = Search.of(
-            self.engine_model.decode, beam_size=beam, max_output_len=self.max_source_tokens + 1
+            self.engine_model.decode, beam_size=settings.beam, max_output_len=self.max_source_tokens + 1
         )
         return search.positions(tokens)
 
-    def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
-        beam, n_best = settings  # type: ignore[misc]
-        return self.engine_model.translate_n_best(texts, n_best, beam_size=beam)
+    def run(self, texts: list[str], settings: BeamSettings) -> list[list[tuple[str, float]]]:
+        return self.engine_model.translate_n_best(texts, settings.n_best, beam_size=settings.beam)
 
 
 @dataclass
@@ -93,8 +91,8 @@ class EngineDecoder(SamplingModel):
     def describe(self) -> dict[str, Any]:
         return _described(self.checkpoint, self.loaded_decode)
 
-    def run(self, prompts: list[Prompt], settings: Hashable) -> list[str]:
-        self.engine_model.decode = self.decode_for(settings)  # type: ignore[arg-type]
+    def run(self, prompts: list[Prompt], settings: Sampling) -> list[str]:
+        self.engine_model.decode = self.decode_for(settings)
         outputs = [""] * len(prompts)
         whole = [i for i, prompt in enumerate(prompts) if prompt.sink is None]
         if whole:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -48,7 +48,7 @@ class Prompt:
     gone: threading.Event = field(default_factory=threading.Event)  # set once nobody waits for it
 
 
-class SamplingModel(ServedModel):
+class SamplingModel(ServedModel[Sampling]):
     """A served decoder of either engine: the run's decoding settings, changed per request; the
     endpoints of TGI's and OpenAI's dialects."""
 
@@ -74,9 +74,9 @@ class SamplingModel(ServedModel):
             decode.max_new_tokens, decode.temperature, decode.top_k, decode.top_p, tuple(decode.stop)
         )
 
-    def positions(self, tokens: list[int], settings: Hashable) -> int:
+    def positions(self, tokens: list[int], settings: Sampling) -> int:
         """A row for each prompt, its prompt and as many new tokens as it may have (within the context)."""
-        new = settings.max_new_tokens  # type: ignore[attr-defined]
+        new = settings.max_new_tokens
         return sum(min(n + new, self.context) for n in tokens)
 
     def abandon(self, inputs: list[Prompt]) -> None:
@@ -92,7 +92,7 @@ class SamplingModel(ServedModel):
 
 
 @dataclass
-class ServedDecoder(SamplingModel, AttnkitModel):
+class ServedDecoder(SamplingModel, AttnkitModel[Sampling]):
     """A decoder checkpoint run by attnkit itself."""
 
     @property
@@ -103,9 +103,9 @@ class ServedDecoder(SamplingModel, AttnkitModel):
     def context(self) -> int:
         return self.model.config.max_len
 
-    def run(self, prompts: list[Prompt], settings: Hashable) -> list[str]:
+    def run(self, prompts: list[Prompt], settings: Sampling) -> list[str]:
         """Each prompt's continuation; streaming prompts hear theirs as it grows."""
-        decode = self.decode_for(settings)  # type: ignore[arg-type]
+        decode = self.decode_for(settings)
 
         def on_text(i: int, text: str) -> None:
             if prompts[i].sink is not None:

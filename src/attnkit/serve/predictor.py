@@ -7,7 +7,6 @@ masked-LM model ``{"masks": [{"token", "probability"}, ...]}``, one per mask of 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -24,7 +23,7 @@ HEADS = ("classify", "span", "mlm")  # the encoder heads attnkit predict runs
 
 
 @dataclass
-class Predictor(AttnkitModel):
+class Predictor(AttnkitModel[None]):
     dialects: ClassVar[tuple[str, ...]] = ("predict",)
 
     @property
@@ -47,7 +46,7 @@ class Predictor(AttnkitModel):
                     return f"inputs.{i}: no {written} to fill"
         return None
 
-    def run(self, inputs: list[str], settings: Hashable) -> list[str]:
+    def run(self, inputs: list[str], settings: None) -> list[str]:
         """What ``attnkit predict`` prints for each input."""
         return task_of(self.config).infer(self.model, self.tokenizer, self.config, inputs, self.device)
 

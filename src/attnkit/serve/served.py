@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -24,10 +24,13 @@ from attnkit.decode.streams import stream_count
 
 PRIVATE_DATA_FIELDS = ("dir", "train", "valid", "test", "store")  # where the run's files were
 MAX_ENGINE_PROCESSES = 4  # running batches in processes of their own, unless decode.streams asks for more
+# what a request's inputs are searched with, which the batcher groups them by: a translator's
+# BeamSettings, a decoder's Sampling, None for the models with none of their own
+Settings = TypeVar("Settings", bound=Hashable)
 
 
 @dataclass
-class ServedModel:
+class ServedModel(Generic[Settings]):
     checkpoint: Path  # the folder it was loaded from (GET /info says it)
     tokenizer: Tokenizer
 
@@ -40,7 +43,7 @@ class ServedModel:
         """How many tokens each text is (for the length limits and the batches' token budget)."""
         return [len(ids) for ids in self.tokenizer.encode_batch(texts)]
 
-    def positions(self, tokens: list[int], settings: Hashable) -> int:
+    def positions(self, tokens: list[int], settings: Settings) -> int:
         """The token positions the rows of inputs of ``tokens`` hold at most with ``settings`` (each row
         its input and the longest output it may write): what a batch's ``--max-batch-positions`` counts.
         One row an input, nothing written, unless the model says otherwise."""
@@ -67,7 +70,7 @@ class ServedModel:
     def prepare_worker(self, running: int) -> None:
         """Ready a worker thread of the batcher for a batch, ``running`` batches at once with it."""
 
-    def run(self, inputs: list[Any], settings: Hashable) -> list[Any]:
+    def run(self, inputs: list[Any], settings: Settings) -> list[Any]:
         """Each input's output (blocking; called by one of the batcher's workers, ``streams`` at a time
         in all)."""
         raise NotImplementedError
@@ -93,7 +96,7 @@ class ServedModel:
 
 
 @dataclass
-class AttnkitModel(ServedModel):
+class AttnkitModel(ServedModel[Settings]):
     """A checkpoint run by attnkit itself: its model, run config and device."""
 
     model: torch.nn.Module
@@ -157,7 +160,7 @@ class AttnkitModel(ServedModel):
 
 
 @dataclass
-class ReadsUploads(AttnkitModel):
+class ReadsUploads(AttnkitModel[None]):
     """A model whose inputs are files uploaded to the server (images, sound), not text: the endpoints
     of serve/endpoints/uploads.py read each file of the form field ``field`` with :meth:`read_upload`
     (its header only: what it is, how large, so what it costs), batch the uploads by :meth:`cost`,
@@ -200,7 +203,7 @@ class ReadsUploads(AttnkitModel):
         except DataError as error:
             raise DataError(f"{self.field}: {error}") from None
 
-    def positions(self, tokens: list[int], settings: Hashable) -> int:
+    def positions(self, tokens: list[int], settings: None) -> int:
         """Each upload's rows (the run's beam) × its ``unit``s and the longest output the model writes."""
         beam = self.config.decode.beam_size
         return sum(beam * (cost + self.model.config.max_len) for cost in tokens)
@@ -224,7 +227,7 @@ class ReadsUploads(AttnkitModel):
         )
         return cls(checkpoint, tokenizer, model, config, torch.device(device))
 
-    def run(self, inputs: list[Any], settings: Hashable) -> list[str]:
+    def run(self, inputs: list[Any], settings: None) -> list[str]:
         """Each upload's output (an image's caption, an utterance's transcript: what ``attnkit predict``
         prints for its file), by the task's ``infer`` and the run's decode settings."""
         from attnkit.tasks import task_of

@@ -7,7 +7,6 @@ line), so that an input gets the output the CLI gives it with the same beam.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -16,7 +15,7 @@ import torch
 
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.decode.continuous import RunningTranslations
-from attnkit.decode.search import Search
+from attnkit.decode.search import BeamSettings, Search
 from attnkit.decode.translate import translate
 from attnkit.loading import load_for_inference
 from attnkit.models import archs
@@ -25,7 +24,7 @@ from attnkit.tasks import task_of
 
 
 @dataclass
-class Translator(AttnkitModel):
+class Translator(AttnkitModel[BeamSettings]):
     dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
     steps_continuously: ClassVar[bool] = True
 
@@ -43,27 +42,25 @@ class Translator(AttnkitModel):
             limit = min(limit, self.config.data.source_limit)
         return limit - 1
 
-    def positions(self, tokens: list[int], settings: Hashable) -> int:
+    def positions(self, tokens: list[int], settings: BeamSettings) -> int:
         """A beam's rows for each source, each its source and its output's bound."""
-        beam, _ = settings  # type: ignore[misc]
         return Search.of(
-            self.config.decode, beam_size=beam, max_output_len=self.model.config.max_len
+            self.config.decode, beam_size=settings.beam, max_output_len=self.model.config.max_len
         ).positions(tokens)
 
-    def run(self, texts: list[str], settings: Hashable) -> list[list[tuple[str, float]]]:
+    def run(self, texts: list[str], settings: BeamSettings) -> list[list[tuple[str, float]]]:
         """Each text's ``n_best`` translations and scores by a beam of ``beam`` (1: greedy search)."""
-        beam, n_best = settings  # type: ignore[misc]
-        return translate(self.model, self.tokenizer, texts, self.config.decode, n_best=n_best, beam_size=beam,
-                         device=self.device)  # fmt: skip
+        return translate(self.model, self.tokenizer, texts, self.config.decode, n_best=settings.n_best,
+                         beam_size=settings.beam, device=self.device)  # fmt: skip
 
     def warm_up(self) -> None:
         """One sentence before the server says it is ready: a compiled decoding step (decode.compile) is
         built (or read from its cache) now, not in the first client's request (about 20 s for a small
         model)."""
-        self.run(["."], (self.beam_size, 1))
+        self.run(["."], BeamSettings(self.beam_size))
 
     def running_batch(self) -> RunningTranslations:
-        """Inputs ``(text, (beam, n_best))`` searched as :meth:`run` searches them, in a running batch
+        """Inputs ``(text, BeamSettings)`` searched as :meth:`run` searches them, in a running batch
         (decode/continuous.py)."""
         return RunningTranslations(self.model, self.tokenizer, self.config.decode, self.device)
 

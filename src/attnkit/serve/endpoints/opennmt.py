@@ -14,6 +14,7 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
+from attnkit.decode.search import BeamSettings
 from attnkit.serve.bodies import TranslateItem
 from attnkit.serve.errors import RequestError
 from attnkit.serve.state import server_of
@@ -27,18 +28,22 @@ async def translate(request: Request, items: list[TranslateItem]) -> list[list[d
     translator = server.ready_model()
     if not items:
         raise RequestError(422, "invalid_request", 'body: give at least one {"src": ...}')
-    settings_of = {(item.beam_size or translator.beam_size, item.n_best) for item in items}
-    if len(settings_of) > 1:
+    asked = {(item.beam_size or translator.beam_size, item.n_best) for item in items}
+    if len(asked) > 1:
         raise RequestError(422, "invalid_request", "body: one request's inputs share beam_size and n_best")
-    beam, n_best = settings_of.pop()
-    if n_best > beam:
-        raise RequestError(422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more")
+    ((beam, n_best),) = asked
+    try:
+        settings = BeamSettings(beam, n_best)
+    except ValueError:
+        raise RequestError(
+            422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more"
+        ) from None
     texts = [item.src for item in items]
     tokens = await asyncio.to_thread(translator.tokens, texts)
     server.check_lengths(tokens, translator.max_source_tokens, "src")
-    positions = translator.positions(tokens, (beam, n_best))
+    positions = translator.positions(tokens, settings)
     server.check_positions(positions)
-    found = await server.batched(request, texts, (beam, n_best), sum(tokens), positions)
+    found = await server.batched(request, texts, settings, sum(tokens), positions)
     results = []
     for text, best in zip(texts, found, strict=True):
         for target, score in best or [("", 0.0)] * n_best:  # an empty input: no hypotheses
