@@ -456,3 +456,9 @@ def with_decode_overrides(decode: DecodeConfig, overrides: list[str]) -> DecodeC
     if other:
         raise ConfigError(f"'{other[0]}' settings are fixed by training; only decode.* ones can change here")
     return DecodeConfig(**_checked(DecodeConfig, values["decode"], "decode"))
+
+
+def without_precision(overrides: list[str]) -> list[str]:
+    """The overrides other than ``decode.precision``: what a model that does not decode cannot take
+    (every model takes a precision)."""
+    return [override for override in overrides if not override.startswith("decode.precision=")]

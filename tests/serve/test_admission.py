@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from attnkit.data.synthetic import dates
 from attnkit.serve.app import make_app
-from attnkit.serve.decoder import ServedDecoder, load_decoder
+from attnkit.serve.decoder import ServedDecoder
 from attnkit.serve.state import ServeSettings
-from attnkit.serve.translator import Translator, load_translator
+from attnkit.serve.translator import Translator
 
 SETTINGS = ServeSettings(max_batch_positions=500, batching="continuous", workers="threads")
 
@@ -37,7 +37,7 @@ def _positions(lengths: list[int], beam: int, a: float = 1.5, b: int = 10) -> in
 
 
 def test_a_translation_request_is_refused_by_the_positions_its_beams_would_hold(run):
-    client = _client(Translator, lambda: load_translator(run, []))
+    client = _client(Translator, lambda: Translator.load(run, []))
     try:
         sentences = dates(8, seed=3).src
         lengths = [len(text) for text in sentences]  # a character each
@@ -63,7 +63,7 @@ def test_a_translation_request_is_refused_by_the_positions_its_beams_would_hold(
 
 
 def test_a_completion_counts_the_tokens_it_may_write(decoder):
-    client = _client(ServedDecoder, lambda: load_decoder(decoder, []))
+    client = _client(ServedDecoder, lambda: ServedDecoder.load(decoder, []))
     try:
         prompts = ["the cat"] * 10  # 7 characters each; the model's context is 64 positions
         answer = client.post("/v1/completions", json={"prompt": prompts, "max_tokens": 5, "seed": 1})

@@ -19,12 +19,12 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 pytest.importorskip("sklearn", reason="the scenes draw scikit-learn's bundled digits")
 from fastapi.testclient import TestClient
 
-from attnkit.cli.serving import _attnkit_model
 from attnkit.data.digit_scenes import digit_scenes
 from attnkit.decode.captions import caption
 from attnkit.loading import load_for_inference
 from attnkit.serve.app import make_app
 from attnkit.serve.captioner import ServedCaptioner
+from attnkit.serve.choosing import attnkit_model
 from attnkit.serve.state import ServeSettings
 from attnkit.tasks.captioning import pixels
 from tests.images import bomb, untrained_captioner
@@ -134,5 +134,5 @@ def test_explore_asks_for_an_image_and_shows_the_caption_word_by_word(client, ru
 
 
 def test_attnkit_serve_serves_a_captioner_with_its_endpoints(run):
-    served, _ = _attnkit_model(run, [])
+    served, _ = attnkit_model(run, [])
     assert served is ServedCaptioner and served.dialects == ("uploads",)

@@ -21,11 +21,11 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 from fastapi.testclient import TestClient
 
 from attnkit.cli import app
-from attnkit.cli.serving import _attnkit_model
 from attnkit.data.audio import heard, wav_from_bytes
 from attnkit.decode.transcripts import alignments_while_spelling, transcribe
 from attnkit.loading import load_for_inference
 from attnkit.serve.app import make_app
+from attnkit.serve.choosing import attnkit_model
 from attnkit.serve.recogniser import ServedRecogniser
 from attnkit.serve.state import ServeSettings
 from tests.recognisers import chirp, untrained_recogniser, wav_bytes
@@ -176,6 +176,6 @@ def test_explore_asks_for_a_wav_file_and_shows_the_alignment_character_by_charac
 
 
 def test_attnkit_serve_serves_a_recogniser_with_its_endpoints(run):
-    served, load = _attnkit_model(run, [])
+    served, load = attnkit_model(run, [])
     assert served is ServedRecogniser and served.dialects == ("uploads",)
     assert isinstance(load(), ServedRecogniser)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from attnkit.cli.app import note
+from attnkit.config import without_precision
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
 
@@ -44,12 +45,6 @@ def check_engine(engine: str, precision: str | None = None, int8: bool = False) 
         at_export = "int8 at export: --quantization int8" if int8 or precision == "int8" else (
             "its precision at export (--quantization)")  # fmt: skip
         raise AttnkitError(f"{given} is attnkit's; CTranslate2 takes {at_export}")
-
-
-def without_precision(overrides: list[str]) -> list[str]:
-    """The overrides other than ``decode.precision``: what a model that does not decode cannot take
-    (every model takes a precision)."""
-    return [override for override in overrides if not override.startswith("decode.precision=")]
 
 
 def no_decoding(overrides: list[str], arch: str) -> None:

@@ -6,7 +6,6 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,7 +23,7 @@ from attnkit.cli.app import (
     one_line_errors,
     precision_override,
 )
-from attnkit.cli.loading import check_engine, without_precision
+from attnkit.cli.loading import check_engine
 from attnkit.errors import AttnkitError
 
 if TYPE_CHECKING:
@@ -158,6 +157,7 @@ def serve(
     try:
         import uvicorn  # noqa: F401 (the server's, checked here: a missing one is one line)
 
+        from attnkit.serve.choosing import attnkit_model, engine_model
         from attnkit.serve.state import ServeSettings
     except ImportError as error:
         raise AttnkitError(f"attnkit serve needs {error.name}: pip install 'attnkit[serve]'") from None
@@ -166,7 +166,10 @@ def serve(
         raise AttnkitError(f"--batching {batching}: choose one of {', '.join(BATCHINGS)}")
     if workers not in WORKERS:
         raise AttnkitError(f"--workers {workers}: choose one of {', '.join(WORKERS)}")
-    served, load = (_engine_model if engine == "ctranslate2" else _attnkit_model)(ckpt, overrides)
+    if engine == "ctranslate2":
+        served, load = engine_model(ckpt, overrides, warn=note)
+    else:
+        served, load = attnkit_model(ckpt, overrides)
     if batching == "continuous" and not served.steps_continuously:
         what = "CTranslate2's engine" if engine == "ctranslate2" else "this model"
         raise AttnkitError(f"--batching continuous: {what} has no running batch yet; use --batching batches")
@@ -233,52 +236,3 @@ def _listening_socket(host: str, port: int) -> socket.socket:
         listening.close()
         raise AttnkitError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     return listening
-
-
-def _attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
-    """The served model's class for a checkpoint (it names its endpoints), and how to load it (after the
-    server starts)."""
-    from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
-    from attnkit.config import with_decode_overrides
-    from attnkit.loading import commands_for
-    from attnkit.models import archs
-    from attnkit.serve.captioner import ServedCaptioner
-    from attnkit.serve.decoder import ServedDecoder, load_decoder
-    from attnkit.serve.predictor import Predictor, load_predictor
-    from attnkit.serve.recogniser import ServedRecogniser
-    from attnkit.serve.translator import Translator, load_translator
-
-    checkpoint = resolve_checkpoint(ckpt)  # a wrong path is a one-line error now, not a failed load later
-    config = read_run_config(checkpoint)
-    with_decode_overrides(config.decode, overrides)  # a bad decode setting too (decode.beam_size=0)
-    arch = config.model.arch
-    if arch in archs(using="translate"):
-        return Translator, lambda: load_translator(checkpoint, overrides)
-    if arch in archs(using="generate"):
-        return ServedDecoder, lambda: load_decoder(checkpoint, overrides)
-    if arch in archs(using="predict", reading="text"):
-        if without_precision(overrides):
-            raise AttnkitError(
-                f"{' '.join(without_precision(overrides))}: decode settings are for translation and decoder "
-                "models, not encoders (--precision is for every model)"
-            )
-        return Predictor, lambda: load_predictor(checkpoint, overrides)
-    for reader in (ServedCaptioner, ServedRecogniser):  # models of images and sound
-        if arch in archs(reading=reader.reading, writing="text"):
-            return reader, partial(reader.load, checkpoint, overrides)
-    served = f"attnkit serve does not serve {arch} models yet"
-    raise AttnkitError(f"{checkpoint}: {served}; use {commands_for(arch)}")
-
-
-def _engine_model(folder: Path, overrides: list[str]) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
-    """The served model's class for a CTranslate2 folder, and how to load it; a folder that is not one,
-    or a machine without CTranslate2, is a one-line error now rather than a failed load."""
-    from attnkit.checkpoint.ctranslate2_folder import exported_model
-    from attnkit.decode.ct2 import check_exported_folder, exported_decode
-    from attnkit.models import DecoderModelConfig
-    from attnkit.serve.ctranslate2 import EngineDecoder, EngineTranslator, load_engine_model
-
-    check_exported_folder(folder)
-    exported_decode(folder, overrides)  # a bad decode setting is one line now, not a failed load
-    served = EngineDecoder if exported_model(folder)["arch"] == DecoderModelConfig.ARCH else EngineTranslator
-    return served, lambda: load_engine_model(folder, overrides, warn=note)

@@ -36,6 +36,20 @@ class EngineTranslator(ServedModel[BeamSettings]):
     engine: ClassVar[str] = "ctranslate2"
     dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
 
+    @classmethod
+    def load(
+        cls, folder: Path, overrides: list[str], warn: Callable[[str], None] | None = None
+    ) -> EngineTranslator:
+        """The exported translator in ``folder`` ready to serve; ``warn`` hears of a decoding setting
+        CTranslate2 cannot follow."""
+        if not any(o.startswith("decode.streams=") for o in overrides):
+            # one CTranslate2 worker on every thread unless asked: a server's single requests then take
+            # the whole CPU, and are answered sooner, for a little less throughput under many clients
+            # (bench/serve_load.py, docs/benchmarks.md); batches side by side are decode.streams=2
+            overrides = [*overrides, "decode.streams=1"]
+        translator = CTranslate2Translator(folder, overrides, warn)
+        return cls(folder, translator.tokenizer, translator)
+
     @property
     def beam_size(self) -> int:
         return self.engine_model.decode.beam_size
@@ -75,6 +89,14 @@ class EngineDecoder(SamplingModel):
 
     engine: ClassVar[str] = "ctranslate2"
     seeds_per_request: ClassVar[bool] = False
+
+    @classmethod
+    def load(
+        cls, folder: Path, overrides: list[str], warn: Callable[[str], None] | None = None
+    ) -> EngineDecoder:
+        """The exported decoder in ``folder`` ready to serve (it follows every decoding setting)."""
+        generator = CTranslate2Generator(folder, overrides)
+        return cls(folder, generator.tokenizer, generator, generator.decode)
 
     @property
     def decode(self) -> DecodeConfig:
@@ -119,20 +141,3 @@ def _described(folder: Path, decode: DecodeConfig) -> dict[str, Any]:
     held = exported_model(folder)
     return {"engine": "ctranslate2", "arch": held["arch"], "context": held.get("context"),
             "config": {"decode": dataclasses.asdict(decode)}}  # fmt: skip
-
-
-def load_engine_model(
-    folder: Path, overrides: list[str], warn: Callable[[str], None] | None = None
-) -> EngineTranslator | EngineDecoder:
-    """The CTranslate2 folder ``folder`` ready to serve: a translator or a generator, as it holds;
-    ``warn`` hears of a decoding setting CTranslate2 cannot follow."""
-    if exported_model(folder)["arch"] == CTranslate2Generator.ARCH:
-        generator = CTranslate2Generator(folder, overrides)
-        return EngineDecoder(folder, generator.tokenizer, generator, generator.decode)
-    if not any(o.startswith("decode.streams=") for o in overrides):
-        # one CTranslate2 worker on every thread unless asked: a server's single requests then take
-        # the whole CPU, and are answered sooner, for a little less throughput under many clients
-        # (bench/serve_load.py, docs/benchmarks.md); batches side by side are decode.streams=2
-        overrides = [*overrides, "decode.streams=1"]
-    translator = CTranslate2Translator(folder, overrides, warn)
-    return EngineTranslator(folder, translator.tokenizer, translator)

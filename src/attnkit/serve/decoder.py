@@ -14,16 +14,11 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
-import torch
-
-from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import DecodeConfig
 from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.generate import generate
-from attnkit.loading import load_for_inference
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel, ServedModel
 
@@ -95,6 +90,10 @@ class SamplingModel(ServedModel[Sampling]):
 class ServedDecoder(SamplingModel, AttnkitModel[Sampling]):
     """A decoder checkpoint run by attnkit itself."""
 
+    @classmethod
+    def architectures(cls) -> tuple[str, ...]:
+        return archs(using="generate")
+
     @property
     def decode(self) -> DecodeConfig:
         return self.config.decode
@@ -121,12 +120,3 @@ class ServedDecoder(SamplingModel, AttnkitModel[Sampling]):
     def running_batch(self) -> RunningGenerations:
         """Prompts continued as :meth:`run` continues them, in a running batch (decode/continuous.py)."""
         return RunningGenerations(self.model, self.tokenizer, self.decode_for, self.device)
-
-
-def load_decoder(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> ServedDecoder:
-    """A decoder checkpoint (or run directory: its best) ready to serve."""
-    checkpoint = resolve_checkpoint(ckpt)
-    model, tokenizer, config = load_for_inference(
-        checkpoint, device, arch=archs(using="generate"), overrides=overrides
-    )
-    return ServedDecoder(checkpoint, tokenizer, model, config, torch.device(device))

@@ -8,13 +8,9 @@ masked-LM model ``{"masks": [{"token", "probability"}, ...]}``, one per mask of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
-import torch
-
-from attnkit.checkpoint.folder import resolve_checkpoint
-from attnkit.loading import check_head, load_for_inference
+from attnkit.loading import check_head
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
@@ -24,7 +20,19 @@ HEADS = ("classify", "span", "mlm")  # the encoder heads attnkit predict runs
 
 @dataclass
 class Predictor(AttnkitModel[None]):
+    """An encoder checkpoint with a classification, question-answering or masked-LM head, which reads no
+    decode settings but its precision (``decode.precision=bf16``)."""
+
     dialects: ClassVar[tuple[str, ...]] = ("predict",)
+    decodes: ClassVar[bool] = False
+
+    @classmethod
+    def architectures(cls) -> tuple[str, ...]:
+        return archs(using="predict", reading="text")
+
+    def warm_up(self) -> None:
+        """A one-line error for a head ``attnkit predict`` does not run."""
+        check_head(self.checkpoint, self.config, HEADS)
 
     @property
     def head(self) -> str:
@@ -62,14 +70,3 @@ class Predictor(AttnkitModel[None]):
         if self.head == "mlm":
             return {"masks": pairs}
         return {"label": pairs[0]["token"], "probability": pairs[0]["probability"]}
-
-
-def load_predictor(ckpt: str | Path, overrides: list[str] = (), *, device: str = "cpu") -> Predictor:
-    """An encoder checkpoint with a classification, question-answering or masked-LM head; ``overrides``
-    may give its precision (``decode.precision=bf16``)."""
-    checkpoint = resolve_checkpoint(ckpt)
-    model, tokenizer, config = load_for_inference(
-        checkpoint, device, arch=archs(using="predict", reading="text"), overrides=overrides
-    )
-    check_head(checkpoint, config, HEADS)
-    return Predictor(checkpoint, tokenizer, model, config, torch.device(device))

@@ -27,6 +27,7 @@ MAX_ENGINE_PROCESSES = 4  # running batches in processes of their own, unless de
 # what a request's inputs are searched with, which the batcher groups them by: a translator's
 # BeamSettings, a decoder's Sampling, None for the models with none of their own
 Settings = TypeVar("Settings", bound=Hashable)
+Loaded = TypeVar("Loaded", bound="AttnkitModel")
 
 
 @dataclass
@@ -105,6 +106,7 @@ class AttnkitModel(ServedModel[Settings]):
 
     engine: ClassVar[str] = "attnkit"
     shows_attention: ClassVar[bool] = True
+    decodes: ClassVar[bool] = True  # whether it takes decode settings (every model takes a precision)
 
     def __post_init__(self) -> None:
         # torch's threads as the model loaded, shared out among the workers (which change the count
@@ -123,9 +125,29 @@ class AttnkitModel(ServedModel[Settings]):
         keeps its threads until it ends, so for a while the CPU may hold more threads than cores)."""
         torch.set_num_threads(max(1, self.threads // running))
 
+    @classmethod
+    def architectures(cls) -> tuple[str, ...]:
+        """The architectures (``model.arch``) it serves (serve/models.py chooses by them)."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls: type[Loaded], ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> Loaded:
+        """A checkpoint (or run directory: its best) of one of its :meth:`architectures`, its decode
+        settings changed by ``overrides``, ready to serve (:meth:`warm_up` done)."""
+        from attnkit.checkpoint.folder import resolve_checkpoint
+        from attnkit.loading import load_for_inference
+
+        checkpoint = resolve_checkpoint(ckpt)
+        model, tokenizer, config = load_for_inference(
+            checkpoint, device, arch=cls.architectures(), overrides=overrides
+        )
+        served = cls(checkpoint, tokenizer, model, config, torch.device(device))
+        served.warm_up()
+        return served
+
     def warm_up(self) -> None:
         """Whatever the model needs done before the server says it is ready (a translator builds its
-        compiled step); nothing here."""
+        compiled step, a predictor checks its head); nothing here."""
 
     def engine_processes(self) -> int:
         """How many running batches in processes of their own serve it: ``decode.streams`` where given,
@@ -214,18 +236,10 @@ class ReadsUploads(AttnkitModel[None]):
         raise NotImplementedError
 
     @classmethod
-    def load(cls, ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> ReadsUploads:
-        """A checkpoint (or run directory: its best) of a model that reads ``reading`` and writes text,
-        ready to serve."""
-        from attnkit.checkpoint.folder import resolve_checkpoint
-        from attnkit.loading import load_for_inference
+    def architectures(cls) -> tuple[str, ...]:
         from attnkit.models import archs
 
-        checkpoint = resolve_checkpoint(ckpt)
-        model, tokenizer, config = load_for_inference(
-            checkpoint, device, arch=archs(reading=cls.reading, writing="text"), overrides=overrides
-        )
-        return cls(checkpoint, tokenizer, model, config, torch.device(device))
+        return archs(reading=cls.reading, writing="text")
 
     def run(self, inputs: list[Any], settings: None) -> list[str]:
         """Each upload's output (an image's caption, an utterance's transcript: what ``attnkit predict``

@@ -8,16 +8,11 @@ line), so that an input gets the output the CLI gives it with the same beam.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
-import torch
-
-from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.search import BeamSettings, Search
 from attnkit.decode.translate import translate
-from attnkit.loading import load_for_inference
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel
 from attnkit.tasks import task_of
@@ -27,6 +22,10 @@ from attnkit.tasks import task_of
 class Translator(AttnkitModel[BeamSettings]):
     dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
     steps_continuously: ClassVar[bool] = True
+
+    @classmethod
+    def architectures(cls) -> tuple[str, ...]:
+        return archs(using="translate")
 
     @property
     def beam_size(self) -> int:
@@ -63,14 +62,3 @@ class Translator(AttnkitModel[BeamSettings]):
         """Inputs ``(text, BeamSettings)`` searched as :meth:`run` searches them, in a running batch
         (decode/continuous.py)."""
         return RunningTranslations(self.model, self.tokenizer, self.config.decode, self.device)
-
-
-def load_translator(ckpt: str | Path, overrides: list[str], *, device: str = "cpu") -> Translator:
-    """A translation or summarisation checkpoint (or run directory: its best) ready to serve."""
-    checkpoint = resolve_checkpoint(ckpt)
-    model, tokenizer, config = load_for_inference(
-        checkpoint, device, arch=archs(using="translate"), overrides=overrides
-    )
-    translator = Translator(checkpoint, tokenizer, model, config, torch.device(device))
-    translator.warm_up()
-    return translator
