@@ -75,7 +75,7 @@ def main() -> None:
         model, tokenizer, config = load_for_inference(model_dir, device)
         test = read_split(config.data, "test", config.train.seed)
         began_decoding = time.perf_counter()
-        hypotheses = translate(model, tokenizer, test.src, config.decode, device=device)
+        hypotheses = translate(model, tokenizer, test.src, config.decode)
         decoded = time.perf_counter() - began_decoding
         (model_dir / "test_hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
         print(f"{name}: beam {config.decode.beam_size}, {len(test)} sentences decoded in {decoded:.0f} s")

@@ -68,7 +68,7 @@ def main() -> None:
             else f"valid loss {target}: not reached"
         )
     model, tokenizer, config = load_for_inference(args.run_dir, device, prefer="best")
-    (sample,) = generate(model, tokenizer, ["\n"], config.decode, device=device)
+    (sample,) = generate(model, tokenizer, ["\n"], config.decode)
     print("sample from the best checkpoint:\n" + sample[:500])
 
 

@@ -109,7 +109,7 @@ def _translate_with_attnkit(ckpt, beam, input, output, n_best, overrides, world)
     model, tokenizer, config = load_translator(ckpt, device, overrides)
     check_n_best(n_best, beam or config.decode.beam_size)
     source_limit = config.data.source_limit if task_of(config).cuts_sources else None  # as in training
-    settings = dict(beam_size=beam, device=device, source_limit=source_limit)
+    settings = dict(beam_size=beam, source_limit=source_limit)
 
     def translate_part(texts: list[str], first: int, progress: Callable[[int], None]) -> list[str]:
         found = translate_texts(model, tokenizer, texts, config.decode, n_best=n_best,
@@ -271,7 +271,7 @@ def _generate(ckpt, prompt, input, output, engine, given, overrides, world) -> N
         decode = with_options(given, lambda changes: replace(config.decode, **changes))
 
         def run(texts: list[str], on_text=None, **part) -> list[str]:
-            return generate_texts(model, tokenizer, texts, decode, device=device, on_text=on_text, **part)
+            return generate_texts(model, tokenizer, texts, decode, on_text=on_text, **part)
 
     if input is None:  # one prompt: stream its continuation to stdout, or write it to the output file
         text = "\n" if prompt is None else prompt

@@ -25,7 +25,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import extend
 from attnkit.decode.starts import encode_prompts, prompt_sampler, ready_prompts
 from attnkit.decode.streams import fill_by_batch, stream_count
-from attnkit.models import evaluating
+from attnkit.models import device_of, evaluating
 from attnkit.models.decoder_only import DecoderModel
 
 OnText = Callable[[int, str], None]
@@ -37,7 +37,6 @@ def generate(
     prompts: list[str],
     decode: DecodeConfig,
     *,
-    device: torch.device | str = "cpu",
     on_text: OnText | None = None,
     progress: Callable[[int], None] | None = None,
     first: int = 0,
@@ -51,6 +50,7 @@ def generate(
     requests, each with the seed its client chose, whatever the batch). ``wanted``: see the module
     docstring."""
     encoded = encode_prompts(tokenizer, prompts, model.config.max_len, first)
+    device = device_of(model)  # the prompts go where the model is
     seeds = seeds or [decode.seed + first + i for i in range(len(prompts))]
     outputs = [""] * len(prompts)
     batches = length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size)

@@ -16,7 +16,7 @@ from attnkit.decode.beams import beam
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, argmax, extend
 from attnkit.decode.starts import encode_sources, ready_sources, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
-from attnkit.models import evaluating
+from attnkit.models import device_of, evaluating
 from attnkit.models.seq2seq import EncoderDecoder
 
 
@@ -40,7 +40,6 @@ def translate(
     *,
     n_best: Literal[0] = 0,
     beam_size: int | None = None,
-    device: torch.device | str = "cpu",
     source_limit: int | None = None,
     reporting: Reporting | None = None,
 ) -> list[str]: ...
@@ -55,7 +54,6 @@ def translate(
     *,
     n_best: int,
     beam_size: int | None = None,
-    device: torch.device | str = "cpu",
     source_limit: int | None = None,
     reporting: Reporting | None = None,
 ) -> list[list[tuple[str, float]]]: ...
@@ -69,7 +67,6 @@ def translate(
     *,
     n_best: int = 0,
     beam_size: int | None = None,
-    device: torch.device | str = "cpu",
     source_limit: int | None = None,
     reporting: Reporting | None = None,
 ) -> list[str] | list[list[tuple[str, float]]]:
@@ -77,7 +74,7 @@ def translate(
     and their scores (``log P / lp``, as beam search ranks them; see search.py), best first, none for an
     empty line. ``beam_size`` 1 is greedy search (with ``n_best`` 1, its translation scored), default
     ``decode.beam_size``; ``n_best`` may not exceed it. On a CPU the batches are searched
-    ``decode.streams`` at a time (decode/streams.py).
+    ``decode.streams`` at a time (decode/streams.py). The texts go where the model is.
 
     An empty (or all-space) input line gives an empty output line without running the model. The model
     handles at most ``model.config.max_len`` positions: a longer source is cut to fit and no output is
@@ -87,7 +84,7 @@ def translate(
     """
     beam = BeamSettings(decode.beam_size if beam_size is None else beam_size, max(n_best, 1))
     search = Search.of(decode, beam_size=beam.beam, n_best=beam.n_best)
-    found = _hypotheses(model, tokenizer, texts, decode, search, scored=n_best > 0, device=device,
+    found = _hypotheses(model, tokenizer, texts, decode, search, scored=n_best > 0,
                         source_limit=source_limit, reporting=reporting or Reporting())  # fmt: skip
     if n_best:
         return [[(tokenizer.decode(h.tokens), h.score) for h in hypotheses] for hypotheses in found]
@@ -102,13 +99,12 @@ def _hypotheses(
     search: Search,
     *,
     scored: bool,
-    device: torch.device | str,
     source_limit: int | None,
     reporting: Reporting,
 ) -> list[list[Hypothesis]]:
     """Each text's hypotheses, best first, by ``search`` (bounded by the model's positions), batched as
     ``decode`` says; a beam of one without ``scored`` is greedy search, whose hypotheses have no score."""
-    specials, longest = tokenizer.specials, model.config.max_len
+    specials, longest, device = tokenizer.specials, model.config.max_len, device_of(model)
     encoded = encode_sources(tokenizer, texts, longest, source_limit, reporting.warn, reporting.first_line)
     search = dataclasses.replace(search, max_output_len=longest)
     found: list[list[Hypothesis]] = [[] for _ in texts]

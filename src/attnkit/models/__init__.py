@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.errors import ConfigError, require_one_of
@@ -204,6 +205,11 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where ``model``'s parameters are: where the inputs of its inference go (translate, generate)."""
+    return next(model.parameters()).device
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -111,7 +111,7 @@ class ServedDecoder(SamplingModel, AttnkitModel[Sampling]):
                 prompts[i].sink(text)
 
         streaming = any(prompt.sink is not None for prompt in prompts)
-        return generate(self.model, self.tokenizer, [p.text for p in prompts], decode, device=self.device,
+        return generate(self.model, self.tokenizer, [p.text for p in prompts], decode,
                         on_text=on_text if streaming else None, seeds=[p.seed for p in prompts],
                         wanted=lambda i: not prompts[i].gone.is_set())  # fmt: skip
 

@@ -50,7 +50,7 @@ class Translator(AttnkitModel[BeamSettings]):
     def run(self, texts: list[str], settings: BeamSettings) -> list[list[tuple[str, float]]]:
         """Each text's ``n_best`` translations and scores by a beam of ``beam`` (1: greedy search)."""
         return translate(self.model, self.tokenizer, texts, self.config.decode, n_best=settings.n_best,
-                         beam_size=settings.beam, device=self.device)  # fmt: skip
+                         beam_size=settings.beam)  # fmt: skip
 
     def warm_up(self) -> None:
         """One sentence before the server says it is ready: a compiled decoding step (decode.compile) is

@@ -252,7 +252,7 @@ class LanguageModellingTask:
     ) -> list[str]:
         """Each prompt's continuation (without the prompt), by the run's decode settings (as ``attnkit
         generate``)."""
-        return generate(model, tokenizer, list(inputs), config.decode, device=device)
+        return generate(model, tokenizer, list(inputs), config.decode)
 
     @classmethod
     def score(

@@ -304,9 +304,7 @@ class TranslationTask:
     def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
         """BLEU and exact-match accuracy of the greedy translations of the first ``n`` sources."""
         valid = self.data.valid
-        hypotheses = translate(
-            model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1, device=device
-        )
+        hypotheses = translate(model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1)
         return {
             "valid_bleu": bleu(hypotheses, valid.tgt[:n]).score,
             "valid_accuracy": exact_match(hypotheses, valid.tgt[:n]),
@@ -326,7 +324,7 @@ class TranslationTask:
         """Each input's translation, by the run's decode settings (as ``attnkit translate``); a
         summariser's sources are cut to the length it was trained on (``data.max_source_len``)."""
         limit = config.data.source_limit if cls.cuts_sources else None
-        return translate(model, tokenizer, list(inputs), config.decode, device=device, source_limit=limit)
+        return translate(model, tokenizer, list(inputs), config.decode, source_limit=limit)
 
     @classmethod
     def score(
@@ -340,7 +338,7 @@ class TranslationTask:
         """sacreBLEU's BLEU and chrF of the translations of ``given.src`` against ``given.ref``."""
 
         def run(texts: list[str], progress: Callable[[int], None]) -> list[str]:
-            return translate(model, tokenizer, texts, config.decode, beam_size=given.beam, device=device,
+            return translate(model, tokenizer, texts, config.decode, beam_size=given.beam,
                              reporting=Reporting(given.warn, progress))  # fmt: skip
 
         return score_translations(run, given)
@@ -391,7 +389,7 @@ class SummarisationTask(TranslationTask):
         """ROUGE-1/2/L F1 of the greedy summaries of the first ``n`` sources (as cut for training)."""
         valid = self.data.valid
         texts = [self.tokenizer.decode(ids) for ids in self.valid_ids[0][:n]]
-        hypotheses = translate(model, self.tokenizer, texts, self.config.decode, beam_size=1, device=device)
+        hypotheses = translate(model, self.tokenizer, texts, self.config.decode, beam_size=1)
         r1, r2, rl = rouge(hypotheses, (valid.references or [[t] for t in valid.tgt])[:n])
         return {"valid_rouge1": r1.score, "valid_rouge2": r2.score, "valid_rougeL": rl.score}
 
@@ -417,7 +415,6 @@ class SummarisationTask(TranslationTask):
             records.src,
             config.decode,
             beam_size=given.beam,
-            device=device,
             source_limit=limit,
         )
         seconds = time.perf_counter() - began
