@@ -18,13 +18,17 @@ def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Ten
     takes the first of equals. ``torch.topk`` orders equals as it meets them, which need not be the
     same for a row alone and in a batch, nor for greedy search and a beam of one: a fixed rule keeps a
     sentence's answer its own (docs/invariance.md). ``torch.topk`` finds them (a full sort costs ten
-    times more) and orders them by value; only rows where two kept entries are equal, or an entry left
-    out equals the last one kept, are ranked whole, in index order (ties are rare but for ``-inf``)."""
+    times more); rows where an entry left out equals the last one kept are ranked whole."""
     if index is None:
         index = torch.arange(x.size(-1), device=x.device).expand_as(x)
     values, at = x.topk(k, dim=-1)  # (N, k) each, largest first, equals in any order
     chosen = index.gather(1, at)  # (N, k)
-    tied = (values[:, 1:] == values[:, :-1]).any(-1) | ((x >= values[:, -1:]).sum(-1) > k)  # (N,)
+    # the kept ones by value, then index: a stable sort by value of them in index order
+    by_index = chosen.argsort(dim=-1)
+    values, chosen = values.gather(1, by_index), chosen.gather(1, by_index)
+    values, order = values.sort(dim=-1, descending=True, stable=True)
+    chosen = chosen.gather(1, order)
+    tied = (x >= values[:, -1:]).sum(-1) > k  # (N,): an equal of the last one kept was left out
     if bool(tied.any()):  # those rows ranked whole, in index order
         rows = tied.nonzero().squeeze(1)
         by_index = index[rows].argsort(dim=-1)
