@@ -164,13 +164,14 @@ def test_a_running_batch_takes_the_compiled_steps_and_gives_each_source_its_tran
     """Continuous batching (decode/continuous.py) with decode.compile: sources that join the compiled
     step's history at later steps get the eager ``translate``'s translation of them, with its scores."""
     from attnkit.decode.continuous import RunningTranslations
+    from attnkit.decode.search import BeamSettings
 
     model, tokenizer = model_and_tokenizer
     texts = copy(24, seed=8, max_length=6).src
     eager = DecodeConfig(batch_size=64, streams=1)
     counting = _Counting(monkeypatch)
     running = RunningTranslations(model, tokenizer, DecodeConfig(batch_size=64, streams=1, compile=True))
-    waiting = [(n, text, (3, 2) if n % 2 else (1, 1)) for n, text in enumerate(texts)]
+    waiting = [(n, text, BeamSettings(3, 2) if n % 2 else BeamSettings(1, 1)) for n, text in enumerate(texts)]
     done = {}
     while waiting or running.sources:
         joining, waiting = waiting[:2], waiting[2:]  # two join at every step
