@@ -15,7 +15,7 @@ from attnkit.data.synthetic import dates
 from attnkit.serve.app import make_app
 from attnkit.serve.decoder import ServedDecoder
 from attnkit.serve.state import ServeSettings
-from attnkit.serve.translator import Translator
+from attnkit.serve.translator import ServedTranslator
 
 SETTINGS = ServeSettings(max_batch_positions=500, batching="continuous", workers="threads")
 
@@ -37,7 +37,7 @@ def _positions(lengths: list[int], beam: int, a: float = 1.5, b: int = 10) -> in
 
 
 def test_a_translation_request_is_refused_by_the_positions_its_beams_would_hold(run):
-    client = _client(Translator, lambda: Translator.load(run, []))
+    client = _client(ServedTranslator, lambda: ServedTranslator.load(run, []))
     try:
         sentences = dates(8, seed=3).src
         lengths = [len(text) for text in sentences]  # a character each

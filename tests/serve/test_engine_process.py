@@ -304,9 +304,9 @@ def test_what_a_child_is_given_is_the_checkpoints_weights_whatever_the_precision
     from attnkit.loading import build_for_tokenizer, load_for_inference
     from attnkit.models import load_weights
     from attnkit.serve.served import weights_bytes
-    from attnkit.serve.translator import Translator
+    from attnkit.serve.translator import ServedTranslator
 
-    served = Translator.load(run, [f"decode.precision={precision}"])
+    served = ServedTranslator.load(run, [f"decode.precision={precision}"])
     made = build_for_tokenizer(served.config, served.tokenizer)
     assert load_weights(made, load(weights_bytes(served.model))) == ([], [])  # tied tensors tied again
     stored = load_for_inference(run, pack=False)[0].state_dict()  # float32, as trained and saved
@@ -321,11 +321,11 @@ def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run
     from attnkit.data.synthetic import dates
     from attnkit.decode.search import BeamSettings
     from attnkit.serve.served import MadeAgain
-    from attnkit.serve.translator import Translator
+    from attnkit.serve.translator import ServedTranslator
 
     folder = tmp_path / "rotated"
     shutil.copytree(resolve_checkpoint(run), folder)
-    served = Translator.load(folder, ["decode.precision=fp32"])
+    served = ServedTranslator.load(folder, ["decode.precision=fp32"])
     shutil.rmtree(folder)  # rotated away by a run still training, or its volume unmounted
     texts = dates(6, seed=5).src
     joining = [(i, text, BeamSettings(4, 2)) for i, text in enumerate(texts)]
@@ -344,13 +344,13 @@ def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run
 
 def test_engine_processes_do_not_grow_with_the_cores_unless_asked(run):
     from attnkit.serve.served import MAX_ENGINE_PROCESSES
-    from attnkit.serve.translator import Translator
+    from attnkit.serve.translator import ServedTranslator
 
     before = torch.get_num_threads()
     torch.set_num_threads(16)
     try:
-        assert Translator.load(run, []).engine_processes() == MAX_ENGINE_PROCESSES == 4
-        assert Translator.load(run, ["decode.streams=6"]).engine_processes() == 6  # asked for: given
-        assert Translator.load(run, ["decode.streams=0"]).streams == 16  # threads: one per thread still
+        assert ServedTranslator.load(run, []).engine_processes() == MAX_ENGINE_PROCESSES == 4
+        assert ServedTranslator.load(run, ["decode.streams=6"]).engine_processes() == 6  # asked for: given
+        assert ServedTranslator.load(run, ["decode.streams=0"]).streams == 16  # threads: one per thread still
     finally:
         torch.set_num_threads(before)

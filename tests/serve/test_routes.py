@@ -14,15 +14,15 @@ from attnkit.serve.captioner import ServedCaptioner
 from attnkit.serve.ctranslate2 import EngineDecoder, EngineTranslator
 from attnkit.serve.decoder import ServedDecoder
 from attnkit.serve.endpoints import EVERY_SERVER, ROUTERS
-from attnkit.serve.predictor import Predictor
+from attnkit.serve.predictor import ServedPredictor
 from attnkit.serve.state import ServeSettings
-from attnkit.serve.translator import Translator
+from attnkit.serve.translator import ServedTranslator
 
 EVERY = {"/health", "/info", "/metrics", "/explore"}
 SERVED = [
-    (Translator, EVERY | {"/translator/translate"}),
+    (ServedTranslator, EVERY | {"/translator/translate"}),
     (EngineTranslator, EVERY | {"/translator/translate"}),
-    (Predictor, EVERY | {"/predict"}),
+    (ServedPredictor, EVERY | {"/predict"}),
     (ServedCaptioner, EVERY | {"/predict"}),  # POST /predict and /explore take image uploads
     (ServedDecoder, EVERY | {"/generate", "/generate_stream", "/v1/completions"}),
     (EngineDecoder, EVERY | {"/generate", "/generate_stream", "/v1/completions"}),

@@ -14,16 +14,16 @@ from attnkit.config import with_decode_overrides, without_precision
 from attnkit.errors import AttnkitError
 from attnkit.serve.captioner import ServedCaptioner
 from attnkit.serve.decoder import ServedDecoder
-from attnkit.serve.predictor import Predictor
+from attnkit.serve.predictor import ServedPredictor
 from attnkit.serve.recogniser import ServedRecogniser
 from attnkit.serve.served import AttnkitModel, ServedModel
-from attnkit.serve.translator import Translator
+from attnkit.serve.translator import ServedTranslator
 
 # the models attnkit itself serves, the first that serves an architecture taking it
 ATTNKIT_MODELS: tuple[type[AttnkitModel], ...] = (
-    Translator,
+    ServedTranslator,
     ServedDecoder,
-    Predictor,
+    ServedPredictor,
     ServedCaptioner,
     ServedRecogniser,
 )

@@ -29,7 +29,8 @@ DEFAULT_INPUT = 1024  # CTranslate2's own bound on an input (its max_input_lengt
 
 @dataclass
 class EngineTranslator(ServedModel[BeamSettings]):
-    """A CTranslate2 translation model, answering ``POST /translator/translate`` as :class:`Translator`."""
+    """A CTranslate2 translation model, answering ``POST /translator/translate`` as
+    :class:`ServedTranslator` does."""
 
     engine_model: CTranslate2Translator
 

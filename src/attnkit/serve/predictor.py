@@ -19,7 +19,7 @@ HEADS = ("classify", "span", "mlm")  # the encoder heads attnkit predict runs
 
 
 @dataclass
-class Predictor(AttnkitModel[None]):
+class ServedPredictor(AttnkitModel[None]):
     """An encoder checkpoint with a classification, question-answering or masked-LM head, which reads no
     decode settings but its precision (``decode.precision=bf16``)."""
 

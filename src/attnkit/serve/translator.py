@@ -19,7 +19,7 @@ from attnkit.tasks import task_of
 
 
 @dataclass
-class Translator(AttnkitModel[BeamSettings]):
+class ServedTranslator(AttnkitModel[BeamSettings]):
     dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
     steps_continuously: ClassVar[bool] = True
 
