@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode.search import Decoding, Hypothesis, Search, best_continuations, length_penalty, limits_of
+from attnkit.decode.search import Decoding, Hypothesis, Search, best_continuations, length_penalty, starts_of
 from attnkit.models.decoding import stacked
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -179,7 +179,6 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """The ``search.n_best`` best hypotheses per source (fewer if fewer finished), best first;
     ``decoding`` as for :func:`greedy`."""
-    limits = limits_of(src, specials.pad, search)
+    start, limits = starts_of(src, specials, search)
     steps = (decoding or model.decoding)(src, use_cache)  # encoded once; beam() makes each row K beams
-    start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
     return beam(steps, start, limits, specials, search)

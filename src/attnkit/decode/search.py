@@ -342,6 +342,13 @@ def limits_of(src: Tensor, pad_id: int, search: Search) -> Tensor:
     return limits.clamp(min=1, max=search.max_output_len)  # (B,)
 
 
+def starts_of(src: Tensor, specials: SpecialIds, search: Search) -> tuple[Tensor, Tensor]:
+    """Where a search of the sources ``src (B, S)`` starts: each row's first token, ``<s>`` ``(B, 1)``,
+    and its output's bound ``(B,)`` (:func:`limits_of`)."""
+    start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
+    return start, limits_of(src, specials.pad, search)
+
+
 @torch.no_grad()
 def greedy(
     model: EncoderDecoder,
@@ -355,6 +362,5 @@ def greedy(
     """The most probable next token at every step, for a batch of sources ``(B, S)``, within the
     search's length bounds; ``decoding``: how to decode step by step (default ``model.decoding``;
     ``decode.compile`` hands its own)."""
-    limits = limits_of(src, specials.pad, search)
-    start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)
+    start, limits = starts_of(src, specials, search)
     return extend((decoding or model.decoding)(src, use_cache), start, limits, specials, argmax)

@@ -25,7 +25,7 @@ from attnkit.data.batching import pad, padded_width
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
 from attnkit.decode.sampling import Generators, sampler
-from attnkit.decode.search import Choose, Decoding, Search, limits_of
+from attnkit.decode.search import Choose, Decoding, Search, starts_of
 from attnkit.errors import AttnkitError
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
@@ -130,8 +130,8 @@ def ready_sources(
     """A search of ``sources`` (ids with ``</s>``) from ``<s>``, each within its length bound: padded to
     ``how.bucket`` as each is padded alone, encoded once (now)."""
     src = pad(sources, specials.pad, how.bucket, model.config.max_len).to(device)  # (B, S)
-    start = torch.full((src.size(0), 1), specials.bos, dtype=torch.long, device=src.device)  # (B, 1)
-    return ReadySearch(how.decoding(src, True), start, limits_of(src, specials.pad, search))
+    start, limits = starts_of(src, specials, search)
+    return ReadySearch(how.decoding(src, True), start, limits)
 
 
 # --- prompts (a decoder's) ----------------------------------------------------------------------
