@@ -89,7 +89,9 @@ def attnkit_rows(args: argparse.Namespace) -> list[Row]:
 
             def ours(group: list[str], size: int, model=model, tokenizer=tokenizer, config=config,
                      compiled=compiled) -> Translations:  # fmt: skip
-                decode = dataclasses.replace(config.decode, batch_size=size, compile=compiled)
+                decode = dataclasses.replace(
+                    config.decode, batch_size=size, steps="compiled" if compiled else "eager"
+                )
                 return translate(model, tokenizer, group, decode, n_best=args.n_best, beam_size=args.beam)
 
             rows.append(

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gzip
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -50,6 +52,39 @@ from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.data.tokenizer import Tokenizer
 
 
+def cpu_seconds(server: int) -> dict[str, float]:
+    """The CPU seconds (user and system) used so far by the server's process, by its children (the
+    engine processes) and by this process (the load generator), and the time now (Linux: /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used(stat: Path) -> tuple[int, float]:
+        fields = stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick  # parent, utime + stime
+
+    server_s, engines_s = 0.0, 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent, seconds = used(stat)
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
+        if int(stat.parent.name) == server:
+            server_s = seconds
+        elif parent == server:
+            engines_s += seconds  # (an ended child's time is the server's, once reaped)
+    return {
+        "server": server_s,
+        "engines": engines_s,
+        "client": time.process_time(),
+        "at": time.perf_counter(),
+    }
+
+
+def cores_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """How many cores each of server, engines and client kept busy between two :func:`cpu_seconds`."""
+    wall = after["at"] - before["at"]
+    return {part: (after[part] - before[part]) / wall for part in ("server", "engines", "client")}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,14 +92,18 @@ def free_port() -> int:
 
 
 def start(command: list[str], url: str) -> subprocess.Popen:
-    """A server process, once its /health answers 200."""
+    """A server process, once its /health answers 200 and its steps are not being compiled (a server
+    with ``decode.steps=auto`` answers with the model's own steps meanwhile: not what it serves with)."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"the server stopped ({process.returncode}): {' '.join(command)}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            health = httpx.get(f"{url}/health", timeout=2)
+            if health.status_code == 200 and health.json().get("steps") != "compiling":
+                if "steps" in health.json():
+                    print(f"attnkit serve ready, its steps {health.json()['steps']}")
                 return process
         except httpx.TransportError:
             pass
@@ -77,7 +116,9 @@ def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> 
     (``decode.field=value`` of ``options``): ``attnkit translate``'s sentences/s on all the sentences as
     one input, the median time of a batch of 8 (8 clients' requests, were they one batch), and each
     sentence's translation (what the server's answers are checked against)."""
-    from attnkit.decode.translate import translate
+    from attnkit.cpu.compiled.build import FIRST_STEP
+    from attnkit.cpu.compiled.steps import all_built
+    from attnkit.decode.translate import Reporting, translate
     from attnkit.loading import load_for_inference
     from attnkit.models import archs
 
@@ -85,7 +126,14 @@ def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> 
     model, tokenizer, config = load_for_inference(
         resolve_checkpoint(ckpt), "cpu", arch=archs(using="translate"), overrides=overrides
     )
-    translate(model, tokenizer, sentences[:64], config.decode)  # warm (decode.compile builds its steps)
+    # warm; with decode.steps=auto, the compiled steps built (as the server builds them in the
+    # background, which start() waits for): both then take them from the cache
+    warm = (
+        dataclasses.replace(config.decode, steps="compiled")
+        if config.decode.steps == "auto"
+        else config.decode
+    )
+    translate(model, tokenizer, sentences[:64], warm, reporting=Reporting(warn=print))  # (says why not)
     began = time.perf_counter()
     outputs = translate(model, tokenizer, sentences, config.decode)
     rate = len(sentences) / (time.perf_counter() - began)
@@ -94,8 +142,10 @@ def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> 
         began = time.perf_counter()
         translate(model, tokenizer, sentences[start : start + 8], config.decode)
         eights.append(time.perf_counter() - began)
+    compiled = config.decode.steps != "eager" and all_built(model, [FIRST_STEP, beam])
     return {"rate": rate, "batch_of_8_ms": statistics.median(eights) * 1e3,
-            "outputs": dict(zip(sentences, outputs, strict=True))}  # fmt: skip
+            "outputs": dict(zip(sentences, outputs, strict=True)),
+            "steps": "compiled" if compiled else "eager"}  # fmt: skip
 
 
 async def load(
@@ -129,6 +179,66 @@ async def load(
     return {"rps": len(latencies) / elapsed, "tps": tokens[0] / elapsed, "errors": errors[0],
             "p50": p50 * 1e3, "p99": p99 * 1e3, "differ": differ[0] if expected is not None else "",
             "answers": len(latencies)}  # fmt: skip
+
+
+async def poisson(url: str, body, rate: float, seconds: float, sentences: list[str], seed: int = 0) -> dict:
+    """Requests arriving at ``rate`` per second in a Poisson process (exponential gaps, seeded) for
+    ``seconds``, each sent at its time whatever is still unanswered (an open loop: MLPerf's server
+    scenario); each latency runs from its arrival to its answer, so a late send counts against it."""
+    gaps, latencies, errors = random.Random(seed), [], [0]
+
+    async def one(http: httpx.AsyncClient, sentence: str, arrival: float) -> None:
+        response = await http.post(url, json=body(sentence))
+        if response.status_code != 200:
+            errors[0] += 1
+        else:
+            latencies.append(time.perf_counter() - arrival)
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=None)) as http:
+        sent, start, at = [], time.perf_counter(), 0.0
+        while at < seconds:
+            wait = start + at - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            sent.append(asyncio.create_task(one(http, sentences[len(sent) % len(sentences)], start + at)))
+            at += gaps.expovariate(rate)
+        await asyncio.gather(*sent)
+    ordered = sorted(latencies) or [float("nan")]
+    return {"rate": rate, "sent": len(sent), "errors": errors[0], "p50": statistics.median(ordered) * 1e3,
+            "p99": ordered[int(0.99 * (len(ordered) - 1))] * 1e3}  # fmt: skip
+
+
+def server_scenario(
+    url: str, body, offline: float, bound_ms: float, seconds: float, sentences: list[str]
+) -> list:
+    """Poisson arrivals at rising shares of the offline throughput (0.1 to 1.0 of it) until p99 passes
+    ``bound_ms`` or a request fails: each rate's result with its share, the last one over the bound."""
+    results = []
+    for share in [x / 10 for x in range(1, 11)]:
+        result = asyncio.run(poisson(url, body, share * offline, seconds, sentences, seed=len(results)))
+        results.append({**result, "share": share})
+        if result["p99"] > bound_ms or result["errors"]:
+            break
+    return results
+
+
+def print_scenarios(scenarios: dict[str, list], offline: float, bound_ms: float) -> None:
+    """Each server's Poisson rates and their latencies, and the highest rate within the bound."""
+    print(f"| server scenario (Poisson arrivals) | requests/s | / offline | sent | p50 ms | p99 ms | "
+          f"p99 <= {bound_ms:g} ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name, runs in scenarios.items():
+        for r in runs:
+            within = r["p99"] <= bound_ms and not r["errors"]
+            cells = [SHOWN[name], f"{r['rate']:.1f}", f"{r['share']:.1f}", r["sent"], f"{r['p50']:.0f}",
+                     f"{r['p99']:.0f}", "yes" if within else f"no ({r['errors']} errors)"]  # fmt: skip
+            print("| " + " | ".join(map(str, cells)) + " |")
+    for name, runs in scenarios.items():
+        passed = [r for r in runs if r["p99"] <= bound_ms and not r["errors"]]
+        best = (
+            f"{passed[-1]['rate']:.1f} requests/s, {passed[-1]['share']:.1f}x offline" if passed else "none"
+        )
+        print(f"{SHOWN[name]}: the highest Poisson rate with p99 <= {bound_ms:g} ms: {best}")
 
 
 def run_peer(folder: str, port: int, beam: int, threads: int) -> None:
@@ -212,6 +322,13 @@ def main() -> None:
                         "exported weights) or both, comma-separated; the soak runs on the first")  # fmt: skip
     parser.add_argument("--server-option", action="append", default=[],
                         help="an option or decode.field=value for attnkit serve (repeatable)")  # fmt: skip
+    parser.add_argument("--scenario-seconds", type=float, default=10,
+                        help="the server scenario's seconds at each rate (0: none)")  # fmt: skip
+    parser.add_argument("--p99-bound-ms", type=float, default=1000,
+                        help="the server scenario's bound on p99 latency")  # fmt: skip
+    parser.add_argument("--engine-only", action="store_true",
+                        help="also attnkit's running batches driven in process with no HTTP "
+                        "(bench/engine_load.py), at the same levels")  # fmt: skip
     parser.add_argument("--soak", type=int, default=0, help="requests of the soak test (0: none)")
     parser.add_argument("--soak-decoder", type=Path,
                         help="a decoder (GPT) checkpoint: the soak runs against it too, its clients leaving "
@@ -241,7 +358,15 @@ def main() -> None:
     alone = offline(args.ckpt, sentences, args.beam, args.server_option) if "attnkit" in engines else None
     if alone is not None:
         print(f"offline (attnkit translate, the same sentences and decode settings, in this process): "
-              f"{alone['rate']:.1f} sentences/s; a batch of 8: {alone['batch_of_8_ms']:.0f} ms")  # fmt: skip
+              f"{alone['rate']:.1f} sentences/s; a batch of 8: {alone['batch_of_8_ms']:.0f} ms; its steps "
+              f"{alone['steps']}")  # fmt: skip
+    engine_alone = None
+    if args.engine_only and alone is not None:
+        from engine_load import engine_only, print_results
+
+        options = [f"decode.beam_size={args.beam}", *args.server_option]
+        engine_alone = engine_only(args.ckpt, sentences, levels, options, args.seconds)
+    scenarios: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as work:
         exported = Path(work) / "ct2"
         if not args.no_peer or "ctranslate2" in engines:
@@ -257,9 +382,15 @@ def main() -> None:
             try:
                 for clients in levels:
                     expected = alone["outputs"] if alone is not None and engine == "attnkit" else None
+                    before = cpu_seconds(server.pid)
                     results[(engine, clients)] = asyncio.run(load(
                         f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"],
                         clients, args.seconds, sentences, count, expected))  # fmt: skip
+                    results[(engine, clients)]["cores"] = cores_used(before, cpu_seconds(server.pid))
+                if args.scenario_seconds and alone is not None:
+                    scenarios[engine] = server_scenario(
+                        f"{url}/translator/translate", lambda s: [{"src": s}], alone["rate"],
+                        args.p99_bound_ms, args.scenario_seconds, sentences)  # fmt: skip
                 if args.soak and engine == engines[0]:
                     soaked = soaks(args, url, server.pid, sentences)
             finally:
@@ -275,6 +406,10 @@ def main() -> None:
                     results[("peer", clients)] = asyncio.run(load(
                         f"{url}/translate", lambda s: {"src": s}, lambda r: r["tgt"], clients,
                         args.seconds, sentences, count))  # fmt: skip
+                if args.scenario_seconds and alone is not None:
+                    scenarios["peer"] = server_scenario(
+                        f"{url}/translate", lambda s: {"src": s}, alone["rate"], args.p99_bound_ms,
+                        args.scenario_seconds, sentences)  # fmt: skip
             finally:
                 peer.terminate()
                 peer.wait(timeout=60)
@@ -289,6 +424,11 @@ def main() -> None:
         cells = [SHOWN[name], clients, f"{r['rps']:.1f}", share, f"{r['tps']:.0f}", f"{r['p50']:.0f}",
                  f"{r['p99']:.0f}", f"{r['p99'] / r['p50']:.1f}", r["errors"], differ]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
+    for (name, clients), r in results.items():
+        if "cores" in r and sys.platform == "linux":
+            c = r["cores"]
+            print(f"{SHOWN[name]} at {clients} clients, cores used: server {c['server']:.2f}, "
+                  f"engine processes {c['engines']:.2f}, load generator {c['client']:.2f}")  # fmt: skip
     most, one = max(levels), min(levels)
     middle = [c for c in levels if one < c < most]
     for engine in engines:
@@ -303,6 +443,14 @@ def main() -> None:
             if alone is not None and middle[0] == 8:
                 eight = results[(engine, 8)]["p50"] / alone["batch_of_8_ms"]
                 print(f"{SHOWN[engine]}: p50 at 8 clients / a batch of 8 offline: {eight:.2f}")
+    if engine_alone is not None:
+        print_results(engine_alone, levels)
+        for clients in levels:
+            served, alone_rate = results[("attnkit", clients)]["rps"], engine_alone[clients]["rate"]
+            print(f"at {clients} clients: attnkit serve / its engine alone {served / alone_rate:.2f}x "
+                  "(what the HTTP layer leaves)")  # fmt: skip
+    if scenarios:
+        print_scenarios(scenarios, alone["rate"], args.p99_bound_ms)
     if args.soak:
         print("soak: " + json.dumps(soaked.pop("translator")))
         for name, result in soaked.items():

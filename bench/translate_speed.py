@@ -100,8 +100,9 @@ def serve_engine(
     # the same settings for attnkit and CTranslate2, which read them alike (HF generate takes arguments)
     settings = [f"decode.batch_size={batch}", "decode.length_penalty=length", f"decode.alpha={alpha}",
                 f"decode.streams={streams}"]  # fmt: skip
-    compiled = ["decode.compile=true"] if engine.endswith("-compiled") else []
-    decode = with_decode_overrides(config.decode, settings + compiled)
+    # attnkit: its own steps, or (-compiled) the compiled ones, never as the cache has it (auto)
+    steps = ["decode.steps=compiled" if engine.endswith("-compiled") else "decode.steps=eager"]
+    decode = with_decode_overrides(config.decode, settings + steps)
     if engine.startswith("attnkit"):
         run = lambda texts, beam: translate(model, tokenizer, texts, decode, beam_size=beam)  # noqa: E731
         conn.send((decode.batch_size, decode.alpha))

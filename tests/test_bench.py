@@ -249,7 +249,7 @@ def test_the_translation_speed_benchmark_compares_the_compiled_step_with_the_eag
 ):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the engines")
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.skip("decode.compile needs a C++ compiler")
+        pytest.skip("decode.steps=compiled needs a C++ compiler")
     # one precision and greedy search: each compiled step costs most of a minute to build on 2 cores
     stdout = run_translate_speed(copy_run, copy_data, tmp_path, "--beams", "1", "--rounds", "1",
                                  "--precisions", "fp32", "--compile")  # fmt: skip
@@ -329,7 +329,9 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
         [sys.executable, str(BENCH / "serve_load.py"), "--ckpt", str(copy_run), "--src",
          str(copy_data / "valid.src"), "--clients", "1,2,4", "--seconds", "1.5", "--beam", "2",
          "--threads", "1", "--soak", "120", "--engines", "attnkit,ctranslate2",
-         "--server-option", "decode.precision=fp32", "--soak-captioner", str(captioner),
+         "--server-option", "decode.precision=fp32", "--server-option", "decode.steps=eager",
+         "--scenario-seconds", "0.5", "--p99-bound-ms", "2000", "--engine-only",
+         "--soak-captioner", str(captioner),
          "--soak-recogniser", str(recogniser)],
         capture_output=True, text=True, encoding="utf-8", timeout=600, check=False,
     )  # fmt: skip
@@ -347,10 +349,31 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
     checked = [differ for name, *_, differ in rows if name == "attnkit serve"]
     assert len(checked) == 3 and all(re.fullmatch(r"0 of [1-9]\d*", differ) for differ in checked), checked
     assert re.search(
-        r"^offline \(attnkit translate.*: [\d.]+ sentences/s; a batch of 8: \d+ ms$", result.stdout, re.M
+        r"^offline \(attnkit translate.*: [\d.]+ sentences/s; a batch of 8: \d+ ms; its steps eager$",
+        result.stdout,
+        re.M,
     )
     for engine in ("attnkit serve", "attnkit serve --engine ctranslate2"):
         assert re.search(rf"^{engine} / peer at 4 clients: \d+\.\d\dx requests/s$", result.stdout, re.M)
+    # the server scenario: Poisson arrivals at rising shares of the offline rate until p99 passes 2 s
+    for name in shown:
+        row = rf"^\| {re.escape(name)} \| ([\d.]+) \| (\d\.\d) \| \d+ \| \d+ \| \d+ \| (yes|no.*) \|$"
+        rates = re.findall(row, result.stdout, re.M)
+        shares = [f"{i / 10:.1f}" for i in range(1, len(rates) + 1)]
+        assert rates and [share for _, share, _ in rates] == shares, rates
+        assert all(within == "yes" for *_, within in rates[:-1]), rates  # it stops at the first over
+        highest = rf"^{re.escape(name)}: the highest Poisson rate with p99 <= 2000 ms: "
+        assert re.search(highest + r"([\d.]+ requests/s, \d\.\dx offline|none)$", result.stdout, re.M)
+    # where the CPU went at each level: the server's process, its engine processes, the load generator
+    cores = r"^attnkit serve at 4 clients, cores used: server 0\.\d\d, engine processes (\d\.\d\d), "
+    cores += r"load generator 0\.\d\d$"
+    assert float(re.search(cores, result.stdout, re.M)[1]) > 0.05, result.stdout
+    # the engine alone, in process: every answer the offline one; and what the HTTP layer leaves
+    alone = re.findall(
+        r"^\| attnkit running batches \| (\d) \| ([\d.]+) \| .* \| (\d+) of \d+ \|$", result.stdout, re.M
+    )
+    assert [(clients, differ) for clients, _, differ in alone] == [("1", "0"), ("2", "0"), ("4", "0")], alone
+    assert re.search(r"^at 4 clients: attnkit serve / its engine alone \d+\.\d\dx", result.stdout, re.M)
     soak = json.loads(re.search(r"^soak: (.*)$", result.stdout, re.M)[1])
     assert soak["5xx"] == 0 and soak["wrong"] == 0 and soak["unexpected"] == 0, soak
     assert soak["malformed"] > 0 and soak["good"] > 60 and soak["after_status"] == 200, soak

@@ -44,6 +44,8 @@ BAD_VALUES = [
     ("decode.beam_size=0", r"decode\.beam_size must be >= 1; got 0"),
     ("decode.batch_size=0", r"decode\.batch_size must be >= 1; got 0"),
     ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
+    ("decode.steps=fast", r"decode\.steps must be one of 'auto', 'compiled', 'eager'; got 'fast'"),
+    ("decode.compile=maybe", r"'decode\.compile' must be true or false \(now decode\.steps\), got 'maybe'"),
     (
         "data.task=translate",
         r"data\.task must be one of 'parallel', 'dates', 'copy', 'summarise', 'text', 'classify', 'mlm', "
@@ -111,3 +113,19 @@ def test_training_without_files_names_the_missing_setting(tmp_path):
 def test_hard_attentions_expected_share_is_a_fraction():
     with pytest.raises(ConfigError, match=r"model\.hard_expected must be in \[0, 1\); got 1\.0"):
         load_run_config(None, ["model.arch=rnn", "model.hard=true", "model.hard_expected=1.0"])
+
+
+def test_decode_compile_the_old_name_of_decode_steps_still_reads():
+    """Every run saved before ``decode.steps`` wrote ``compile: false``, the default then: such a run
+    decodes with the new default (auto); ``compile: true`` is ``steps: compiled``; on the command line
+    ``decode.compile=false`` asks for the model's own steps."""
+    from attnkit.config import DecodeConfig, with_decode_overrides
+
+    saved = {"decode": {"compile": False, "beam_size": 4}}
+    assert RunConfig.from_dict(saved).decode.steps == "auto"
+    assert RunConfig.from_dict({"decode": {"compile": True}}).decode.steps == "compiled"
+    assert with_decode_overrides(DecodeConfig(), ["decode.compile=false"]).steps == "eager"
+    assert with_decode_overrides(DecodeConfig(), ["decode.compile=true"]).steps == "compiled"
+    assert "compile" not in RunConfig.from_dict(saved).to_dict()["decode"]
+    with pytest.raises(ConfigError, match=r"decode\.compile is true or false"):
+        with_decode_overrides(DecodeConfig(), ["decode.compile=auto"])

@@ -34,6 +34,7 @@ PARALLEL = ("ddp", "fsdp")  # train.parallel: how several processes share the mo
 SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (train/schedules.py)
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
+DECODING_STEPS = ("auto", "compiled", "eager")  # what a translation's search steps with (decode.steps)
 # what a trained model's linear maps multiply in for inference (attnkit.loading.inference_precision)
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
@@ -244,8 +245,11 @@ class DecodeConfig:
     batch_size: int = 64  # sentences (or prompts) per decoding batch
     # on a CPU, batches translated at a time, each on its share of the threads; 0 = one per thread
     streams: int = 0
-    # translation on a CPU: the decoding step compiled ahead of time (cpu/compiled/; same outputs)
-    compile: bool = False
+    # translation on a CPU: the decoding steps compiled ahead of time (cpu/compiled/), or the model's
+    # own. auto: the compiled steps where this machine has them already (built once per model and beam,
+    # kept in a cache), else built where the work repays it (a large input; a server, in the
+    # background), else the model's own; compiled: built now if need be; eager: the model's own
+    steps: str = "auto"
     # the linear maps' numbers for inference on a CPU, every command and the server: bf16 (on a CPU whose
     # bf16 products are fast: auto's choice there), int8 weights and inputs (--int8), or float32
     precision: str = "auto"
@@ -265,6 +269,7 @@ class DecodeConfig:
         require_one_of("decode.length_penalty", self.length_penalty, LENGTH_PENALTIES)
         require_one_of("decode.beam_stop", self.beam_stop, BEAM_STOPS)
         require_one_of("decode.precision", self.precision, INFERENCE_PRECISIONS)
+        require_one_of("decode.steps", self.steps, DECODING_STEPS)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"decode.top_p must be in (0, 1]; got {self.top_p!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
@@ -364,8 +369,24 @@ class RunConfig:
             model=model,
             data=DataConfig(**_checked(DataConfig, data, "data")),
             train=TrainConfig(**_checked(TrainConfig, train, "train")),
-            decode=DecodeConfig(**_checked(DecodeConfig, values.get("decode"), "decode")),
+            decode=DecodeConfig(**_checked(DecodeConfig, _renamed(values.get("decode")), "decode")),
         )
+
+
+def _renamed(decode: Any) -> Any:
+    """The decode section with ``compile``, the name ``steps`` had while it was a yes or no, in its new
+    name: ``true`` is ``steps: compiled``; ``false``, the default then, which every run wrote into its
+    config.json, leaves ``steps`` at its default (``auto``). On the command line ``decode.compile=false``
+    is ``eager`` (:func:`with_decode_overrides`)."""
+    if not isinstance(decode, dict) or "compile" not in decode:
+        return decode
+    decode = dict(decode)
+    compiled = decode.pop("compile")
+    if not isinstance(compiled, bool):
+        raise ConfigError(f"'decode.compile' must be true or false (now decode.steps), got {compiled!r}")
+    if compiled:
+        decode["steps"] = "compiled"
+    return decode
 
 
 def _mapping(values: Any, section: str) -> dict[str, Any]:
@@ -451,11 +472,27 @@ def with_decode_overrides(decode: DecodeConfig, overrides: list[str]) -> DecodeC
     ``attnkit translate``, ``evaluate`` and ``generate`` decode a trained model with other settings (an
     α chosen on validation data, a larger batch) without editing its ``config.json``. Only the decode
     section can change after training."""
+    overrides = [_compile_override(override) for override in overrides]
     values = apply_overrides({"decode": dataclasses.asdict(decode)}, overrides)
     other = sorted(set(values) - {"decode"})
     if other:
         raise ConfigError(f"'{other[0]}' settings are fixed by training; only decode.* ones can change here")
     return DecodeConfig(**_checked(DecodeConfig, values["decode"], "decode"))
+
+
+def _compile_override(override: str) -> str:
+    """``decode.compile=true`` or ``=false`` (the name ``decode.steps`` had while it was a yes or no) as
+    ``decode.steps=compiled`` or ``=eager``; any other override as it is."""
+    key, _, raw = override.partition("=")
+    if key.strip().lstrip("-") != "decode.compile":
+        return override
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    if not isinstance(value, bool):
+        raise ConfigError(f"override {override!r}: decode.compile is true or false (now decode.steps)")
+    return f"decode.steps={'compiled' if value else 'eager'}"
 
 
 def without_precision(overrides: list[str]) -> list[str]:

@@ -35,10 +35,11 @@ RECIPE = {
     "train": {"max_tokens": 2000, "schedule": "inverse_sqrt", "lr": 0.002, "warmup": 200, "clip_norm": 1.0,
               "label_smoothing": 0.0, "eval_every": 150, "eval_metric": "accuracy", "max_steps": 1500,
               "seed": 1, "precision": "fp32"},
-    "decode": {"beam_size": 1, "precision": "fp32"},
+    "decode": {"beam_size": 1, "precision": "fp32", "steps": "eager"},
 }  # fmt: skip
 # float32 on every machine, though bf16 would train faster where the CPU has the units: the result must
-# not depend on the machine (and a model this small gains little from bf16)
+# not depend on the machine (and a model this small gains little from bf16); the model's own decoding
+# steps, never compiled ones, whatever an earlier run left in the cache
 
 
 COMMAND = "attnkit quickstart"  # what made its checkpoints, as each records (folders.py)

@@ -1,4 +1,4 @@
-"""decode.compile's cache of compiled steps: keyed on the processor too (a step built for AVX-512 is
+"""decode.steps' cache of compiled steps: keyed on the processor too (a step built for AVX-512 is
 never loaded on a machine without it), bounded in age and size, and emptied by ``attnkit cache clear``.
 None of this compiles anything, so it runs without a C++ compiler."""
 
@@ -77,6 +77,19 @@ def test_the_cache_drops_old_steps_then_the_least_recently_used_beyond_its_size(
     monkeypatch.setattr(compiled, "MAX_CACHE_BYTES", 1)
     assert compiled.prune_cache(keep=new) == [mid]  # never the step in hand
     assert [p for p, _, _ in compiled.cached_steps()] == [new]
+
+
+def test_the_cache_drops_what_a_killed_build_left_once_it_is_a_day_old(cache):
+    """A build killed midway (a server stopped while its steps built in the background) leaves its work
+    folder; the next prune deletes it once no build could still be writing it."""
+    kept = _step(cache, "kept", 1, days_ago=0)
+    work = {name: cache / name for name in ("tmpab12cd", ".kept.unpacked.x1y2", "tmpfresh")}
+    for name, folder in work.items():
+        (folder / "part").mkdir(parents=True)
+        if name != "tmpfresh":
+            os.utime(folder, (time.time() - 2 * 86400,) * 2)
+    compiled.prune_cache(keep=kept)
+    assert sorted(p.name for p in cache.iterdir()) == ["kept.pt2", "kept.unpacked", "tmpfresh"]
 
 
 def test_cache_info_and_clear(cache):

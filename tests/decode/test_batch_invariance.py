@@ -111,7 +111,7 @@ needs_compiler = pytest.mark.skipif(
 def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
     sentences, compile_cache, precision, beam, monkeypatch
 ):
-    """``decode.compile``: the compiled first step encodes a batch's sources at the width each gets
+    """``decode.steps=compiled``: the compiled first step encodes a batch's sources at the width each gets
     alone (``translate``: batches of one width), and the steps after it give each row its own bits at
     any wider width, so a running batch holds sources of every width."""
     data, texts = sentences
@@ -129,7 +129,7 @@ def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
     monkeypatch.setattr(CompiledStep, "__call__", counted)
 
     def translated(group: list[str], batch_size: int, streams: int = 0) -> list:
-        decode = dataclasses.replace(config.decode, batch_size=batch_size, streams=streams, compile=True)
+        decode = dataclasses.replace(config.decode, batch_size=batch_size, streams=streams, steps="compiled")
         return translate(model, tokenizer, group, decode, n_best=beam, beam_size=beam)
 
     alone = translated(texts, 1)
@@ -144,7 +144,7 @@ def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
         differ = [(texts[i], alone[i], found[i]) for i in range(len(texts)) if found[i] != alone[i]]
         assert not differ, f"{len(differ)} of {len(texts)} differ, e.g. {differ[0]}"
     # and joining a running batch (the server's continuous batching) at any step
-    decode = dataclasses.replace(config.decode, batch_size=1, streams=1, compile=True)
+    decode = dataclasses.replace(config.decode, batch_size=1, streams=1, steps="compiled")
     calls[0] = 0
     running, batches = RunningTranslations(model, tokenizer, decode), []
     iterate = running.iterate

@@ -91,7 +91,7 @@ def test_with_the_models_own_steps_sources_of_every_width_share_one_running_batc
     running = RunningTranslations(_model(tokenizer), tokenizer, DecodeConfig(batch_size=64, streams=1))
     short, long = "a b", " ".join(["a b c d e f g h i"] * 3)  # 3 and 28 tokens with </s>: widths 8, 32
     running.iterate([("short", short, BeamSettings(4, 1)), ("long", long, BeamSettings(4, 1))])
-    assert list(running.running) == [BeamSettings(4, 1)] and running.sources == 2
+    assert list(running.running) == [(BeamSettings(4, 1), False)] and running.sources == 2
 
 
 def test_sources_that_leave_change_nothing_for_the_others(tokenizer):
@@ -111,7 +111,7 @@ def test_sources_that_leave_change_nothing_for_the_others(tokenizer):
 
 @pytest.mark.parametrize("fast_path", [False, True], ids=["paper's modules", "CPU fast path"])
 def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer, fast_path):
-    """With decode.compile's steps (the traced first step and cached step, run eagerly here: no
+    """With compiled steps (the traced first step and cached step, run eagerly here: no
     compiler needed), sources that join the running batch's history at later steps, and leave it,
     still get ``translate``'s translations of them alone."""
     model = _model(tokenizer)

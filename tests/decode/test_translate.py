@@ -98,3 +98,40 @@ def test_ctranslate2s_n_best_scores_follow_its_own_formula(model_and_tokenizer, 
             expected = _log_probability(model, tokenizer, text, translation, not cut, (s.pad, s.bos))
             assert score == pytest.approx(expected / (length + (not cut)) ** 0.8, abs=1e-4)
     assert kinds == {True, False}  # both kinds of hypotheses were scored
+
+
+def test_without_a_cpp_compiler_a_large_input_says_what_the_models_own_steps_cost(
+    model_and_tokenizer, monkeypatch
+):
+    """``decode.steps=auto`` builds compiled steps for an input large enough to repay them; where no C++
+    compiler is found it says so in one line, with what the model's own steps cost, and translates
+    with them (building nothing)."""
+    import torch._inductor.config as inductor
+
+    from attnkit.cpu.compiled.build import missing_compiler
+    from attnkit.decode import starts
+    from attnkit.decode.translate import Reporting
+
+    monkeypatch.setattr(inductor.cpp, "cxx", (None, "no-such-compiler++"))
+    said = missing_compiler()
+    assert said is not None and "no C++ compiler (no-such-compiler++)" in said
+    model, tokenizer = model_and_tokenizer
+    texts = copy(12, seed=3, max_length=6).src
+    expected = translate(model, tokenizer, texts, DecodeConfig(streams=1, steps="eager"), beam_size=2)
+    monkeypatch.setattr(starts, "REPAYING_SENTENCES", len(texts))
+
+    def building(*args):  # (model, beam, warn, start token, build): build, or look in the cache
+        if args[-1]:
+            pytest.fail("nothing is built")
+
+    monkeypatch.setattr(starts, "compiled_decoding", building)
+    notes = []
+    auto = DecodeConfig(streams=1)
+    assert (
+        translate(model, tokenizer, texts, auto, beam_size=2, reporting=Reporting(warn=notes.append))
+        == expected
+    )
+    assert notes == [f"decode.steps=auto: {said}; the model's own steps take {starts.EAGER_COST}"]
+    notes.clear()  # a smaller input would not build them: nothing to say
+    translate(model, tokenizer, texts[:-1], auto, beam_size=2, reporting=Reporting(warn=notes.append))
+    assert notes == []

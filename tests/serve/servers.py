@@ -59,9 +59,14 @@ class Server:
     """``attnkit serve`` in a process of its own, ready once /health says so. What it prints goes to a
     file (a pipe nobody reads would fill with the access log and stop the server)."""
 
-    def __init__(self, run, *options, own_group: bool = False):
+    def __init__(self, run, *options, own_group: bool = False, steps: str | None = "eager"):
         """``own_group``: the server leads a process group of its own, as a command typed in a terminal
-        does (a Ctrl-C there signals the whole group: ``os.killpg``)."""
+        does (a Ctrl-C there signals the whole group: ``os.killpg``). ``steps``: a translator's
+        ``decode.steps`` unless an option sets it: the model's own steps, so that a test's answers do
+        not change when compiled steps, built in the background (``auto``), come into the cache (None:
+        no such option, for models that take none)."""
+        if steps is not None and not any(option.startswith("decode.steps=") for option in options):
+            options = (*options, f"decode.steps={steps}")
         self.url = f"http://127.0.0.1:{_free_port()}"
         port = self.url.rsplit(":", 1)[1]
         self.log = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115 (closed by the OS at exit)

@@ -37,7 +37,7 @@ def _positions(lengths: list[int], beam: int, a: float = 1.5, b: int = 10) -> in
 
 
 def test_a_translation_request_is_refused_by_the_positions_its_beams_would_hold(run):
-    client = _client(ServedTranslator, lambda: ServedTranslator.load(run, []))
+    client = _client(ServedTranslator, lambda: ServedTranslator.load(run, ["decode.steps=eager"]))
     try:
         sentences = dates(8, seed=3).src
         lengths = [len(text) for text in sentences]  # a character each

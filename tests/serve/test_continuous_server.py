@@ -7,6 +7,7 @@ by /health and ended at its deadline and never keeps the server from stopping, a
 terminal finishes what runs."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,8 @@ def _cli(run, tmp_path, beam, n_best=0, overrides=()):
     source = tmp_path / "dates.txt"
     source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     command = ["translate", "--ckpt", str(run), "-i", str(source), "--beam", str(beam), *overrides]
+    if not any(override.startswith("decode.steps=") for override in overrides):
+        command.append("decode.steps=eager")  # as the test's servers (servers.Server)
     if n_best:
         command += ["--n-best", str(n_best)]
     result = subprocess.run([sys.executable, "-m", "attnkit", *command], capture_output=True, text=True,
@@ -52,7 +55,7 @@ def _samples(server):
     [
         ((), "threads"),
         (("decode.precision=int8",), "processes"),
-        (("decode.compile=true",), "processes"),
+        (("decode.steps=compiled",), "processes"),
     ],
     ids=["defaults, model's steps on threads", "int8 in processes", "compiled steps in processes"],
 )
@@ -122,7 +125,7 @@ def test_a_killed_engine_process_fails_its_requests_alone_and_a_new_one_takes_ov
         assert failed, "no request was running when the engine process was killed"
         for answer in failed:
             assert answer.status_code == 500 and "the engine process is gone (exit code -9)" in answer.text
-        assert httpx.get(f"{served.url}/health").json() == {"status": "ready"}
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "eager"}
         assert served.post([{"src": SENTENCES[0]}]).json()[0][0]["tgt"] == expected  # a new engine
         (new,) = engine_processes(served.process.pid)
         assert new != engine
@@ -147,7 +150,7 @@ def test_an_engine_killed_while_idle_is_made_again_from_memory_though_its_checkp
         time.sleep(0.5)
         answer = served.post([{"src": s} for s in SENTENCES[:4]])
         assert answer.status_code == 200 and answer.json() == expected, answer.text  # no request failed
-        assert httpx.get(f"{served.url}/health").json() == {"status": "ready"}
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "eager"}
         (new,) = engine_processes(served.process.pid)
         assert new != engine
     finally:
@@ -173,7 +176,7 @@ def test_a_hung_engine_is_noticed_by_health_ended_at_its_deadline_and_replaced(r
         # twice --stall-after: ended, its request told so
         assert answer.status_code == 500 and "answered no step within 4 s and was ended" in answer.text
         assert served.post([{"src": SENTENCES[0]}]).json() == expected  # a new engine
-        assert httpx.get(f"{served.url}/health").json() == {"status": "ready"}
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "eager"}
     finally:
         code, output = served.stop()
     assert code == 0, output
@@ -267,3 +270,38 @@ def test_32_clients_sampling_from_a_running_batch_get_what_attnkit_generate_give
     finally:
         code, output = served.stop()
     assert code == 0, output
+
+
+@pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="compiling the steps needs a C++ compiler (apt-get install g++)",
+)
+def test_with_no_options_the_server_answers_at_once_and_takes_the_compiled_steps_once_built(
+    run, tmp_path, monkeypatch
+):
+    """``decode.steps=auto``, the default, with no compiled steps in the cache: the server is ready at once
+    and answers with the model's own steps while a process of its own builds the compiled ones
+    (``/health``: ``compiling``), then says ``compiled`` and logs it, and answers with them; every answer
+    is what ``attnkit translate`` gives alone with the steps there were (the CLI takes the built steps
+    from the cache as the server does)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing built for this model yet
+    served = Server(run, "--batching", "continuous", "decode.streams=1", steps=None)
+    try:
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "compiling"}
+        eager = _cli(run, tmp_path, 4, overrides=["decode.steps=eager"])
+        assert served.post([{"src": s} for s in SENTENCES[:4]]).json()[0][0]["tgt"] == eager[0]
+        deadline = time.monotonic() + 300
+        while httpx.get(f"{served.url}/health").json()["steps"] == "compiling":
+            assert time.monotonic() < deadline, served.output()
+            time.sleep(1)
+        assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "compiled"}
+        assert "the compiled decoding steps are built" in served.output()
+        compiled = _cli(run, tmp_path, 4, overrides=["decode.steps=compiled"])
+        assert _cli(run, tmp_path, 4, overrides=["decode.steps=auto"]) == compiled  # from the cache
+        time.sleep(1.5)  # the engine looks every second
+        answers = served.post([{"src": s} for s in SENTENCES]).json()[0]  # (OpenNMT's: n-best lists first)
+        assert [answer["tgt"] for answer in answers] == compiled
+    finally:
+        code, output = served.stop()
+    assert code == 0, output
+    assert "building the compiled decoding steps in the background" in output

@@ -74,7 +74,7 @@ def test_explorers_amid_translations_never_deadlock_the_batcher(server):
     after = httpx.post(f"{server.url}/translator/translate", json=[{"src": DATE}], timeout=10)
     assert after.status_code == 200 and time.monotonic() - began < 5
     assert answered["translate"] > 10 and answered["explore"] > 2, answered
-    assert httpx.get(f"{server.url}/health").json() == {"status": "ready"}
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ready", "steps": "eager"}
 
 
 def test_a_body_over_the_limit_is_refused_at_once_and_health_stays_responsive(server):
@@ -214,7 +214,7 @@ def test_health_says_stalled_while_requests_wait_with_no_batch_moving(run):
             stalled = httpx.get(f"{slow.url}/health")
             assert stalled.status_code == 503 and stalled.json()["status"] == "stalled", stalled.text
             assert waiting.result().status_code == 200
-        assert httpx.get(f"{slow.url}/health").json() == {"status": "ready"}
+        assert httpx.get(f"{slow.url}/health").json() == {"status": "ready", "steps": "eager"}
     finally:
         slow.stop()
 

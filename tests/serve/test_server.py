@@ -34,7 +34,7 @@ def server(run):
 def _cli(run, tmp_path, beam):
     source = tmp_path / "dates.txt"
     source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
-    command = ["translate", "--ckpt", str(run), "-i", str(source), "--beam", str(beam)]
+    command = ["translate", "--ckpt", str(run), "-i", str(source), "--beam", str(beam), "decode.steps=eager"]
     result = subprocess.run([sys.executable, "-m", "attnkit", *command], capture_output=True, text=True,
                             encoding="utf-8", check=True)  # fmt: skip
     return result.stdout.splitlines()
@@ -213,7 +213,7 @@ def test_an_encoder_is_served_at_predict_with_attnkit_predicts_answers(classifie
     command = [sys.executable, "-m", "attnkit", "predict", "--ckpt", str(classifier), "-i", str(inputs)]
     printed = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", check=True)
     expected = [line.split("\t") for line in printed.stdout.splitlines()]
-    served = Server(classifier)
+    served = Server(classifier, steps=None)
     try:
         url = f"{served.url}/predict"
         with ThreadPoolExecutor(len(sentences)) as clients:
@@ -333,7 +333,7 @@ def test_the_ctranslate2_engine_serves_an_exported_translator_with_the_clis_outp
         ).splitlines()
         for beam in (1, 4)
     }
-    served = Server(exported, "--engine", "ctranslate2", "--max-wait-ms", "100")
+    served = Server(exported, "--engine", "ctranslate2", "--max-wait-ms", "100", steps=None)
     try:
 
         def ask(i):
@@ -369,7 +369,7 @@ def test_the_ctranslate2_engine_serves_an_exported_decoder_greedy_as_the_cli_and
     prompts_file.write_text("\n".join(prompts) + "\n", encoding="utf-8")
     printed = _attnkit("generate", "--engine", "ctranslate2", "--ckpt", exported, "-i", prompts_file, *decode)
     expected = [json.loads(line)["text"] for line in printed.splitlines()]
-    served = Server(exported, "--engine", "ctranslate2", *decode)
+    served = Server(exported, "--engine", "ctranslate2", *decode, steps=None)
     try:
         with ThreadPoolExecutor(3) as clients:
             answers = list(clients.map(lambda p: httpx.post(f"{served.url}/generate", json={"inputs": p},

@@ -209,7 +209,7 @@ def data_get(
     typer.echo(f"ready: attnkit train configs/{recipe[name]}.yaml --data {folder} --run-dir runs/{name}")
 
 
-cache_app = typer.Typer(no_args_is_help=True, help="The compiled decoding steps decode.compile keeps.")
+cache_app = typer.Typer(no_args_is_help=True, help="The compiled decoding steps that decode.steps keeps.")
 app.add_typer(cache_app, name="cache")
 
 

@@ -1,4 +1,4 @@
-"""Searches that take a model's compiled decoding step (``decode.compile``, attnkit.cpu.compiled).
+"""Searches that take a model's compiled decoding step (``decode.steps``, attnkit.cpu.compiled).
 
 :class:`CompiledDecoding` is the model's own decoding (``model.decoding(src)``) with ``next_logits``
 swapped: the steps after the first, one new token per row at the step's beam width, run the compiled
@@ -20,9 +20,10 @@ import torch
 from torch import Tensor
 
 from attnkit.attention.multihead import KVCache
-from attnkit.cpu.compiled.build import FIRST_STEP
+from attnkit.cpu.compiled.build import FIRST_STEP, missing_compiler
+from attnkit.cpu.compiled.cache import cache_folder
 from attnkit.cpu.compiled.library import CompiledStep
-from attnkit.cpu.compiled.steps import compiled_step
+from attnkit.cpu.compiled.steps import all_built, compiled_step, to_build
 from attnkit.cpu.compiled.trace import history_dtype
 from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.nn.transformer import DecoderCache
@@ -248,14 +249,25 @@ def compiled_decoding(
     beams: int,
     warn: Callable[[str], None] | None = None,
     start_token: int | None = None,
+    build: bool = True,
 ) -> Callable[[Tensor, bool], Seq2SeqDecoding] | None:
     """What searches of ``model`` with ``beams`` rows per source decode with to take its compiled steps
     (:func:`compiled_step`): ``decoding(src, use_cache)``, as ``model.decoding``; None where there is
-    no compiled step (the search then takes ``model.decoding``). With ``start_token`` (``<s>``, which
-    every search decodes first), the first step, and the encoder with it, is compiled too."""
-    step = compiled_step(model, beams, warn)
+    no compiled step (the search then takes ``model.decoding``), or, without ``build``, where the steps
+    are not built yet. With ``start_token`` (``<s>``, which every search decodes first), the first
+    step, and the encoder with it, is compiled too."""
+    widths = [FIRST_STEP, beams] if start_token is not None else [beams]
+    if not build and not all_built(model, widths):
+        return None
+    building = to_build(model, widths)
+    if building and warn is not None and missing_compiler() is None:  # (else compiled_step says why not)
+        which = [f"the decoding step of beam {beams}"] * (beams in building)
+        which += ["the first step"] * (FIRST_STEP in building)
+        warn(f"decode.steps: compiling {' and '.join(which)} (about 20 s each, once; kept in "
+             f"{cache_folder()}; attnkit cache clear deletes them)")  # fmt: skip
+    step = compiled_step(model, beams, warn, build)
     if step is None:
         return None
-    first_step = compiled_step(model, FIRST_STEP, warn) if start_token is not None else None
+    first_step = compiled_step(model, FIRST_STEP, warn, build) if start_token is not None else None
     first = (first_step, start_token) if first_step is not None else None
     return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams, first)

@@ -12,9 +12,12 @@ step; those whose search is over leave at once, and their rows are not decoded a
 
 Each source gets what ``translate`` gives it alone, whatever shares its steps: it is cut, bounded
 and searched with the same settings and the same code (``starts``, ``beams.Beams``), its rows see only their
-own keys (the padding is masked) and its scores are its own. With ``decode.compile``, the steps are
-the compiled ones, as ``translate`` takes them (decode/compiled.py: newcomers' keys join the
-history in slots of their own). Sources with other settings (a beam of 1 and one of 5, or another
+own keys (the padding is masked) and its scores are its own. Where compiled steps are had
+(``decode.steps``), the steps are the compiled ones, as ``translate`` takes them (decode/compiled.py:
+newcomers' keys join the history in slots of their own); with ``auto``, the running batch looks every
+second whether they have been built meanwhile (by the server, serve/building.py), and the sources that
+join from then on take them, in running batches of their own, while those that joined before finish
+with the model's own steps. Sources with other settings (a beam of 1 and one of 5, or another
 ``n_best``) run in running batches of their own, stepped one after the other. With compiled steps,
 the newcomers' first step (which encodes them) runs on the sources of each padded width apart, at the
 width each has alone, as ``translate`` runs it (the compiled encoder is not the same bits at every
@@ -30,6 +33,7 @@ setting.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -54,6 +58,8 @@ from attnkit.decode.starts import (
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 
+# how often a running batch decoding with the model's own steps looks whether compiled ones are built
+LOOK_AGAIN_S = 1.0
 # what a caller calls each source it hands in, and hears back when its translation is done
 Key = Hashable
 # a source's n_best translations and their scores, best first (translate's n_best output)
@@ -69,10 +75,14 @@ class RunningTranslations:
     tokenizer: Tokenizer
     decode: DecodeConfig
     device: torch.device | str = "cpu"
-    running: dict[BeamSettings, Beams] = field(default_factory=dict)  # each setting's batch
-    # how sources are decoded, by beam: decode.compile's compiled steps where they can be (as
-    # translate decodes them), else the model's own
+    # each setting's batch, and whether its steps are compiled ones (decode.steps=auto: sources that
+    # join once the compiled steps are built take them, in a batch of their own, while those that
+    # joined before finish with the model's own)
+    running: dict[tuple[BeamSettings, bool], Beams] = field(default_factory=dict)
+    # how sources are decoded, by beam: compiled steps where they are had (as translate decodes a
+    # source alone), else the model's own; and when each was chosen
     decodings: dict[int, SourceDecoding] = field(default_factory=dict)
+    chosen: dict[int, float] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -97,17 +107,17 @@ class RunningTranslations:
         done: list[tuple[Key, list[Hypothesis]]] = []
         texts = [text for _, text, _ in joining if text.strip()]
         encoded = iter(encode_sources(self.tokenizer, texts, self.model.config.max_len))
-        # newcomers by their settings and the width of their first step (starts.SourceDecoding)
-        by_first_step: dict[tuple[BeamSettings, int], list[tuple[Key, list[int]]]] = {}
+        # newcomers by their settings, their steps and the width of their first step (SourceDecoding)
+        by_first_step: dict[tuple[BeamSettings, SourceDecoding, int], list[tuple[Key, list[int]]]] = {}
         for key, text, settings in joining:
             if text.strip():
-                ids = next(encoded)
-                width = self._decoding(settings.beam).width(ids, self.model.config.max_len)
-                by_first_step.setdefault((settings, width), []).append((key, ids))
+                ids, how = next(encoded), self._decoding(settings.beam)
+                width = how.width(ids, self.model.config.max_len)
+                by_first_step.setdefault((settings, how, width), []).append((key, ids))
             else:
                 done.append((key, []))
-        for (settings, _), sources in by_first_step.items():
-            done += self._join(settings, sources)
+        for (settings, how, _), sources in by_first_step.items():
+            done += self._join(settings, how, sources)
         for batch in list(self.running):
             done += self.running[batch].step()
             if not self.running[batch].sources:
@@ -115,20 +125,21 @@ class RunningTranslations:
         return [(key, [(self.tokenizer.decode(h.tokens), h.score) for h in found]) for key, found in done]
 
     def _join(
-        self, batch: BeamSettings, sources: list[tuple[Key, list[int]]]
+        self, settings: BeamSettings, how: SourceDecoding, sources: list[tuple[Key, list[int]]]
     ) -> list[tuple[Key, list[Hypothesis]]]:
         """Take the first step of ``sources`` (their keys and ids; of one padded width with compiled
-        steps: see the module docstring) as a batch of their own, and merge those still searched into
-        the running ``batch`` of those settings; returns those already done."""
-        model, specials, beam = self.model, self.tokenizer.specials, batch.beam
+        steps: see the module docstring) as a batch of their own, decoded ``how``, and merge those still
+        searched into the running batch of those settings and steps; returns those already done."""
+        model, specials = self.model, self.tokenizer.specials
         search = Search.of(
-            self.decode, beam_size=beam, n_best=batch.n_best, max_output_len=model.config.max_len
+            self.decode, beam_size=settings.beam, n_best=settings.n_best, max_output_len=model.config.max_len
         )
         ids = [ids for _, ids in sources]
-        ready = ready_sources(model, ids, self._decoding(beam), specials, search, self.device)
+        ready = ready_sources(model, ids, how, specials, search, self.device)
         keys = [key for key, _ in sources]
         joining = Beams(ready.decoding, ready.tokens, ready.limits, specials, search, keys)
         done = joining.step()  # the first step, on one row per source; then K beams each
+        batch = (settings, how.compiled)
         if joining.sources:
             if batch in self.running:
                 self.running[batch].merge(joining)
@@ -137,11 +148,17 @@ class RunningTranslations:
         return done
 
     def _decoding(self, beam: int) -> SourceDecoding:
-        if beam not in self.decodings:
-            self.decodings[beam] = source_decoding(
+        """How sources of ``beam`` are decoded now: the model's own steps are chosen again at most every
+        :data:`LOOK_AGAIN_S` (``decode.steps=auto``: a server builds the compiled ones meanwhile)."""
+        now, how = time.monotonic(), self.decodings.get(beam)
+        if how is not None and (how.compiled or self.decode.steps != "auto"):
+            return how
+        if how is None or now - self.chosen.get(beam, now) >= LOOK_AGAIN_S:
+            how = self.decodings[beam] = source_decoding(
                 self.model, self.decode, beam, self.device, self.tokenizer.specials
             )
-        return self.decodings[beam]
+            self.chosen[beam] = now
+        return how
 
     def _leave(self, keys: set[Key]) -> None:
         for batch in list(self.running):

@@ -361,6 +361,6 @@ def greedy(
 ) -> list[list[int]]:
     """The most probable next token at every step, for a batch of sources ``(B, S)``, within the
     search's length bounds; ``decoding``: how to decode step by step (default ``model.decoding``;
-    ``decode.compile`` hands its own)."""
+    ``decode.steps`` hands its own)."""
     start, limits = starts_of(src, specials, search)
     return extend((decoding or model.decoding)(src, use_cache), start, limits, specials, argmax)

@@ -5,7 +5,7 @@ starts the same way whichever of them decodes it (docs/invariance.md).
 - Sources: cut to the model's positions (or a summariser's shorter limit), ``</s>`` added
   (:func:`encode_sources`); padded on the right to the multiple their decoding needs, each searched
   from ``<s>`` within its length bound (:func:`ready_sources`), by the compiled steps of
-  ``decode.compile`` where they can be, else by the model's own (:func:`source_decoding`).
+  ``decode.steps`` where they are had, else by the model's own (:func:`source_decoding`).
 - Prompts: checked to leave room to continue (:func:`encode_prompts`), padded on the left so that
   the newest tokens align, each bounded by ``decode.max_new_tokens`` within the model's context
   (:func:`ready_prompts`), each sampled from its own generator (:func:`prompt_sampler`).
@@ -21,6 +21,7 @@ from torch import Tensor
 
 from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
+from attnkit.cpu.compiled.build import missing_compiler
 from attnkit.data.batching import pad, padded_width
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
@@ -30,6 +31,14 @@ from attnkit.errors import AttnkitError
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
+
+# decode.steps=auto builds compiled steps for an input of this many sentences: on 2 cores, building the
+# first step and beam 5's for the README's 15-minute Multi30k model took 54 s, and they saved 1.06 ms a
+# sentence (5.33 against 4.27 ms, bf16, 1,000 test sentences), so they repay themselves after about
+# 51,000 sentences (the saving is Python's cost per step, about the same for a larger model)
+REPAYING_SENTENCES = 50_000
+# what the model's own steps cost against compiled ones (docs/benchmarks.md, beam 5 in bf16)
+EAGER_COST = "about 1.25 times as long as compiled ones (beam 5)"
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ def encode_sources(
 @dataclass(frozen=True)
 class SourceDecoding:
     """How an encoder-decoder's sources are decoded: ``decoding(src, use_cache)`` (``model.decoding``,
-    or ``decode.compile``'s compiled steps) and the multiple ``bucket`` their batches are padded to,
+    or ``decode.steps``' compiled steps) and the multiple ``bucket`` their batches are padded to,
     the one each source is padded to alone. Compiled steps: :data:`WIDTH_BUCKET`, and their first step
     (the encoder) gives a source its own bits only at that width (decode/compiled.py), so batches of
     sources of one ``width`` each; the model's own steps: ``KEY_BUCKET``, any widths together."""
@@ -109,13 +118,23 @@ def source_decoding(
     device: torch.device | str,
     specials: SpecialIds,
     warn: Callable[[str], None] | None = None,
+    sentences: int = 0,
 ) -> SourceDecoding:
-    """How sources searched with ``beam`` rows each are decoded: ``decode.compile``'s compiled steps on
-    a CPU where they can be built (``warn`` hears why not, where not), the model's own otherwise."""
+    """How sources searched with ``beam`` rows each are decoded (``decode.steps``): compiled steps on a
+    CPU where they can be had (``warn`` hears why not, where not), the model's own otherwise. With
+    ``auto``, compiled steps are built for an input of at least :data:`REPAYING_SENTENCES`
+    ``sentences`` (the build's time, once, repaid by this input alone); a smaller one takes them where
+    they are built already (by an earlier large input, or a server)."""
     compiled = None
-    if decode.compile and torch.device(device).type == "cpu":
-        with evaluating(model):  # the steps are traced in eval mode
-            compiled = compiled_decoding(model, beam, warn, specials.bos)
+    if decode.steps != "eager" and torch.device(device).type == "cpu":
+        build = decode.steps == "compiled" or sentences >= REPAYING_SENTENCES
+        missing = missing_compiler() if build and decode.steps == "auto" else None
+        if missing:
+            if warn is not None:
+                warn(f"decode.steps=auto: {missing}; the model's own steps take {EAGER_COST}")
+        else:
+            with evaluating(model):  # the steps are traced in eval mode
+                compiled = compiled_decoding(model, beam, warn, specials.bos, build)
     return SourceDecoding(compiled or model.decoding, compiled is not None)
 
 

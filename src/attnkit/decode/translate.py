@@ -113,7 +113,7 @@ def _hypotheses(
         reporting.progress(len(texts) - len(todo))  # the empty lines
     if not todo:
         return found
-    how = source_decoding(model, decode, search.beam_size, device, specials, reporting.warn)
+    how = source_decoding(model, decode, search.beam_size, device, specials, reporting.warn, len(todo))
     # compiled steps: batches of sources of one width, the width each has alone (starts.SourceDecoding)
     lengths = [len(ids) for ids in encoded]
     batches = length_batches(todo, lengths, decode.batch_size, how.bucket if how.compiled else None)

@@ -8,7 +8,9 @@
 - what every request passes first (serve/middleware.py): counted by route, and refused for a wrong
   ``Host``, a missing API key or a body over the size limit.
 
-The model loads in a thread once the server starts, so that ``/health`` answers "loading" meanwhile.
+The model loads in a thread once the server starts, so that ``/health`` answers "loading" meanwhile;
+a translator's compiled steps, where they are not built yet, are built in the background once it
+serves (serve/building.py).
 Every bound the server keeps, with its default and its error, is listed in docs/serving.md.
 """
 
@@ -22,11 +24,12 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
+from attnkit.serve.building import StepsBuilding
 from attnkit.serve.endpoints import EVERY_SERVER, ROUTERS
 from attnkit.serve.errors import handle_errors
 from attnkit.serve.middleware import CountRequests, Guard
 from attnkit.serve.served import ServedModel
-from attnkit.serve.state import ServerState, ServeSettings
+from attnkit.serve.state import LOG, ServerState, ServeSettings
 
 
 def make_app(
@@ -72,10 +75,19 @@ def _serving(server: ServerState, load: Callable[[], ServedModel]) -> Callable:
             except Exception as error:  # said by /health; the server stays up to say it
                 server.failed = str(error)
                 return
+            try:  # decode.steps=auto: compiled steps built while the model's own serve
+                builder = model.steps_builder(LOG.warning)
+                if builder is not None:
+                    server.building = StepsBuilding(builder)
+            except Exception as error:  # the server serves all the same
+                LOG.warning("decode.steps=auto: the compiled steps' build could not start (%s: %s); the "
+                            "model's own steps serve", type(error).__name__, error)  # fmt: skip
             loop.call_soon_threadsafe(server.start, model, batcher)
 
         threading.Thread(target=loading, name="attnkit-load", daemon=True).start()
         yield
+        if server.building is not None:
+            server.building.stop()
         if server.batcher is not None:
             await server.batcher.stop()
 

@@ -91,6 +91,17 @@ class ServedModel(Generic[Settings]):
         """How many running batches in processes of their own serve it."""
         return self.streams
 
+    def steps(self) -> str | None:
+        """What its searches step with (``/health`` says it): ``compiled`` or ``eager`` (a translator's
+        ``decode.steps``); None for a model that has no such choice."""
+        return None
+
+    def steps_builder(self, warn: Callable[[str], None]) -> Callable[[], Any] | None:
+        """What builds, in a process of its own, the compiled steps that the model would serve faster with
+        (``decode.steps=auto``, where they are not built yet); its own steps serve meanwhile. None where
+        there is nothing to build (``warn`` hears why, where the model serves slower for it)."""
+        return None
+
     def abandon(self, inputs: list[Any]) -> None:
         """Nobody waits for ``inputs`` any more (their client has gone): work on them may stop early.
         Called on the event loop, perhaps while their batch runs on a worker."""
@@ -271,20 +282,21 @@ def form_for_uploads(field: str, accept: str, button: str) -> str:
 
 
 class MadeAgain:
-    """How a child process makes a served model's running batch: the model made again from what this
-    server holds in memory (its class, the checkpoint's name, the run config with its precision
-    resolved, the tokenizer, the weights), never read from the checkpoint folder, which may have been
-    moved, rotated away by a run still training, or unmounted since the server loaded it. The weights
-    are serialised (safetensors) only when this is pickled for a new process, and not kept."""
+    """How a child process makes a served model again and then calls its method ``then`` (its running
+    batch, or the build of its compiled steps): the model made again from what this server holds in
+    memory (its class, the checkpoint's name, the run config with its precision resolved, the tokenizer,
+    the weights), never read from the checkpoint folder, which may have been moved, rotated away by a
+    run still training, or unmounted since the server loaded it. The weights are serialised
+    (safetensors) only when this is pickled for a new process, and not kept."""
 
-    def __init__(self, served: AttnkitModel) -> None:
-        self.served = served
+    def __init__(self, served: AttnkitModel, then: str = "running_batch") -> None:
+        self.served, self.then = served, then
 
     def __reduce__(self) -> tuple[Any, ...]:
         s = self.served
         tokenizer = s.tokenizer.to_str() if s.tokenizer is not None else None
         held = (type(s), s.checkpoint, s.config.to_dict(), tokenizer, weights_bytes(s.model), str(s.device))
-        return (partial, (running_batch_made_again, *held))
+        return (partial, (made_again_then, self.then, *held))
 
 
 def weights_bytes(model: torch.nn.Module) -> bytes:
@@ -302,12 +314,12 @@ def weights_bytes(model: torch.nn.Module) -> bytes:
     return save(kept)
 
 
-def running_batch_made_again(
-    served: type[AttnkitModel], checkpoint: Path, config: dict[str, Any], tokenizer: str | None,
+def made_again_then(
+    then: str, served: type[AttnkitModel], checkpoint: Path, config: dict[str, Any], tokenizer: str | None,
     weights: bytes, device: str,
 ) -> Any:  # fmt: skip
-    """In a child process: the served model made again from what :class:`MadeAgain` carried, warmed
-    up, and its running batch."""
+    """In a child process: the served model made again from what :class:`MadeAgain` carried, and what
+    its method ``then`` gives (its running batch is warmed up first)."""
     from safetensors.torch import load
 
     from attnkit.loading import build_for_tokenizer, ready_for_inference
@@ -324,5 +336,6 @@ def running_batch_made_again(
             f"the weights held do not fit the model (missing {missing[:3]}, extra {unexpected[:3]})"
         )
     copy = served(checkpoint, text, ready_for_inference(model, run, device), run, torch.device(device))
-    copy.warm_up()
-    return copy.running_batch()
+    if then == "running_batch":
+        copy.warm_up()
+    return getattr(copy, then)()

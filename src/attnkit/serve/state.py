@@ -18,6 +18,7 @@ from fastapi import Request
 
 from attnkit.errors import DataError
 from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.building import StepsBuilding
 from attnkit.serve.continuous import ContinuousBatcher
 from attnkit.serve.errors import RequestError
 from attnkit.serve.metrics import Metrics
@@ -61,6 +62,15 @@ class ServerState:
     model: ServedModel | None = None
     batcher: Batcher | ContinuousBatcher | None = None
     failed: str | None = None
+    building: StepsBuilding | None = None  # the model's compiled steps, being built (decode.steps=auto)
+
+    def steps(self) -> str | None:
+        """What the model's searches step with (``/health`` says it): ``compiled``, ``eager``, or
+        ``compiling`` while its compiled steps are built; None for a model without the choice."""
+        assert self.model is not None
+        if self.building is not None and self.building.building:
+            return "compiling"
+        return self.model.steps()
 
     def batcher_for(self, model: ServedModel) -> Batcher | ContinuousBatcher:
         """The batcher that will run ``model`` (made off the event loop: its workers' processes, where it

@@ -7,14 +7,19 @@ line), so that an input gets the output the CLI gives it with the same beam.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from attnkit.cpu.compiled.build import FIRST_STEP, compilable, missing_compiler
+from attnkit.cpu.compiled.steps import all_built
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.search import BeamSettings, Search
+from attnkit.decode.starts import EAGER_COST, source_decoding
 from attnkit.decode.translate import translate
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel
+from attnkit.serve.served import AttnkitModel, MadeAgain
 from attnkit.tasks import task_of
 
 
@@ -53,10 +58,39 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
                          beam_size=settings.beam)  # fmt: skip
 
     def warm_up(self) -> None:
-        """One sentence before the server says it is ready: a compiled decoding step (decode.compile) is
-        built (or read from its cache) now, not in the first client's request (about 20 s for a small
-        model)."""
+        """One sentence before the server says it is ready: compiled decoding steps (``decode.steps``) are
+        read from their cache now, or with ``compiled`` built now (about 20 s each for a small model),
+        not in the first client's request."""
         self.run(["."], BeamSettings(self.beam_size))
+
+    def steps(self) -> str:
+        """``compiled`` once the compiled steps of the run's beam are built (``decode.steps``: ``compiled``,
+        or ``auto`` once built; the engines take them within a second), else ``eager``."""
+        if self.device.type != "cpu" or self.config.decode.steps == "eager":
+            return "eager"
+        return "compiled" if all_built(self.model, [FIRST_STEP, self.beam_size]) else "eager"
+
+    def steps_builder(self, warn: Callable[[str], None]) -> Callable[[], Any] | None:
+        """``decode.steps=auto`` on a CPU, the compiled steps of the run's beam not built yet: what builds
+        them (:meth:`build_compiled_steps`, in a process of its own, on this model made again there)."""
+        decode = self.config.decode
+        if decode.steps != "auto" or self.steps() == "compiled" or not compilable(self.model):
+            return None
+        missing = missing_compiler()
+        if missing:
+            warn(f"decode.steps=auto: {missing}; the model's own steps serve, taking {EAGER_COST}")
+            return None
+        return MadeAgain(self, then="build_compiled_steps")
+
+    def build_compiled_steps(self) -> None:
+        """The compiled steps of the run's beam built into the cache (in a process of its own; raises
+        saying why they could not be)."""
+        notes: list[str] = []
+        compiled = dataclasses.replace(self.config.decode, steps="compiled")
+        how = source_decoding(self.model, compiled, self.beam_size, self.device, self.tokenizer.specials,
+                              notes.append)  # fmt: skip
+        if not how.compiled:
+            raise RuntimeError(notes[-1] if notes else "the compiled steps could not be built")
 
     def running_batch(self) -> RunningTranslations:
         """Inputs ``(text, BeamSettings)`` searched as :meth:`run` searches them, in a running batch

@@ -12,6 +12,7 @@ summaries: ROUGE-1/2/L F1 against every reference, the best one counting).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.config import SUMMARY_TASK, DataConfig, RunConfig
+from attnkit.config import SUMMARY_TASK, DataConfig, DecodeConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
 from attnkit.data.readers import ParallelText, Records, iter_jsonl, iter_pairs, read_jsonl, read_parallel
 from attnkit.data.store import StoreColumn, prepared, store_root, uniform_sample
@@ -55,6 +56,12 @@ class PreparedData:
             _plus_one(np.fromiter(map(len, self.train_src), np.int32, len(self.train_src))),
             _plus_one(np.fromiter(map(len, self.train_tgt), np.int32, len(self.train_tgt))),
         )
+
+
+def while_training(config: RunConfig) -> DecodeConfig:
+    """The run's decoding settings for validation during training, with the model's own steps: its
+    weights change between validations, so compiled ones (decode.steps) would never be used twice."""
+    return dataclasses.replace(config.decode, steps="eager")
 
 
 def _plus_one(lengths: np.ndarray) -> np.ndarray:
@@ -304,7 +311,7 @@ class TranslationTask:
     def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
         """BLEU and exact-match accuracy of the greedy translations of the first ``n`` sources."""
         valid = self.data.valid
-        hypotheses = translate(model, self.tokenizer, valid.src[:n], self.config.decode, beam_size=1)
+        hypotheses = translate(model, self.tokenizer, valid.src[:n], while_training(self.config), beam_size=1)
         return {
             "valid_bleu": bleu(hypotheses, valid.tgt[:n]).score,
             "valid_accuracy": exact_match(hypotheses, valid.tgt[:n]),
@@ -389,7 +396,7 @@ class SummarisationTask(TranslationTask):
         """ROUGE-1/2/L F1 of the greedy summaries of the first ``n`` sources (as cut for training)."""
         valid = self.data.valid
         texts = [self.tokenizer.decode(ids) for ids in self.valid_ids[0][:n]]
-        hypotheses = translate(model, self.tokenizer, texts, self.config.decode, beam_size=1)
+        hypotheses = translate(model, self.tokenizer, texts, while_training(self.config), beam_size=1)
         r1, r2, rl = rouge(hypotheses, (valid.references or [[t] for t in valid.tgt])[:n])
         return {"valid_rouge1": r1.score, "valid_rouge2": r2.score, "valid_rougeL": rl.score}
 

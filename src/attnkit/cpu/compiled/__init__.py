@@ -1,4 +1,4 @@
-"""A translation model's decoding step compiled ahead of time, for CPU translation (``decode.compile``).
+"""A translation model's decoding step compiled ahead of time, for CPU translation (``decode.steps``).
 
 Why: one step of a search (``Seq2SeqDecoding.next_logits``) is about a hundred small PyTorch operations
 between a few matrix products, each issued from Python. Traced once and compiled, the step becomes one
@@ -26,7 +26,9 @@ How, one module a step:
   Its container holds one copy of the step per stream.
 - ``steps.py``: :func:`~attnkit.cpu.compiled.steps.compiled_step`, the step of a model, built or loaded
   once per process and weights; where compiling fails (no C++ compiler, say), it says so once and
-  translation goes on without it.
+  translation goes on without it. :func:`~attnkit.cpu.compiled.steps.all_built` says whether a model's
+  steps are there to load (a stat of a file, once the key is known): ``decode.steps=auto`` takes them
+  where they are, and builds them only where that pays (decode/starts.py, serve/building.py).
 
 The search takes the steps through ``attnkit.decode.compiled``, the model's own decoding with its
 ``next_logits`` swapped: the model knows nothing of it. Two steps are compiled: the first (``FirstStep``:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,17 @@ def compilable(model: nn.Module) -> bool:
         and weight.dtype == torch.float32
         and hasattr(torch._C, "_aoti")
     )
+
+
+def missing_compiler() -> str | None:
+    """Why this machine cannot compile a step (no C++ compiler where AOTInductor looks for one: ``$CXX``,
+    else ``g++``), or None where it can."""
+    import torch._inductor.config as inductor
+
+    compiler = inductor.cpp.cxx[1] if inductor.cpp.cxx[0] is None else inductor.cpp.cxx[0]
+    if shutil.which(str(compiler)) is None:
+        return f"no C++ compiler ({compiler}) on this machine: apt-get install g++, or set CXX"
+    return None
 
 
 FIRST_STEP = 0  # in place of a beam width: the first step (trace.FirstStep), which every width shares

@@ -85,6 +85,7 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
     """Delete the steps unused for :data:`MAX_CACHE_DAYS` days, then the least recently used until the
     cache holds at most :data:`MAX_CACHE_BYTES` (never ``keep``, the step in hand); returns the deleted."""
     now = time.time() if now is None else now
+    _remove_abandoned(cache_folder(), now)
     steps = cached_steps()
     total = sum(size for _, size, _ in steps)
     removed = []
@@ -96,3 +97,12 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
             removed.append(package)
             total -= size
     return removed
+
+
+def _remove_abandoned(folder: Path, now: float) -> None:
+    """Delete what builds and unpackings killed midway left (their work folders: ``tmp*`` of
+    ``build.build``, ``.*.unpacked.*`` of ``library``), once a day old: no build takes that long."""
+    for work in [*folder.glob("tmp*"), *folder.glob(".*.unpacked.*")] if folder.is_dir() else []:
+        with contextlib.suppress(OSError):
+            if work.is_dir() and now - work.stat().st_mtime > 86400:
+                shutil.rmtree(work, ignore_errors=True)

@@ -7,12 +7,13 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from attnkit.cpu.compiled.build import FIRST_STEP, build, compilable
+from attnkit.cpu.compiled.build import build, compilable, missing_compiler
 from attnkit.cpu.compiled.cache import cache_folder, cache_key, prune_cache
 from attnkit.cpu.compiled.library import CompiledStep
 
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 _COMPILING = threading.Lock()  # one compile at a time; the streams then share the result
 # each model's steps built so far, by beams per source: (weights' fingerprint, step or None)
 _BUILT: weakref.WeakKeyDictionary[nn.Module, dict[int, tuple]] = weakref.WeakKeyDictionary()
+# each model's steps' keys in the cache, by beams per source: (weights' fingerprint, key)
+_KEYS: weakref.WeakKeyDictionary[nn.Module, dict[int, tuple]] = weakref.WeakKeyDictionary()
+_KEYING = threading.Lock()  # (not the compile's lock: a key is wanted while another step compiles)
 
 
 def _fingerprint(model: nn.Module) -> tuple:
@@ -31,35 +35,71 @@ def _fingerprint(model: nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
+def step_package(model: EncoderDecoder, beams: int) -> Path:
+    """Where the compiled step of ``model`` for ``beams`` is kept (whether built yet or not): its key
+    hashes every weight, so it is worked out once per weights and kept for the process."""
+    with _KEYING:
+        fingerprint = _fingerprint(model)
+        known = _KEYS.setdefault(model, {})
+        if beams not in known or known[beams][0] != fingerprint:
+            known[beams] = (fingerprint, cache_key(model, beams))
+        return cache_folder() / f"{known[beams][1]}.pt2"
+
+
+def to_build(model: EncoderDecoder, widths: list[int]) -> list[int]:
+    """Those of ``widths`` whose steps of ``model`` a :func:`compiled_step` call would build: neither
+    loaded in this process nor in the cache folder (none where the model cannot be compiled)."""
+    if not compilable(model):
+        return []
+    fingerprint, loaded = _fingerprint(model), _BUILT.get(model, {})
+    known = [w for w in widths if w in loaded and loaded[w][0] == fingerprint]
+    return [w for w in widths if w not in known and not step_package(model, w).is_file()]
+
+
+def all_built(model: EncoderDecoder, widths: list[int]) -> bool:
+    """Whether the steps of ``model`` for each of ``widths`` (beams per source, or :data:`FIRST_STEP`)
+    are built: loaded in this process, or in the cache folder to load (a stat of a file each, once the
+    key is known)."""
+    if not compilable(model):
+        return False
+    fingerprint, loaded = _fingerprint(model), _BUILT.get(model, {})
+
+    def built(width: int) -> bool:
+        if width in loaded and loaded[width][0] == fingerprint:
+            return loaded[width][1] is not None
+        return step_package(model, width).is_file()
+
+    return all(built(width) for width in widths)
+
+
 def compiled_step(
-    model: EncoderDecoder, beams: int, warn: Callable[[str], None] | None = None
+    model: EncoderDecoder, beams: int, warn: Callable[[str], None] | None = None, may_build: bool = True
 ) -> CompiledStep | None:
     """The compiled step of ``model`` for searches of ``beams`` rows per source (greedy: 1;
-    :data:`FIRST_STEP`: the first step, the encoder with it): built, or loaded from the cache folder,
-    the first time; None, with a note to ``warn``, where it cannot be."""
+    :data:`FIRST_STEP`: the first step, the encoder with it): built (where it ``may_build``), or loaded
+    from the cache folder, the first time; None, with a note to ``warn``, where it cannot be, and
+    without a note where it is not built yet and may not be (a later call looks again)."""
+    package = step_package(model, beams) if compilable(model) else None
     with _COMPILING:
         built = _BUILT.setdefault(model, {})
         fingerprint = _fingerprint(model)
         if beams in built and built[beams][0] == fingerprint:
             return built[beams][1]
+        if package is not None and not may_build and not package.is_file():
+            return None
         built[beams] = (fingerprint, None)
-        if not compilable(model):
-            if warn is not None:
+        if package is None:
+            if warn is not None and may_build:
                 warn(
-                    "decode.compile: this model's step is not compiled (an encoder-decoder on the CPU in "
-                    "float32, without model.copy, is); it decodes as usual"
+                    "decode.steps: this model's steps are not compiled (an encoder-decoder on the CPU in "
+                    "float32, without model.copy, is); it decodes with its own"
                 )
             return None
-        package = cache_folder() / f"{cache_key(model, beams)}.pt2"
         try:
             if not package.is_file():
-                if warn is not None:
-                    which = f"the decoding step for beam {beams}"
-                    which = "the first decoding step" if beams == FIRST_STEP else which
-                    warn(
-                        f"decode.compile: compiling {which} (about 20 s, once; kept in {package.parent}; "
-                        "attnkit cache clear deletes it)"
-                    )
+                missing = missing_compiler()
+                if missing:
+                    raise RuntimeError(missing)
                 build(model, beams, package)
             os.utime(package)  # used now: the cache keeps the most recently used steps
             prune_cache(keep=package)
@@ -68,8 +108,8 @@ def compiled_step(
             if warn is not None:
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 warn(
-                    f"decode.compile: could not compile the decoding step ({reason[:200]}); it decodes "
-                    "as usual"
+                    f"decode.steps: could not compile the decoding step ({reason[:200]}); it decodes "
+                    "with the model's own steps"
                 )
             return None
         built[beams] = (fingerprint, step)

@@ -20,7 +20,9 @@ async def health(request: Request) -> JSONResponse:
     """200 ``ready`` once the model serves; 503 ``loading`` before it, ``failed`` if it could not load
     (or a new engine process could not start in place of one that failed), and ``stalled`` while any
     worker's requests have waited or run ``--stall-after`` seconds with no batch starting or ending, or
-    no step of its running batch (a server that has stopped making progress)."""
+    no step of its running batch (a server that has stopped making progress). A translator's ``steps``
+    say what its searches step with: ``compiled``, ``eager``, or ``compiling`` while its compiled steps
+    are built (the model's own serve meanwhile)."""
     server = server_of(request)
     failed = server.failed or (server.batcher.broken if server.batcher is not None else None)
     if failed:
@@ -31,7 +33,8 @@ async def health(request: Request) -> JSONResponse:
     if stalled > server.settings.stall_after_s:
         said = f"requests have waited or run {stalled:.0f} s without a batch or a step ending"
         return JSONResponse({"status": "stalled", "error": said}, status_code=503)
-    return JSONResponse({"status": "ready"})
+    steps = server.steps()
+    return JSONResponse({"status": "ready"} | ({"steps": steps} if steps is not None else {}))
 
 
 @router.get("/info")
