@@ -1,13 +1,13 @@
 """The engine alone: attnkit's running batches (continuous batching) driven in this process by simulated
 clients, with no HTTP, against ``attnkit translate`` of the same sentences offline.
 
-A server's throughput is the engine's less what the HTTP layer costs (parsing, JSON, tokenising, the
-hops between threads). This measures the engine alone, laid out as ``attnkit serve`` lays it out with
-the same options: its running batches in engine processes (or on threads, ``--workers threads``), one
-worker thread driving each, every worker on its share of torch's threads. Each of ``--clients``
-simulated clients has one sentence in flight and sends the next as soon as the last is done (a closed
-loop, as ``bench/serve_load.py``'s clients); a worker admits every sentence waiting at each step,
-as the server's continuous batcher does when nothing is over its budget. For each level it prints
+A server's throughput is the engine's less what the HTTP layer costs (parsing, validation, tokenising,
+JSON, the hops between the event loop and the workers' threads). This measures the engine alone: the
+server's own continuous batcher and engine processes (serve/continuous.py, made as ``attnkit serve``
+makes them with the same options; ``--workers threads`` for running batches on threads), called in
+process by simulated clients, each sentence's tokens counted beforehand. Each of ``--clients`` clients
+has one sentence in flight and sends the next as soon as the last is done (a closed loop, as
+``bench/serve_load.py``'s clients). For each level it prints
 sentences/s, its share of the offline throughput (the per-core efficiency of continuous batching),
 the latency from a sentence's arrival to its translation, and how many answers are not the offline
 ones (each sentence's translation must not depend on what shares its steps).
@@ -21,19 +21,15 @@ HTTP layer's share of the cost; run alone:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gzip
-import itertools
 import statistics
-import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import torch
 
 from attnkit.decode.search import BeamSettings
-
-NUMBERS = itertools.count()  # every simulated sentence's key
 
 
 def offline_rate(served, sentences: list[str]) -> tuple[float, list[str]]:
@@ -49,102 +45,71 @@ def offline_rate(served, sentences: list[str]) -> tuple[float, list[str]]:
     return max(rates), outputs
 
 
-def closed_loop(served, engines: list, sentences: list[str], clients: int, seconds: float,
-                expected: dict[str, str]) -> dict:  # fmt: skip
-    """``clients`` sentences in flight at all times for ``seconds`` (after a warm-up of as many
-    sentences), each worker thread stepping its engine; sentences/s, latencies and answers that differ
-    from ``expected``."""
-    settings = BeamSettings(served.config.decode.beam_size)
-    lock, waiting = threading.Lock(), deque()
+async def closed_loop(batcher, work: dict[str, tuple[int, int]], settings: BeamSettings, sentences: list[str],
+                      clients: int, seconds: float, expected: dict[str, str]) -> dict:  # fmt: skip
+    """``clients`` loops of sentence after sentence through ``batcher`` for ``seconds`` (after a warm-up
+    of a third of that); sentences/s, latencies and answers that differ from ``expected``. ``work``:
+    each sentence's tokens and token positions, counted beforehand (the server counts them as the
+    request comes: the HTTP layer's work)."""
     latencies: list[float] = []
-    counted = {"done": 0, "differ": 0}
-    measuring = threading.Event()
-    stop = threading.Event()
-
-    def arrive() -> None:
-        n = next(NUMBERS)  # (unique across levels: an engine's keys are never reused)
-        waiting.append((n, sentences[n % len(sentences)], time.perf_counter()))
-
-    for _ in range(clients):
-        arrive()
-
-    def work(engine) -> None:
-        served.prepare_worker(len(engines))
-        arrived: dict[int, tuple[str, float]] = {}
-        while not stop.is_set() or arrived:  # once stopped, what runs is finished (and not counted)
-            with lock:
-                joining = [] if stop.is_set() else [waiting.popleft() for _ in range(len(waiting))]
-            if not joining and not arrived:
-                time.sleep(0.0002)
-                continue
-            for n, text, began in joining:
-                arrived[n] = (text, began)
-            done = engine.iterate([(n, text, settings) for n, text, _ in joining], set())
-            now = time.perf_counter()
-            with lock:
-                for n, translations in done:
-                    text, began = arrived.pop(n)
-                    if measuring.is_set():
-                        latencies.append(now - began)
-                        counted["done"] += 1
-                        counted["differ"] += translations[0][0] != expected[text]
-                    if not stop.is_set():
-                        arrive()
-
-    threads = [threading.Thread(target=work, args=(engine,), daemon=True) for engine in engines]
-    for thread in threads:
-        thread.start()
-    time.sleep(min(seconds / 3, 5))  # warm: every engine has run a few steps
-    measuring.set()
+    differ, turn = [0], [0]
     began = time.perf_counter()
-    time.sleep(seconds)
-    measuring.clear()
-    took = time.perf_counter() - began
-    stop.set()
-    for thread in threads:
-        thread.join()
+    measured, deadline = began + min(seconds / 3, 5), began + min(seconds / 3, 5) + seconds
+
+    async def client() -> None:
+        while time.perf_counter() < deadline:
+            text = sentences[turn[0] % len(sentences)]
+            turn[0] += 1
+            sent = time.perf_counter()
+            ((best, _), *_), *_ = await batcher.submit([text], settings, *work[text])
+            if sent >= measured:
+                latencies.append(time.perf_counter() - sent)
+                differ[0] += best != expected[text]
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    took = time.perf_counter() - measured
     ordered = sorted(latencies) or [float("nan")]
-    return {"rate": counted["done"] / took, "p50": statistics.median(ordered) * 1e3,
-            "p99": ordered[int(0.99 * (len(ordered) - 1))] * 1e3, "differ": counted["differ"],
-            "answers": counted["done"]}  # fmt: skip
-
-
-def engines_as_served(served, workers: str) -> list:
-    """The running batches ``attnkit serve`` would run ``served`` on: one per engine process (its model
-    made again there from these weights), or ``served.streams`` in this process (``threads``)."""
-    if workers == "processes":
-        make = served.running_batch_process(deadline_s=600.0)
-        if make is not None:
-            engines = [make() for _ in range(served.engine_processes())]
-            for engine in engines:
-                engine.started()
-            return engines
-    return [served.running_batch() for _ in range(served.streams)]
+    return {"rate": len(latencies) / took, "p50": statistics.median(ordered) * 1e3,
+            "p99": ordered[int(0.99 * (len(ordered) - 1))] * 1e3, "differ": differ[0],
+            "answers": len(latencies)}  # fmt: skip
 
 
 def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: list[str], seconds: float,
                 workers: str = "processes") -> dict:  # fmt: skip
     """The engine alone at each number of clients, and offline, as ``attnkit serve`` with ``options``
     (``decode.field=value``) would run the model: ``{"offline": sentences/s, clients: closed_loop's}``."""
+    from attnkit.serve.state import ServerState, ServeSettings
     from attnkit.serve.translator import ServedTranslator
 
     served = ServedTranslator.load(ckpt, [o for o in options if o.startswith("decode.")])
     if served.steps_builder(print) is not None:  # decode.steps=auto: built now, as a server builds them
         served.build_compiled_steps()
-    threads = torch.get_num_threads()
     rate, outputs = offline_rate(served, sentences)
     expected = dict(zip(sentences, outputs, strict=True))
-    results: dict = {"offline": rate, "steps": served.steps(), "workers": workers}
-    engines = engines_as_served(served, workers)
-    try:
-        for clients in levels:
-            results[clients] = closed_loop(served, engines, sentences, clients, seconds, expected)
-            torch.set_num_threads(threads)
-    finally:
-        for engine in engines:
-            getattr(engine, "close", lambda: None)()
-    results["engines"] = len(engines)
-    return results
+    settings = BeamSettings(served.config.decode.beam_size)
+    work = {text: (tokens, served.positions([tokens], settings))
+            for text, tokens in zip(sentences, served.tokens(sentences), strict=True)}  # fmt: skip
+    # the server's own batcher and engines (serve/state.py), as attnkit serve makes them
+    batcher = ServerState(ServeSettings(batching="continuous", workers=workers)).batcher_for(served)
+    batcher.started()
+
+    async def levels_in_turn() -> dict:
+        batcher.start()
+        try:
+            return {
+                c: await closed_loop(batcher, work, settings, sentences, c, seconds, expected) for c in levels
+            }
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(levels_in_turn())
+    return {
+        "offline": rate,
+        "steps": served.steps(),
+        "workers": workers,
+        "engines": batcher.workers,
+        **results,
+    }
 
 
 def print_results(results: dict, levels: list[int]) -> None:

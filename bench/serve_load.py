@@ -188,13 +188,19 @@ async def poisson(url: str, body, rate: float, seconds: float, sentences: list[s
     gaps, latencies, errors = random.Random(seed), [], [0]
 
     async def one(http: httpx.AsyncClient, sentence: str, arrival: float) -> None:
-        response = await http.post(url, json=body(sentence))
+        try:
+            response = await http.post(url, json=body(sentence))
+        except httpx.HTTPError:  # a connection refused or dropped by a server past its capacity
+            errors[0] += 1
+            return
         if response.status_code != 200:
             errors[0] += 1
         else:
             latencies.append(time.perf_counter() - arrival)
 
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=None)) as http:
+    # at most 512 connections (a request past them waits for one, its wait counted in its latency)
+    limits, timeout = httpx.Limits(max_connections=512), httpx.Timeout(120, pool=None)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         sent, start, at = [], time.perf_counter(), 0.0
         while at < seconds:
             wait = start + at - time.perf_counter()

@@ -17,7 +17,7 @@ from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.folders import MADE_BY, MadeBy, made_by, write_folder
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 runner = CliRunner()
 AVERAGE_A = MadeBy("attnkit average", "/runs/a")

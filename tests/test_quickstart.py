@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from attnkit.cli import app
 from attnkit.quickstart import run_quickstart
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.loading import load_for_inference
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 transformers = pytest.importorskip("transformers", reason="HF transformers writes the folders")
 

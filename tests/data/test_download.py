@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from attnkit.cli import app
 from attnkit.data.download import DATASETS, DataFile, fetch
 from attnkit.errors import DataError
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 SHARED = Path(os.environ.get("ATTNKIT_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 

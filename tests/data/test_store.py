@@ -155,7 +155,7 @@ def test_attnkit_prepare_builds_the_store_a_run_then_finds(copy_data, tmp_path):
     from typer.testing import CliRunner
 
     from attnkit.cli import app
-    from tests.cli_checks import one_line_error
+    from tests.cli.checks import one_line_error
 
     runner = CliRunner()
     args = ["prepare", "--data", str(copy_data), "data.train=[train.src, train.tgt]",

@@ -20,7 +20,7 @@ from attnkit.models import build_model, from_preset
 
 pytest.importorskip("ctranslate2", reason="CTranslate2 is the optional engine")
 from attnkit.decode.ct2 import CTranslate2Generator, check_exported_folder
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 TEXT = ["the quick brown fox jumps over the lazy dog", "a cat sleeps on the warm mat", "rain falls"] * 10
 runner = CliRunner()

@@ -25,7 +25,7 @@ from attnkit.tasks.classification import ClassificationTask, accuracy_and_f1, en
 from attnkit.tasks.masked_lm import MaskedLMTask, mask_tokens
 from attnkit.tasks.span_qa import best_spans, encode_question, exact_and_f1
 from attnkit.train.loop import Trainer
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 runner = CliRunner()
 QUIET = {"echo": lambda m: None}

@@ -17,7 +17,7 @@ from attnkit.config import load_run_config
 from attnkit.errors import ConfigError
 from attnkit.tasks.language_modelling import LanguageModellingTask, read_texts
 from attnkit.train.loop import Trainer
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 runner = CliRunner()
 VERSE = "".join(

@@ -16,7 +16,7 @@ from attnkit.decode.transcripts import transcribe
 from attnkit.errors import ConfigError, DataError
 from attnkit.loading import load_for_inference
 from attnkit.tasks.speech import split_utterances
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 from tests.recognisers import chirp, wav_bytes
 
 pytest.importorskip("jiwer", reason="the error rates come from jiwer: pip install 'attnkit[speech]'")

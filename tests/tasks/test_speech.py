@@ -20,7 +20,7 @@ from attnkit.data.spoken import spoken_utterances
 from attnkit.decode.transcripts import transcribe
 from attnkit.errors import ConfigError
 from attnkit.loading import load_for_inference
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 pytest.importorskip(
     "num2words", reason="the texts are written out by num2words: pip install 'attnkit[speech]'"

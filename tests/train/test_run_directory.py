@@ -19,7 +19,7 @@ from attnkit.config import load_run_config
 from attnkit.data.synthetic import copy
 from attnkit.errors import AttnkitError
 from attnkit.train.loop import Trainer
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 runner = CliRunner()
 TINY = ["model.preset=tiny", "data.tokenizer=word", "train.max_tokens=300", "train.schedule=constant",

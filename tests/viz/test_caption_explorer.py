@@ -18,7 +18,7 @@ from attnkit.decode.captions import attention_while_writing, caption
 from attnkit.models import build_model, from_preset
 from attnkit.tasks.captioning import caption_tokenizer, pixels
 from attnkit.viz.caption_explorer import caption_page, caption_view
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 from tests.viz.browser import opened_in_chromium
 
 pytest.importorskip("sklearn", reason="the scenes draw scikit-learn's bundled digits")

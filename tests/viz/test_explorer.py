@@ -19,7 +19,7 @@ from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.models import DecoderModelConfig, build_model
 from attnkit.viz.explorer import collect_attention, explorer_html
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 from tests.viz.browser import opened_in_chromium
 
 TEXTS = ["a small dog runs", "two men sit on a bench", "a woman reads a book"]

@@ -23,7 +23,7 @@ from attnkit.cli import app
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.viz.explorer import AttentionMap, collect_attention, explorer_html, explorer_server
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 # every placeholder of the template, and every way out of a text, an attribute or a script element
 HOSTILE = ["__TITLE__", "__FORM__", "__DATA__", "<script>alert(1)</script>", "<!--", "-->", "</script>",

@@ -16,7 +16,7 @@ from attnkit.data.audio import heard, read_wav
 from attnkit.decode.transcripts import alignments_while_spelling, transcribe
 from attnkit.loading import load_for_inference
 from attnkit.viz.speech_explorer import speech_page, speech_view
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 from tests.recognisers import chirp, untrained_recogniser, wav_bytes
 from tests.viz.browser import opened_in_chromium
 

@@ -15,7 +15,7 @@ from sacrebleu.metrics import BLEU
 from typer.testing import CliRunner
 
 from attnkit.cli import app
-from tests.cli_checks import one_line_error
+from tests.cli.checks import one_line_error
 
 runner = CliRunner()
 
