@@ -112,26 +112,28 @@ def test_without_a_cpp_compiler_a_large_input_says_what_the_models_own_steps_cos
     from attnkit.decode import starts
     from attnkit.decode.translate import Reporting
 
-    monkeypatch.setattr(inductor.cpp, "cxx", (None, "no-such-compiler++"))
-    said = missing_compiler()
-    assert said is not None and "no C++ compiler (no-such-compiler++)" in said
-    model, tokenizer = model_and_tokenizer
-    texts = copy(12, seed=3, max_length=6).src
-    expected = translate(model, tokenizer, texts, DecodeConfig(streams=1, steps="eager"), beam_size=2)
-    monkeypatch.setattr(starts, "REPAYING_SENTENCES", len(texts))
+    # the compiler AOTInductor is told of, changed through its config's own patch (a monkeypatch of the
+    # config's attribute, once undone, left it missing for the rest of the session)
+    with inductor.patch({"cpp.cxx": (None, "no-such-compiler++")}):
+        said = missing_compiler()
+        assert said is not None and "no C++ compiler (no-such-compiler++)" in said
+        model, tokenizer = model_and_tokenizer
+        texts = copy(12, seed=3, max_length=6).src
+        expected = translate(model, tokenizer, texts, DecodeConfig(streams=1, steps="eager"), beam_size=2)
+        monkeypatch.setattr(starts, "REPAYING_SENTENCES", len(texts))
 
-    def building(*args):  # (model, beam, warn, start token, build): build, or look in the cache
-        if args[-1]:
-            pytest.fail("nothing is built")
+        def building(*args):  # (model, beam, warn, start token, build): build, or look in the cache
+            if args[-1]:
+                pytest.fail("nothing is built")
 
-    monkeypatch.setattr(starts, "compiled_decoding", building)
-    notes = []
-    auto = DecodeConfig(streams=1)
-    assert (
-        translate(model, tokenizer, texts, auto, beam_size=2, reporting=Reporting(warn=notes.append))
-        == expected
-    )
-    assert notes == [f"decode.steps=auto: {said}; the model's own steps take {starts.EAGER_COST}"]
-    notes.clear()  # a smaller input would not build them: nothing to say
-    translate(model, tokenizer, texts[:-1], auto, beam_size=2, reporting=Reporting(warn=notes.append))
-    assert notes == []
+        monkeypatch.setattr(starts, "compiled_decoding", building)
+        notes = []
+        auto = DecodeConfig(streams=1)
+        assert (
+            translate(model, tokenizer, texts, auto, beam_size=2, reporting=Reporting(warn=notes.append))
+            == expected
+        )
+        assert notes == [f"decode.steps=auto: {said}; the model's own steps take {starts.EAGER_COST}"]
+        notes.clear()  # a smaller input would not build them: nothing to say
+        translate(model, tokenizer, texts[:-1], auto, beam_size=2, reporting=Reporting(warn=notes.append))
+        assert notes == []
