@@ -75,16 +75,19 @@ async def closed_loop(batcher, work: dict[str, tuple[int, int]], settings: BeamS
 
 
 def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: list[str], seconds: float,
-                workers: str = "processes") -> dict:  # fmt: skip
+                workers: str = "processes", offline: tuple[float, list[str]] | None = None,
+                ) -> dict:  # fmt: skip
     """The engine alone at each number of clients, and offline, as ``attnkit serve`` with ``options``
-    (``decode.field=value``) would run the model: ``{"offline": sentences/s, clients: closed_loop's}``."""
+    (``decode.field=value``) would run the model: ``{"offline": sentences/s, clients: closed_loop's}``.
+    ``offline``: the offline sentences/s and translations where the caller has measured them already
+    (``bench/serve_load.py``), else measured here (:func:`offline_rate`)."""
     from attnkit.serve.state import ServerState, ServeSettings
     from attnkit.serve.translator import ServedTranslator
 
     served = ServedTranslator.load(ckpt, [o for o in options if o.startswith("decode.")])
     if served.steps_builder(print) is not None:  # decode.steps=auto: built now, as a server builds them
         served.build_compiled_steps()
-    rate, outputs = offline_rate(served, sentences)
+    rate, outputs = offline or offline_rate(served, sentences)
     expected = dict(zip(sentences, outputs, strict=True))
     settings = BeamSettings(served.config.decode.beam_size)
     work = {text: (tokens, served.positions([tokens], settings))

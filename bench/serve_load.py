@@ -371,7 +371,8 @@ def main() -> None:
         from engine_load import engine_only, print_results
 
         options = [f"decode.beam_size={args.beam}", *args.server_option]
-        engine_alone = engine_only(args.ckpt, sentences, levels, options, args.seconds)
+        measured = (alone["rate"], [alone["outputs"][text] for text in sentences])  # (not measured again)
+        engine_alone = engine_only(args.ckpt, sentences, levels, options, args.seconds, offline=measured)
     scenarios: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as work:
         exported = Path(work) / "ct2"

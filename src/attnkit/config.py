@@ -376,8 +376,8 @@ class RunConfig:
 def _renamed(decode: Any) -> Any:
     """The decode section with ``compile``, the name ``steps`` had while it was a yes or no, in its new
     name: ``true`` is ``steps: compiled``; ``false``, the default then, which every run wrote into its
-    config.json, leaves ``steps`` at its default (``auto``). On the command line ``decode.compile=false``
-    is ``eager`` (:func:`with_decode_overrides`)."""
+    config.json, leaves ``steps`` at its default (``auto``). Given to a trained model on the command line,
+    ``decode.compile=false`` is ``eager`` (:func:`with_decode_overrides`)."""
     if not isinstance(decode, dict) or "compile" not in decode:
         return decode
     decode = dict(decode)
@@ -472,27 +472,17 @@ def with_decode_overrides(decode: DecodeConfig, overrides: list[str]) -> DecodeC
     ``attnkit translate``, ``evaluate`` and ``generate`` decode a trained model with other settings (an
     α chosen on validation data, a larger batch) without editing its ``config.json``. Only the decode
     section can change after training."""
-    overrides = [_compile_override(override) for override in overrides]
     values = apply_overrides({"decode": dataclasses.asdict(decode)}, overrides)
     other = sorted(set(values) - {"decode"})
     if other:
         raise ConfigError(f"'{other[0]}' settings are fixed by training; only decode.* ones can change here")
+    if "compile" in values["decode"]:  # only an override names it: the name decode.steps had as a yes or no
+        compiled = values["decode"].pop("compile")
+        if not isinstance(compiled, bool):
+            said = f"override decode.compile={compiled!r}: decode.compile is true or false (now decode.steps)"
+            raise ConfigError(said)
+        values["decode"]["steps"] = "compiled" if compiled else "eager"
     return DecodeConfig(**_checked(DecodeConfig, values["decode"], "decode"))
-
-
-def _compile_override(override: str) -> str:
-    """``decode.compile=true`` or ``=false`` (the name ``decode.steps`` had while it was a yes or no) as
-    ``decode.steps=compiled`` or ``=eager``; any other override as it is."""
-    key, _, raw = override.partition("=")
-    if key.strip().lstrip("-") != "decode.compile":
-        return override
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw
-    if not isinstance(value, bool):
-        raise ConfigError(f"override {override!r}: decode.compile is true or false (now decode.steps)")
-    return f"decode.steps={'compiled' if value else 'eager'}"
 
 
 def without_precision(overrides: list[str]) -> list[str]:

@@ -259,8 +259,8 @@ def compiled_decoding(
     widths = [FIRST_STEP, beams] if start_token is not None else [beams]
     if not build and not all_built(model, widths):
         return None
-    building = to_build(model, widths)
-    if building and warn is not None and missing_compiler() is None:  # (else compiled_step says why not)
+    building = to_build(model, widths) if warn is not None else []
+    if building and missing_compiler() is None:  # (else compiled_step says why not)
         which = [f"the decoding step of beam {beams}"] * (beams in building)
         which += ["the first step"] * (FIRST_STEP in building)
         warn(f"decode.steps: compiling {' and '.join(which)} (about 20 s each, once; kept in "

@@ -46,30 +46,26 @@ def step_package(model: EncoderDecoder, beams: int) -> Path:
         return cache_folder() / f"{known[beams][1]}.pt2"
 
 
+def _at_hand(model: EncoderDecoder, width: int) -> bool | None:
+    """Whether the step of ``model`` for ``width`` is there: loaded in this process, or in the cache
+    folder to load (True); not built yet (False); or not to be had (None: it failed in this process)."""
+    loaded = _BUILT.get(model, {})
+    if width in loaded and loaded[width][0] == _fingerprint(model):
+        return None if loaded[width][1] is None else True
+    return step_package(model, width).is_file()
+
+
 def to_build(model: EncoderDecoder, widths: list[int]) -> list[int]:
     """Those of ``widths`` whose steps of ``model`` a :func:`compiled_step` call would build: neither
     loaded in this process nor in the cache folder (none where the model cannot be compiled)."""
-    if not compilable(model):
-        return []
-    fingerprint, loaded = _fingerprint(model), _BUILT.get(model, {})
-    known = [w for w in widths if w in loaded and loaded[w][0] == fingerprint]
-    return [w for w in widths if w not in known and not step_package(model, w).is_file()]
+    return [width for width in widths if _at_hand(model, width) is False] if compilable(model) else []
 
 
 def all_built(model: EncoderDecoder, widths: list[int]) -> bool:
     """Whether the steps of ``model`` for each of ``widths`` (beams per source, or :data:`FIRST_STEP`)
     are built: loaded in this process, or in the cache folder to load (a stat of a file each, once the
     key is known)."""
-    if not compilable(model):
-        return False
-    fingerprint, loaded = _fingerprint(model), _BUILT.get(model, {})
-
-    def built(width: int) -> bool:
-        if width in loaded and loaded[width][0] == fingerprint:
-            return loaded[width][1] is not None
-        return step_package(model, width).is_file()
-
-    return all(built(width) for width in widths)
+    return compilable(model) and all(_at_hand(model, width) for width in widths)
 
 
 def compiled_step(
