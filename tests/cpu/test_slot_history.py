@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from attnkit import build_transformer
 from attnkit.attention.multihead import KVCache
 from attnkit.cpu import speed_up
-from attnkit.cpu.attention import attend_few_queries
+from attnkit.cpu.attention import attend_as_sums
 from attnkit.cpu.compiled.trace import CachedStep, FirstStep
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import Search, beam_search, greedy
@@ -29,11 +29,11 @@ def test_attention_of_few_queries_is_scaled_dot_product_attention():
     for scale in (8**-0.5, 1.0):
         q, k, v = q.double(), k.double(), v.double()
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        found = attend_few_queries(q, k, v, mask, scale)
+        found = attend_as_sums(q, k, v, mask, scale)
         torch.testing.assert_close(found, expected)
     # keys and values of a narrower dtype are widened to the queries'
     q, k, v = q.float(), k.float(), v.float()
-    found = attend_few_queries(q, k.bfloat16(), v.bfloat16(), None, 0.5)
+    found = attend_as_sums(q, k.bfloat16(), v.bfloat16(), None, 0.5)
     expected = F.scaled_dot_product_attention(q, k.bfloat16().float(), v.bfloat16().float(), scale=0.5)
     torch.testing.assert_close(found, expected)
 

@@ -111,9 +111,9 @@ needs_compiler = pytest.mark.skipif(
 def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
     sentences, compile_cache, precision, beam, monkeypatch
 ):
-    """``decode.steps=compiled``: the compiled first step encodes a batch's sources at the width each gets
-    alone (``translate``: batches of one width), and the steps after it give each row its own bits at
-    any wider width, so a running batch holds sources of every width."""
+    """``decode.steps=compiled``: the compiled first step (the encoder) and the steps after it give each
+    source its own bits at any wider padded width, so that a batch, and a running batch, holds sources
+    of every width."""
     data, texts = sentences
     # a one-layer decoder and fewer sentences: compiling is most of the time; two long sources too
     texts = [*texts[:14], " ".join(texts[14:17]), " ".join(texts[17:22])]
@@ -163,20 +163,31 @@ def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
 
 @needs_compiler
 @pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("first_step", ["alone", "together"])
 def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
-    sentences, compile_cache, precision
+    sentences, compile_cache, precision, first_step
 ):
-    """The compiled steps after the first attend over every key of the batch's widest source; a source
-    padded to a multiple of ``WIDTH_BUCKET`` gets its own logits at any wider such width (its extra
-    keys weigh exactly 0: docs/invariance.md).
-    Each source's first step runs alone, as the server runs newcomers' of each width; then they are
-    merged into one batch and decoded together."""
+    """The compiled steps attend over every key of the batch's widest source; a source padded to a
+    multiple of ``WIDTH_BUCKET`` gets its own logits at any wider width (its extra keys weigh exactly
+    0, and the sums over keys run in the same order: docs/invariance.md). The first step (the
+    encoder) runs on each source alone, then they are merged into one batch (a server's newcomers
+    joining at different steps), or on the batch's sources together, padded to the widest; then they
+    are decoded together."""
     data, texts = sentences
     model, tokenizer, _ = _model(data, precision, encoder_layers=1, decoder_layers=1)  # as above: cached
     specials, beams = tokenizer.specials, 4
-    texts = [*texts[:6], " ".join(texts[6:9]), " ".join(texts[9:14])]
+    # and two long ones (150 and 240 words): torch's fused attention, which the compiled encoder took
+    # before, gave a 151-key row other bits at 256 keys than at 160
+    words = " ".join(texts).split()
+    texts = [
+        *texts[:6],
+        " ".join(texts[6:9]),
+        " ".join(texts[9:14]),
+        " ".join(words[:150]),
+        " ".join(words[:240]),
+    ]
     sources = [[*tokenizer.encode(text), specials.eos] for text in texts]
-    assert len({-(-len(ids) // WIDTH_BUCKET) for ids in sources}) >= 3  # widths 16, 32, 48 at least
+    assert len({-(-len(ids) // WIDTH_BUCKET) for ids in sources}) >= 5  # widths 16, 32, 48, 160, 256 at least
     with evaluating(model):
         decoding = compiled_decoding(model, beams, start_token=specials.bos)
     assert decoding is not None
@@ -189,11 +200,13 @@ def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
         tokens: ``(len(rows) · beams, 3, V)``."""
         decodings = []
         with torch.no_grad():
-            for i in rows:
-                alone = decoding(pad([sources[i]], specials.pad, WIDTH_BUCKET, model.config.max_len))
-                alone.next_logits(torch.full((1, 1), specials.bos))  # the first step, at its own width
-                alone.repeat(beams)
-                decodings.append(alone)
+            for group in [[i] for i in rows] if first_step == "alone" else [rows]:
+                started = decoding(
+                    pad([sources[i] for i in group], specials.pad, WIDTH_BUCKET, model.config.max_len)
+                )
+                started.next_logits(torch.full((len(group), 1), specials.bos))  # the first step, the encoder
+                started.repeat(beams)
+                decodings.append(started)
             joined = decodings[0]
             for other in decodings[1:]:
                 joined.merge(other)
@@ -207,7 +220,8 @@ def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
         return torch.stack(out, dim=1)
 
     alone = torch.cat([logits([i]) for i in range(len(texts))])  # (N · beams, 3, V)
-    for batch in _random_batches(len(texts), random.Random(2)):
+    everyone = list(range(len(texts)))  # the long ones beside the short: widths 160 and 256 at 256
+    for batch in [everyone, *_random_batches(len(texts), random.Random(2))]:
         rows = [i * beams + j for i in batch for j in range(beams)]
         assert torch.equal(logits(batch), alone[rows]), f"batch of {len(batch)}: logits differ"
 

@@ -18,12 +18,15 @@ state-dict keys) with four changes, each where it pays on a CPU and a no-op else
 - in inference, each row's attention is what it would be alone, whatever its batchmates and their
   lengths (:func:`attnkit.cpu.alone.attend_as_alone`; docs/invariance.md), where the keys' layout
   allows it (padding after the real keys, or none);
-- traced into a compiled decoding step (:func:`decoding_step`), attention of a few queries is written as
-  products and sums (:func:`attend_few_queries`) rather than the fused kernel's call, so that the
-  compiler fuses it with the reading of the keys and values: the step's self-attention gathers each
-  row's past keys through an index of slots (``attnkit.cpu.compiled.trace``) and reads them once, where
-  the fused kernel would take them copied into one tensor first. That copy of every row's keys at every
-  step, and the kernel's cost per row and head for one query, were half of a beam-5 step's time.
+- traced into a compiled decoding step (:func:`decoding_step`), attention is written as products and
+  sums (:func:`attend_as_sums`) rather than the fused kernel's call, so that the compiler fuses it
+  with the reading of the keys and values: the step's self-attention gathers each row's past keys
+  through an index of slots (``attnkit.cpu.compiled.trace``) and reads them once, where the fused
+  kernel would take them copied into one tensor first. That copy of every row's keys at every step,
+  and the kernel's cost per row and head for one query, were half of a beam-5 step's time. The
+  compiler's sums over keys also run in the same order at any wider padded width (the fused kernel's
+  blocks follow the width), so that the compiled encoder gives a source the same bits beside sources
+  of any width (docs/invariance.md).
 
 :func:`attnkit.cpu.speed_up` makes a model's ``MultiHeadAttention`` modules this class.
 """
@@ -94,7 +97,7 @@ class CPUMultiHeadAttention(MultiHeadAttention):
         settings = {"score": self.score, "normaliser": self.normaliser, "dropout_p": dropout}
         if _IN_DECODING_STEP.get() and not causal and fused(q, **settings, need_weights=need_weights):
             scale = 1.0 / math.sqrt(q.size(-1)) if self.score == "scaled_dot" else 1.0
-            return attend_few_queries(q, k, v, mask, scale), None
+            return attend_as_sums(q, k, v, mask, scale), None
         if causal and q.size(-2) == 1 and mask is None:  # the last position sees every key: no mask
             causal = False
         if _inferring(q) and not causal and fused(q, **settings, need_weights=need_weights):
@@ -137,8 +140,9 @@ def _inferring(q: Tensor) -> bool:
 
 @contextmanager
 def decoding_step() -> Iterator[None]:
-    """While a decoding step of one new token per row is traced for compiling, attention of softmaxed
-    (scaled) dot products takes :func:`attend_few_queries` (see the module docstring)."""
+    """While a decoding step is traced for compiling (the first, with the encoder, or one new token per
+    row), attention of softmaxed (scaled) dot products takes :func:`attend_as_sums` (see the module
+    docstring)."""
     token = _IN_DECODING_STEP.set(True)
     try:
         yield
@@ -146,11 +150,13 @@ def decoding_step() -> Iterator[None]:
         _IN_DECODING_STEP.reset(token)
 
 
-def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+def attend_as_sums(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``softmax(scale · q kᵀ, masked) v`` (eq. 1) as elementwise products and sums, which a compiler
     fuses with whatever produced ``k`` and ``v`` (a gather, a concatenation, a dtype's widening) instead
-    of materialising them; worth it for a few queries, whose products are too small for a matrix
-    kernel. ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``, ``mask`` boolean,
+    of materialising them, and sums over the keys in an order that padding past a multiple of 16 keys
+    does not change (decode/compiled.py). For a few queries, whose products are too small for a matrix
+    kernel, the faster too; for an encoder's queries of short sources (tens of tokens), a few percent
+    slower. ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``, ``mask`` boolean,
     broadcastable to ``(..., T_q, T_k)``, True = may attend; every query must see some key."""
     scores = (q.unsqueeze(-2) * k.unsqueeze(-3).to(q.dtype)).sum(-1) * scale  # (..., T_q, T_k)
     if mask is not None:

@@ -31,12 +31,10 @@ from attnkit.nn.transformer import DecoderCache
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
 
-# The compiled first step (the encoder) gives a source its own bits only at the width it has alone
-# (not at every wider one; the model's own steps do: attnkit.cpu.alone), so sources to be decoded by
-# compiled steps are padded to a multiple of this many tokens and take their first step in batches of
-# that width; the steps after it give a row its bits at any wider width (docs/invariance.md).
-# Coarser than the model's own KEY_BUCKET: fewer widths make fewer, fuller first steps, for a few more
-# masked keys.
+# Sources decoded by compiled steps are padded to a multiple of this many tokens. The compiled
+# attention sums a row's keys in vectors of 16 lanes (AVX-512's floats; two of AVX2's), and keys past
+# the last whole vector in a tail loop: a row whose real keys all fall in whole vectors gets the same
+# bits at any wider width, as its padded keys add exact zeros in their lanes (docs/invariance.md).
 WIDTH_BUCKET = 16
 
 

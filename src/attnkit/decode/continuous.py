@@ -19,10 +19,9 @@ second whether they have been built meanwhile (by the server, serve/building.py)
 join from then on take them, in running batches of their own, while those that joined before finish
 with the model's own steps. Sources with other settings (a beam of 1 and one of 5, or another
 ``n_best``) run in running batches of their own, stepped one after the other. With compiled steps,
-the newcomers' first step (which encodes them) runs on the sources of each padded width apart, at the
-width each has alone, as ``translate`` runs it (the compiled encoder is not the same bits at every
-width); the steps after it attend over the running batch's widest source, whose extra keys add exact
-zeros (docs/invariance.md), so sources of every width share one running batch.
+the first step (which encodes the newcomers) and the steps after it sum each source's keys in the same
+order at any wider padded width (docs/invariance.md), so newcomers of every width take their first
+step together and share one running batch.
 
 Prompts go the same way through ``search.Extension`` (``generate``'s steps): left-padded as
 ``generate`` pads them, each sampled from its own generator seeded with its seed, its text streamed
@@ -107,16 +106,14 @@ class RunningTranslations:
         done: list[tuple[Key, list[Hypothesis]]] = []
         texts = [text for _, text, _ in joining if text.strip()]
         encoded = iter(encode_sources(self.tokenizer, texts, self.model.config.max_len))
-        # newcomers by their settings, their steps and the width of their first step (SourceDecoding)
-        by_first_step: dict[tuple[BeamSettings, SourceDecoding, int], list[tuple[Key, list[int]]]] = {}
+        by_first_step: dict[tuple[BeamSettings, SourceDecoding], list[tuple[Key, list[int]]]] = {}
         for key, text, settings in joining:
             if text.strip():
-                ids, how = next(encoded), self._decoding(settings.beam)
-                width = how.width(ids, self.model.config.max_len)
-                by_first_step.setdefault((settings, how, width), []).append((key, ids))
+                how = self._decoding(settings.beam)
+                by_first_step.setdefault((settings, how), []).append((key, next(encoded)))
             else:
                 done.append((key, []))
-        for (settings, how, _), sources in by_first_step.items():
+        for (settings, how), sources in by_first_step.items():
             done += self._join(settings, how, sources)
         for batch in list(self.running):
             done += self.running[batch].step()
@@ -127,9 +124,9 @@ class RunningTranslations:
     def _join(
         self, settings: BeamSettings, how: SourceDecoding, sources: list[tuple[Key, list[int]]]
     ) -> list[tuple[Key, list[Hypothesis]]]:
-        """Take the first step of ``sources`` (their keys and ids; of one padded width with compiled
-        steps: see the module docstring) as a batch of their own, decoded ``how``, and merge those still
-        searched into the running batch of those settings and steps; returns those already done."""
+        """Take the first step of ``sources`` (their keys and ids) as a batch of their own, decoded
+        ``how``, and merge those still searched into the running batch of those settings and steps;
+        returns those already done."""
         model, specials = self.model, self.tokenizer.specials
         search = Search.of(
             self.decode, beam_size=settings.beam, n_best=settings.n_best, max_output_len=model.config.max_len

@@ -13,7 +13,7 @@ starts the same way whichever of them decodes it (docs/invariance.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +22,7 @@ from torch import Tensor
 from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
 from attnkit.cpu.compiled.build import missing_compiler
-from attnkit.data.batching import pad, padded_width
+from attnkit.data.batching import pad
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
 from attnkit.decode.sampling import Generators, sampler
@@ -94,9 +94,8 @@ def encode_sources(
 class SourceDecoding:
     """How an encoder-decoder's sources are decoded: ``decoding(src, use_cache)`` (``model.decoding``,
     or ``decode.steps``' compiled steps) and the multiple ``bucket`` their batches are padded to,
-    the one each source is padded to alone. Compiled steps: :data:`WIDTH_BUCKET`, and their first step
-    (the encoder) gives a source its own bits only at that width (decode/compiled.py), so batches of
-    sources of one ``width`` each; the model's own steps: ``KEY_BUCKET``, any widths together."""
+    the one each source is padded to alone (compiled steps: :data:`WIDTH_BUCKET`; the model's own:
+    ``KEY_BUCKET``); either way a source gets its own bits beside sources of any width."""
 
     decoding: Callable[[Tensor, bool], Decoding]
     compiled: bool
@@ -104,11 +103,6 @@ class SourceDecoding:
     @property
     def bucket(self) -> int:
         return WIDTH_BUCKET if self.compiled else KEY_BUCKET
-
-    def width(self, ids: Sequence[int], longest: int) -> int:
-        """The width a source of ``ids`` takes its first step at (compiled steps: see above), within
-        the model's ``longest`` positions; 0 for the model's own steps, which take any."""
-        return padded_width(len(ids), self.bucket, longest) if self.compiled else 0
 
 
 def source_decoding(

@@ -114,9 +114,7 @@ def _hypotheses(
     if not todo:
         return found
     how = source_decoding(model, decode, search.beam_size, device, specials, reporting.warn, len(todo))
-    # compiled steps: batches of sources of one width, the width each has alone (starts.SourceDecoding)
-    lengths = [len(ids) for ids in encoded]
-    batches = length_batches(todo, lengths, decode.batch_size, how.bucket if how.compiled else None)
+    batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
 
     @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
     def searched(chunk: list[int]) -> list[list[Hypothesis]]:

@@ -8,7 +8,7 @@ The self-attention's past keys and values come in as one tensor, ``history (T, 2
 and ``slots (R, T)``, which slot of ``[t]`` holds row r's position t (:class:`SlotHistory`). Beam
 search's reordering then moves slots (R·T small integers) instead of copying every row's keys at
 every step, and the step reads each row's keys once, gathered by the slots inside the attention
-(:func:`attnkit.cpu.attention.attend_few_queries`); it returns only the new position's keys and
+(:func:`attnkit.cpu.attention.attend_as_sums`); it returns only the new position's keys and
 values, ``(2·layers, R, h, d_k)`` in the history's dtype, which the caller writes into ``[T]``
 (decode/compiled.py): one copy a step.
 """
@@ -57,7 +57,9 @@ class FirstStep(nn.Module):
     """``model.encode`` of the sources and ``model.decode`` of the start token, as export traces them:
     ``(src (N, S), start (N, 1))`` -> ``(logits (N, V), memory (N, S, d_model), the layers'
     self-attention keys (N, h, 1, d_k)..., values..., cross-attention keys (N, h, S, d_k)...,
-    values...)``: everything the steps after it take (:class:`CachedStep`)."""
+    values...)``: everything the steps after it take (:class:`CachedStep`). The encoder's attention is
+    sums too (``attnkit.cpu.attention.decoding_step``): a source padded to a multiple of 16 tokens
+    then gets the same bits at any wider width, so sources of every width share a first step."""
 
     def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
@@ -65,9 +67,9 @@ class FirstStep(nn.Module):
 
     def forward(self, src: Tensor, start: Tensor) -> tuple[Tensor, ...]:
         src_mask = padding_mask(src, self.model.config.pad_id)  # (N, 1, S)
-        memory = self.model.encode(src, src_mask)  # (N, S, d_model)
         cache = self.model.new_cache()
         with decoding_step():
+            memory = self.model.encode(src, src_mask)  # (N, S, d_model)
             hidden = self.model.decode(memory, src_mask, start, cache=cache)[:, -1]  # (N, d_model)
         layers = cache.layers
         kept = [layer.self_attn.key for layer in layers] + [layer.self_attn.value for layer in layers]
