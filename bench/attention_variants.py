@@ -112,7 +112,7 @@ def run_variant(
         plot = plots / f"{task}-{variant}.png"
         plot_translation_attention(model, tokenizer, test.src[0], hypotheses[0], plot, f"{variant} ({task})")
     return {"task": task, "variant": variant, "parameters": sum(p.numel() for p in model.parameters()),
-            "steps": trainer.step, "minutes": round(trained / 60, 1), "score": round(score, 2),
+            "steps": trainer.state.step, "minutes": round(trained / 60, 1), "score": round(score, 2),
             "learning": learning_speed(run_dir, task),
             "metric": "exact match %" if task == "dates" else "sacreBLEU"}  # fmt: skip
 

@@ -149,7 +149,7 @@ def speed(corpus: Path, stores: Path, steps: int, rounds: int) -> list[float]:
             for name, factory in (("store", make_task), ("lists", as_lists)):
                 trainer = Trainer(config, Path(runs) / f"{name}{k}", echo=lambda m: None, task=factory)
                 trainer.fit()
-                tokens[name] = trainer.history[-1]["tokens_per_s"]
+                tokens[name] = trainer.state.history[-1]["tokens_per_s"]
             ratios.append(tokens["store"] / tokens["lists"])
     return ratios
 

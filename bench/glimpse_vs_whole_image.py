@@ -58,8 +58,8 @@ def main() -> None:
         best, _, config = load_for_inference(run)
         test = split_canvases(config, "test")
         parameters = sum(p.numel() for p in best.parameters())
-        valid = max(row["valid_accuracy"] for row in trainer.history)
-        print(f"| {name} | {parameters:,} | {trainer.step:,} | {minutes:.1f} | {valid:.3f} | "
+        valid = max(row["valid_accuracy"] for row in trainer.state.history)
+        print(f"| {name} | {parameters:,} | {trainer.state.step:,} | {minutes:.1f} | {valid:.3f} | "
               f"{accuracy(best, test, 256, 'cpu'):.3f} |", flush=True)  # fmt: skip
         if name == "glimpse":
             batch = image_batch(test, list(range(8)))

@@ -56,7 +56,8 @@ def main() -> None:
     trainer = Trainer(config, Path(args.run_dir), overwrite=True)
     trainer.fit()
     minutes = (time.perf_counter() - began) / 60
-    print(f"trained {trainer.step} steps ({trainer.epoch} full epochs) in {minutes:.1f} min; development "
+    state = trainer.state
+    print(f"trained {state.step} steps ({state.epoch} full epochs) in {minutes:.1f} min; development "
           "set, best checkpoint:", flush=True)  # fmt: skip
     result = CliRunner().invoke(
         app, ["evaluate", "--ckpt", args.run_dir, "--data", f"{args.data}/dev.jsonl.gz"]

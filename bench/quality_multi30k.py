@@ -65,7 +65,8 @@ def main() -> None:
     trainer.fit()
     trained = time.perf_counter() - began
     checkpoints = list_checkpoints(run_dir)[-args.average :]
-    print(f"trained {trainer.step} steps ({trainer.epoch} full epochs) in {trained / 60:.1f} min", flush=True)
+    state = trainer.state
+    print(f"trained {state.step} steps ({state.epoch} full epochs) in {trained / 60:.1f} min", flush=True)
     candidates = {"last checkpoint": checkpoints[-1]}
     if len(checkpoints) > 1:  # averaging helps late in long runs; early weights can hurt a short one
         candidates[f"average of last {len(checkpoints)}"] = average_checkpoints(

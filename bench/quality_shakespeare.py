@@ -55,8 +55,8 @@ def main() -> None:
     began = time.perf_counter()
     trainer = Trainer(config, args.run_dir, overwrite=True)
     trainer.fit()
-    print(f"trained {trainer.step} steps in {(time.perf_counter() - began) / 60:.1f} min")
-    history = [(row["step"], row["elapsed_s"], row["valid_loss"]) for row in trainer.history]
+    print(f"trained {trainer.state.step} steps in {(time.perf_counter() - began) / 60:.1f} min")
+    history = [(row["step"], row["elapsed_s"], row["valid_loss"]) for row in trainer.state.history]
     for step, seconds, loss in history:
         print(f"  step {step:>5}  {seconds:7.1f} s  valid loss {loss:.4f}")
     print(f"best valid loss = {min(loss for _, _, loss in history):.4f}")

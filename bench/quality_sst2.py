@@ -39,7 +39,7 @@ def train(config_name: str, data: str, run_dir: Path, overrides: list[str]) -> f
     trainer = Trainer(config, run_dir, overwrite=True)
     trainer.fit()
     seconds = time.perf_counter() - began
-    print(f"{config_name}: {trainer.step} steps in {seconds / 60:.1f} min", flush=True)
+    print(f"{config_name}: {trainer.state.step} steps in {seconds / 60:.1f} min", flush=True)
     return seconds
 
 

@@ -25,7 +25,7 @@ def untrained_captioner(folder: Path) -> Path:
     most 8 tokens, saved as a run in ``folder``."""
     import torch
 
-    from attnkit.checkpoint.folder import save_checkpoint
+    from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
     from attnkit.config import RunConfig
     from attnkit.models import build_model, from_preset
     from attnkit.tasks.captioning import caption_tokenizer
@@ -34,6 +34,6 @@ def untrained_captioner(folder: Path) -> Path:
     torch.manual_seed(1)
     config = from_preset("caption-transformer-tiny", max_len=8)
     model = build_model(config, tokenizer.vocab_size)
-    save_checkpoint(folder, 1, model=model, config=RunConfig.for_model(config).to_dict(),
-                    tokenizer_json=tokenizer.to_str(), is_best=True)  # fmt: skip
+    contents = CheckpointContents(model, RunConfig.for_model(config).to_dict(), tokenizer.to_str())
+    save_checkpoint(folder, 1, contents, is_best=True)
     return folder

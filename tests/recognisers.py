@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnkit.checkpoint.folder import save_checkpoint
+from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
 from attnkit.config import RunConfig
 from attnkit.models import build_model, from_preset
 from attnkit.tasks.speech import character_tokenizer
@@ -24,8 +24,8 @@ def untrained_recogniser(folder: Path, attention: str = "location", seed: int = 
     torch.manual_seed(seed)
     config = from_preset("las-tiny", attention=attention, max_len=12)
     model = build_model(config, tokenizer.vocab_size).eval()
-    save_checkpoint(folder, 1, model=model, config=RunConfig.for_model(config).to_dict(),
-                    tokenizer_json=tokenizer.to_str(), is_best=True)  # fmt: skip
+    contents = CheckpointContents(model, RunConfig.for_model(config).to_dict(), tokenizer.to_str())
+    save_checkpoint(folder, 1, contents, is_best=True)
     return folder
 
 

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnkit import build_transformer
-from attnkit.checkpoint.folder import save_checkpoint
+from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
 from attnkit.cli import app
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
@@ -112,7 +112,7 @@ def two_runs(tmp_path_factory):
         for step in (1, 2):
             with torch.no_grad():  # each checkpoint its own weights
                 next(model.parameters()).add_(step)
-            save_checkpoint(root / name, step, model=model, config=config, tokenizer_json=tokenizer.to_str())
+            save_checkpoint(root / name, step, CheckpointContents(model, config, tokenizer.to_str()))
     return root
 
 

@@ -8,11 +8,11 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.checkpoint.average import average_checkpoints
-from attnkit.checkpoint.folder import load_model_weights, save_checkpoint
+from attnkit.checkpoint.folder import CheckpointContents, load_model_weights, save_checkpoint
 
 
 def _save(run, step, model):
-    return save_checkpoint(run, step, model=model, config={"note": "test"}, tokenizer_json="{}", keep_last=5)
+    return save_checkpoint(run, step, CheckpointContents(model, {"note": "test"}, "{}"), keep_last=5)
 
 
 def test_averaging_gives_the_element_wise_mean(tmp_path):

@@ -14,19 +14,20 @@ from attnkit import build_transformer
 from attnkit.checkpoint import folder
 from attnkit.checkpoint.average import average_checkpoints
 from attnkit.checkpoint.folder import (
+    CheckpointContents,
     list_checkpoints,
     load_model_weights,
     resolve_checkpoint,
     save_checkpoint,
 )
-from attnkit.checkpoint.trainer_state import load_trainer_state
+from attnkit.checkpoint.trainer_state import TrainerState, load_trainer_state
 from attnkit.errors import AttnkitError
 
 
 def _save(run, step, model, optimizer=None, **kw):
-    state = {"step": step} if optimizer is not None else None
-    return save_checkpoint(run, step, model=model, config={"note": "test"}, tokenizer_json="{}",
-                                optimizer=optimizer, trainer_state=state, **kw)  # fmt: skip
+    state = TrainerState(step=step) if optimizer is not None else None
+    contents = CheckpointContents(model, {"note": "test"}, "{}", optimizer=optimizer, trainer_state=state)
+    return save_checkpoint(run, step, contents, **kw)
 
 
 def test_weights_optimizer_and_rng_round_trip_and_tied_weights_stay_tied(tmp_path):
@@ -44,8 +45,8 @@ def test_weights_optimizer_and_rng_round_trip_and_tied_weights_stay_tied(tmp_pat
         assert torch.equal(a, b), name
     assert loaded.generator.proj.weight is loaded.src_embed.lut.weight
     new_optimizer = torch.optim.Adam(loaded.parameters(), lr=1e-3)
-    meta = load_trainer_state(path, new_optimizer)
-    assert meta["step"] == 7
+    state, saved_by = load_trainer_state(path, new_optimizer)
+    assert state.step == 7 and saved_by == 1
     assert torch.equal(torch.rand(3), expected_random)
     old_state, new_state = optimizer.state_dict()["state"], new_optimizer.state_dict()["state"]
     assert old_state.keys() == new_state.keys()
@@ -76,12 +77,12 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_intact(tmp
         from attnkit import build_transformer
         import shutil
         from attnkit.checkpoint.average import average_checkpoints
-        from attnkit.checkpoint.folder import save_checkpoint
+        from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
         def die_mid_save(src, dst):  # the files are written; the process dies before the rename
             os._exit(9)
         os.replace = die_mid_save
         run = __import__("pathlib").Path({str(tmp_path)!r})
-        save_checkpoint(run, 2, model=build_transformer("tiny", 20), config={{}}, tokenizer_json="{{}}")
+        save_checkpoint(run, 2, CheckpointContents(build_transformer("tiny", 20), {{}}, "{{}}"))
     """)
     result = subprocess.run([sys.executable, "-c", script], check=False)
     assert result.returncode == 9
@@ -126,7 +127,7 @@ def _replace_in_a_process_that_dies(tmp_path, kill_at: str, average: bool = Fals
         from attnkit import build_transformer
         import shutil
         from attnkit.checkpoint.average import average_checkpoints
-        from attnkit.checkpoint.folder import save_checkpoint
+        from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
         run = pathlib.Path({str(tmp_path)!r})
         renames = []
         real_replace = os.replace
@@ -144,12 +145,12 @@ def _replace_in_a_process_that_dies(tmp_path, kill_at: str, average: bool = Fals
         torch.manual_seed(1)
         model = build_transformer("tiny", 20)
         if {average!r}:
-            path = save_checkpoint(run, 2, model=model, config={{}}, tokenizer_json="{{}}", keep_last=9)
+            path = save_checkpoint(run, 2, CheckpointContents(model, {{}}, "{{}}"), keep_last=9)
             die_in_the_replacement()
             average_checkpoints([path], run / "avg")
         else:
             die_in_the_replacement()
-            save_checkpoint(run, 1, model=model, config={{}}, tokenizer_json="{{}}")
+            save_checkpoint(run, 1, CheckpointContents(model, {{}}, "{{}}"))
     """)
     return subprocess.run([sys.executable, "-c", script], check=False).returncode
 

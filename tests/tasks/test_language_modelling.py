@@ -96,6 +96,7 @@ def test_a_resumed_language_model_run_is_the_uninterrupted_one(text_dir, tmp_pat
     ).fit()
     resumed = Trainer(_config(text_dir, *settings), tmp_path / "split", resume=True, echo=lambda m: None)
     resumed.fit()
+    whole, resumed = whole.state, resumed.state  # where each run ended
     assert whole.epoch >= 1  # the runs cross an epoch boundary
     assert [r["valid_loss"] for r in resumed.history] == [r["valid_loss"] for r in whole.history]
     a = load_file(str(resolve_checkpoint(tmp_path / "whole", "last") / "model.safetensors"))

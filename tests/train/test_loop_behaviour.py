@@ -24,7 +24,7 @@ def test_patience_stops_training_when_validation_does_not_improve(tmp_path):
     trainer, messages = _trainer(tmp_path, "train.lr=0.0", "train.eval_every=2", "train.patience=2",
                                  "train.max_steps=50", "train.eval_metric=loss")  # fmt: skip
     trainer.fit()
-    assert trainer.step == 6  # best at step 2, no improvement at 4 and 6
+    assert trainer.state.step == 6  # best at step 2, no improvement at 4 and 6
     assert any("stopping early" in m for m in messages)
 
 
@@ -124,6 +124,6 @@ def test_the_trainer_trains_the_task_it_is_handed(tmp_path):
     trainer = Trainer(config, tmp_path / "run", echo=lambda m: None, task=DoubledLoss)
     assert type(trainer.task) is DoubledLoss
     trainer.fit()
-    assert len(calls) >= 2 and trainer.step == 2
+    assert len(calls) >= 2 and trainer.state.step == 2
     default, _ = _trainer(tmp_path / "default", "train.max_steps=1")
     assert type(default.task) is translation.TranslationTask

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnkit.config import TrainConfig
-from attnkit.train.loop import make_optimizer
+from attnkit.train.optimizer import make_optimizer
 
 
 def _model() -> torch.nn.Module:

@@ -38,9 +38,9 @@ GLIMPSE = ["model.arch=glimpse", "model.preset=ram-tiny", "model.glimpses=3", "d
     "model", [(), HARD_RNN, GLIMPSE], ids=["transformer", "rnn-hard-attention", "glimpse"]
 )
 def test_resumed_run_has_the_same_losses_and_weights_as_an_uninterrupted_one(tmp_path, model):
-    whole = _run(tmp_path / "whole", 9, model=model)
+    whole = _run(tmp_path / "whole", 9, model=model).state  # where each run ended
     _run(tmp_path / "split", 3, model=model)
-    resumed = _run(tmp_path / "split", 9, resume=True, model=model)
+    resumed = _run(tmp_path / "split", 9, resume=True, model=model).state
     assert whole.epoch >= 1  # the runs cross an epoch boundary (reshuffled batches)
     assert [row["train_loss"] for row in resumed.history] == [row["train_loss"] for row in whole.history]
     assert [row["valid_loss"] for row in resumed.history] == [row["valid_loss"] for row in whole.history]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnkit.checkpoint.folder import save_checkpoint
+from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
 from attnkit.cli import app
 from attnkit.config import RunConfig
 from attnkit.decode.captions import attention_while_writing, caption
@@ -44,9 +44,7 @@ def captioners(tmp_path_factory):
         model = build_model(config, tokenizer.vocab_size).eval()
         run = tmp_path_factory.mktemp(name) / "run"
         run_config = RunConfig.for_model(config).to_dict()
-        save_checkpoint(
-            run, 1, model=model, config=run_config, tokenizer_json=tokenizer.to_str(), is_best=True
-        )
+        save_checkpoint(run, 1, CheckpointContents(model, run_config, tokenizer.to_str()), is_best=True)
         runs[name] = (run, model)
     return tokenizer, runs
 

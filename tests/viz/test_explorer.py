@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from attnkit import build_transformer
 from attnkit.attention.masks import padding_mask
 from attnkit.attention.recording import recording
-from attnkit.checkpoint.folder import save_checkpoint
+from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
 from attnkit.cli import app
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.models import DecoderModelConfig, build_model
@@ -72,7 +72,7 @@ def test_the_pages_weights_are_the_models_own(translator, tokenizer):
 
 def _run(tmp_path, model, tokenizer, arch_config) -> Path:
     run = tmp_path / "run"
-    save_checkpoint(run, 1, model=model, config=arch_config, tokenizer_json=tokenizer.to_str(), is_best=True)
+    save_checkpoint(run, 1, CheckpointContents(model, arch_config, tokenizer.to_str()), is_best=True)
     return run
 
 

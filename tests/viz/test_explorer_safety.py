@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from attnkit import build_transformer
 from attnkit.attention.recording import recording
-from attnkit.checkpoint.folder import save_checkpoint
+from attnkit.checkpoint.folder import CheckpointContents, save_checkpoint
 from attnkit.cli import app
 from attnkit.config import RunConfig
 from attnkit.data.tokenizer import Tokenizer
@@ -193,7 +193,7 @@ def test_a_hostile_link_to_the_server_gets_an_inert_page(translator, tokenizer):
 def test_a_port_in_use_is_one_line(translator, tokenizer, tmp_path):
     run = tmp_path / "run"
     config = RunConfig.for_model(translator.config).to_dict()
-    save_checkpoint(run, 1, model=translator, config=config, tokenizer_json=tokenizer.to_str(), is_best=True)
+    save_checkpoint(run, 1, CheckpointContents(translator, config, tokenizer.to_str()), is_best=True)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

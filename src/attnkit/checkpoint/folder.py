@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from attnkit.atomic import write_text_atomic
 from attnkit.checkpoint.ctranslate2_folder import ctranslate2_command, exported_model
 from attnkit.checkpoint.files import read_json, read_safetensors
 from attnkit.checkpoint.sharded import SHARDED, holds_shards, read_whole, write_sharded
-from attnkit.checkpoint.trainer_state import rng_state, write_trainer_state
+from attnkit.checkpoint.trainer_state import TrainerState, rng_state, write_trainer_state
 from attnkit.config import RunConfig
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.folders import MadeBy, recover, write_folder
@@ -37,34 +38,44 @@ def checkpoint_folder(run_dir: Path, step: int) -> Path:
     return run_dir / f"{CHECKPOINT_PREFIX}{step:07d}"
 
 
+@dataclass(frozen=True)
+class CheckpointContents:
+    """What a checkpoint folder holds: the weights, the run's config (as ``config.json`` has it) and its
+    tokenizer (None: an image model's pixels need none); to resume, the ``optimizer``, the
+    ``trainer_state`` and every process's :func:`rng_state` in rank order (``rng``, default this
+    process's only); and what made it: ``command``, from ``source`` (default: the run directory)."""
+
+    model: torch.nn.Module
+    config: dict[str, Any]
+    tokenizer_json: str | None
+    optimizer: torch.optim.Optimizer | None = None
+    trainer_state: TrainerState | None = None
+    rng: list[dict[str, Any]] | None = None
+    command: str = "attnkit train"
+    source: str | Path | None = None
+
+
 def save_checkpoint(
     run_dir: Path,
     step: int,
+    contents: CheckpointContents,
     *,
-    model: torch.nn.Module,
-    config: dict[str, Any],
-    tokenizer_json: str | None,
-    optimizer: torch.optim.Optimizer | None = None,
-    trainer_state: dict[str, Any] | None = None,
-    rng: list[dict[str, Any]] | None = None,
     is_best: bool = False,
     keep_last: int = 5,
-    command: str = "attnkit train",
-    source: str | Path | None = None,
     shard_over: World | None = None,
 ) -> Path | None:
-    """Write ``run_dir/step-{step}`` atomically, move the pointers, and prune old checkpoints.
-
-    With ``optimizer`` and ``trainer_state`` the checkpoint can be resumed; ``rng`` holds every
-    process's :func:`rng_state` (rank order), default this process's only. ``command`` and ``source``
-    (default: the run directory) are recorded as what made the folder. A step folder already there is
-    replaced: whoever saves into ``run_dir`` holds it (the trainer: :func:`lock_run`, and it refuses a
-    directory holding another run), so a step folder there is this run's own.
+    """Write ``contents`` to ``run_dir/step-{step}`` atomically, move the pointers (``best`` too, where
+    ``is_best``), and delete the checkpoints older than the ``keep_last`` newest (but those ``last`` and
+    ``best`` name). A
+    step folder already there is replaced: whoever saves into ``run_dir`` holds it (the trainer:
+    :func:`lock_run`, and it refuses a directory holding another run), so a step folder there is this
+    run's own. With the optimizer and the trainer's state, the checkpoint can be resumed.
 
     ``shard_over``: the processes of an FSDP run (``train.parallel=fsdp``), which all call this: each
     writes its shards of the model and the optimizer (sharded.py), then the first process writes the
     rest and returns the folder; the others return None.
     """
+    model, optimizer = contents.model, contents.optimizer
     temporary = None
     if shard_over is not None:
         temporary = write_sharded(checkpoint_folder(run_dir, step), model, optimizer, shard_over)
@@ -74,13 +85,13 @@ def save_checkpoint(
     def write(folder: Path) -> None:
         if not holds_shards(folder):
             save_model(model, str(folder / "model.safetensors"))  # handles the tied embeddings
-        (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        if tokenizer_json is not None:  # image models have no tokenizer
-            (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        if optimizer is not None and trainer_state is not None:
-            write_trainer_state(folder, optimizer, trainer_state, rng or [rng_state()])
+        (folder / "config.json").write_text(json.dumps(contents.config, indent=2), encoding="utf-8")
+        if contents.tokenizer_json is not None:  # image models have no tokenizer
+            (folder / "tokenizer.json").write_text(contents.tokenizer_json, encoding="utf-8")
+        if optimizer is not None and contents.trainer_state is not None:
+            write_trainer_state(folder, optimizer, contents.trainer_state, contents.rng or [rng_state()])
 
-    maker = MadeBy.of(command, run_dir if source is None else source)
+    maker = MadeBy.of(contents.command, run_dir if contents.source is None else contents.source)
     final = write_folder(checkpoint_folder(run_dir, step), write, maker, overwrite=True, temporary=temporary)
     write_text_atomic(run_dir / "last", final.name)
     if is_best:

@@ -1,10 +1,13 @@
 """A run directory holds one run: the training process holds it while it runs (:func:`lock_run`), and
-a new run finds what an earlier one left there (:func:`earlier_run`) to refuse or clear it."""
+a new run finds what an earlier one left there (:func:`earlier_run`) to refuse or clear it
+(:func:`prepare_run_dir`)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -70,3 +73,29 @@ def clear_run(run_dir: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def prepare_run_dir(
+    run_dir: Path, replace: bool, overwrite: bool, main: bool, say: Callable[[str], None]
+) -> None:
+    """Make ``run_dir`` ready for a run: a new run (``replace``) needs one without an earlier run, or
+    deletes it (``overwrite``, saying so); any run needs one it can write to, which is checked now
+    rather than at the first checkpoint. Only the ``main`` process of a run writes there."""
+    earlier = earlier_run(run_dir) if replace else []
+    if earlier and not overwrite:
+        names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")
+        raise AttnkitError(
+            f"{run_dir} already holds a run ({names}): continue it with --resume, choose another "
+            "run directory, or pass --overwrite to delete its checkpoints first"
+        )
+    if not main:
+        return
+    if earlier:
+        clear_run(run_dir)
+        say(f"overwrite: deleted the earlier run in {run_dir} ({len(earlier)} entries)")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as error:
+        raise AttnkitError(f"{run_dir}: cannot write checkpoints there ({error.strerror or error})") from None

@@ -1,6 +1,7 @@
 """What resuming needs besides the weights: ``trainer_state.safetensors`` (the optimizer's tensors,
-every process's RNG tensors) and ``trainer_state.json`` (step, epoch, position in the epoch, best score,
-the schedule, the optimizer's plain settings, every process's Python RNG state).
+every process's RNG tensors) and ``trainer_state.json`` (the :class:`TrainerState`: step, epoch,
+position in the epoch, best score, the schedule; the optimizer's plain settings, every process's
+Python RNG state).
 
 Every process's RNG states are saved, in rank order, so that each process of a resumed multi-process run
 draws what it would have drawn had the run not stopped (dropout, data order).
@@ -8,8 +9,10 @@ draws what it would have drawn had the run not stopped (dropout, data order).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,24 @@ from attnkit.checkpoint.files import read_json, read_safetensors
 from attnkit.checkpoint.optimizer import load_state, parameter_of, split_state
 from attnkit.checkpoint.sharded import holds_shards, read_whole
 from attnkit.errors import AttnkitError
+
+
+@dataclass
+class TrainerState:
+    """Where a run is: moved by the training loop, saved whole in every checkpoint, restored whole by a
+    resumed run. ``position``: the batches of the epoch taken so far; ``elapsed``: seconds of training
+    (validation and saving included); ``best``: the best validation score so far, higher is better (a
+    loss negated), and ``bad_evals`` the validations since it; ``history``: every validation's row of
+    metrics.csv; ``scheduler``: the learning-rate schedule's ``state_dict``."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    elapsed: float = 0.0
+    best: float | None = None
+    bad_evals: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
 
 def rng_state() -> dict[str, Any]:
@@ -39,7 +60,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def write_trainer_state(
-    folder: Path, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], rng: list[dict[str, Any]]
+    folder: Path, optimizer: torch.optim.Optimizer, trainer_state: TrainerState, rng: list[dict[str, Any]]
 ) -> None:
     """``trainer_state.safetensors`` and ``.json`` in ``folder``; in a sharded checkpoint the optimizer's
     tensors are in its shards already."""
@@ -52,13 +73,16 @@ def write_trainer_state(
             tensors[f"rng.{rank}.cuda"] = state["cuda"]
     save_file(tensors, str(folder / "trainer_state.safetensors"))
     python_rng = [[s["python"][0], list(s["python"][1]), s["python"][2]] for s in rng]
-    meta = {**trainer_state, "optimizer": optimizer_meta, "world_size": len(rng), "python_rng": python_rng}
+    meta = {**dataclasses.asdict(trainer_state), "optimizer": optimizer_meta, "world_size": len(rng),
+            "python_rng": python_rng}  # fmt: skip
     (folder / "trainer_state.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
-def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer, rank: int = 0) -> dict[str, Any]:
-    """Restore the optimizer and this rank's RNG states; return the trainer's JSON state (step, epoch,
-    position, ..., and ``world_size``, the number of processes that saved it)."""
+def load_trainer_state(
+    checkpoint: Path, optimizer: torch.optim.Optimizer, rank: int = 0
+) -> tuple[TrainerState, int]:
+    """Restore the optimizer and this rank's RNG states; return the trainer's state and the number of
+    processes that saved it."""
     tensors = read_safetensors(checkpoint / "trainer_state.safetensors")
     if holds_shards(checkpoint):  # a sharded optimizer reads only its own slices
         tensors.update(read_whole(checkpoint, "optimizer", parameter_of(optimizer)))
@@ -71,8 +95,9 @@ def load_trainer_state(checkpoint: Path, optimizer: torch.optim.Optimizer, rank:
             if f"rng.{rank}.cuda" in tensors:
                 state["cuda"] = tensors[f"rng.{rank}.cuda"]
             _set_rng_state(state)
+        saved = TrainerState(**{name.name: meta[name.name] for name in dataclasses.fields(TrainerState)})
     except (KeyError, ValueError, TypeError, IndexError) as error:
         raise AttnkitError(
             f"{checkpoint}: trainer state does not fit this model and optimizer ({error})"
         ) from None
-    return meta
+    return saved, meta["world_size"]

@@ -26,7 +26,7 @@ def import_hf(
 
     Importing the same folder again replaces the earlier import; a run directory holding anything else
     (a trained run, another import) is refused unless --overwrite, which deletes its checkpoints first."""
-    from attnkit.checkpoint.folder import list_checkpoints, save_checkpoint
+    from attnkit.checkpoint.folder import CheckpointContents, list_checkpoints, save_checkpoint
     from attnkit.checkpoint.run_dir import clear_run, earlier_run
     from attnkit.config import RunConfig
     from attnkit.convert import from_hf
@@ -51,8 +51,10 @@ def import_hf(
     config = run_config.to_dict()
     if earlier and not again:  # --overwrite: the earlier run goes, as attnkit train --overwrite does
         clear_run(out)
-    written = save_checkpoint(out, 0, model=model, config=config, tokenizer_json=tokenizer.to_str(),
-                              is_best=True, command=maker.command, source=maker.source)  # fmt: skip
+    contents = CheckpointContents(
+        model, config, tokenizer.to_str(), command=maker.command, source=maker.source
+    )
+    written = save_checkpoint(out, 0, contents, is_best=True)
     typer.echo(
         f"{written}: {a_model(model.config.arch)}; use it with {commands_for(model.config.arch)} --ckpt {out}"
     )

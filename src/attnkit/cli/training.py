@@ -162,7 +162,7 @@ def train(
         saved = (run / "last").read_text(encoding="utf-8").strip() if (run / "last").is_file() else None
         where = f"the last checkpoint is {run / saved}; continue with: attnkit train --resume {run}"
         message = where if saved else "no checkpoint was written yet"
-        typer.echo(f"attnkit: interrupted at step {trainer.step}; {message}", err=True)
+        typer.echo(f"attnkit: interrupted at step {trainer.state.step}; {message}", err=True)
         raise typer.Exit(code=130) from None
     if trainer.world.is_main and scores:  # one line, not one per process
         typer.echo("final validation: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))

@@ -5,7 +5,9 @@
 accumulate the label-smoothed loss, clip, step; every ``eval_every`` steps validate (loss, perplexity,
 greedy BLEU and exact match), save a checkpoint (atomically; ``best`` by ``eval_metric``) and maybe stop
 early. ``resume=True`` restores weights, optimizer, schedule, RNG states and the position in the epoch
-from the run's ``last`` checkpoint, so the continued run is the run that was interrupted.
+(the :class:`TrainerState`) from the run's ``last`` checkpoint, so the continued run is the run that
+was interrupted. The config's checks (checks.py), the optimizer (optimizer.py) and what the run tells
+as it goes (reporting.py) live beside it.
 
 A new run refuses a run directory that already holds a run, so that two runs' checkpoints never mix
 (``overwrite=True`` deletes the earlier one's first). With several processes (torchrun) every process
@@ -15,12 +17,7 @@ saved and restored: a resumed multi-process run is the uninterrupted one too.
 
 from __future__ import annotations
 
-import copy
-import csv
 import math
-import re
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -29,136 +26,30 @@ from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
-from attnkit.atomic import atomic_writer
-from attnkit.checkpoint.folder import load_model_weights, read_run_config, resolve_checkpoint, save_checkpoint
-from attnkit.checkpoint.run_dir import clear_run, earlier_run, lock_run
-from attnkit.checkpoint.trainer_state import load_trainer_state, rng_state
-from attnkit.config import LOWER_IS_BETTER, RunConfig, TrainConfig
+from attnkit.checkpoint.folder import (
+    CheckpointContents,
+    load_model_weights,
+    read_run_config,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from attnkit.checkpoint.run_dir import lock_run, prepare_run_dir
+from attnkit.checkpoint.trainer_state import TrainerState, load_trainer_state, rng_state
+from attnkit.config import LOWER_IS_BETTER, RunConfig
 from attnkit.cpu import speed_up
-from attnkit.errors import AttnkitError, ConfigError
+from attnkit.errors import AttnkitError
 from attnkit.loading import build_for_tokenizer, read_tokenizer
-from attnkit.metrics import perplexity
-from attnkit.models import unwrap
 from attnkit.processes import close_world, init_world, resolve_device
 from attnkit.tasks import make_task
 from attnkit.tasks.protocol import Task, TaskFactory
+from attnkit.train.checks import check_resumable, ready_to_train
 from attnkit.train.distributed import fully_shard_model, shard, whole_root
+from attnkit.train.optimizer import freeze, make_optimizer
 from attnkit.train.precision import training_precision
 from attnkit.train.pretrained import Pretrained, read_pretrained
+from attnkit.train.reporting import Reporter
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
-from attnkit.train.tensorboard import TensorBoardLog, memory_used, require_tensorboard
-
-LOG_FIELDS = ["step", "epoch", "lr", "train_loss", "train_ppl", "tokens_per_s"]  # then the task's scores
-
-
-def _new_window() -> dict[str, float]:
-    """Running sums of training statistics between two validations."""
-    return {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "began": time.perf_counter()}
-
-
-def _ready_to_train(config: RunConfig) -> RunConfig:
-    """A copy of ``config`` (the caller's stays as it was) checked for what training needs before any
-    data is read, with ``data.dir`` resolved so that ``--resume`` works from any working directory."""
-    config = copy.deepcopy(config)
-    t = config.train
-    if not (t.max_steps or t.max_epochs or t.max_minutes):
-        raise ConfigError("set at least one of train.max_steps, train.max_epochs, train.max_minutes")
-    if t.schedule == "cosine" and not (t.decay_steps or t.max_steps):
-        raise ConfigError("train.schedule='cosine' decays over train.decay_steps or train.max_steps: set one")
-    config.data.check_files_given()
-    config.data.dir = str(Path(config.data.dir).resolve())
-    if "tensorboard" in t.log:
-        require_tensorboard()
-    return config
-
-
-# num_labels, image_size: a classifier's labels and an image model's size come from its data (data.labels,
-# data.canvas), which the run keeps
-RESUMABLE_MODEL_CHANGES = {"dropout", "attention_dropout", "activation_dropout", "num_labels", "image_size"}
-
-
-def _check_resumable(saved: RunConfig, config: RunConfig) -> None:
-    """A resumed run keeps its model and vocabulary: only dropout rates (and training and decoding
-    settings) may change, since other model fields (``activation``, ``norm_first``, the position layout)
-    would change the model silently, without any weight changing shape."""
-    changed = [
-        f"model.{name}={getattr(config.model, name)!r} (the run has {value!r})"
-        for name, value in vars(saved.model).items()
-        if name not in RESUMABLE_MODEL_CHANGES and getattr(config.model, name) != value
-    ]
-    changed += [
-        f"data.{name}={getattr(config.data, name)!r} (the run has {getattr(saved.data, name)!r})"
-        for name in ("tokenizer", "vocab_size", "canvas")
-        if getattr(config.data, name) != getattr(saved.data, name)
-    ]
-    if config.train.freeze != saved.train.freeze:  # the optimizer's state covers the trained ones only
-        changed.append(f"train.freeze={config.train.freeze!r} (the run has {saved.train.freeze!r})")
-    if changed:
-        raise ConfigError(
-            f"a resumed run keeps its model and vocabulary, but {', '.join(changed)}; start a new run instead"
-        )
-
-
-FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW kernel that attnkit tests
-
-
-def layer_lr_scale(name: str, model: torch.nn.Module, decay: float) -> float:
-    """The factor ``decay ** (L + 1 - depth)`` on parameter ``name``'s learning rate, ``depth`` being 0
-    for the embeddings and ``i + 1`` for encoder layer ``i`` of ``L``: heads (and a decoder) learn at
-    the full rate, each layer below more slowly (layer-wise decay, Clark et al., 2020, ELECTRA)."""
-    encoder = getattr(unwrap(model), "encoder", None)
-    if decay == 1.0 or not isinstance(getattr(encoder, "layers", None), torch.nn.ModuleList):
-        return 1.0
-    top = len(encoder.layers) + 1
-    if name.startswith(("embed.", "src_embed.", "src_pos.", "src_norm.")):
-        return decay**top
-    layer = re.match(r"encoder\.layers\.(\d+)\.", name)
-    return decay ** (top - int(layer[1]) - 1) if layer else 1.0
-
-
-def freeze(model: torch.nn.Module, prefixes: list[str]) -> int:
-    """Stop training the parameters whose names start with one of ``prefixes`` (``train.freeze``);
-    returns how many numbers that freezes. A prefix that names no parameter is an error that lists the
-    model's top-level names, so that a typo does not train what was meant to stay."""
-    frozen = 0
-    for prefix in prefixes:
-        chosen = [
-            p for name, p in model.named_parameters() if name == prefix or name.startswith(f"{prefix}.")
-        ]
-        if not chosen:
-            names = [name for name, _ in model.named_parameters()]
-            tops = sorted({name.split(".")[0] for name in names})
-            raise ConfigError(
-                f"train.freeze: no parameter is named {prefix!r} or starts with '{prefix}.'; the model's "
-                f"parameter names start with {', '.join(tops)} (the first is {names[0]!r})"
-            )
-        for p in chosen:
-            frozen += p.numel() if p.requires_grad else 0
-            p.requires_grad_(False)
-    return frozen
-
-
-def make_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """Adam(β1, β2, ε) with a learning rate of 1 (times ``train.layer_decay``'s factor, see
-    :func:`layer_lr_scale`) that the schedule scales (the paper's §5.3); with
-    ``train.weight_decay``, AdamW's decoupled decay of the weight matrices and embeddings only, not of
-    biases and LayerNorm gains (Loshchilov & Hutter, 2019; nanoGPT). One fused kernel per step on CPUs
-    and GPUs (HF's Trainer's default too): torch's per-tensor update allocates temporaries the size of
-    every parameter, which for GPT-2's 50,257 x 768 embedding costs ~0.2 s a step on a 2-core CPU;
-    the fused kernel updates all 124M parameters in 0.07 s instead of 0.54 s."""
-    kinds: dict[tuple[bool, float], list[torch.nn.Parameter]] = {}  # (decays?, lr scale) -> parameters
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            kinds.setdefault((p.dim() >= 2, layer_lr_scale(name, model, t.layer_decay)), []).append(p)
-    order = sorted(kinds, key=lambda kind: (not kind[0], kind[1]))  # decayed matrices first, slowest first
-    groups = [
-        {"params": kinds[kind], "weight_decay": t.weight_decay if kind[0] else 0.0, "lr": kind[1]}
-        for kind in order
-    ]
-    fused = device.type in FUSED_ADAMW_DEVICES
-    return torch.optim.AdamW(groups, lr=1.0, betas=tuple(t.betas), eps=t.eps, fused=fused)
 
 
 class Trainer:
@@ -182,7 +73,7 @@ class Trainer:
     ):
         if resume and overwrite:
             raise AttnkitError("resume and overwrite exclude each other: continue a run or replace it")
-        config = _ready_to_train(config)
+        config = ready_to_train(config)
         t = config.train
         self.config, self.run_dir, self.echo = config, Path(run_dir), echo
         self.command = command  # recorded in each checkpoint as what made it (folders.py)
@@ -199,7 +90,7 @@ class Trainer:
         try:
             self._say(f"precision: {precision}")
             resume_from, pretrained = self._starting_point(config, resume)
-            self._prepare_run_dir(replace=not resume, overwrite=overwrite)
+            prepare_run_dir(self.run_dir, not resume, overwrite, self.world.is_main, self._say)
             torch.manual_seed(t.seed)  # the same initial weights in every process
             self.task = self._prepared_task(config, resume_from, pretrained)
             self.tokenizer = self.task.tokenizer
@@ -210,9 +101,7 @@ class Trainer:
             decay_steps = t.decay_steps or t.max_steps
             rate = learning_rate_fn(t.schedule, t.lr, t.warmup, config.model.d_model, decay_steps, t.min_lr)
             self.scheduler = make_scheduler(self.optimizer, rate)
-            # Where the run is: moved by fit(), saved in every checkpoint, restored by a resumed run.
-            self.step, self.epoch, self.position, self.elapsed = 0, 0, 0, 0.0
-            self.best, self.bad_evals, self.history, self.scores = None, 0, [], {}
+            self.state, self.scores = TrainerState(), {}  # where the run is; its last validation's scores
             if resume_from:
                 self._restore(resume_from)
             self.ddp = self._data_parallel()  # the model as the training step runs it
@@ -220,17 +109,16 @@ class Trainer:
             self._let_go()
             raise
         # What fit() measures as it goes (set again when it starts).
-        self.started, self.pace, self.out_of_time = 0.0, (self.step, 0.0), False
-        self.window = _new_window()  # training statistics since the last validation
+        self.started, self.out_of_time = 0.0, False
         self.grad_norm: float | None = None  # the last step's, when it was measured (_train_step)
-        self.board: TensorBoardLog | None = None  # TensorBoard's events (train.log), in the saving process
+        self.report = Reporter(t, self.run_dir, self._say, self.task.unit, self.world.is_main)
 
     def _starting_point(self, config: RunConfig, resume: bool) -> tuple[Path | None, Pretrained | None]:
         """The checkpoint a resumed run continues from, or the pretrained model a new one starts from
         (``train.init_from``; its shape replaces ``config.model``'s), or neither."""
         resume_from = resolve_checkpoint(self.run_dir, prefer="last") if resume else None
         if resume_from:
-            _check_resumable(read_run_config(resume_from), config)
+            check_resumable(read_run_config(resume_from), config)
             return resume_from, None
         pretrained = read_pretrained(config.train.init_from) if config.train.init_from else None
         if pretrained:
@@ -286,70 +174,38 @@ class Trainer:
         if self.world.is_main:
             self.echo(message)
 
-    def _prepare_run_dir(self, replace: bool, overwrite: bool) -> None:
-        """A new run needs a directory without an earlier run (or deletes it, with ``overwrite``); any
-        run needs one it can write to, which is checked now rather than at the first checkpoint."""
-        earlier = earlier_run(self.run_dir) if replace else []
-        if earlier and not overwrite:
-            names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")
-            raise AttnkitError(
-                f"{self.run_dir} already holds a run ({names}): continue it with --resume, choose another "
-                "run directory, or pass --overwrite to delete its checkpoints first"
-            )
-        if not self.world.is_main:
-            return
-        if earlier:
-            clear_run(self.run_dir)
-            self._say(f"overwrite: deleted the earlier run in {self.run_dir} ({len(earlier)} entries)")
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.run_dir):
-                pass
-        except OSError as error:
-            raise AttnkitError(
-                f"{self.run_dir}: cannot write checkpoints there ({error.strerror or error})"
-            ) from None
-
     # --- the loop -------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
         """Train until a limit (steps, epochs, minutes) or early stopping; returns the last validation."""
-        t = self.config.train
-        self.started = time.perf_counter() - self.elapsed
+        t, state = self.config.train, self.state
+        self.started = time.perf_counter() - state.elapsed
         self.out_of_time = self._past_budget()  # from the restored elapsed time: the same in every process
-        self.pace = (self.step, time.perf_counter())  # where this process began: for the time left
-        show_bar = self.world.is_main and sys.stderr.isatty()  # no bar in log files; validations still print
-        bar = tqdm(total=t.max_steps or None, initial=self.step, disable=not show_bar, unit="step",
-                   dynamic_ncols=True, leave=False)  # fmt: skip
-        self.window = _new_window()
+        self.report.start(state.step)
         if self._finished():
             self._say(
-                f"nothing to train: the run is at step {self.step} (epoch {self.epoch}), where its "
+                f"nothing to train: the run is at step {state.step} (epoch {state.epoch}), where its "
                 "limits end it; raise train.max_steps, max_epochs or max_minutes to go on"
             )
-        if "tensorboard" in t.log and self.world.is_main:
-            self.board = TensorBoardLog(self.run_dir / "tensorboard", first_step=self.step + 1)
         try:
-            stopped_early, first_step = False, self.step
+            stopped_early, first_step = False, state.step
             while not stopped_early and not self._finished():
-                stopped_early = self._train_epoch(bar, show_bar)
-            unsaved = self.step != first_step and self.step % t.eval_every != 0  # steps since the last save
+                stopped_early = self._train_epoch()
+            unsaved = state.step != first_step and state.step % t.eval_every != 0  # since the last save
             if not stopped_early and unsaved:
                 self._evaluate_and_save()
             self.world.barrier()  # all processes end together: gloo aborts if one leaves while another works
             return self.scores
         finally:
-            bar.close()
-            if self.board is not None:
-                self.board.close()
+            self.report.close()
             self.ddp = self.model  # DDP's reducer holds the process group: let go, so close_world ends it
             close_world(self.world)
             self._let_go()
 
-    def _train_epoch(self, bar: tqdm, show_bar: bool) -> bool:
-        """Continue the current epoch from ``self.position``; True when early stopping ends training."""
-        t = self.config.train
-        batches = self.task.epoch_batches(self.epoch)
+    def _train_epoch(self) -> bool:
+        """Continue the current epoch from ``state.position``; True when early stopping ends training."""
+        t, state = self.config.train, self.state
+        batches = self.task.epoch_batches(state.epoch)
         if len(batches) < self.world.size:  # no step could ever be taken: say so instead of looping
             raise AttnkitError(
                 f"the training data makes {len(batches)} batch(es) of at most "
@@ -357,57 +213,23 @@ class Trainer:
                 "lower train.max_tokens or start fewer"
             )
         per_step = t.update_freq * self.world.size
-        while self.position < len(batches) and not self._finished():
-            group = batches[self.position : self.position + per_step]
+        while state.position < len(batches) and not self._finished():
+            group = batches[state.position : state.position + per_step]
             if len(group) < self.world.size:  # too few left for every rank: an idle rank would hang
                 break
-            loss, nll, tokens = self._train_step(shard(group, self.world))
-            self.step, self.position = self.step + 1, self.position + per_step
-            for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens)):
-                self.window[key] += value
-            self.elapsed = time.perf_counter() - self.started
-            self._report_progress(bar, show_bar, loss / tokens)
-            if self.step % t.eval_every == 0:
+            sums = self._train_step(shard(group, self.world))
+            state.step, state.position = state.step + 1, state.position + per_step
+            state.elapsed = time.perf_counter() - self.started
+            lr = max(self.scheduler.get_last_lr())  # the full rate (train.layer_decay slows lower layers)
+            self.report.trained(state.step, sums, lr, self.grad_norm)
+            if state.step % t.eval_every == 0:
                 self._evaluate_and_save()
-                if t.patience and self.bad_evals >= t.patience:
+                if t.patience and state.bad_evals >= t.patience:
                     self._say(f"stopping early: no improvement in {t.patience} validations")
                     return True
-        if self.position >= len(batches) or len(batches[self.position :]) < self.world.size:
-            self.epoch, self.position = self.epoch + 1, 0
+        if state.position >= len(batches) or len(batches[state.position :]) < self.world.size:
+            state.epoch, state.position = state.epoch + 1, 0
         return False
-
-    def _report_progress(self, bar: tqdm, show_bar: bool, loss: float) -> None:
-        """The bar's loss, lr and tokens/s; without a terminal, a line every ``log_every`` steps instead
-        (with the gradient norm and the time left); and TensorBoard's training points every ``log_every``."""
-        lr = max(self.scheduler.get_last_lr())  # the full rate (train.layer_decay slows lower layers)
-        speed = self.window["tokens"] / max(time.perf_counter() - self.window["began"], 1e-9)
-        due = self._logs(self.step)
-        if due and self.board is not None:
-            self.board.add(self.step, {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": speed,
-                                       "train/grad_norm": self.grad_norm})  # fmt: skip
-        if show_bar:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", per_s=f"{speed:,.0f}")
-        elif due:
-            norm = f", gradient norm {self.grad_norm:.3g}" if self.grad_norm is not None else ""
-            self._say(
-                f"step {self.step}: loss {loss:.3f}, lr {lr:.2e}{norm}, {speed:,.0f} {self.task.unit}/s"
-                + self._time_left()
-            )
-
-    def _logs(self, step: int) -> bool:
-        """Whether step ``step`` is one that ``train.log_every`` reports."""
-        every = self.config.train.log_every
-        return bool(every and step % every == 0)
-
-    def _time_left(self) -> str:
-        """``", about 1:05 left"`` with ``train.max_steps``, at this process's pace so far (else "")."""
-        first_step, began = self.pace
-        done, limit = self.step - first_step, self.config.train.max_steps
-        if not limit or done <= 0:
-            return ""
-        seconds = round((limit - self.step) * (time.perf_counter() - began) / done)
-        return f", about {seconds // 60}:{seconds % 60:02d} left"
 
     def _past_budget(self) -> bool:
         """Whether this process's clock has passed ``train.max_minutes``."""
@@ -417,8 +239,8 @@ class Trainer:
     def _finished(self) -> bool:
         """A limit is reached; ``out_of_time`` is agreed by all processes once per step (``_train_step``)."""
         t = self.config.train
-        enough_steps = bool(t.max_steps and self.step >= t.max_steps)
-        return enough_steps or bool(t.max_epochs and self.epoch >= t.max_epochs) or self.out_of_time
+        enough_steps = bool(t.max_steps and self.state.step >= t.max_steps)
+        return enough_steps or bool(t.max_epochs and self.state.epoch >= t.max_epochs) or self.out_of_time
 
     def _train_step(self, batches: list[Any]) -> tuple[float, float, float]:
         """One optimizer update over this rank's batches; returns global (loss, nll, tokens) sums."""
@@ -444,10 +266,12 @@ class Trainer:
         self.out_of_time = late > 0
         if not math.isfinite(loss_sum):
             raise AttnkitError(
-                f"loss became {loss_sum} at step {self.step + 1}; lower train.lr or add train.clip_norm"
+                f"loss became {loss_sum} at step {self.state.step + 1}; lower train.lr or add train.clip_norm"
             )
         clip = self.config.train.clip_norm
-        if clip > 0 or self._logs(self.step + 1):  # the norm is measured when clipping or reporting it
+        if clip > 0 or self.report.due(
+            self.state.step + 1
+        ):  # the norm is measured when clipping or reporting it
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)
             self.grad_norm = float(norm)
         self.optimizer.step()
@@ -478,71 +302,44 @@ class Trainer:
 
     def _evaluate_and_save(self) -> None:
         """Validate, log, save a checkpoint (best or not), and start a new window of training statistics."""
-        window = self.window
-        train_seconds = max(time.perf_counter() - window["began"], 1e-9)  # before validation's time
+        state, metric = self.state, self.config.train.eval_metric
+        seconds = self.report.training_seconds()  # before validation's time
         scores = self.scores = self.validate()
-        metric = self.config.train.eval_metric
         value = scores[self.task.metrics[metric]] * (-1 if metric in LOWER_IS_BETTER else 1)  # higher: better
-        is_best = self.best is None or value > self.best
-        self.best, self.bad_evals = (value, 0) if is_best else (self.best, self.bad_evals + 1)
-        tokens = max(window["tokens"], 1.0)
-        row = {"step": self.step, "epoch": self.epoch, "lr": max(self.scheduler.get_last_lr()),
-               "train_loss": window["loss"] / tokens, "train_ppl": perplexity(window["nll"] / tokens),
-               "tokens_per_s": window["tokens"] / train_seconds,
-               **scores, "elapsed_s": self.elapsed}  # fmt: skip
-        self.history.append(row)
-        if self.board is not None:
-            self.board.add(self.step, {**{f"valid/{k.removeprefix('valid_')}": v for k, v in scores.items()},
-                                       **memory_used(self.device)})  # fmt: skip
-        shown = ", ".join(f"{name.removeprefix('valid_')} {value:.4g}" for name, value in scores.items())
-        self._say(
-            f"step {self.step} epoch {self.epoch}: train loss {row['train_loss']:.3f}, valid {shown}"
-            + ("  (best)" if is_best else "")
-        )
+        is_best = state.best is None or value > state.best
+        state.best, state.bad_evals = (value, 0) if is_best else (state.best, state.bad_evals + 1)
+        where = {"step": state.step, "epoch": state.epoch, "lr": max(self.scheduler.get_last_lr()),
+                 "elapsed": state.elapsed}  # fmt: skip
+        state.history.append(self.report.validated(where, scores, seconds, is_best, self.device))
         rng = self.world.all_gather(rng_state())  # every process's, so each resumes its own stream
         self._save(is_best, rng)
         if self.world.is_main:
-            self._write_log()
-        self.window = _new_window()  # started after validation and saving: they are not training time
+            self.report.write_log(state.history)
+        self.report.begin_window()  # after validation and saving: they are not training time
 
     def _save(self, is_best: bool, rng: list) -> None:
         """Write a checkpoint: the first process writes it (in a sharded run, after every process has
         written its shards of the model and the optimizer there)."""
         if not (self.world.is_main or self.sharded):
             return
-        state = {"step": self.step, "epoch": self.epoch, "position": self.position, "elapsed": self.elapsed,
-                 "best": self.best, "bad_evals": self.bad_evals, "history": self.history,
-                 "scheduler": self.scheduler.state_dict()}  # fmt: skip
-        save_checkpoint(
-            self.run_dir, self.step, model=self.model, config=self.config.to_dict(),
-            tokenizer_json=self.tokenizer and self.tokenizer.to_str(), optimizer=self.optimizer,
-            trainer_state=state, rng=rng, is_best=is_best, keep_last=self.config.train.keep_last,
-            command=self.command, shard_over=self.world if self.sharded else None,
-        )  # fmt: skip
+        self.state.scheduler = self.scheduler.state_dict()
+        tokenizer = self.tokenizer and self.tokenizer.to_str()
+        contents = CheckpointContents(self.model, self.config.to_dict(), tokenizer, self.optimizer,
+                                      self.state, rng, self.command)  # fmt: skip
+        shard_over = self.world if self.sharded else None
+        save_checkpoint(self.run_dir, self.state.step, contents, is_best=is_best,
+                        keep_last=self.config.train.keep_last, shard_over=shard_over)  # fmt: skip
 
     def _restore(self, checkpoint: Path) -> None:
         """The training state of ``checkpoint`` (its weights are loaded before the model is sharded)."""
-        state = load_trainer_state(checkpoint, self.optimizer, self.world.rank)
-        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
-        self.elapsed, self.best, self.bad_evals = state["elapsed"], state["best"], state["bad_evals"]
-        self.history = state["history"]
-        self.scheduler.load_state_dict(state["scheduler"])
+        state, saved_by = load_trainer_state(checkpoint, self.optimizer, self.world.rank)
+        self.state = state
+        self.scheduler.load_state_dict(state.scheduler)
         self._say(
-            f"resumed from {checkpoint} at step {self.step} (epoch {self.epoch}, batch {self.position})"
+            f"resumed from {checkpoint} at step {state.step} (epoch {state.epoch}, batch {state.position})"
         )
-        if state["world_size"] != self.world.size:
+        if saved_by != self.world.size:
             self._say(
-                f"note: saved by {state['world_size']} process(es) and resumed with {self.world.size}: "
+                f"note: saved by {saved_by} process(es) and resumed with {self.world.size}: "
                 "training continues, but not bit for bit as the uninterrupted run would"
             )
-
-    def _write_log(self) -> None:
-        """metrics.csv, rewritten whole from the history (so a resumed run has no stale rows): the
-        training statistics, then the task's validation scores, then the elapsed time."""
-        scores = [k for k in self.history[0] if k not in LOG_FIELDS and k != "elapsed_s"]
-        fields = [*LOG_FIELDS, *scores, "elapsed_s"]
-        text_rows = [{k: row.get(k, "") for k in fields} for row in self.history]
-        with atomic_writer(self.run_dir / "metrics.csv") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(text_rows)
