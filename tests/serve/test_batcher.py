@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.batcher import Batcher
+from attnkit.serve.batching import QueueFullError
 
 
 class Model:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from attnkit.serve.batcher import QueueFullError
+from attnkit.serve.batching import QueueFullError
 from attnkit.serve.continuous import ContinuousBatcher
 
 

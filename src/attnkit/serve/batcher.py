@@ -30,30 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable
 from typing import Any
 
-
-class QueueFullError(Exception):
-    """The batcher already holds ``max_queue`` requests."""
+from attnkit.serve.batching import Batching, Budget, Job, settle, settle_with
 
 
-@dataclass
-class Job:
-    """One request's inputs, waiting for their outputs (one per input, in order)."""
-
-    inputs: list[Any]
-    settings: Hashable  # requests share a search only with equal settings
-    tokens: int  # what the request adds to a batch's token budget
-    positions: int  # the token positions its rows hold at most (serve/state.py: check_positions)
-    future: asyncio.Future = field(repr=False)
-    queued: float = field(default_factory=time.perf_counter)
-    work: Callable[..., Any] | None = None  # work(*inputs) alone, with no batch beside it (see alone())
-
-
-class Batcher:
+class Batcher(Batching):
     """Runs ``run(inputs, settings) -> outputs`` (blocking) on batches of requests, ``workers`` at a time,
     each on a worker thread that ``prepare(running)`` readies first (see the module docstring).
 
@@ -73,29 +56,21 @@ class Batcher:
         observe: Callable[[int, int, float], None] = lambda requests, inputs, seconds: None,
         abandon: Callable[[list[Any]], None] = lambda inputs: None,
     ) -> None:
+        super().__init__(max_queue, workers, prepare)
         self.run, self.observe, self.abandon = run, observe, abandon
-        self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait_ms / 1000, max_queue
+        self.max_wait = max_wait_ms / 1000
         self.budget = Budget(max_batch_tokens, max_batch_positions)
-        self.workers, self.prepare = workers, prepare
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
         self.taken: list[Job] = []  # the next batch's requests, out of the queue while a worker is awaited
-        # one thread each; a batch goes to the idle worker that comes first, so that at a low load the
-        # same thread runs batch after batch (a thread's CPU threads stay warm; another's would idle)
-        self.threads = [
-            ThreadPoolExecutor(1, thread_name_prefix=f"attnkit-model-{i}") for i in range(workers)
-        ]
+        # a batch goes to the idle worker that comes first, so that at a low load the same thread runs
+        # batch after batch (a thread's CPU threads stay warm; another's would idle)
         self.idle = list(range(workers))
         # a permit per idle worker (made in the loop); only _serve acquires them
         self.free: asyncio.Semaphore | None = None
         self.loop_task: asyncio.Task | None = None
         self.running: set[asyncio.Task] = set()
-        self.progressed = time.monotonic()  # when a batch last started or ended
-        self.broken: str | None = None  # (the workers are threads: nothing to start again)
-
-    def started(self) -> None:
-        """Wait until the workers can run (they are threads: at once)."""
 
     def start(self) -> None:
+        super().start()
         self.free = asyncio.Semaphore(self.workers)
         self.loop_task = asyncio.get_running_loop().create_task(self._serve())
 
@@ -107,17 +82,15 @@ class Batcher:
             self.loop_task.cancel()
         for job in self.taken:
             job.future.cancel()
-        while not self.queue.empty():
-            self.queue.get_nowait().future.cancel()
+        self._drop_queue()
         if self.running:
             await asyncio.wait(self.running)
-        for thread in self.threads:
-            await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
+        await self._join_threads()
 
     def waiting(self) -> int:
         """Requests not yet in a running batch: queued, or taken for the next batch while it awaits a
         worker."""
-        return self.queue.qsize() + len(self.taken)
+        return len(self.queue) + len(self.taken)
 
     def stalled_for(self) -> float:
         """Seconds that requests have waited or run without any batch starting or ending (0 while
@@ -126,36 +99,19 @@ class Batcher:
             return 0.0
         return time.monotonic() - self.progressed
 
-    async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)`` on a worker while no batch runs: queued as a request of its own (so
-        :class:`QueueFullError` when the queue is full), run once every worker is free."""
-        return await self._queued(Job(list(args), None, 0, 0, self._future(), work=work))
+    def _busy(self) -> bool:
+        return bool(self.running)
 
-    async def submit(
-        self, inputs: list[Any], settings: Hashable, tokens: int, positions: int = 0
-    ) -> list[Any]:
-        """The outputs of ``inputs`` once their batch has run; :class:`QueueFullError` at once if the queue
-        is full. Cancelling the caller (a client gone) drops the request if its batch has not begun, and
-        tells ``abandon`` of its inputs if it has."""
-        return await self._queued(Job(inputs, settings, tokens, positions, self._future()))
-
-    def _future(self) -> asyncio.Future:
-        return asyncio.get_running_loop().create_future()
-
-    async def _queued(self, job: Job) -> Any:
-        if self.waiting() >= self.max_queue:
-            raise QueueFullError(f"{self.max_queue} requests are already waiting")
-        if self.queue.empty() and not self.running:
-            self.progressed = time.monotonic()  # an idle server starts its clock with this request
-        if job.work is None:
+    def _queueing(self, job: Job) -> None:
+        if job.work is None:  # a client gone while its batch runs: the model hears of it
             job.future.add_done_callback(lambda future: future.cancelled() and self.abandon(job.inputs))
-        self.queue.put_nowait(job)
-        return await job.future
 
     async def _serve(self) -> None:
         assert self.free is not None
         while True:
-            self.taken = [await self.queue.get()]
+            while not self.queue:
+                await self._arrival()
+            self.taken = [self.queue.pop(0)]
             if self.taken[0].work is not None:
                 await self._run_alone(self.taken[0])
                 continue
@@ -211,35 +167,18 @@ class Batcher:
                 self.free.release()
 
     async def _collect(self, batch: list[Job]) -> None:
-        """Add to ``batch`` (the oldest request) those that follow within the wait, within the budget."""
+        """Add to ``batch`` (the oldest request) those that follow within the wait, within the budget; a
+        request that does not fit stays first in the queue, for the next batch."""
         deadline = time.perf_counter() + self.max_wait
         while not self.budget.full(batch):
-            try:
-                job = self.queue.get_nowait()
-            except asyncio.QueueEmpty:
+            if not self.queue:
                 left = deadline - time.perf_counter()
-                if left <= 0:
+                if left <= 0 or not await self._arrival(left):
                     break
-                try:
-                    job = await asyncio.wait_for(self.queue.get(), left)
-                except asyncio.TimeoutError:
-                    break
-            if job.work is not None or not self.budget.fits(batch, job):
-                self._put_back(job)
+                continue
+            if self.queue[0].work is not None or not self.budget.fits(batch, self.queue[0]):
                 break
-            batch.append(job)
-
-    def _put_back(self, job: Job) -> None:
-        """A request that does not fit this batch goes first into the next."""
-        rest = [job]
-        while not self.queue.empty():
-            rest.append(self.queue.get_nowait())
-        for waiting in rest:
-            self.queue.put_nowait(waiting)
-
-    def _alone(self, work: Callable[..., Any], args: list[Any]) -> Any:
-        self.prepare(1)
-        return work(*args)
+            batch.append(self.queue.pop(0))
 
     def _on_worker(self, inputs: list[Any], settings: Hashable, running: int) -> list[Any]:
         self.prepare(running)
@@ -264,47 +203,3 @@ class Batcher:
         for job in jobs:
             settle(job, result=outputs[start : start + len(job.inputs)])
             start += len(job.inputs)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What a batch may hold: ``tokens`` of input, and ``positions`` token positions in its rows (None:
-    no bound but the tokens)."""
-
-    tokens: int
-    positions: int | None = None
-
-    def fits(self, jobs: Iterable[Job], job: Job) -> bool:
-        """Whether ``job`` fits beside ``jobs``."""
-        jobs = list(jobs)
-        if sum(j.tokens for j in jobs) + job.tokens > self.tokens:
-            return False
-        return self.positions is None or sum(j.positions for j in jobs) + job.positions <= self.positions
-
-    def full(self, jobs: Iterable[Job]) -> bool:
-        """Whether ``jobs`` already take the whole budget."""
-        jobs = list(jobs)
-        held = sum(j.positions for j in jobs)
-        return sum(j.tokens for j in jobs) >= self.tokens or (
-            self.positions is not None and held >= self.positions
-        )
-
-
-async def settle_with(job: Job, thread: ThreadPoolExecutor, call: Callable[..., Any], *args: Any) -> None:
-    """Answer ``job`` with what ``call(*args)`` gives (or raises) on ``thread``."""
-    try:
-        result = await asyncio.get_running_loop().run_in_executor(thread, call, *args)
-    except Exception as error:
-        settle(job, error=error)
-    else:
-        settle(job, result=result)
-
-
-def settle(job: Job, result: Any = None, error: BaseException | None = None) -> None:
-    """Answer a job's waiting request, unless its client has gone."""
-    if job.future.done():
-        return
-    if error is not None:
-        job.future.set_exception(error)
-    else:
-        job.future.set_result(result)

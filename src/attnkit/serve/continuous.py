@@ -13,8 +13,8 @@ stepping while no sentence is done and nothing new has come (each hop back to th
 time); it answers the requests whose sentences are all done. A request whose client has gone leaves
 the batch at the next step. While nothing runs or waits, the workers sleep.
 
-It has the batcher's interface (``submit``, ``alone``, ``waiting``, ``stalled_for``, ``start``,
-``stop``), so the server's state takes either. Work that must not overlap a step (the attention
+It shares the batcher's queue, threads and interface (batching.py), so the server's state takes
+either. Work that must not overlap a step (the attention
 explorer hooks the model) pauses every worker between two iterations, runs, and lets them go on.
 An iteration that fails answers every request of its worker's batch with the error (the engine
 starts afresh): unlike a batch, a running batch cannot be rerun request by request.
@@ -28,11 +28,10 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from attnkit.serve.batcher import Budget, Job, QueueFullError, settle, settle_with
+from attnkit.serve.batching import Batching, Budget, Job, settle, settle_with
 from attnkit.serve.engine_process import EngineNotStartedError
 
 LOG = logging.getLogger("uvicorn.error")
@@ -58,7 +57,7 @@ class Flight:
     joined: float = field(default_factory=time.perf_counter)
 
 
-class ContinuousBatcher:
+class ContinuousBatcher(Batching):
     """Runs requests through ``workers`` running batches, each made by ``engine()`` and stepped on its
     own thread (see the module docstring). ``prepare(running)`` readies a worker's thread (its share
     of the CPU); ``observe(rows, sources, first_tokens, seconds, steps)`` hears of every hop to a
@@ -77,14 +76,9 @@ class ContinuousBatcher:
         prepare: Callable[[int], None] = lambda running: None,
         observe: Callable[[int, int, list[float], float, int], None] = lambda *heard: None,
     ) -> None:
-        self.make_engine, self.prepare, self.observe = engine, prepare, observe
-        self.max_queue, self.workers = max_queue, workers
+        super().__init__(max_queue, workers, prepare)
+        self.make_engine, self.observe = engine, observe
         self.budget = Budget(max_batch_tokens, max_batch_positions)  # what each running batch may hold
-        self.queue: list[Job] = []  # oldest first
-        self.arrived: asyncio.Event | None = None  # set when a job is queued (made in the loop)
-        self.threads = [
-            ThreadPoolExecutor(1, thread_name_prefix=f"attnkit-model-{i}") for i in range(workers)
-        ]
         self.engines = [engine() for _ in range(workers)]
         self.flights: list[dict[int, Flight]] = [{} for _ in range(workers)]  # each worker's requests
         self.ids = itertools.count()
@@ -92,9 +86,7 @@ class ContinuousBatcher:
         self.pause: asyncio.Future | None = None  # while set, workers wait for it between iterations
         self.iterating = 0  # workers in an iteration now
         self.prepared = [0] * workers  # the running workers each worker's thread was last readied for
-        self.progressed = time.monotonic()  # when an iteration last ended or a request came to an idle server
         self.stepped = [self.progressed] * workers  # when each worker's running batch last moved
-        self.broken: str | None = None  # why a worker's new engine could not start (/health: failed)
 
     def started(self) -> None:
         """Wait until every engine can step (one in a process of its own has loaded its model); blocks,
@@ -109,7 +101,7 @@ class ContinuousBatcher:
             raise
 
     def start(self) -> None:
-        self.arrived = asyncio.Event()
+        super().start()
         loop = asyncio.get_running_loop()
         self.loops = [loop.create_task(self._work(worker)) for worker in range(self.workers)]
 
@@ -122,22 +114,15 @@ class ContinuousBatcher:
         for task in self.loops:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for job in self.queue:
-            job.future.cancel()
-        self.queue = []
+        self._drop_queue()
         for flights in self.flights:
             for flight in flights.values():
                 flight.job.future.cancel()
         for engine in self.engines:
             getattr(engine, "end", lambda: None)()
-        for thread in self.threads:
-            await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
+        await self._join_threads()
         for engine in self.engines:
             _close(engine)
-
-    def waiting(self) -> int:
-        """Requests not yet in a running batch."""
-        return len(self.queue)
 
     def running_rows(self) -> int:
         """Rows the running batches decode at their next steps."""
@@ -153,32 +138,11 @@ class ContinuousBatcher:
             stalls.append(now - self.progressed)
         return max(stalls, default=0.0)
 
-    async def submit(
-        self, inputs: list[Any], settings: Hashable, tokens: int, positions: int = 0
-    ) -> list[Any]:
-        """The outputs of ``inputs``, once all are done; :class:`QueueFullError` at once if the queue is
-        full. Cancelling the caller (a client gone) takes its inputs out of the running batch."""
-        future = asyncio.get_running_loop().create_future()
-        return await self._queued(Job(inputs, settings, tokens, positions, future))
-
-    async def alone(self, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)`` while no worker steps: queued behind the requests already waiting."""
-        job = Job(list(args), None, 0, 0, asyncio.get_running_loop().create_future(), work=work)
-        return await self._queued(job)
-
-    async def _queued(self, job: Job) -> Any:
-        assert self.arrived is not None
-        if len(self.queue) >= self.max_queue:
-            raise QueueFullError(f"{self.max_queue} requests are already waiting")
-        if not self.queue and not any(self.flights):
-            self.progressed = time.monotonic()
-        self.queue.append(job)
-        self.arrived.set()
-        return await job.future
+    def _busy(self) -> bool:
+        return any(self.flights)
 
     async def _work(self, worker: int) -> None:
         """One worker's loop: admit, iterate, answer; sleep while there is nothing to do."""
-        assert self.arrived is not None
         flights = self.flights[worker]
         while True:
             if self.pause is not None:
@@ -189,8 +153,7 @@ class ContinuousBatcher:
                 continue
             joining = self._admit(worker)
             if not joining and not flights:
-                self.arrived.clear()
-                await self.arrived.wait()
+                await self._arrival()
                 continue
             gone = [job_id for job_id, flight in flights.items() if flight.job.future.done()]
             leaving = {(job_id, i) for job_id in gone for i in range(len(flights.pop(job_id).outputs))}
@@ -322,9 +285,8 @@ class ContinuousBatcher:
             self.progressed = time.monotonic()
 
     def _alone(self, work: Callable[..., Any], args: list[Any]) -> Any:
-        self.prepare(1)
         self.prepared[0] = 1
-        return work(*args)
+        return super()._alone(work, args)
 
 
 def _close(engine: Engine) -> None:

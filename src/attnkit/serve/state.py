@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import Request
 
 from attnkit.errors import DataError
-from attnkit.serve.batcher import Batcher, QueueFullError
+from attnkit.serve.batcher import Batcher
+from attnkit.serve.batching import Batching, QueueFullError
 from attnkit.serve.building import StepsBuilding
 from attnkit.serve.continuous import ContinuousBatcher
 from attnkit.serve.errors import RequestError
@@ -60,7 +61,7 @@ class ServerState:
     stopping: Callable[[], bool] = lambda: False
     metrics: Metrics = field(default_factory=Metrics)
     model: ServedModel | None = None
-    batcher: Batcher | ContinuousBatcher | None = None
+    batcher: Batching | None = None
     failed: str | None = None
     building: StepsBuilding | None = None  # the model's compiled steps, being built (decode.steps=auto)
 
@@ -72,7 +73,7 @@ class ServerState:
             return "compiling"
         return self.model.steps()
 
-    def batcher_for(self, model: ServedModel) -> Batcher | ContinuousBatcher:
+    def batcher_for(self, model: ServedModel) -> Batching:
         """The batcher that will run ``model`` (made off the event loop: its workers' processes, where it
         has them, start loading the model now; ``batcher.started()`` waits for them)."""
         s = self.settings
@@ -95,7 +96,7 @@ class ServerState:
                        max_queue=s.max_queue, workers=model.streams, prepare=model.prepare_worker,
                        observe=self.metrics.batch, abandon=model.abandon)  # fmt: skip
 
-    def start(self, model: ServedModel, batcher: Batcher | ContinuousBatcher) -> None:
+    def start(self, model: ServedModel, batcher: Batching) -> None:
         """Serve ``model`` with ``batcher`` (on the event loop): the batcher starts, and requests are
         answered."""
         batcher.start()
