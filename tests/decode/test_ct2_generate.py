@@ -14,7 +14,7 @@ from attnkit.cli import app
 from attnkit.config import DecodeConfig
 from attnkit.convert.export import export_ctranslate2
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.generate import generate
+from attnkit.decode.generate import Listening, generate
 from attnkit.errors import AttnkitError, ConversionError
 from attnkit.models import build_model, from_preset
 
@@ -71,7 +71,8 @@ def test_greedy_generation_is_attnkits_for_every_layout(tokenizer, tmp_path, fie
         assert CTranslate2Generator(folder, changes=changes).generate(prompts) == ours
     # one prompt at a time, streamed: the same text, in pieces
     pieces = []
-    streamed = CTranslate2Generator(folder).generate(prompts[:2], on_text=lambda i, t: pieces.append((i, t)))
+    listening = Listening(lambda i, t: pieces.append((i, t)))
+    streamed = CTranslate2Generator(folder).generate(prompts[:2], listening)
     assert streamed == ours[:2]
     assert "".join(t for i, t in pieces if i == 0) == ours[0] and {i for i, _ in pieces} <= {0, 1}
 
@@ -88,7 +89,7 @@ def test_a_streamed_prompt_that_is_no_longer_wanted_ends_at_the_next_token(token
         asked.append(i)
         return len(asked) < 3  # gone after its third token
 
-    (cut,) = CTranslate2Generator(folder).generate(["a"], on_text=lambda i, t: None, wanted=wanted)
+    (cut,) = CTranslate2Generator(folder).generate(["a"], Listening(lambda i, t: None, wanted))
     assert len(asked) == 3 and whole.startswith(cut) and len(cut) < len(whole)
 
 
@@ -104,7 +105,7 @@ def test_stop_strings_end_the_text_where_attnkits_ends(tokenizer, tmp_path):
     ours = generate(model, tokenizer, prompts, decode)
     assert any(len(a) < len(b) for a, b in zip(ours, texts, strict=True))  # the stop string cut one
     assert CTranslate2Generator(folder).generate(prompts) == ours
-    assert CTranslate2Generator(folder).generate(prompts[:1], on_text=lambda i, t: None) == ours[:1]
+    assert CTranslate2Generator(folder).generate(prompts[:1], Listening(lambda i, t: None)) == ours[:1]
 
 
 def test_models_ctranslate2_cannot_run_are_refused(tokenizer, tmp_path):

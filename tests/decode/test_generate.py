@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.generate import TextStream, borders, generate, prefix_at_end
+from attnkit.decode.generate import Listening, TextStream, borders, generate, prefix_at_end
 from attnkit.decode.sampling import restrict, sampler
 from attnkit.decode.search import argmax, extend
 from attnkit.errors import AttnkitError
@@ -106,8 +106,8 @@ def test_streamed_pieces_add_up_to_the_output_even_with_stop_strings(model_and_t
     full = generate(model, tokenizer, PROMPTS, _decode(**settings))
     stop = [full[0][4:8], "xyz"] if with_stop else []  # a stop string that does occur, after 4 characters
     pieces: dict[int, list[str]] = {}
-    outputs = generate(model, tokenizer, PROMPTS, _decode(**settings, stop=stop),
-                       on_text=lambda i, text: pieces.setdefault(i, []).append(text))  # fmt: skip
+    listening = Listening(lambda i, text: pieces.setdefault(i, []).append(text))
+    outputs = generate(model, tokenizer, PROMPTS, _decode(**settings, stop=stop), listening=listening)
     assert not with_stop or outputs[0] == full[0][:4]
     assert ["".join(pieces.get(i, [])) for i in range(len(PROMPTS))] == outputs
     assert max(len(p) for p in pieces.values()) > 1  # the text came in pieces, as it was generated
@@ -184,6 +184,6 @@ def test_a_row_that_is_no_longer_wanted_ends_at_the_next_step(model_and_tokenize
         steps.append(i)
         return i != 1 or steps.count(1) < 3  # prompt 1 is dropped after its third step
 
-    cut = generate(model, tokenizer, PROMPTS, decode, wanted=wanted)
+    cut = generate(model, tokenizer, PROMPTS, decode, listening=Listening(wanted=wanted))
     assert [c for i, c in enumerate(cut) if i != 1] == [f for i, f in enumerate(full) if i != 1]
     assert len(tokenizer.encode(cut[1])) == 3 and full[1].startswith(cut[1]) and len(full[1]) > len(cut[1])

@@ -249,6 +249,7 @@ def generate(
 def _generate(ckpt, prompt, input, output, engine, given, overrides, world) -> None:
     import json
 
+    from attnkit.decode.generate import Listening
     from attnkit.decode.generate import generate as generate_texts
     from attnkit.processes import resolve_device
 
@@ -258,7 +259,7 @@ def _generate(ckpt, prompt, input, output, engine, given, overrides, world) -> N
         generator = with_options(given, lambda changes: CTranslate2Generator(ckpt, overrides, changes))
 
         def run(texts: list[str], on_text=None, **part) -> list[str]:
-            return generator.generate(texts, on_text=on_text, **part)
+            return generator.generate(texts, Listening(on_text), **part)
     else:
         from dataclasses import replace
 
@@ -271,7 +272,7 @@ def _generate(ckpt, prompt, input, output, engine, given, overrides, world) -> N
         decode = with_options(given, lambda changes: replace(config.decode, **changes))
 
         def run(texts: list[str], on_text=None, **part) -> list[str]:
-            return generate_texts(model, tokenizer, texts, decode, on_text=on_text, **part)
+            return generate_texts(model, tokenizer, texts, decode, listening=Listening(on_text), **part)
 
     if input is None:  # one prompt: stream its continuation to stdout, or write it to the output file
         text = "\n" if prompt is None else prompt

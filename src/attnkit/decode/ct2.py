@@ -39,7 +39,7 @@ from attnkit.config import DecodeConfig, with_decode_overrides
 from attnkit.data.batching import length_batches
 from attnkit.data.text_blocks import stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.generate import OnText, TextStream
+from attnkit.decode.generate import NOBODY, Listening, OnText, TextStream
 from attnkit.decode.search import BeamSettings
 from attnkit.decode.starts import encode_prompts, room
 from attnkit.decode.streams import stream_count
@@ -226,20 +226,22 @@ class CTranslate2Generator(_ExportedFolder):
     def generate(
         self,
         prompts: list[str],
-        on_text: OnText | None = None,
+        listening: Listening = NOBODY,
         progress: Callable[[int], None] | None = None,
         first: int = 0,
-        wanted: Callable[[int], bool] | None = None,
     ) -> list[str]:
         """The continuation of each prompt (without the prompt itself), as attnkit's ``generate``:
-        ``on_text(i, new_text)`` hears each prompt's text as it comes (one prompt at a time, then),
-        ``progress`` how many more are done, batch by batch; ``first``: the number of ``prompts[0]``
-        among all, for the errors; ``wanted(i)``, asked after each streamed token, whether prompt i's
-        continuation is still wanted (a server's client may have gone)."""
+        ``listening.on_text(i, new_text)`` hears each prompt's text as it comes (one prompt at a time,
+        then), and ``listening.wanted(i)`` is asked after each streamed token whether prompt i's
+        continuation is still wanted (a server's client may have gone); ``progress`` hears how many
+        more are done, batch by batch; ``first``: the number of ``prompts[0]`` among all, for the
+        errors."""
         decode, context = self.decode, self.context
         encoded = encode_prompts(self.tokenizer, prompts, context, first)
-        if on_text is not None:
-            return [self._streamed(i, ids, on_text, wanted) for i, ids in enumerate(encoded)]
+        if listening.on_text is not None:
+            return [
+                self._streamed(i, ids, listening.on_text, listening.wanted) for i, ids in enumerate(encoded)
+            ]
         pending = []
         for batch in length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size):
             # CTranslate2 returns each prompt and its continuation, max_length tokens after the prompt's

@@ -5,16 +5,18 @@ Prompts are batched by length and left-padded; each prompt samples from its own 
 share its batch, and whether batches run side by side (``decode.streams``). Generation ends at
 ``</s>``, at ``decode.max_new_tokens``, at the model's context (``max_len`` positions, prompt included)
 or where a ``decode.stop`` string appears; the returned text stops before that string.
-``on_text(i, new_text)`` receives each prompt's text as it is generated (streaming); a character whose
-UTF-8 bytes are still arriving, and text that may still turn out to be the start of a stop string, are
-held back until that is settled, so the pieces add up to the result. ``wanted(i)``, if given, is asked
-after each step whether prompt i's continuation is still wanted (a server's client may have gone): a
-row that is not ends there. Finding stop strings costs time linear in their length at each step.
+Whoever follows the generation (:class:`Listening`) hears each prompt's text as it is generated
+(streaming, ``on_text(i, new_text)``); a character whose UTF-8 bytes are still arriving, and text that
+may still turn out to be the start of a stop string, are held back until that is settled, so the pieces
+add up to the result. It may also say after each step whether prompt i's continuation is still wanted
+(``wanted(i)``: a server's client may have gone): a row that is not ends there. Finding stop strings
+costs time linear in their length at each step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -31,23 +33,34 @@ from attnkit.models.decoder_only import DecoderModel
 OnText = Callable[[int, str], None]
 
 
+@dataclass(frozen=True)
+class Listening:
+    """Who follows a generation as it goes (see the module docstring): ``on_text(i, new_text)`` hears
+    prompt i's text as it grows; ``wanted(i)`` says whether prompt i's continuation is still wanted."""
+
+    on_text: OnText | None = None
+    wanted: Callable[[int], bool] | None = None
+
+
+NOBODY = Listening()  # nobody follows: the texts are returned whole
+
+
 def generate(
     model: DecoderModel,
     tokenizer: Tokenizer,
     prompts: list[str],
     decode: DecodeConfig,
     *,
-    on_text: OnText | None = None,
+    listening: Listening = NOBODY,
     progress: Callable[[int], None] | None = None,
     first: int = 0,
     seeds: list[int] | None = None,
-    wanted: Callable[[int], bool] | None = None,
 ) -> list[str]:
     """The continuation of each prompt (without the prompt itself). ``progress`` hears how many more
     prompts are done, batch by batch; ``first`` is the number of ``prompts[0]`` among all the prompts
     (from 0), for its seed (``decode.seed + first``, and so on) and the errors' prompt numbers, when a
     long list is continued a part at a time. ``seeds``: each prompt's own seed instead (a server's
-    requests, each with the seed its client chose, whatever the batch). ``wanted``: see the module
+    requests, each with the seed its client chose, whatever the batch). ``listening``: see the module
     docstring."""
     encoded = encode_prompts(tokenizer, prompts, model.config.max_len, first)
     device = device_of(model)  # the prompts go where the model is
@@ -55,11 +68,11 @@ def generate(
     outputs = [""] * len(prompts)
     batches = length_batches(range(len(prompts)), [len(ids) for ids in encoded], decode.batch_size)
     # Side by side on a CPU (decode/streams.py), unless text is streamed: on_text then hears from one thread.
-    streams = 1 if on_text is not None else stream_count(decode.streams, device, len(batches))
+    streams = 1 if listening.on_text is not None else stream_count(decode.streams, device, len(batches))
 
     def continue_batch(rows: list[int]) -> list[str]:
         prompts = [encoded[i] for i in rows]
-        stream = TextStream(tokenizer, decode.stop, rows, on_text, wanted)
+        stream = TextStream(tokenizer, decode.stop, rows, listening.on_text, listening.wanted)
         return _generate_batch(model, tokenizer, prompts, [seeds[i] for i in rows], decode, device, stream)
 
     with evaluating(model):

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from attnkit.checkpoint.ctranslate2_folder import exported_model
 from attnkit.config import DecodeConfig
 from attnkit.decode.ct2 import CTranslate2Generator, CTranslate2Translator
+from attnkit.decode.generate import Listening
 from attnkit.decode.search import BeamSettings, Search
 from attnkit.serve.decoder import Prompt, Sampling, SamplingModel
 from attnkit.serve.served import ServedModel
@@ -125,11 +126,8 @@ class EngineDecoder(SamplingModel):
                 outputs[i] = text
         for i, prompt in enumerate(prompts):
             if prompt.sink is not None and not prompt.gone.is_set():
-                (outputs[i],) = self.engine_model.generate(
-                    [prompt.text],
-                    on_text=_to(prompt.sink),
-                    wanted=lambda index, gone=prompt.gone: not gone.is_set(),
-                )
+                listening = Listening(_to(prompt.sink), lambda index, gone=prompt.gone: not gone.is_set())
+                (outputs[i],) = self.engine_model.generate([prompt.text], listening)
         return outputs
 
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from attnkit.config import DecodeConfig
 from attnkit.decode.continuous import RunningGenerations
-from attnkit.decode.generate import generate
+from attnkit.decode.generate import Listening, generate
 from attnkit.models import archs
 from attnkit.serve.served import AttnkitModel, ServedModel
 
@@ -111,9 +111,9 @@ class ServedDecoder(SamplingModel, AttnkitModel[Sampling]):
                 prompts[i].sink(text)
 
         streaming = any(prompt.sink is not None for prompt in prompts)
-        return generate(self.model, self.tokenizer, [p.text for p in prompts], decode,
-                        on_text=on_text if streaming else None, seeds=[p.seed for p in prompts],
-                        wanted=lambda i: not prompts[i].gone.is_set())  # fmt: skip
+        listening = Listening(on_text if streaming else None, lambda i: not prompts[i].gone.is_set())
+        return generate(self.model, self.tokenizer, [p.text for p in prompts], decode, listening=listening,
+                        seeds=[p.seed for p in prompts])  # fmt: skip
 
     steps_continuously: ClassVar[bool] = True
 
