@@ -177,3 +177,54 @@ def test_a_long_running_batch_is_not_taken_for_a_stalled_one():
         return stalled
 
     assert asyncio.run(go()) < 0.1
+
+
+def test_newcomers_to_a_busy_running_batch_wait_a_little_for_company_and_join_together():
+    """A newcomer's first step costs about a step of the whole batch: while the batch runs HOLD_FROM
+    sources or more, newcomers that come one by one join together, after at most about HOLD_S; a
+    batch with fewer sources takes each at once."""
+    from attnkit.serve.continuous import HOLD_FROM, HOLD_S
+
+    engine = Engine()
+
+    async def go():
+        batcher = _batcher([engine])
+        batcher.start()
+        # a busy batch: HOLD_FROM long sources; then newcomers one at a time, a step apart
+        long = asyncio.ensure_future(batcher.submit([f"l{i}:1000" for i in range(HOLD_FROM)], None, 4))
+        await asyncio.sleep(0.02)
+        began = time.perf_counter()
+        newcomers = []
+        for i in range(3):
+            newcomers.append(asyncio.ensure_future(batcher.submit([f"n{i}:1"], None, 1)))
+            await asyncio.sleep(0.003)
+        answered = await asyncio.gather(*newcomers)
+        waited = time.perf_counter() - began
+        long.cancel()
+        await batcher.stop()
+        return answered, waited
+
+    answered, waited = asyncio.run(go())
+    assert answered == [["N0"], ["N1"], ["N2"]]
+    joins = [joining for joining, _ in engine.iterations if joining]
+    assert joins[0] == [f"l{i}:1000" for i in range(HOLD_FROM)]
+    assert joins[1] == ["n0:1", "n1:1", "n2:1"]  # together, at one iteration
+    assert waited < HOLD_S + 0.1  # the first waited at most about HOLD_S
+
+
+def test_a_running_batch_of_few_sources_takes_newcomers_at_once():
+    engine = Engine()
+
+    async def go():
+        batcher = _batcher([engine])
+        batcher.start()
+        long = asyncio.ensure_future(batcher.submit(["l:1000"], None, 1))
+        await asyncio.sleep(0.02)
+        for i in range(2):
+            await batcher.submit([f"n{i}:1"], None, 1)
+        long.cancel()
+        await batcher.stop()
+
+    asyncio.run(go())
+    joins = [joining for joining, _ in engine.iterations if joining]
+    assert joins == [["l:1000"], ["n0:1"], ["n1:1"]]  # one by one, each at the next iteration

@@ -36,6 +36,13 @@ from attnkit.serve.engine_process import EngineNotStartedError
 
 LOG = logging.getLogger("uvicorn.error")
 
+# Newcomers' first step (their encoder and the start token) reads every weight of the model, about what
+# a step of the whole running batch costs, so newcomers that join one at a time pay it each. While a
+# running batch holds at least HOLD_FROM sources, newcomers wait for company: until HOLD_GROUP of them
+# wait, or the oldest has waited HOLD_S (a step or two). On 2 cores, beam 5, 8 to 32 sources a worker,
+# that gave 5-11% more sentences/s and a lower median latency (the wait is less than the time saved).
+HOLD_FROM, HOLD_GROUP, HOLD_S = 4, 4, 0.03
+
 
 class Engine(Protocol):
     """A running batch: ``iterate(joining, leaving)`` admits ``joining`` (``(key, input, settings)``),
@@ -228,6 +235,8 @@ class ContinuousBatcher(Batching):
         if not flights and not all(self.flights[:worker]):
             return []  # an idle worker before this one takes them: at a low load the same thread
             # runs step after step (the CPU threads of another, left idle, would spin meanwhile)
+        if flights and self._held(worker):
+            return []
         others = [self._load(other) for other in range(self.workers) if other != worker]
         joining = []
         while self.queue and self.queue[0].work is None:
@@ -267,7 +276,15 @@ class ContinuousBatcher(Batching):
         """Whether the event loop has something for this worker: a request waiting, work alone, a client
         gone. (Read from the worker's thread: each is one read of a value the loop sets.)"""
         gone = any(flight.job.future.done() for flight in list(self.flights[worker].values()))
-        return bool(self.queue) or self.pause is not None or gone
+        return (bool(self.queue) and not self._held(worker)) or self.pause is not None or gone
+
+    def _held(self, worker: int) -> bool:
+        """Whether the requests waiting wait for company before joining this worker's busy running
+        batch (see HOLD_FROM; read from the worker's thread too: one read of each value)."""
+        first = next(iter(self.queue), None)
+        if first is None or first.work is not None or self.engines[worker].sources < HOLD_FROM:
+            return False
+        return len(self.queue) < HOLD_GROUP and time.perf_counter() - first.queued < HOLD_S
 
     async def _run_alone(self, job: Job) -> None:
         """Pause every worker between iterations, run ``job.work`` on the first one's thread, go on."""
