@@ -31,10 +31,11 @@ from attnkit.nn.transformer import DecoderCache
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
 
-# Sources decoded by compiled steps are padded to a multiple of this many tokens. The compiled
-# attention sums a row's keys in vectors of 16 lanes (AVX-512's floats; two of AVX2's), and keys past
-# the last whole vector in a tail loop: a row whose real keys all fall in whole vectors gets the same
-# bits at any wider width, as its padded keys add exact zeros in their lanes (docs/invariance.md).
+# Sources decoded by compiled steps are padded to a multiple of this many tokens. The compiler's
+# vectorised sums over a row's keys (cpu/attention.py attend_as_sums) were found to give a source the
+# same bits at every wider width from a multiple of 16 on, not below it: keys in whole vectors of 16
+# lanes (AVX-512's floats; two of AVX2's), the rest in a tail loop; padded keys add exact zeros in
+# their lanes (docs/invariance.md; tests/decode/test_batch_invariance.py holds it).
 WIDTH_BUCKET = 16
 
 
