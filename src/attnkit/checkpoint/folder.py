@@ -66,10 +66,9 @@ def save_checkpoint(
 ) -> Path | None:
     """Write ``contents`` to ``run_dir/step-{step}`` atomically, move the pointers (``best`` too, where
     ``is_best``), and delete the checkpoints older than the ``keep_last`` newest (but those ``last`` and
-    ``best`` name). A
-    step folder already there is replaced: whoever saves into ``run_dir`` holds it (the trainer:
-    :func:`lock_run`, and it refuses a directory holding another run), so a step folder there is this
-    run's own. With the optimizer and the trainer's state, the checkpoint can be resumed.
+    ``best`` name). A step folder already there is replaced: whoever saves into ``run_dir`` holds it
+    (the trainer: :func:`lock_run`, and it refuses a directory holding another run), so a step folder
+    there is this run's own. With the optimizer and the trainer's state, the checkpoint can be resumed.
 
     ``shard_over``: the processes of an FSDP run (``train.parallel=fsdp``), which all call this: each
     writes its shards of the model and the optimizer (sharded.py), then the first process writes the

@@ -31,7 +31,7 @@ class TrainerState:
     resumed run. ``position``: the batches of the epoch taken so far; ``elapsed``: seconds of training
     (validation and saving included); ``best``: the best validation score so far, higher is better (a
     loss negated), and ``bad_evals`` the validations since it; ``history``: every validation's row of
-    metrics.csv; ``scheduler``: the learning-rate schedule's ``state_dict``."""
+    metrics.csv; ``scheduler``: the learning-rate schedule's ``state_dict``, as the last save took it."""
 
     step: int = 0
     epoch: int = 0
@@ -95,7 +95,7 @@ def load_trainer_state(
             if f"rng.{rank}.cuda" in tensors:
                 state["cuda"] = tensors[f"rng.{rank}.cuda"]
             _set_rng_state(state)
-        saved = TrainerState(**{name.name: meta[name.name] for name in dataclasses.fields(TrainerState)})
+        saved = TrainerState(**{name: meta[name] for name in TrainerState.__dataclass_fields__})
     except (KeyError, ValueError, TypeError, IndexError) as error:
         raise AttnkitError(
             f"{checkpoint}: trainer state does not fit this model and optimizer ({error})"

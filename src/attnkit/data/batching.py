@@ -72,8 +72,9 @@ def length_batches(
 ) -> list[list[int]]:
     """``indices`` in batches of at most ``size``, ordered by ``lengths[i]`` so that similar lengths
     share a batch (less padding when decoding). With a ``bucket``, a batch holds the lengths of one
-    ``⌈length / bucket⌉`` only: every sequence of it is padded to the width it gets alone (what a
-    compiled decoding step needs to give each source the bits it gets alone: docs/invariance.md)."""
+    ``⌈length / bucket⌉`` only: every sequence of it is padded to the width it gets alone (the speech
+    recogniser's speller then attends over a batch in one call, as over an utterance alone:
+    decode/transcripts.py)."""
     order = sorted(indices, key=lengths.__getitem__)
     runs = [order]
     if bucket is not None:

@@ -7,15 +7,16 @@ batch's longest sentence. Here each worker keeps one running batch (an engine su
 first, while its batch holds fewer than ``max_batch_tokens`` source tokens and ``max_batch_positions``
 token positions in its rows (each row its source and the longest output it may write, so that beams
 and long outputs count as the memory and steps they take); a request that does not fit waits at the
-front, and nothing overtakes it, so a long request is never starved; on its
-thread, it runs the newcomers' first step and one step of every running sentence, and goes on
-stepping while no sentence is done and nothing new has come (each hop back to the event loop costs
-time); it answers the requests whose sentences are all done. A request whose client has gone leaves
-the batch at the next step. While nothing runs or waits, the workers sleep.
+front, and nothing overtakes it, so a long request is never starved; while its batch is busy,
+newcomers wait a little for company (HOLD_FROM, below); on its thread, it runs the newcomers' first
+step and one step of every running sentence, and goes on stepping while no sentence is done and
+nothing new has come (each hop back to the event loop costs time); it answers the requests whose
+sentences are all done. A request whose client has gone leaves the batch at the next step. While
+nothing runs or waits, the workers sleep.
 
 It shares the batcher's queue, threads and interface (batching.py), so the server's state takes
-either. Work that must not overlap a step (the attention
-explorer hooks the model) pauses every worker between two iterations, runs, and lets them go on.
+either. Work that must not overlap a step (the attention explorer hooks the model) pauses every
+worker between two iterations, runs, and lets them go on.
 An iteration that fails answers every request of its worker's batch with the error (the engine
 starts afresh): unlike a batch, a running batch cannot be rerun request by request.
 """
@@ -230,7 +231,8 @@ class ContinuousBatcher(Batching):
     def _admit(self, worker: int) -> list[int]:
         """Waiting requests, oldest first, that fit the worker's budget (the first always fits an empty
         batch; one that does not fit stops the admission), while no other worker holds fewer tokens
-        (the load is spread), and no idle worker comes before it: they join its running batch."""
+        (the load is spread), and no idle worker comes before it: they join its running batch. None
+        while they wait for company (:meth:`_held`)."""
         flights, tokens = self.flights[worker], self._load(worker)
         if not flights and not all(self.flights[:worker]):
             return []  # an idle worker before this one takes them: at a low load the same thread

@@ -111,7 +111,7 @@ class Trainer:
         # What fit() measures as it goes (set again when it starts).
         self.started, self.out_of_time = 0.0, False
         self.grad_norm: float | None = None  # the last step's, when it was measured (_train_step)
-        self.report = Reporter(t, self.run_dir, self._say, self.task.unit, self.world.is_main)
+        self.report = Reporter(t, self.run_dir, self._say, self.task.unit, self.world.is_main, self.device)
 
     def _starting_point(self, config: RunConfig, resume: bool) -> tuple[Path | None, Pretrained | None]:
         """The checkpoint a resumed run continues from, or the pretrained model a new one starts from
@@ -308,9 +308,8 @@ class Trainer:
         value = scores[self.task.metrics[metric]] * (-1 if metric in LOWER_IS_BETTER else 1)  # higher: better
         is_best = state.best is None or value > state.best
         state.best, state.bad_evals = (value, 0) if is_best else (state.best, state.bad_evals + 1)
-        where = {"step": state.step, "epoch": state.epoch, "lr": max(self.scheduler.get_last_lr()),
-                 "elapsed": state.elapsed}  # fmt: skip
-        state.history.append(self.report.validated(where, scores, seconds, is_best, self.device))
+        lr = max(self.scheduler.get_last_lr())
+        state.history.append(self.report.validated(state, lr, scores, seconds, is_best))
         rng = self.world.all_gather(rng_state())  # every process's, so each resumes its own stream
         self._save(is_best, rng)
         if self.world.is_main:

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from attnkit.atomic import atomic_writer
+from attnkit.checkpoint.trainer_state import TrainerState
 from attnkit.config import TrainConfig
 from attnkit.metrics import perplexity
 from attnkit.train.tensorboard import TensorBoardLog, memory_used
@@ -28,8 +29,12 @@ class Reporter:
     validations it sums the training statistics (loss, nll, tokens) of the steps taken, the window
     that a validation's row reports; ``unit`` names what tokens/s counts (the task's)."""
 
-    def __init__(self, train: TrainConfig, run_dir: Path, say: Callable[[str], None], unit: str, main: bool):
+    def __init__(
+        self, train: TrainConfig, run_dir: Path, say: Callable[[str], None], unit: str, main: bool,
+        device: torch.device,
+    ):  # fmt: skip
         self.train, self.run_dir, self.say, self.unit, self.main = train, run_dir, say, unit, main
+        self.device = device  # whose memory TensorBoard hears of at each validation
         self.show_bar = main and sys.stderr.isatty()  # no bar in log files; validations still print
         self.bar: tqdm | None = None
         self.board: TensorBoardLog | None = None  # TensorBoard's events, in the saving process
@@ -57,7 +62,7 @@ class Reporter:
         for key, value in zip(("loss", "nll", "tokens"), sums, strict=True):
             self.window[key] += value
         loss = sums[0] / sums[2]
-        speed = self.window["tokens"] / max(time.perf_counter() - self.window["began"], 1e-9)
+        speed = self.window["tokens"] / self.training_seconds()
         due = self.due(step)
         if due and self.board is not None:
             self.board.add(step, {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": speed,
@@ -74,20 +79,21 @@ class Reporter:
         """Seconds since the window began (taken before a validation: it is not training time)."""
         return max(time.perf_counter() - self.window["began"], 1e-9)
 
-    def validated(self, where: dict[str, Any], scores: dict[str, float], seconds: float, best: bool,
-                  device: torch.device) -> dict[str, Any]:  # fmt: skip
-        """A validation at ``where`` (step, epoch, lr, elapsed) gave ``scores`` after ``seconds`` of
-        training: its row of metrics.csv, told as a line (and to TensorBoard); a new window begins."""
+    def validated(
+        self, state: TrainerState, lr: float, scores: dict[str, float], seconds: float, best: bool
+    ) -> dict[str, Any]:
+        """A validation where the run is now (``state``, at learning rate ``lr``) gave ``scores`` after
+        ``seconds`` of training: its row of metrics.csv, told as a line (and to TensorBoard)."""
         window, tokens = self.window, max(self.window["tokens"], 1.0)
-        row = {"step": where["step"], "epoch": where["epoch"], "lr": where["lr"],
+        row = {"step": state.step, "epoch": state.epoch, "lr": lr,
                "train_loss": window["loss"] / tokens, "train_ppl": perplexity(window["nll"] / tokens),
                "tokens_per_s": window["tokens"] / seconds, **scores,
-               "elapsed_s": where["elapsed"]}  # fmt: skip
+               "elapsed_s": state.elapsed}  # fmt: skip
         if self.board is not None:
             shown = {f"valid/{name.removeprefix('valid_')}": value for name, value in scores.items()}
-            self.board.add(row["step"], {**shown, **memory_used(device)})
+            self.board.add(state.step, {**shown, **memory_used(self.device)})
         shown = ", ".join(f"{name.removeprefix('valid_')} {value:.4g}" for name, value in scores.items())
-        self.say(f"step {row['step']} epoch {row['epoch']}: train loss {row['train_loss']:.3f}, valid {shown}"
+        self.say(f"step {state.step} epoch {state.epoch}: train loss {row['train_loss']:.3f}, valid {shown}"
                  + ("  (best)" if best else ""))  # fmt: skip
         return row
 
