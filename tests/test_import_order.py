@@ -26,7 +26,7 @@ ORDER = [
     ("models", ["attnkit.models", "attnkit"]),  # "attnkit" alone: the package root, the paper's parts
     ("cpu", ["attnkit.cpu"]),  # the CPU fast path, applied to built models from above
     ("data", ["attnkit.data"]),
-    ("config", ["attnkit.config"]),
+    ("config", ["attnkit.task_records", "attnkit.config"]),  # the run config, and the tasks' records it reads
     ("checkpoint", ["attnkit.checkpoint"]),  # the format: read, write, sharded
     ("loading", ["attnkit.loading"]),  # a model loaded to work with, CPU speed-ups applied
     ("convert", ["attnkit.convert"]),  # above the checkpoint format it reads and writes

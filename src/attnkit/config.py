@@ -17,13 +17,13 @@ from typing import Any
 import torch
 import yaml
 
-from attnkit.data.synthetic import TASKS
 from attnkit.data.tokenizer import KINDS, MIN_BPE_VOCAB, SPECIALS
 from attnkit.errors import ConfigError, require_at_least, require_fraction, require_one_of
-from attnkit.models import ARCHITECTURES, PRESETS, config_class
+from attnkit.models import PRESETS, config_class
 from attnkit.models.config import DecoderModelConfig, EncoderModelConfig, TransformerConfig
 from attnkit.models.glimpse import GlimpseConfig, WholeImageConfig
 from attnkit.models.rnn import RNNConfig
+from attnkit.task_records import TASK_RECORDS, task_record, tasks_training
 
 PRECISIONS = ("auto", "fp32", "bf16")
 LOGS = (
@@ -38,32 +38,8 @@ DECODING_STEPS = ("auto", "compiled", "eager")  # what a translation's search st
 # what a trained model's linear maps multiply in for inference (attnkit.loading.inference_precision)
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
-TEXT_TASK = "text"  # language modelling on raw text
-TRANSLATION_TASKS = ("parallel", *TASKS)  # parallel files, or generated (dates, copy)
-SUMMARY_TASK = "summarise"  # JSON Lines of long texts and their short summaries (AESLC: email -> subject)
-IMAGE_TASK = "cluttered-digits"  # generated images (data/cluttered_digits.py)
-CAPTION_TASK = "captions"  # generated digit scenes and their captions (data/digit_scenes.py)
-SPEECH_TASK = "speech"  # synthesised spoken dates and numbers (data/spoken.py)
-# data.task -> (the head an encoder needs for it, the train.eval_metric choices: the first is the default)
-_TASK_RULES = {
-    **{task: (None, ("bleu", "accuracy", "loss")) for task in TRANSLATION_TASKS},
-    SUMMARY_TASK: (None, ("rouge1", "rouge2", "rougeL", "loss")),
-    TEXT_TASK: (None, ("loss",)),
-    "classify": ("classify", ("accuracy", "f1", "loss")),
-    "mlm": ("mlm", ("loss", "accuracy")),
-    "qa": ("span", ("f1", "accuracy", "loss")),
-    IMAGE_TASK: (None, ("accuracy", "loss")),
-    CAPTION_TASK: (None, ("accuracy", "bleu", "loss")),
-    SPEECH_TASK: (None, ("cer", "wer", "loss")),
-}
-# data.task -> (the architectures it trains, as their records say; the head; the metrics)
-TASKS_OF = {
-    task: (tuple(a.name for a in ARCHITECTURES.values() if task in a.tasks), head, metrics)
-    for task, (head, metrics) in _TASK_RULES.items()
-}
 EVAL_METRICS = ("bleu", "accuracy", "f1", "rouge1", "rouge2", "rougeL", "cer", "wer", "loss")
 LOWER_IS_BETTER = ("cer", "wer", "loss")  # the eval metrics a better model brings down
-FILES_OF = {"parallel": 2, TEXT_TASK: 1, "classify": 1, "mlm": 1, SUMMARY_TASK: 1, "speech": 1}  # per split
 
 
 @dataclass
@@ -94,7 +70,7 @@ class DataConfig:
     clutter: int = 4  # cluttered-digits: 6×6 pieces of other digits strewn on each image
 
     def __post_init__(self) -> None:
-        require_one_of("data.task", self.task, tuple(TASKS_OF))
+        record = task_record(self.task)
         require_one_of("data.tokenizer", self.tokenizer, KINDS)
         smallest = MIN_BPE_VOCAB if self.tokenizer == "bpe" else len(SPECIALS) + 1
         if self.vocab_size < smallest:
@@ -113,21 +89,13 @@ class DataConfig:
             raise ConfigError(f"data.valid_fraction must be in (0, 1); got {self.valid_fraction!r}")
         for split in ("train", "valid", "test"):
             files = getattr(self, split)
-            if files and (
-                len(files) != FILES_OF.get(self.task) or not all(isinstance(f, str) and f for f in files)
-            ):
-                raise ConfigError(f"data.{split} must list {self._files_wanted}; got {files!r}")
+            if files and (len(files) != record.files or not all(isinstance(f, str) and f for f in files)):
+                raise ConfigError(f"data.{split} must list {record.files_wanted}; got {files!r}")
         if len(self.fields) != 2 or not all(isinstance(name, str) and name for name in self.fields):
             raise ConfigError(f"data.fields must be [source field, target field]; got {self.fields!r}")
         require_at_least("data.max_source_len", self.max_source_len, 0)
         if not all(isinstance(label, str) and label for label in self.labels):
             raise ConfigError(f"data.labels must be a list of non-empty strings; got {self.labels!r}")
-
-    @property
-    def _files_wanted(self) -> str:
-        if self.task not in FILES_OF:
-            return f"no files (data.task={self.task!r} is generated)"
-        return "two files [source, target]" if FILES_OF[self.task] == 2 else "one file [file]"
 
     @property
     def source_limit(self) -> int:
@@ -138,11 +106,10 @@ class DataConfig:
     def check_files_given(self) -> None:
         """Training on files needs ``train`` and (for translation, classification) ``valid``; checked
         before any file is read."""
-        needed = {"parallel": ("train", "valid"), TEXT_TASK: ("train",), "classify": ("train", "valid"),
-                  "mlm": ("train",)}.get(self.task, ())  # fmt: skip
-        for split in needed:
+        record = task_record(self.task)
+        for split in record.needs:
             if not getattr(self, split):
-                raise ConfigError(f"data.{split} is not set: it must list {self._files_wanted}")
+                raise ConfigError(f"data.{split} is not set: it must list {record.files_wanted}")
 
     def path(self, name: str) -> Path:
         return Path(self.dir) / name
@@ -291,21 +258,21 @@ class RunConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        trained, head, metrics = TASKS_OF[self.data.task]
-        if self.model.arch not in trained:
-            fitting = ", ".join(sorted(task for task, (a, _, _) in TASKS_OF.items() if self.model.arch in a))
+        task = task_record(self.data.task)
+        if self.model.arch not in task.trains:
+            fitting = ", ".join(sorted(tasks_training(self.model.arch)))
             raise ConfigError(
-                f"data.task={self.data.task!r} trains a model.arch={' or '.join(map(repr, trained))} model, "
+                f"data.task={task.name!r} trains a model.arch={' or '.join(map(repr, task.trains))} model, "
                 f"not {self.model.arch!r} (model.arch={self.model.arch!r} does data.task {fitting})"
             )
-        if head is not None and self.model.head != head:
+        if task.head is not None and self.model.head != task.head:
             raise ConfigError(
-                f"data.task={self.data.task!r} needs model.head={head!r}; got {self.model.head!r}"
+                f"data.task={task.name!r} needs model.head={task.head!r}; got {self.model.head!r}"
             )
-        if self.train.eval_metric not in metrics:
+        if self.train.eval_metric not in task.metrics:
             raise ConfigError(
-                f"train.eval_metric={self.train.eval_metric!r}: data.task={self.data.task!r} is judged by "
-                f"one of {list(metrics)}"
+                f"train.eval_metric={self.train.eval_metric!r}: data.task={task.name!r} is judged by "
+                f"one of {list(task.metrics)}"
             )
         if (
             isinstance(self.model, TransformerConfig)
@@ -322,9 +289,12 @@ class RunConfig:
         """The run configuration of an imported model (``model`` its model config): the first task its
         architecture and head do, judged by that task's first metric."""
         head = getattr(model, "head", None)
-        for task, (trained, task_head, metrics) in TASKS_OF.items():
-            if model.arch in trained and task_head in (None, head):
-                return cls(model=model, data=DataConfig(task=task), train=TrainConfig(eval_metric=metrics[0]))
+        for task in TASK_RECORDS.values():
+            if model.arch in task.trains and task.head in (None, head):
+                metric = next(iter(task.metrics))
+                return cls(
+                    model=model, data=DataConfig(task=task.name), train=TrainConfig(eval_metric=metric)
+                )
         raise ConfigError(
             f"a model.arch={model.arch!r} model with model.head={head!r} does no task by "
             "itself; fine-tune it with train.init_from"
@@ -356,15 +326,14 @@ class RunConfig:
         checked = _checked(model_class, model_values, "model")
         model = model_class.from_preset(preset, **checked) if preset is not None else model_class(**checked)
         data, train = dict(_mapping(values.get("data"), "data")), dict(_mapping(values.get("train"), "train"))
-        trains_on = ARCHITECTURES[model.arch].tasks
+        trains_on = tasks_training(model.arch)
         if len(trains_on) == 1:  # an architecture with one task (GPT's text, the images') defaults to it
             data.setdefault("task", trains_on[0])
-        task = data.get("task", DataConfig.task)
-        if task in TASKS_OF:  # the task's own default metric (an unknown task is reported by DataConfig)
-            train.setdefault("eval_metric", TASKS_OF[task][2][0])
-            head = TASKS_OF[task][1]
-            if head is not None and "head" not in model_values and isinstance(model, EncoderModelConfig):
-                model.head = head  # an encoder's head follows from its task unless set
+        task = TASK_RECORDS.get(data.get("task", DataConfig.task))  # an unknown one: DataConfig reports it
+        if task is not None:  # the task's own default metric, and an encoder's head unless set
+            train.setdefault("eval_metric", next(iter(task.metrics)))
+            if task.head is not None and "head" not in model_values and isinstance(model, EncoderModelConfig):
+                model.head = task.head
         return cls(
             model=model,
             data=DataConfig(**_checked(DataConfig, data, "data")),

@@ -46,7 +46,7 @@ def import_hf(
         )
     model, tokenizer = from_hf(folder)
     run_config = RunConfig.for_model(model.config)
-    if getattr(model.config, "head", None) == "classify":
+    if getattr(model.config, "classifies", False):
         run_config.data.labels = label_names(folder, model.config.num_labels)
     config = run_config.to_dict()
     if earlier and not again:  # --overwrite: the earlier run goes, as attnkit train --overwrite does

@@ -321,6 +321,7 @@ def predict(
     printing ``token<TAB>probability`` for each. A captioner captions each --image, a speech recogniser
     transcribes each --audio, one line each."""
     from attnkit.processes import resolve_device
+    from attnkit.task_records import encoder_heads
     from attnkit.tasks import task_of
 
     if text is not None and input is not None:
@@ -340,7 +341,7 @@ def predict(
     with processes(input if text is None else None) as world:
         device = resolve_device()
         overrides = precision_override(precision, int8)
-        model, tokenizer, config = load_encoder(ckpt, ("classify", "span", "mlm"), device, overrides)
+        model, tokenizer, config = load_encoder(ckpt, encoder_heads(), device, overrides)
         task = task_of(config)
         if text is not None:
             rows = task.infer(model, tokenizer, config, [text], device, where="--text")

@@ -96,27 +96,25 @@ def prepare(
     the same files and settings (each process of it too) maps instead of reading and encoding them
     again; ``attnkit train`` does the same on first use. Prints where the store is. The store is kept
     under ``data.store`` (default: $XDG_CACHE_HOME/attnkit/stores)."""
-    from attnkit.config import TEXT_TASK, load_run_config
-    from attnkit.tasks.classification import prepared_sentences
-    from attnkit.tasks.language_modelling import prepared_text
-    from attnkit.tasks.translation import prepare_data
+    from attnkit.config import load_run_config
+    from attnkit.task_records import TASK_RECORDS
+    from attnkit.tasks import task_class
 
     config, overrides = recipe_and_overrides(config, ctx.args, data)
     run_config = load_run_config(config, overrides)
-    task = run_config.data.task
-    if task not in ("parallel", "summarise", TEXT_TASK, "classify", "mlm"):
+    task = TASK_RECORDS[run_config.data.task]
+    if not task.store:
+        kinds: dict[str, list[str]] = {}  # what is encoded -> the tasks whose data it is
+        for record in TASK_RECORDS.values():
+            if record.store:
+                kinds.setdefault(record.store, []).append(record.name)
+        encoded = [f"{what} ({', '.join(names)})" for what, names in kinds.items()]
         raise AttnkitError(
-            f"data.task={task}: attnkit prepare encodes parallel files (data.task=parallel), summaries "
-            f"(summarise), text ({TEXT_TASK}) and sentences (classify, mlm); generated tasks make their "
-            "data as they train"
+            f"data.task={task.name}: attnkit prepare encodes {', '.join(encoded[:-1])} and {encoded[-1]}; "
+            "generated tasks make their data as they train"
         )
     run_config.data.check_files_given()
-    if task == TEXT_TASK:
-        prepared_text(run_config.data, None, typer.echo)
-    elif task in ("classify", "mlm"):
-        prepared_sentences(run_config, None, typer.echo, labelled=task == "classify")
-    else:
-        prepare_data(run_config.data, run_config.train.seed, echo=typer.echo)
+    task_class(task.name).prepare_store(run_config, typer.echo)
 
 
 @app.command(context_settings=EXTRA_ARGS)

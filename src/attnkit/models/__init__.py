@@ -2,9 +2,9 @@
 
 An architecture is a config dataclass plus a model class, named by the config's ``arch`` field (in a
 run's YAML and in a checkpoint's ``config.json``); :func:`build_model` builds any of them. Its record
-(:class:`Architecture`) also says what it reads, which tasks train it, which commands use it and what
-it exports to: every other place (the run config's checks, the command line, the checkpoint loader's
-advice, export) reads it from here.
+(:class:`Architecture`) also says what it reads, which commands use it and what it exports to: every
+other place (the command line, the checkpoint loader's advice, export) reads it from here. Which tasks
+train it is the tasks' records' to say (``attnkit/task_records.py``): a model knows no task.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ class Architecture:
     model: type  # its model class, built from (config, vocabulary size)
     kind: str  # what it is, in a sentence: "a translation model"
     reads: str  # "text" (through a tokenizer), "images" (pixels) or "audio" (log-mel frames)
-    tasks: tuple[str, ...]  # the data.task values that train it (one: a run's default task)
     commands: tuple[str, ...]  # the attnkit commands that use a trained one, its main use first
     exports: tuple[str, ...] = ()  # what attnkit export --to writes it as
     # "text" where it writes text from images (a captioner: a tokenizer.json for its words); an image
@@ -54,7 +53,6 @@ class Architecture:
         return self.reads == "text" or self.writes == "text"
 
 
-_TRANSLATION = ("parallel", "dates", "copy", "summarise")  # files, generated pairs, summaries
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -63,7 +61,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             model=EncoderDecoder,
             kind="a translation model",
             reads="text",
-            tasks=_TRANSLATION,
             commands=("translate", "evaluate"),
             exports=("hf", "ctranslate2"),
         ),
@@ -72,7 +69,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             model=DecoderModel,
             kind="a decoder (GPT-style) model",
             reads="text",
-            tasks=("text",),
             commands=("generate", "evaluate"),
             exports=("hf", "ctranslate2"),
         ),
@@ -81,7 +77,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             model=EncoderModel,
             kind="an encoder (BERT-style) model",
             reads="text",
-            tasks=("classify", "mlm", "qa"),
             commands=("predict", "evaluate --data"),
             exports=("hf",),
         ),
@@ -90,7 +85,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             model=RNNSeq2Seq,
             kind="an RNN translation model",
             reads="text",
-            tasks=_TRANSLATION,
             commands=("translate", "evaluate"),
         ),
         Architecture(
@@ -98,7 +92,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             model=GlimpseClassifier,
             kind="a glimpse classifier",
             reads="images",
-            tasks=("cluttered-digits",),
             commands=("evaluate",),
         ),
         Architecture(
@@ -107,7 +100,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             kind="an image captioner",
             reads="images",
             writes="text",
-            tasks=("captions",),
             commands=("evaluate", "predict"),
         ),
         Architecture(
@@ -116,7 +108,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             kind="a Transformer image captioner",
             reads="images",
             writes="text",
-            tasks=("captions",),
             commands=("evaluate", "predict"),
         ),
         Architecture(
@@ -125,7 +116,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             kind="a speech recogniser",
             reads="audio",
             writes="text",
-            tasks=("speech",),
             commands=("evaluate", "predict"),
         ),
         Architecture(
@@ -133,7 +123,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             model=WholeImageClassifier,
             kind="a whole-image classifier",
             reads="images",
-            tasks=("cluttered-digits",),
             commands=("evaluate",),
         ),
     )

@@ -218,3 +218,8 @@ class EncoderModelConfig(BaseTransformerConfig):
         require_one_of("model.pooling", self.pooling, ("cls", "mean"))
         require_at_least("model.type_vocab_size", self.type_vocab_size, 0)
         require_at_least("model.num_labels", self.num_labels, 1)
+
+    @property
+    def classifies(self) -> bool:
+        """Whether its head gives ``num_labels`` logits (whose names a classifier's run keeps)."""
+        return self.head == "classify"

@@ -119,11 +119,6 @@ class CaptioningTask:
     """The trainer's view of digit scenes: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "target tokens"
-    metrics: ClassVar[dict[str, str]] = {
-        "accuracy": "valid_accuracy",
-        "bleu": "valid_bleu",
-        "loss": "valid_loss",
-    }
     scoring: ClassVar[Scoring] = Scoring(
         files=(), asks="it is evaluated on its own generated test scenes", decodes=True, holder="a captioner"
     )

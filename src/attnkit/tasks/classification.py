@@ -196,7 +196,6 @@ class ClassificationTask:
     """The trainer's view of classification: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "sentences"  # what the loss is summed over (the speed shown is sentences/s)
-    metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_accuracy", "f1": "valid_f1", "loss": "valid_loss"}
     scoring: ClassVar[Scoring] = ENCODER_SCORING
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
@@ -265,6 +264,12 @@ class ClassificationTask:
         gold = [self.valid_labels[i] for group in groups for i in group]  # in batch order, as predicted
         accuracy, f1 = accuracy_and_f1(torch.cat(predicted).tolist(), gold, self.n_labels)
         return {"valid_loss": scores["valid_loss"], "valid_accuracy": accuracy, "valid_f1": f1}
+
+    @classmethod
+    def prepare_store(cls, config: RunConfig, echo: Callable[[str], None]) -> None:
+        """``attnkit prepare``: the labelled training sentences in a token store
+        (:func:`prepared_sentences`)."""
+        prepared_sentences(config, None, echo, labelled=True)
 
     @classmethod
     def infer(

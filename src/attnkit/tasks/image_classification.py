@@ -81,7 +81,6 @@ class ImageClassificationTask:
     """The trainer's view of cluttered digits: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "images"
-    metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_accuracy", "loss": "valid_loss"}
     scoring: ClassVar[Scoring] = Scoring(files=(), asks="it is evaluated on its own generated test images")
 
     def __init__(self, config: RunConfig, tokenizer: None, echo: Callable[[str], None]) -> None:

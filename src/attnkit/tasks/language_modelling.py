@@ -190,7 +190,6 @@ class LanguageModellingTask:
     """The trainer's view of language modelling: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "tokens"  # what the loss is summed over (the speed shown is tokens/s)
-    metrics: ClassVar[dict[str, str]] = {"loss": "valid_loss"}
     scoring: ClassVar[Scoring] = Scoring(files=("data",), asks="evaluate its perplexity with --data FILE.txt")
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
@@ -238,6 +237,11 @@ class LanguageModellingTask:
         """Loss and perplexity per token over the whole validation text."""
         blocks = stream_blocks(self.valid_ids, self.block, self.per_batch)
         return validation_loss(self.loss, model, blocks, device, autocast)
+
+    @classmethod
+    def prepare_store(cls, config: RunConfig, echo: Callable[[str], None]) -> None:
+        """``attnkit prepare``: the training text encoded into a token store (:func:`prepared_text`)."""
+        prepared_text(config.data, None, echo)
 
     @classmethod
     def infer(

@@ -61,7 +61,6 @@ class MaskedLMTask(ScoredAsAClassifier):
     """The trainer's view of masked-LM pre-training (see the module docstring)."""
 
     unit: ClassVar[str] = "masked tokens"  # what the loss is summed over (the speed shown is masked tokens/s)
-    metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_accuracy", "loss": "valid_loss"}
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         d, t = config.data, config.train
@@ -131,6 +130,11 @@ class MaskedLMTask(ScoredAsAClassifier):
         scores = validation_loss(loss_and_hits, model, batches, device, autocast)
         hits = int(torch.stack(correct).sum()) if correct else 0
         return {**scores, "valid_accuracy": hits / sum(b.n_tokens for b in batches)}
+
+    @classmethod
+    def prepare_store(cls, config: RunConfig, echo: Callable[[str], None]) -> None:
+        """``attnkit prepare``: the training sentences in a token store (:func:`prepared_sentences`)."""
+        prepared_sentences(config, None, echo, labelled=False)
 
     @classmethod
     def infer(

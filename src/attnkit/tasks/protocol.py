@@ -49,7 +49,6 @@ class Task(Protocol):
     does with new inputs."""
 
     unit: ClassVar[str]  # what the loss is summed over, for the speed shown ("target tokens", "images")
-    metrics: ClassVar[dict[str, str]]  # train.eval_metric name -> validation score ("loss" lower is better)
     tokenizer: Tokenizer | None  # None for an image task: its checkpoints hold no tokenizer.json
     scoring: ClassVar[Scoring]  # what attnkit evaluate scores its model on
 
@@ -67,7 +66,8 @@ class Task(Protocol):
         ...
 
     def validate(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> dict[str, float]:
-        """The validation scores (``valid_loss`` and the task's own, as ``metrics`` names them)."""
+        """The validation scores (``valid_loss`` and the task's own, as its record's ``metrics`` name
+        them: ``attnkit/task_records.py``)."""
         ...
 
     @classmethod

@@ -165,7 +165,6 @@ class SpanQATask(ScoredAsAClassifier):
     """The trainer's view of extractive QA: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "questions"  # what the loss is summed over (the speed shown is questions/s)
-    metrics: ClassVar[dict[str, str]] = {"accuracy": "valid_exact", "f1": "valid_f1", "loss": "valid_loss"}
 
     def __init__(self, config: RunConfig, tokenizer: Tokenizer | None, echo: Callable[[str], None]) -> None:
         d, t = config.data, config.train

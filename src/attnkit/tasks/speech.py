@@ -179,7 +179,6 @@ class SpeechTask:
     """The trainer's view of spoken dates: batches, loss and validation (see the module docstring)."""
 
     unit: ClassVar[str] = "characters"
-    metrics: ClassVar[dict[str, str]] = {"cer": "valid_cer", "wer": "valid_wer", "loss": "valid_loss"}
     scoring: ClassVar[Scoring] = Scoring(
         files=(), asks="it is evaluated on its own synthesised test utterances", decodes=True,
         holder="a speech recogniser",

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.config import SUMMARY_TASK, DataConfig, DecodeConfig, RunConfig
+from attnkit.config import DataConfig, DecodeConfig, RunConfig
 from attnkit.data.batching import Batch, make_batch, token_batches
 from attnkit.data.readers import ParallelText, Records, iter_jsonl, iter_pairs, read_jsonl, read_parallel
 from attnkit.data.store import StoreColumn, prepared, store_root, uniform_sample
@@ -35,9 +35,12 @@ from attnkit.decode.translate import Reporting, translate
 from attnkit.errors import ConfigError, DataError
 from attnkit.metrics import bleu, chrf, exact_match, rouge
 from attnkit.models import unwrap
+from attnkit.task_records import task_record
 from attnkit.tasks.losses import generative_loss
 from attnkit.tasks.protocol import Given, Scoring
 from attnkit.tasks.validation import validation_loss
+
+SUMMARY_TASK = "summarise"  # the data.task SummarisationTask does (its record in attnkit/task_records.py)
 
 
 @dataclass
@@ -116,7 +119,7 @@ def prepare_data(
     valid = read_split(config, "valid", seed)
     if valid.dropped_empty:
         echo(f"dropped {valid.dropped_empty} validation pairs with an empty side")
-    if config.task in ("parallel", SUMMARY_TASK):
+    if task_record(config.task).files:  # read from files: kept in a token store
         return _from_store(config, valid, tokenizer, echo)
     train = read_split(config, "train", seed)
     tokenizer, src, tgt, report = _encoded_training_pairs(config, train, tokenizer)
@@ -252,11 +255,6 @@ class TranslationTask:
     scoring: ClassVar[Scoring] = Scoring(
         files=("src", "ref"), asks="evaluate it with --src FILE --ref FILE", decodes=True
     )
-    metrics: ClassVar[dict[str, str]] = {
-        "bleu": "valid_bleu",
-        "accuracy": "valid_accuracy",
-        "loss": "valid_loss",
-    }
 
     def __init__(
         self,
@@ -307,6 +305,11 @@ class TranslationTask:
         # Scoring outputs needs decoding, the slow part; train.valid_bleu_sentences limits it to a prefix.
         n = self.config.train.valid_bleu_sentences or len(self.data.valid)
         return {**scores, **self.output_scores(model, device, n)}
+
+    @classmethod
+    def prepare_store(cls, config: RunConfig, echo: Callable[[str], None]) -> None:
+        """``attnkit prepare``: the training pairs (or summaries) read, encoded and kept in a token store."""
+        prepare_data(config.data, config.train.seed, echo=echo)
 
     def output_scores(self, model: torch.nn.Module, device: torch.device, n: int) -> dict[str, float]:
         """BLEU and exact-match accuracy of the greedy translations of the first ``n`` sources."""
@@ -380,12 +383,6 @@ class SummarisationTask(TranslationTask):
         files=("data",), asks="evaluate it with --data FILE.jsonl", decodes=True,
         holder="a summariser",
     )  # fmt: skip
-    metrics: ClassVar[dict[str, str]] = {
-        "rouge1": "valid_rouge1",
-        "rouge2": "valid_rouge2",
-        "rougeL": "valid_rougeL",
-        "loss": "valid_loss",
-    }
 
     def validation_ids(self, valid: ParallelText) -> tuple[list[list[int]], list[list[int]]]:
         """The sources cut as the training sources are (``data.max_source_len``)."""

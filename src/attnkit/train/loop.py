@@ -41,6 +41,7 @@ from attnkit.cpu import speed_up
 from attnkit.errors import AttnkitError
 from attnkit.loading import build_for_tokenizer, read_tokenizer
 from attnkit.processes import close_world, init_world, resolve_device
+from attnkit.task_records import task_record
 from attnkit.tasks import make_task
 from attnkit.tasks.protocol import Task, TaskFactory
 from attnkit.train.checks import check_resumable, ready_to_train
@@ -305,7 +306,8 @@ class Trainer:
         state, metric = self.state, self.config.train.eval_metric
         seconds = self.report.training_seconds()  # before validation's time
         scores = self.scores = self.validate()
-        value = scores[self.task.metrics[metric]] * (-1 if metric in LOWER_IS_BETTER else 1)  # higher: better
+        score = scores[task_record(self.config.data.task).metrics[metric]]
+        value = score * (-1 if metric in LOWER_IS_BETTER else 1)  # higher: better
         is_best = state.best is None or value > state.best
         state.best, state.bad_evals = (value, 0) if is_best else (state.best, state.bad_evals + 1)
         lr = max(self.scheduler.get_last_lr())
