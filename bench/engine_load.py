@@ -3,7 +3,7 @@ clients, with no HTTP, against ``attnkit translate`` of the same sentences offli
 
 A server's throughput is the engine's less what the HTTP layer costs (parsing, validation, tokenising,
 JSON, the hops between the event loop and the workers' threads). This measures the engine alone: the
-server's own continuous batcher and engine processes (serve/continuous.py, made as ``attnkit serve``
+server's own continuous batcher and worker processes (serve/continuous.py, made as ``attnkit serve``
 makes them with the same options; ``--workers threads`` for running batches on threads), called in
 process by simulated clients, each sentence's tokens counted beforehand. Each of ``--clients`` clients
 has one sentence in flight and sends the next as soon as the last is done (a closed loop, as
@@ -110,14 +110,14 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
         "offline": rate,
         "steps": served.steps(),
         "workers": workers,
-        "engines": batcher.workers,
+        "batches": batcher.workers,
         **results,
     }
 
 
 def print_results(results: dict, levels: list[int]) -> None:
-    engines = f"{results['engines']} running batch(es) in {results['workers']}, {results['steps']} steps"
-    print(f"offline (attnkit translate, in this process): {results['offline']:.1f} sentences/s; {engines}")
+    running = f"{results['batches']} running batch(es) in {results['workers']}, {results['steps']} steps"
+    print(f"offline (attnkit translate, in this process): {results['offline']:.1f} sentences/s; {running}")
     print("| engine only (no HTTP) | clients | sentences/s | / offline | p50 ms | p99 ms | answers not the "
           "offline one |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")

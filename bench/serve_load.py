@@ -54,14 +54,14 @@ from attnkit.data.tokenizer import Tokenizer
 
 def cpu_seconds(server: int) -> dict[str, float]:
     """The CPU seconds (user and system) used so far by the server's process, by its children (the
-    engine processes) and by this process (the load generator), and the time now (Linux: /proc)."""
+    worker processes) and by this process (the load generator), and the time now (Linux: /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
 
     def used(stat: Path) -> tuple[int, float]:
         fields = stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()
         return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick  # parent, utime + stime
 
-    server_s, engines_s = 0.0, 0.0
+    server_s, workers_s = 0.0, 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             parent, seconds = used(stat)
@@ -70,19 +70,20 @@ def cpu_seconds(server: int) -> dict[str, float]:
         if int(stat.parent.name) == server:
             server_s = seconds
         elif parent == server:
-            engines_s += seconds  # (an ended child's time is the server's, once reaped)
+            workers_s += seconds  # (an ended child's time is the server's, once reaped)
     return {
         "server": server_s,
-        "engines": engines_s,
+        "workers": workers_s,
         "client": time.process_time(),
         "at": time.perf_counter(),
     }
 
 
 def cores_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """How many cores each of server, engines and client kept busy between two :func:`cpu_seconds`."""
+    """How many cores each of server, worker processes and client kept busy between two
+    :func:`cpu_seconds`."""
     wall = after["at"] - before["at"]
-    return {part: (after[part] - before[part]) / wall for part in ("server", "engines", "client")}
+    return {part: (after[part] - before[part]) / wall for part in ("server", "workers", "client")}
 
 
 def free_port() -> int:
@@ -435,7 +436,7 @@ def main() -> None:
         if "cores" in r and sys.platform == "linux":
             c = r["cores"]
             print(f"{SHOWN[name]} at {clients} clients, cores used: server {c['server']:.2f}, "
-                  f"engine processes {c['engines']:.2f}, load generator {c['client']:.2f}")  # fmt: skip
+                  f"worker processes {c['workers']:.2f}, load generator {c['client']:.2f}")  # fmt: skip
     most, one = max(levels), min(levels)
     middle = [c for c in levels if one < c < most]
     for engine in engines:

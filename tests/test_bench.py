@@ -364,8 +364,8 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
         assert all(within == "yes" for *_, within in rates[:-1]), rates  # it stops at the first over
         highest = rf"^{re.escape(name)}: the highest Poisson rate with p99 <= 2000 ms: "
         assert re.search(highest + r"([\d.]+ requests/s, \d\.\dx offline|none)$", result.stdout, re.M)
-    # where the CPU went at each level: the server's process, its engine processes, the load generator
-    cores = r"^attnkit serve at 4 clients, cores used: server 0\.\d\d, engine processes (\d\.\d\d), "
+    # where the CPU went at each level: the server's process, its worker processes, the load generator
+    cores = r"^attnkit serve at 4 clients, cores used: server 0\.\d\d, worker processes (\d\.\d\d), "
     cores += r"load generator 0\.\d\d$"
     assert float(re.search(cores, result.stdout, re.M)[1]) > 0.05, result.stdout
     # the engine alone, in process: every answer the offline one; and what the HTTP layer leaves

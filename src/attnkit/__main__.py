@@ -2,5 +2,5 @@
 
 from attnkit.cli import main
 
-if __name__ == "__main__":  # not when a spawned child (serve's engine processes) imports this again
+if __name__ == "__main__":  # not when a spawned child (serve's worker processes) imports this again
     main()

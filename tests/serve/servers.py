@@ -31,8 +31,8 @@ def generated(run, prompts: list[str], overrides: list[str], folder) -> list[str
     return [json.loads(line)["text"] for line in printed.stdout.splitlines()]
 
 
-def engine_processes(pid: int) -> list[int]:
-    """The engine processes (multiprocessing's spawned children, not its resource tracker) that a
+def worker_processes(pid: int) -> list[int]:
+    """The worker processes (multiprocessing's spawned children, not its resource tracker) that a
     server ``pid`` started and that still run."""
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The continuous batcher alone (serve/continuous.py), with a stand-in engine: requests join a running
+"""The continuous batcher alone (serve/continuous.py), with a stand-in running batch: requests join a running
 batch at its next iteration, oldest first within the token budget (a large one is never overtaken),
 spread over the workers; a request whose client has gone leaves the batch; a failing iteration answers
 its requests with the error and the worker goes on; work alone runs while no iteration does."""
@@ -13,7 +13,7 @@ from attnkit.serve.batching import QueueFullError
 from attnkit.serve.continuous import ContinuousBatcher
 
 
-class Engine:
+class Countdown:
     """Input ``"word:n"`` is done after n iterations, as ``"WORD"``; ``"boom"`` makes the iteration fail.
     Records what each iteration was handed."""
 
@@ -47,17 +47,17 @@ class Engine:
         return done
 
 
-def _batcher(engines, **settings):
-    made = iter(engines)
+def _batcher(running, **settings):
+    made = iter(running)
     settings = {"max_batch_tokens": 100, "max_queue": 16, **settings}
     return ContinuousBatcher(lambda: next(made), **settings)
 
 
 def test_requests_join_at_the_next_iteration_and_leave_when_done():
-    engine = Engine()
+    countdown = Countdown()
 
     async def go():
-        batcher = _batcher([engine])
+        batcher = _batcher([countdown])
         batcher.start()
         long = asyncio.ensure_future(batcher.submit(["a:100"], None, 1))
         await asyncio.sleep(0.02)  # the long one runs alone, then a short one joins it
@@ -68,15 +68,15 @@ def test_requests_join_at_the_next_iteration_and_leave_when_done():
         return result
 
     assert asyncio.run(go()) == (["A"], ["B", "C"])
-    joined = [x for joining, _ in engine.iterations for x in joining]
+    joined = [x for joining, _ in countdown.iterations for x in joining]
     assert joined == ["a:100", "b:1", "c:2"]
 
 
 def test_the_oldest_request_that_does_not_fit_is_not_overtaken():
-    engine = Engine()
+    countdown = Countdown()
 
     async def go():
-        batcher = _batcher([engine], max_batch_tokens=10)
+        batcher = _batcher([countdown], max_batch_tokens=10)
         batcher.start()
         first = asyncio.ensure_future(batcher.submit(["a:3"], None, 6))
         await asyncio.sleep(0.01)
@@ -88,16 +88,16 @@ def test_the_oldest_request_that_does_not_fit_is_not_overtaken():
 
     results = asyncio.run(go())
     assert results == [["A"], ["BIG"], ["S"]]
-    order = [x for joining, _ in engine.iterations for x in joining]
+    order = [x for joining, _ in countdown.iterations for x in joining]
     assert order == ["a:3", "big:1", "s:1"]
-    assert not any("big:1" in joining and "a:3" in joining for joining, _ in engine.iterations)
+    assert not any("big:1" in joining and "a:3" in joining for joining, _ in countdown.iterations)
 
 
 def test_a_running_batch_admits_no_more_token_positions_than_its_budget():
-    engine = Engine()
+    countdown = Countdown()
 
     async def go():
-        batcher = _batcher([engine], max_batch_positions=1000)
+        batcher = _batcher([countdown], max_batch_positions=1000)
         batcher.start()
         first = asyncio.ensure_future(batcher.submit(["a:3"], None, 1, 600))
         await asyncio.sleep(0.001)
@@ -109,15 +109,15 @@ def test_a_running_batch_admits_no_more_token_positions_than_its_budget():
         return answers
 
     assert asyncio.run(go()) == [["A"], ["B"], ["C"]]
-    joined = [joining for joining, _ in engine.iterations if joining]
+    joined = [joining for joining, _ in countdown.iterations if joining]
     assert joined[0] == ["a:3"] and not any("a:3" in j and "b:1" in j for j in joined)
 
 
 def test_a_gone_client_leaves_the_batch_and_a_failure_answers_only_its_batch():
-    engines = [Engine(), Engine()]
+    running = [Countdown(), Countdown()]
 
     async def go():
-        batcher = _batcher(engines, workers=2)
+        batcher = _batcher(running, workers=2)
         batcher.start()
         gone = asyncio.ensure_future(batcher.submit(["g:50"], None, 1))
         await asyncio.sleep(0.02)
@@ -129,22 +129,22 @@ def test_a_gone_client_leaves_the_batch_and_a_failure_answers_only_its_batch():
         await batcher.stop()
         return after
 
-    engines.append(Engine())  # the fresh engine after the failure
+    running.append(Countdown())  # the fresh countdown after the failure
     assert asyncio.run(go()) == ["X"]
-    left = [leaving for engine in engines for _, leaving in engine.iterations if leaving]
+    left = [leaving for countdown in running for _, leaving in countdown.iterations if leaving]
     assert len(left) == 1 and len(next(iter(left))) == 1  # g's one input left, once
-    assert not engines[0].left and not engines[1].left
+    assert not running[0].left and not running[1].left
 
 
 def test_work_alone_runs_while_no_iteration_does_and_a_full_queue_refuses():
-    engine, seen = Engine(), []
+    countdown, seen = Countdown(), []
 
     def alone(x):
-        seen.append((x, engine.sources))  # between two iterations of a running batch
+        seen.append((x, countdown.sources))  # between two iterations of a running batch
         return x * 2
 
     async def go():
-        batcher = _batcher([engine], max_queue=2)
+        batcher = _batcher([countdown], max_queue=2)
         batcher.start()
         running = asyncio.ensure_future(batcher.submit(["a:30"], None, 1))
         await asyncio.sleep(0.01)
@@ -163,10 +163,10 @@ def test_work_alone_runs_while_no_iteration_does_and_a_full_queue_refuses():
 def test_a_long_running_batch_is_not_taken_for_a_stalled_one():
     """One request stepped for a long time (its worker goes on without a hop to the event loop) still
     shows progress at every step: /health's stall clock does not run meanwhile."""
-    engine = Engine()
+    countdown = Countdown()
 
     async def go():
-        batcher = _batcher([engine])
+        batcher = _batcher([countdown])
         batcher.start()
         running = asyncio.ensure_future(batcher.submit(["a:150"], None, 1))  # 150 steps of 2 ms or more
         await asyncio.sleep(0.25)
@@ -185,10 +185,10 @@ def test_newcomers_to_a_busy_running_batch_wait_a_little_for_company_and_join_to
     batch with fewer sources takes each at once."""
     from attnkit.serve.continuous import HOLD_FROM, HOLD_S
 
-    engine = Engine()
+    countdown = Countdown()
 
     async def go():
-        batcher = _batcher([engine])
+        batcher = _batcher([countdown])
         batcher.start()
         # a busy batch: HOLD_FROM long sources; then newcomers one at a time, a step apart
         long = asyncio.ensure_future(batcher.submit([f"l{i}:1000" for i in range(HOLD_FROM)], None, 4))
@@ -206,17 +206,17 @@ def test_newcomers_to_a_busy_running_batch_wait_a_little_for_company_and_join_to
 
     answered, waited = asyncio.run(go())
     assert answered == [["N0"], ["N1"], ["N2"]]
-    joins = [joining for joining, _ in engine.iterations if joining]
+    joins = [joining for joining, _ in countdown.iterations if joining]
     assert joins[0] == [f"l{i}:1000" for i in range(HOLD_FROM)]
     assert joins[1] == ["n0:1", "n1:1", "n2:1"]  # together, at one iteration
     assert waited < HOLD_S + 0.1  # the first waited at most about HOLD_S
 
 
 def test_a_running_batch_of_few_sources_takes_newcomers_at_once():
-    engine = Engine()
+    countdown = Countdown()
 
     async def go():
-        batcher = _batcher([engine])
+        batcher = _batcher([countdown])
         batcher.start()
         long = asyncio.ensure_future(batcher.submit(["l:1000"], None, 1))
         await asyncio.sleep(0.02)
@@ -226,5 +226,5 @@ def test_a_running_batch_of_few_sources_takes_newcomers_at_once():
         await batcher.stop()
 
     asyncio.run(go())
-    joins = [joining for joining, _ in engine.iterations if joining]
+    joins = [joining for joining, _ in countdown.iterations if joining]
     assert joins == [["l:1000"], ["n0:1"], ["n1:1"]]  # one by one, each at the next iteration

@@ -1,7 +1,7 @@
 """attnkit serve --batching continuous through a real server process: concurrent requests with different
 beams and n-best lists, joining a running batch at any step, get exactly the CLI's outputs; the
 metrics show the running batch; the attention explorer still runs between steps; SIGTERM finishes.
-Engine processes: a killed one fails only its running requests, one killed while idle fails none, a
+Worker processes: a killed one fails only its running requests, one killed while idle fails none, a
 new one is made from the server's memory (its checkpoint folder may be gone), a hung one is noticed
 by /health and ended at its deadline and never keeps the server from stopping, and Ctrl-C in the
 terminal finishes what runs."""
@@ -23,7 +23,7 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from attnkit.data.synthetic import dates  # noqa: E402
-from tests.serve.servers import Server, engine_processes, generated  # noqa: E402
+from tests.serve.servers import Server, generated, worker_processes  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a trained model and a server process
 
@@ -63,9 +63,9 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
     expected = {1: _cli(run, tmp_path, 1, 0, overrides), 4: _cli(run, tmp_path, 4, 0, overrides)}
     n_best = [line.split(" ||| ") for line in _cli(run, tmp_path, 4, 2, overrides)]  # LINE ||| TEXT ||| SCORE
     served = Server(run, "--batching", "continuous", "--workers", workers, "decode.streams=2", *overrides)
-    engines = engine_processes(served.process.pid)
+    worker_pids = worker_processes(served.process.pid)
     try:
-        assert len(engines) == (2 if workers == "processes" else 0)  # one per worker, its model loaded
+        assert len(worker_pids) == (2 if workers == "processes" else 0)  # one per worker, its model loaded
 
         def ask(i):
             beam, best = (1, 1) if i % 3 == 0 else (4, 2 if i % 3 == 2 else 1)
@@ -93,21 +93,21 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
     finally:
         code, output = served.stop()
     assert code == 0, output
-    for engine in engines:  # the engine processes ended with the server (or wait, zombies, to be reaped)
-        stat = Path(f"/proc/{engine}/stat")
+    for worker in worker_pids:  # the worker processes ended with the server (or wait, zombies, to be reaped)
+        stat = Path(f"/proc/{worker}/stat")
         assert not stat.exists() or stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_a_killed_engine_process_fails_its_requests_alone_and_a_new_one_takes_over(run):
-    """The engine process of a worker dies (killed, out of memory): the requests in its running batch get
+def test_a_killed_worker_process_fails_its_requests_alone_and_a_new_one_takes_over(run):
+    """A worker's process dies (killed, out of memory): the requests in its running batch get
     a 500 naming it, at once; the server stays ready, and the next requests are answered by a new one."""
     served = Server(run, "--batching", "continuous", "decode.streams=1", "decode.precision=fp32")
     try:
-        (engine,) = engine_processes(served.process.pid)
+        (worker,) = worker_processes(served.process.pid)
         expected = served.post([{"src": SENTENCES[0]}]).json()[0][0]["tgt"]
         killed = threading.Event()
 
-        def client(i):  # requests one after another until the engine has been killed
+        def client(i):  # requests one after another until the worker process has been killed
             answers = []
             while not killed.is_set():
                 answers.append(served.post([{"src": s} for s in SENTENCES[i : i + 8]]))
@@ -118,23 +118,25 @@ def test_a_killed_engine_process_fails_its_requests_alone_and_a_new_one_takes_ov
             deadline = time.monotonic() + 30
             while _samples(served)["attnkit_running_sources"] == 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            os.kill(engine, signal.SIGKILL)
+            os.kill(worker, signal.SIGKILL)
             killed.set()
             answers = [answer for done in running for answer in done.result()]
         failed = [a for a in answers if a.status_code != 200]
-        assert failed, "no request was running when the engine process was killed"
+        assert failed, "no request was running when the worker process was killed"
         for answer in failed:
-            assert answer.status_code == 500 and "the engine process is gone (exit code -9)" in answer.text
+            assert answer.status_code == 500 and "the worker process is gone (exit code -9)" in answer.text
         assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "eager"}
-        assert served.post([{"src": SENTENCES[0]}]).json()[0][0]["tgt"] == expected  # a new engine
-        (new,) = engine_processes(served.process.pid)
-        assert new != engine
+        assert served.post([{"src": SENTENCES[0]}]).json()[0][0]["tgt"] == expected  # a new worker process
+        (new,) = worker_processes(served.process.pid)
+        assert new != worker
     finally:
         code, output = served.stop()
     assert code == 0, output
 
 
-def test_an_engine_killed_while_idle_is_made_again_from_memory_though_its_checkpoint_is_gone(run, tmp_path):
+def test_a_worker_process_killed_while_idle_is_made_again_from_memory_though_its_checkpoint_is_gone(
+    run, tmp_path
+):
     import shutil
 
     from attnkit.checkpoint.folder import resolve_checkpoint
@@ -145,49 +147,49 @@ def test_an_engine_killed_while_idle_is_made_again_from_memory_though_its_checkp
     try:
         expected = served.post([{"src": s} for s in SENTENCES[:4]]).json()
         shutil.rmtree(folder)  # rotated away by a run still training, or its volume unmounted
-        (engine,) = engine_processes(served.process.pid)
-        os.kill(engine, signal.SIGKILL)  # while it held nothing
+        (worker,) = worker_processes(served.process.pid)
+        os.kill(worker, signal.SIGKILL)  # while it held nothing
         time.sleep(0.5)
         answer = served.post([{"src": s} for s in SENTENCES[:4]])
         assert answer.status_code == 200 and answer.json() == expected, answer.text  # no request failed
         assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "eager"}
-        (new,) = engine_processes(served.process.pid)
-        assert new != engine
+        (new,) = worker_processes(served.process.pid)
+        assert new != worker
     finally:
         code, output = served.stop()
     assert code == 0, output
 
 
-def test_a_hung_engine_is_noticed_by_health_ended_at_its_deadline_and_replaced(run):
+def test_a_hung_worker_process_is_noticed_by_health_ended_at_its_deadline_and_replaced(run):
     served = Server(run, "--batching", "continuous", "decode.streams=1", "decode.precision=fp32",
                     "--stall-after", "2")  # fmt: skip
     try:
         expected = served.post([{"src": SENTENCES[0]}]).json()
-        (engine,) = engine_processes(served.process.pid)
-        os.kill(engine, signal.SIGSTOP)  # stopped: it will never answer
+        (worker,) = worker_processes(served.process.pid)
+        os.kill(worker, signal.SIGSTOP)  # stopped: it will never answer
         with ThreadPoolExecutor(1) as client:
             waiting = client.submit(served.post, [{"src": SENTENCES[0]}])
             began = time.monotonic()
             while (health := httpx.get(f"{served.url}/health")).status_code == 200:
-                assert time.monotonic() - began < 3.5, "the hung engine did not show in /health"
+                assert time.monotonic() - began < 3.5, "the hung worker process did not show in /health"
                 time.sleep(0.1)
             assert health.json()["status"] == "stalled" and time.monotonic() - began > 1.5  # past 2 s
             answer = waiting.result(timeout=30)
         # twice --stall-after: ended, its request told so
         assert answer.status_code == 500 and "answered no step within 4 s and was ended" in answer.text
-        assert served.post([{"src": SENTENCES[0]}]).json() == expected  # a new engine
+        assert served.post([{"src": SENTENCES[0]}]).json() == expected  # a new worker process
         assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "eager"}
     finally:
         code, output = served.stop()
     assert code == 0, output
 
 
-def test_sigterm_ends_a_server_whose_engine_hangs_within_its_grace(run):
+def test_sigterm_ends_a_server_whose_worker_process_hangs_within_its_grace(run):
     served = Server(
         run, "--batching", "continuous", "decode.streams=1", "decode.precision=fp32", "--grace", "1"
     )
-    (engine,) = engine_processes(served.process.pid)
-    os.kill(engine, signal.SIGSTOP)
+    (worker,) = worker_processes(served.process.pid)
+    os.kill(worker, signal.SIGSTOP)
     with ThreadPoolExecutor(1) as client:
         waiting = client.submit(served.post, [{"src": SENTENCES[0]}])
         time.sleep(1)
@@ -199,8 +201,10 @@ def test_sigterm_ends_a_server_whose_engine_hangs_within_its_grace(run):
     assert answer.status_code == 503 and answer.json()["kind"] == "shutting_down"
 
 
-def test_ctrl_c_in_the_terminal_finishes_the_requests_running_and_no_engine_dies_mid_step(run, tmp_path):
-    """Ctrl-C signals every process of the terminal's foreground group: the engine processes ignore it,
+def test_ctrl_c_in_the_terminal_finishes_the_requests_running_and_no_worker_process_dies_mid_step(
+    run, tmp_path
+):
+    """Ctrl-C signals every process of the terminal's foreground group: the worker processes ignore it,
     and the server, as for SIGTERM, answers what it accepted and exits 0."""
     expected = _cli(run, tmp_path, 4, 0, ("decode.precision=fp32",))
     served = Server(
@@ -298,7 +302,7 @@ def test_with_no_options_the_server_answers_at_once_and_takes_the_compiled_steps
         assert "the compiled decoding steps are built" in served.output()
         compiled = _cli(run, tmp_path, 4, overrides=["decode.steps=compiled"])
         assert _cli(run, tmp_path, 4, overrides=["decode.steps=auto"]) == compiled  # from the cache
-        time.sleep(1.5)  # the engine looks every second
+        time.sleep(1.5)  # the running batches look every second
         answers = served.post([{"src": s} for s in SENTENCES]).json()[0]  # (OpenNMT's: n-best lists first)
         assert [answer["tgt"] for answer in answers] == compiled
     finally:

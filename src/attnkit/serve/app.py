@@ -71,7 +71,7 @@ def _serving(server: ServerState, load: Callable[[], ServedModel]) -> Callable:
             try:
                 model = load()
                 batcher = server.batcher_for(model)
-                batcher.started()  # its engine processes have loaded the model too
+                batcher.started()  # its worker processes have loaded the model too
             except Exception as error:  # said by /health; the server stays up to say it
                 server.failed = str(error)
                 return

@@ -54,7 +54,7 @@ class Batching:
         self.broken: str | None = None  # why the workers cannot run (/health: failed), if they cannot
 
     def started(self) -> None:
-        """Wait until the workers can run (threads: at once; engines in processes: once loaded)."""
+        """Wait until the workers can run (threads: at once; running batches in processes: once loaded)."""
 
     def start(self) -> None:
         """Start serving the queue (on the event loop)."""

@@ -5,7 +5,7 @@ Building a translation model's compiled steps takes about 20 s a step (the first
 for a small model), once per model and settings on a machine: they are kept in a cache
 (attnkit.cpu.compiled.cache), where a restarted server finds them at once. A server that waited for
 them would not be ready for that long, so :class:`StepsBuilding` builds them in a process of its own
-(on the model made again from this server's weights, as an engine process makes it), which no request
+(on the model made again from this server's weights, as a worker process makes it), which no request
 waits for. When the build ends, the running batches see the steps in the cache (they look every
 second: decode/continuous.py) and the sources that join from then on take them; ``/health`` says
 which steps serve, and the log says when they change, or why they could not be built.

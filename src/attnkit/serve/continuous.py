@@ -2,7 +2,7 @@
 done (``attnkit serve --batching continuous``; translation and summarisation on attnkit's engine).
 
 The batcher of batcher.py runs a batch to its end: a request that comes meanwhile waits for the
-batch's longest sentence. Here each worker keeps one running batch (an engine such as
+batch's longest sentence. Here each worker keeps one running batch (a :class:`RunningBatch` such as
 ``attnkit.decode.continuous.RunningTranslations``) and loops: it admits waiting requests, oldest
 first, while its batch holds fewer than ``max_batch_tokens`` source tokens and ``max_batch_positions``
 token positions in its rows (each row its source and the longest output it may write, so that beams
@@ -17,8 +17,8 @@ nothing runs or waits, the workers sleep.
 It shares the batcher's queue, threads and interface (batching.py), so the server's state takes
 either. Work that must not overlap a step (the attention explorer hooks the model) pauses every
 worker between two iterations, runs, and lets them go on.
-An iteration that fails answers every request of its worker's batch with the error (the engine
-starts afresh): unlike a batch, a running batch cannot be rerun request by request.
+An iteration that fails answers every request of its worker's batch with the error (a new running
+batch takes its place): unlike a batch, a running batch cannot be rerun request by request.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from attnkit.serve.batching import Batching, Budget, Job, settle, settle_with
-from attnkit.serve.engine_process import EngineNotStartedError
+from attnkit.serve.worker_process import WorkerNotStartedError
 
 LOG = logging.getLogger("uvicorn.error")
 
@@ -45,7 +45,7 @@ LOG = logging.getLogger("uvicorn.error")
 HOLD_FROM, HOLD_GROUP, HOLD_S = 4, 4, 0.03
 
 
-class Engine(Protocol):
+class RunningBatch(Protocol):
     """A running batch: ``iterate(joining, leaving)`` admits ``joining`` (``(key, input, settings)``),
     drops the sources ``leaving``, steps every source and returns ``(key, output)`` of those done."""
 
@@ -66,7 +66,7 @@ class Flight:
 
 
 class ContinuousBatcher(Batching):
-    """Runs requests through ``workers`` running batches, each made by ``engine()`` and stepped on its
+    """Runs requests through ``workers`` running batches, each made by ``running_batch()`` and stepped on its
     own thread (see the module docstring). ``prepare(running)`` readies a worker's thread (its share
     of the CPU); ``observe(rows, sources, first_tokens, seconds, steps)`` hears of every hop to a
     worker's thread: the rows and sources running after it, the times to first token of the requests
@@ -75,7 +75,7 @@ class ContinuousBatcher(Batching):
 
     def __init__(
         self,
-        engine: Callable[[], Engine],
+        running_batch: Callable[[], RunningBatch],
         *,
         max_batch_tokens: int,
         max_queue: int,
@@ -85,9 +85,9 @@ class ContinuousBatcher(Batching):
         observe: Callable[[int, int, list[float], float, int], None] = lambda *heard: None,
     ) -> None:
         super().__init__(max_queue, workers, prepare)
-        self.make_engine, self.observe = engine, observe
+        self.new_running_batch, self.observe = running_batch, observe
         self.budget = Budget(max_batch_tokens, max_batch_positions)  # what each running batch may hold
-        self.engines = [engine() for _ in range(workers)]
+        self.running = [running_batch() for _ in range(workers)]  # each worker's
         self.flights: list[dict[int, Flight]] = [{} for _ in range(workers)]  # each worker's requests
         self.ids = itertools.count()
         self.loops: list[asyncio.Task] = []
@@ -97,15 +97,15 @@ class ContinuousBatcher(Batching):
         self.stepped = [self.progressed] * workers  # when each worker's running batch last moved
 
     def started(self) -> None:
-        """Wait until every engine can step (one in a process of its own has loaded its model); blocks,
-        so off the event loop. Raises where one could not start, and then lets every engine go: the
+        """Wait until every running batch can step (one in a process of its own has loaded its model); blocks,
+        so off the event loop. Raises where one could not start, and then lets every one go: the
         others, loaded or still loading, would otherwise sit idle in their processes until exit."""
         try:
-            for engine in self.engines:
-                getattr(engine, "started", lambda: None)()
+            for batch in self.running:
+                getattr(batch, "started", lambda: None)()
         except Exception:
-            for engine in self.engines:
-                _close(engine)
+            for batch in self.running:
+                _close(batch)
             raise
 
     def start(self) -> None:
@@ -114,9 +114,9 @@ class ContinuousBatcher(Batching):
         self.loops = [loop.create_task(self._work(worker)) for worker in range(self.workers)]
 
     async def stop(self) -> None:
-        """Stop the workers and drop what waits (as Batcher.stop): the engines in processes of their own
-        are ended first, so that a worker's thread waiting on a step that never comes (a hung engine)
-        is answered, and then the threads are joined."""
+        """Stop the workers and drop what waits (as Batcher.stop): the running batches in processes of
+        their own are ended first, so that a worker's thread waiting on a step that never comes (a hung
+        worker process) is answered, and then the threads are joined."""
         for task in self.loops:
             task.cancel()
         for task in self.loops:
@@ -126,19 +126,19 @@ class ContinuousBatcher(Batching):
         for flights in self.flights:
             for flight in flights.values():
                 flight.job.future.cancel()
-        for engine in self.engines:
-            getattr(engine, "end", lambda: None)()
+        for batch in self.running:
+            getattr(batch, "end", lambda: None)()
         await self._join_threads()
-        for engine in self.engines:
-            _close(engine)
+        for batch in self.running:
+            _close(batch)
 
     def running_rows(self) -> int:
         """Rows the running batches decode at their next steps."""
-        return sum(engine.rows for engine in self.engines)
+        return sum(batch.rows for batch in self.running)
 
     def stalled_for(self) -> float:
         """The longest that a worker's running batch has held requests without its iteration ending, or
-        that requests have waited with no worker moving (0 when idle): one hung engine shows here
+        that requests have waited with no worker moving (0 when idle): one hung worker process shows here
         while the others go on."""
         now = time.monotonic()
         stalls = [now - self.stepped[worker] for worker in range(self.workers) if self.flights[worker]]
@@ -181,7 +181,7 @@ class ContinuousBatcher(Batching):
                 continue
             done, steps, first_token = done
             first_tokens = [first_token - flights[job_id].job.queued for job_id in joining]
-            sources = sum(engine.sources for engine in self.engines)
+            sources = sum(batch.sources for batch in self.running)
             self.observe(self.running_rows(), sources, first_tokens, time.perf_counter() - began, steps)
             for (job_id, i), output in done:
                 flight = flights.get(job_id)
@@ -194,20 +194,20 @@ class ContinuousBatcher(Batching):
                     del flights[job_id]
 
     async def _iteration(self, worker: int, inputs: list, leaving: set, idle: bool) -> tuple:
-        """One hop to the worker's thread (:meth:`_iterate`). An engine that has gone while it held
-        nothing (an engine process killed while idle) lost nothing: a new one takes the newcomers. An
-        engine that cannot start makes the batcher broken (``/health`` says so) until an iteration
+        """One hop to the worker's thread (:meth:`_iterate`). A running batch whose process has gone while
+        it held nothing (a worker process killed while idle) lost nothing: a new one takes the newcomers. One
+        that cannot start makes the batcher broken (``/health`` says so) until an iteration
         succeeds."""
-        if idle and not getattr(self.engines[worker], "alive", True):
-            LOG.warning("an engine process had gone while it held nothing; a new one takes its requests")
+        if idle and not getattr(self.running[worker], "alive", True):
+            LOG.warning("a worker process had gone while it held nothing; a new one takes its requests")
             await self._replace(worker)
-            leaving = set()  # (the new engine holds none of them)
+            leaving = set()  # (the new running batch holds none of them)
         self.iterating += 1
         try:
             done = await asyncio.get_running_loop().run_in_executor(
                 self.threads[worker], self._iterate, worker, inputs, leaving
             )
-        except EngineNotStartedError as error:
+        except WorkerNotStartedError as error:
             self.broken = str(error)
             raise
         finally:
@@ -217,12 +217,12 @@ class ContinuousBatcher(Batching):
         return done
 
     async def _replace(self, worker: int) -> None:
-        """A new engine for ``worker`` in place of its failed one, the old one let go and the new one made
-        on the worker's thread (an engine process pickles the model's weights for its child: not on the
-        event loop)."""
+        """A new running batch for ``worker`` in place of its failed one, the old one let go and the new
+        one made on the worker's thread (a worker process pickles the model's weights for its child: not
+        on the event loop)."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.threads[worker], _close, self.engines[worker])
-        self.engines[worker] = await loop.run_in_executor(self.threads[worker], self.make_engine)
+        await loop.run_in_executor(self.threads[worker], _close, self.running[worker])
+        self.running[worker] = await loop.run_in_executor(self.threads[worker], self.new_running_batch)
 
     def _load(self, worker: int) -> int:
         """Source tokens in a worker's running batch."""
@@ -263,15 +263,15 @@ class ContinuousBatcher(Batching):
         if self.prepared[worker] != running:
             self.prepare(running)
             self.prepared[worker] = running
-        engine = self.engines[worker]
-        done, steps = engine.iterate(joining, leaving), 1
+        batch = self.running[worker]
+        done, steps = batch.iterate(joining, leaving), 1
         first_token = time.perf_counter()  # the newcomers' first tokens are out
         # on, a step at a time, while nothing is done and nothing new has come: one hop to the event
         # loop and back costs more than the time a step's outputs would wait
-        while not done and engine.sources and not self._news(worker):
+        while not done and batch.sources and not self._news(worker):
             # (for /health: steps go on, however long the hop)
             self.progressed = self.stepped[worker] = time.monotonic()
-            done, steps = engine.iterate([], set()), steps + 1
+            done, steps = batch.iterate([], set()), steps + 1
         return done, steps, first_token
 
     def _news(self, worker: int) -> bool:
@@ -284,7 +284,7 @@ class ContinuousBatcher(Batching):
         """Whether the requests waiting wait for company before joining this worker's busy running
         batch (see HOLD_FROM; read from the worker's thread too: one read of each value)."""
         first = next(iter(self.queue), None)
-        if first is None or first.work is not None or self.engines[worker].sources < HOLD_FROM:
+        if first is None or first.work is not None or self.running[worker].sources < HOLD_FROM:
             return False
         return len(self.queue) < HOLD_GROUP and time.perf_counter() - first.queued < HOLD_S
 
@@ -308,8 +308,8 @@ class ContinuousBatcher(Batching):
         return super()._alone(work, args)
 
 
-def _close(engine: Engine) -> None:
-    """Let an engine go: one in a process of its own (engine_process.py) stops it."""
-    close = getattr(engine, "close", None)
+def _close(batch: RunningBatch) -> None:
+    """Let a running batch go: one in a process of its own (worker_process.py) stops it."""
+    close = getattr(batch, "close", None)
     if close is not None:
         close()

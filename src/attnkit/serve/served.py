@@ -23,7 +23,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.streams import stream_count
 
 PRIVATE_DATA_FIELDS = ("dir", "train", "valid", "test", "store")  # where the run's files were
-MAX_ENGINE_PROCESSES = 4  # running batches in processes of their own, unless decode.streams asks for more
+MAX_WORKER_PROCESSES = 4  # running batches in processes of their own, unless decode.streams asks for more
 # what a request's inputs are searched with, which the batcher groups them by: a translator's
 # BeamSettings, a decoder's Sampling, None for the models with none of their own
 Settings = TypeVar("Settings", bound=Hashable)
@@ -82,12 +82,12 @@ class ServedModel(Generic[Settings]):
         raise NotImplementedError
 
     def running_batch_process(self, deadline_s: float) -> Callable[[], Any] | None:
-        """What makes :meth:`running_batch` in a process of its own (serve/engine_process.py), answering
+        """What makes :meth:`running_batch` in a process of its own (serve/worker_process.py), answering
         each step within ``deadline_s``, where the model can be made there; None where it cannot (the
         batcher's threads then step it here)."""
         return None
 
-    def engine_processes(self) -> int:
+    def worker_processes(self) -> int:
         """How many running batches in processes of their own serve it."""
         return self.streams
 
@@ -160,13 +160,13 @@ class AttnkitModel(ServedModel[Settings]):
         """Whatever the model needs done before the server says it is ready (a translator builds its
         compiled step, a predictor checks its head); nothing here."""
 
-    def engine_processes(self) -> int:
+    def worker_processes(self) -> int:
         """How many running batches in processes of their own serve it: ``decode.streams`` where given,
-        else one per thread up to :data:`MAX_ENGINE_PROCESSES` (each loads a copy of the model: a
+        else one per thread up to :data:`MAX_WORKER_PROCESSES` (each loads a copy of the model: a
         server's memory must not grow with the machine's cores)."""
         if self.config.decode.streams:
             return self.workers
-        return min(self.workers, MAX_ENGINE_PROCESSES)
+        return min(self.workers, MAX_WORKER_PROCESSES)
 
     def running_batch_process(self, deadline_s: float) -> Callable[[], Any] | None:
         """A child process that makes the model again from this one's weights in memory
@@ -174,9 +174,9 @@ class AttnkitModel(ServedModel[Settings]):
         (on a CPU: a GPU's memory would hold the model twice)."""
         if self.device.type != "cpu" or not self.steps_continuously:
             return None
-        from attnkit.serve.engine_process import EngineProcess
+        from attnkit.serve.worker_process import WorkerProcess
 
-        return partial(EngineProcess, MadeAgain(self), deadline_s=deadline_s)
+        return partial(WorkerProcess, MadeAgain(self), deadline_s=deadline_s)
 
     def describe(self) -> dict[str, Any]:
         """The model's architecture and the settings a client may want: the model, its decoding and its

@@ -25,7 +25,7 @@ from attnkit.serve.errors import RequestError
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.served import ServedModel
 
-ENGINE_DEADLINE_STALLS = 2  # an engine process is ended when it has not answered for this many stall times
+WORKER_DEADLINE_STALLS = 2  # a worker process is ended when it has not answered for this many stall times
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 LOG = logging.getLogger("uvicorn.error")  # the server's log, beside uvicorn's own lines
 
@@ -47,7 +47,7 @@ class ServeSettings:
     stall_after_s: float = 300.0  # /health says "stalled" when requests wait this long with no batch moving
     hosts: tuple[str, ...] = ()  # the Host header names accepted (empty: any)
     batching: str = "batches"  # "continuous": a running batch that requests join at any step (continuous.py)
-    # "processes": each running batch in a process of its own where the model can be (engine_process.py);
+    # "processes": each running batch in a process of its own where the model can be (worker_process.py);
     # "threads": on the batcher's threads, in this process
     workers: str = "threads"
 
@@ -78,16 +78,16 @@ class ServerState:
         has them, start loading the model now; ``batcher.started()`` waits for them)."""
         s = self.settings
         if s.batching == "continuous":
-            # an engine process that has not answered a step for twice --stall-after is ended: /health has
+            # a worker process that has not answered a step for twice --stall-after is ended: /health has
             # said "stalled" meanwhile (an orchestrator may replace the server), and its requests get a 500
-            deadline = ENGINE_DEADLINE_STALLS * s.stall_after_s
+            deadline = WORKER_DEADLINE_STALLS * s.stall_after_s
             elsewhere = model.running_batch_process(deadline) if s.workers == "processes" else None
             return ContinuousBatcher(
                 elsewhere or model.running_batch,
                 max_batch_tokens=s.max_batch_tokens,
                 max_batch_positions=s.max_batch_positions,
                 max_queue=s.max_queue,
-                workers=model.engine_processes() if elsewhere else model.streams,
+                workers=model.worker_processes() if elsewhere else model.streams,
                 prepare=model.prepare_worker,
                 observe=self.metrics.iteration,
             )

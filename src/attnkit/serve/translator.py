@@ -65,7 +65,7 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
 
     def steps(self) -> str:
         """``compiled`` once the compiled steps of the run's beam are built (``decode.steps``: ``compiled``,
-        or ``auto`` once built; the engines take them within a second), else ``eager``."""
+        or ``auto`` once built; the running batches take them within a second), else ``eager``."""
         if self.device.type != "cpu" or self.config.decode.steps == "eager":
             return "eager"
         return "compiled" if all_built(self.model, [FIRST_STEP, self.beam_size]) else "eager"

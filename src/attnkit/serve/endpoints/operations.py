@@ -18,7 +18,7 @@ router = APIRouter()
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     """200 ``ready`` once the model serves; 503 ``loading`` before it, ``failed`` if it could not load
-    (or a new engine process could not start in place of one that failed), and ``stalled`` while any
+    (or a new worker process could not start in place of one that failed), and ``stalled`` while any
     worker's requests have waited or run ``--stall-after`` seconds with no batch starting or ending, or
     no step of its running batch (a server that has stopped making progress). A translator's ``steps``
     say what its searches step with: ``compiled``, ``eager``, or ``compiling`` while its compiled steps

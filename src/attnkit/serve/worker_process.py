@@ -9,7 +9,7 @@ while a core stood idle. Here each worker's running batch lives in a child proce
 interpreter (its model loaded there from the same checkpoint and settings): the worker thread sends
 each iteration's newcomers and leavers down a pipe and waits, lock released, for the sources done.
 
-:class:`EngineProcess` has the running batch's interface (``iterate``, ``sources``, ``rows``), so the
+:class:`WorkerProcess` has the running batch's interface (``iterate``, ``sources``, ``rows``), so the
 batcher does not know the difference. The child steps on as many torch threads as the worker's
 thread was given (the batcher shares the CPU out among its workers). Streaming prompts send their
 pieces back with the step that made them, and the worker's thread hands them to the prompts' sinks.
@@ -50,25 +50,25 @@ class Remote:
     sink: Callable[[str], None] | None = None
 
 
-class EngineError(RuntimeError):
+class WorkerError(RuntimeError):
     """The child's iteration failed, or the child is gone: its running batch is lost."""
 
 
-class EngineNotStartedError(EngineError):
+class WorkerNotStartedError(WorkerError):
     """The child could not load its model, or exited before it had."""
 
 
-class EngineGoneError(EngineError):
+class WorkerGoneError(WorkerError):
     """The child is gone (killed, out of memory, ended for missing its deadline): it failed on nothing
     it was given, as far as anyone can tell."""
 
 
-class EngineProcess:
+class WorkerProcess:
     """The running batch that ``build()`` makes, in a child process (see the module docstring).
     ``build`` is pickled to the child (a function of the module level, or a ``partial`` of one)."""
 
     def __init__(
-        self, build: Callable[[], Any], name: str = "attnkit-engine", deadline_s: float = 300.0
+        self, build: Callable[[], Any], name: str = "attnkit-worker", deadline_s: float = 300.0
     ) -> None:
         self.deadline_s = deadline_s  # how long a step may take before the child is taken for hung
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads forked mid-step
@@ -104,7 +104,7 @@ class EngineProcess:
 
     def end(self) -> None:
         """Kill the child at once (its running batch is dropped): a thread waiting on its step is
-        answered, the pipe closing, with :class:`EngineGoneError`. Safe from any thread."""
+        answered, the pipe closing, with :class:`WorkerGoneError`. Safe from any thread."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join()
@@ -131,36 +131,36 @@ class EngineProcess:
         began = time.monotonic()
         while not self.connection.poll(1.0):
             if not self.process.is_alive():
-                raise EngineNotStartedError(
-                    f"the engine process exited ({self.process.exitcode}) as it started"
+                raise WorkerNotStartedError(
+                    f"the worker process exited ({self.process.exitcode}) as it started"
                 )
             if time.monotonic() - began > STARTED_WITHIN_S:
-                raise EngineNotStartedError(f"the engine process did not start in {STARTED_WITHIN_S:g} s")
+                raise WorkerNotStartedError(f"the worker process did not start in {STARTED_WITHIN_S:g} s")
         try:
             self._receive()
-        except EngineError as error:
-            raise EngineNotStartedError(str(error)) from None
+        except WorkerError as error:
+            raise WorkerNotStartedError(str(error)) from None
         self.ready = True
 
     def _send(self, message: tuple) -> None:
         try:
             self.connection.send(message)
         except (OSError, ValueError) as error:
-            raise EngineGoneError(f"the engine process is gone ({self._exit()}): {error}") from None
+            raise WorkerGoneError(f"the worker process is gone ({self._exit()}): {error}") from None
 
     def _receive(self) -> Any:
         """The child's answer to the last message, within the deadline (else the child is ended)."""
         try:
             if not self.connection.poll(self.deadline_s):
                 self.end()
-                said = f"the engine process answered no step within {self.deadline_s:g} s and was ended"
-                raise EngineGoneError(f"{said} (it was stopped, deadlocked or swapping)")
+                said = f"the worker process answered no step within {self.deadline_s:g} s and was ended"
+                raise WorkerGoneError(f"{said} (it was stopped, deadlocked or swapping)")
             kind, payload = self.connection.recv()
         except (EOFError, OSError) as error:
-            gone = f"the engine process is gone ({self._exit()}): {error or 'pipe closed'}"
-            raise EngineGoneError(gone) from None
+            gone = f"the worker process is gone ({self._exit()}): {error or 'pipe closed'}"
+            raise WorkerGoneError(gone) from None
         if kind == "failed":
-            raise EngineError(payload)
+            raise WorkerError(payload)
         return payload
 
     def _exit(self) -> str:
@@ -175,9 +175,9 @@ def _child(connection: Any, build: Callable[[], Any]) -> None:
     for number in (signal.SIGINT, signal.SIGTERM):  # the server ends its children (module docstring)
         signal.signal(number, signal.SIG_IGN)
     try:
-        engine = build()
+        batch = build()
     except Exception as error:
-        said = f"the engine process could not load the model: {type(error).__name__}: {error}"
+        said = f"the worker process could not load the model: {type(error).__name__}: {error}"
         connection.send(("failed", said))
         return
     connection.send(("started", None))
@@ -197,11 +197,11 @@ def _child(connection: Any, build: Callable[[], Any]) -> None:
             for key, x, _ in joining:
                 if isinstance(x, Remote) and x.streamed:
                     x.sink = partial(_keep, pieces, key)
-            done = engine.iterate(joining, leaving)
+            done = batch.iterate(joining, leaving)
         except Exception as error:
             connection.send(("failed", f"{type(error).__name__}: {error}"))
             return
-        connection.send(("done", (done, pieces, engine.sources, engine.rows)))
+        connection.send(("done", (done, pieces, batch.sources, batch.rows)))
         pieces.clear()
 
 

@@ -1,6 +1,7 @@
-"""A running batch in a process of its own (serve/engine_process.py), with stand-in engines built in the
-child: it steps as the engine does; streamed pieces reach their sinks; the child's torch threads follow
-the caller's; a failing iteration, a killed child or one that cannot load is an ``EngineError``, and the
+"""A running batch in a process of its own (serve/worker_process.py), with stand-in running batches
+built in the child: it steps as the running batch does; streamed pieces reach their sinks; the child's
+torch threads follow the caller's; a failing iteration, a killed child or one that cannot load is a
+``WorkerError``, and the
 continuous batcher answers with it and goes on with a new process; ``close`` ends the child. A child
 that answers no step within its deadline is ended and its requests told so; one hung worker shows in
 the batcher's stall clock while the others go on, and does not keep the batcher from stopping; a
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from attnkit.serve.continuous import ContinuousBatcher
-from attnkit.serve.engine_process import EngineError, EngineGoneError, EngineProcess
+from attnkit.serve.worker_process import WorkerError, WorkerGoneError, WorkerProcess
 
 
 class Countdown:
@@ -80,64 +81,64 @@ class Prompt:
 
 
 @pytest.fixture
-def engine():
-    process = EngineProcess(Countdown)
+def worker():
+    process = WorkerProcess(Countdown)
     yield process
     process.close()
 
 
-def test_an_engine_process_steps_its_running_batch_as_the_engine_would(engine):
-    assert engine.iterate([(1, "a:3", None), (2, "b:1", None)], set()) == [(2, "B")]
-    assert (engine.sources, engine.rows) == (1, 2)
-    assert engine.iterate([(3, "c:1", None)], set()) == [(3, "C")]
-    assert engine.iterate([], set()) == [(1, "A")]
-    assert (engine.sources, engine.rows) == (0, 0)
-    engine.iterate([(4, "d:5", None)], set())
-    assert engine.iterate([], {4}) == [] and engine.sources == 0  # left: not stepped again
+def test_a_worker_process_steps_its_running_batch_as_the_batch_itself_would(worker):
+    assert worker.iterate([(1, "a:3", None), (2, "b:1", None)], set()) == [(2, "B")]
+    assert (worker.sources, worker.rows) == (1, 2)
+    assert worker.iterate([(3, "c:1", None)], set()) == [(3, "C")]
+    assert worker.iterate([], set()) == [(1, "A")]
+    assert (worker.sources, worker.rows) == (0, 0)
+    worker.iterate([(4, "d:5", None)], set())
+    assert worker.iterate([], {4}) == [] and worker.sources == 0  # left: not stepped again
 
 
-def test_streamed_pieces_reach_their_sinks_with_the_step_that_made_them(engine):
+def test_streamed_pieces_reach_their_sinks_with_the_step_that_made_them(worker):
     heard = []
     prompt = Prompt("x", 3, sink=heard.append)
     silent = Prompt("y", 2)
-    assert engine.iterate([(1, prompt, None), (2, silent, None)], set()) == []
+    assert worker.iterate([(1, prompt, None), (2, silent, None)], set()) == []
     assert heard == ["x1"]
-    assert engine.iterate([], set()) == [(2, "y1y2")]
+    assert worker.iterate([], set()) == [(2, "y1y2")]
     assert heard == ["x1", "x2"]
-    assert engine.iterate([], set()) == [(1, "x1x2x3")]
-    assert heard == ["x1", "x2", "x3"] and not engine.sinks  # a done prompt's sink is let go
+    assert worker.iterate([], set()) == [(1, "x1x2x3")]
+    assert heard == ["x1", "x2", "x3"] and not worker.sinks  # a done prompt's sink is let go
 
 
-def test_the_child_steps_on_as_many_threads_as_the_calling_thread_has(engine):
+def test_the_child_steps_on_as_many_threads_as_the_calling_thread_has(worker):
     before = torch.get_num_threads()
     try:
         for threads in (1, 2, 1):
             torch.set_num_threads(threads)
-            assert engine.iterate([(threads, "threads", None)], set()) == [(threads, str(threads))]
+            assert worker.iterate([(threads, "threads", None)], set()) == [(threads, str(threads))]
     finally:
         torch.set_num_threads(before)
 
 
-def test_a_failing_step_fails_the_iteration_and_ends_the_child(engine):
-    engine.iterate([(1, "a:5", None)], set())
-    with pytest.raises(EngineError, match="ValueError: boom is not a sentence"):
-        engine.iterate([(2, "boom", None)], set())
-    with pytest.raises(EngineError, match="the engine process is gone"):
-        engine.iterate([], set())
+def test_a_failing_step_fails_the_iteration_and_ends_the_child(worker):
+    worker.iterate([(1, "a:5", None)], set())
+    with pytest.raises(WorkerError, match="ValueError: boom is not a sentence"):
+        worker.iterate([(2, "boom", None)], set())
+    with pytest.raises(WorkerError, match="the worker process is gone"):
+        worker.iterate([], set())
 
 
-def test_a_killed_child_fails_the_next_iteration_in_one_line(engine):
-    engine.started()
-    os.kill(engine.process.pid, signal.SIGKILL)
-    with pytest.raises(EngineError, match=r"the engine process is gone \(exit code -9\)"):
-        engine.iterate([(1, "a:1", None)], set())
+def test_a_killed_child_fails_the_next_iteration_in_one_line(worker):
+    worker.started()
+    os.kill(worker.process.pid, signal.SIGKILL)
+    with pytest.raises(WorkerError, match=r"the worker process is gone \(exit code -9\)"):
+        worker.iterate([(1, "a:1", None)], set())
 
 
 def test_a_child_that_cannot_load_its_model_says_why():
-    process = EngineProcess(cannot_load)
+    process = WorkerProcess(cannot_load)
     try:
         said = "could not load the model: FileNotFoundError: no such checkpoint"
-        with pytest.raises(EngineError, match=said):
+        with pytest.raises(WorkerError, match=said):
             process.started()
     finally:
         process.close()
@@ -147,14 +148,14 @@ def test_where_one_of_two_processes_cannot_load_the_batcher_says_why_and_ends_th
     builds = iter([partial(Countdown), cannot_load])
     made = []
 
-    def new_engine():
-        made.append(EngineProcess(next(builds)))
+    def new_running_batch():
+        made.append(WorkerProcess(next(builds)))
         return made[-1]
 
-    batcher = ContinuousBatcher(new_engine, max_batch_tokens=100, max_queue=16, workers=2)
+    batcher = ContinuousBatcher(new_running_batch, max_batch_tokens=100, max_queue=16, workers=2)
     try:
         made[0].started()  # the first has loaded its model
-        with pytest.raises(EngineError, match="could not load the model: FileNotFoundError"):
+        with pytest.raises(WorkerError, match="could not load the model: FileNotFoundError"):
             batcher.started()
         for process in made:  # neither is left idle until the server exits
             process.process.join(timeout=10)
@@ -164,22 +165,24 @@ def test_where_one_of_two_processes_cannot_load_the_batcher_says_why_and_ends_th
             process.close()
 
 
-def test_close_ends_the_child(engine):
-    engine.started()
-    engine.close()
-    assert not engine.process.is_alive()
+def test_close_ends_the_child(worker):
+    worker.started()
+    worker.close()
+    assert not worker.process.is_alive()
 
 
 def _batcher_of_processes(deadline_s: float = 300.0, **settings) -> tuple[ContinuousBatcher, list]:
-    """A continuous batcher whose engines are countdowns in processes of their own, and the list of the
-    processes it makes, in order."""
+    """A continuous batcher whose running batches are countdowns in processes of their own, and the list
+    of the processes it makes, in order."""
     made = []
 
-    def new_engine():
-        made.append(EngineProcess(partial(Countdown), deadline_s=deadline_s))
+    def new_running_batch():
+        made.append(WorkerProcess(partial(Countdown), deadline_s=deadline_s))
         return made[-1]
 
-    return ContinuousBatcher(new_engine, **{"max_batch_tokens": 100, "max_queue": 16, **settings}), made
+    return ContinuousBatcher(
+        new_running_batch, **{"max_batch_tokens": 100, "max_queue": 16, **settings}
+    ), made
 
 
 async def _started(batcher: ContinuousBatcher) -> ContinuousBatcher:
@@ -197,7 +200,7 @@ def test_the_batcher_answers_a_failed_process_and_goes_on_with_a_new_one():
             long = asyncio.ensure_future(batcher.submit(["a:1000000"], None, 1))
             await asyncio.sleep(0.3)
             os.kill(made[0].process.pid, signal.SIGKILL)
-            with pytest.raises(EngineError, match="exit code -9"):
+            with pytest.raises(WorkerError, match="exit code -9"):
                 await long
             assert await batcher.submit(["b:2", "c:1"], None, 2) == ["B", "C"]  # a new child took over
             assert len(made) == 2 and not made[0].process.is_alive()
@@ -212,12 +215,12 @@ def test_the_batcher_answers_a_failed_process_and_goes_on_with_a_new_one():
 
 
 def test_a_child_that_answers_no_step_within_its_deadline_is_ended_and_says_so():
-    process = EngineProcess(Countdown, deadline_s=1.0)
+    process = WorkerProcess(Countdown, deadline_s=1.0)
     try:
         process.iterate([(1, "a:5", None)], set())
         os.kill(process.process.pid, signal.SIGSTOP)  # stopped: it will never answer
         began = time.monotonic()
-        with pytest.raises(EngineGoneError, match=r"answered no step within 1 s and was ended"):
+        with pytest.raises(WorkerGoneError, match=r"answered no step within 1 s and was ended"):
             process.iterate([], set())
         assert time.monotonic() - began < 5 and not process.process.is_alive()
     finally:
@@ -225,7 +228,7 @@ def test_a_child_that_answers_no_step_within_its_deadline_is_ended_and_says_so()
 
 
 def _stopped_worker_test(deadline_s: float, stall_after: float):
-    """Two engine processes, one of them stopped (SIGSTOP) while it holds a request; returns what the
+    """Two worker processes, one of them stopped (SIGSTOP) while it holds a request; returns what the
     batcher said of it."""
     batcher, made = _batcher_of_processes(deadline_s, max_batch_tokens=1, workers=2)
 
@@ -263,7 +266,7 @@ def test_one_hung_worker_shows_in_the_stall_clock_and_its_requests_are_told_afte
     assert seen["others answered"]  # the other worker went on meanwhile
     assert seen["stalled for"] > 1.4  # ... which did not hide the stopped one from /health
     (error,) = seen["stuck"]
-    assert isinstance(error, EngineGoneError) and "answered no step within 3 s" in str(error)
+    assert isinstance(error, WorkerGoneError) and "answered no step within 3 s" in str(error)
 
 
 def test_a_hung_worker_does_not_keep_the_batcher_from_stopping():
@@ -289,12 +292,12 @@ def test_a_child_killed_while_it_held_nothing_is_replaced_without_failing_a_requ
     asyncio.run(go())
 
 
-def test_a_child_ignores_sigint_and_sigterm(engine):
-    engine.started()
+def test_a_child_ignores_sigint_and_sigterm(worker):
+    worker.started()
     for number in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C reaches every process of the terminal's group
-        os.kill(engine.process.pid, number)
+        os.kill(worker.process.pid, number)
     time.sleep(0.5)
-    assert engine.iterate([(1, "a:1", None)], set()) == [(1, "A")]
+    assert worker.iterate([(1, "a:1", None)], set()) == [(1, "A")]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
@@ -330,7 +333,7 @@ def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run
     texts = dates(6, seed=5).src
     joining = [(i, text, BeamSettings(4, 2)) for i, text in enumerate(texts)]
     here = served.running_batch()
-    process = EngineProcess(MadeAgain(served))
+    process = WorkerProcess(MadeAgain(served))
     try:
         expected, found = {}, {}
         while len(expected) < len(texts):
@@ -342,15 +345,15 @@ def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run
         process.close()
 
 
-def test_engine_processes_do_not_grow_with_the_cores_unless_asked(run):
-    from attnkit.serve.served import MAX_ENGINE_PROCESSES
+def test_worker_processes_do_not_grow_with_the_cores_unless_asked(run):
+    from attnkit.serve.served import MAX_WORKER_PROCESSES
     from attnkit.serve.translator import ServedTranslator
 
     before = torch.get_num_threads()
     torch.set_num_threads(16)
     try:
-        assert ServedTranslator.load(run, []).engine_processes() == MAX_ENGINE_PROCESSES == 4
-        assert ServedTranslator.load(run, ["decode.streams=6"]).engine_processes() == 6  # asked for: given
+        assert ServedTranslator.load(run, []).worker_processes() == MAX_WORKER_PROCESSES == 4
+        assert ServedTranslator.load(run, ["decode.streams=6"]).worker_processes() == 6  # asked for: given
         assert ServedTranslator.load(run, ["decode.streams=0"]).streams == 16  # threads: one per thread still
     finally:
         torch.set_num_threads(before)
