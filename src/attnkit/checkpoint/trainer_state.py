@@ -83,10 +83,10 @@ def load_trainer_state(
 ) -> tuple[TrainerState, int]:
     """Restore the optimizer and this rank's RNG states; return the trainer's state and the number of
     processes that saved it."""
+    meta = read_json(checkpoint / "trainer_state.json")
     tensors = read_safetensors(checkpoint / "trainer_state.safetensors")
     if holds_shards(checkpoint):  # a sharded optimizer reads only its own slices
         tensors.update(read_whole(checkpoint, "optimizer", parameter_of(optimizer)))
-    meta = read_json(checkpoint / "trainer_state.json")
     try:
         load_state(optimizer, tensors, meta.pop("optimizer"))
         python_rng = meta.pop("python_rng")

@@ -1,19 +1,24 @@
 """What a run's config must hold before training starts (a limit, a schedule's length, its data's
-files), and what a resumed run may change of the run it continues."""
+files), what a resumed run may change of the run it continues, and the shape a fine-tuned run takes
+from the model it starts from: checked in one call, before any data is read."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+from attnkit.checkpoint.folder import read_run_config
 from attnkit.config import RunConfig
 from attnkit.errors import ConfigError
+from attnkit.train.pretrained import Pretrained, read_pretrained
 from attnkit.train.tensorboard import require_tensorboard
 
 
-def ready_to_train(config: RunConfig) -> RunConfig:
+def ready_to_train(config: RunConfig, resume_from: Path | None) -> tuple[RunConfig, Pretrained | None]:
     """A copy of ``config`` (the caller's stays as it was) checked for what training needs before any
-    data is read, with ``data.dir`` resolved so that ``--resume`` works from any working directory."""
+    data is read, with ``data.dir`` resolved so that ``--resume`` works from any working directory; and
+    where the run starts: a resumed run (``resume_from``, its checkpoint) checked against the run it
+    continues, a new one with ``train.init_from`` given the pretrained model's shape (returned too)."""
     config = copy.deepcopy(config)
     t = config.train
     if not (t.max_steps or t.max_epochs or t.max_minutes):
@@ -24,7 +29,13 @@ def ready_to_train(config: RunConfig) -> RunConfig:
     config.data.dir = str(Path(config.data.dir).resolve())
     if "tensorboard" in t.log:
         require_tensorboard()
-    return config
+    if resume_from is not None:
+        check_resumable(read_run_config(resume_from), config)
+        return config, None
+    pretrained = read_pretrained(t.init_from) if t.init_from else None
+    if pretrained is not None:
+        config.model = pretrained.shape_for(config.model)
+    return config, pretrained
 
 
 # num_labels, image_size: a classifier's labels and an image model's size come from its data (data.labels,

@@ -30,7 +30,6 @@ from torch.nn.parallel import DistributedDataParallel
 from attnkit.checkpoint.folder import (
     CheckpointContents,
     load_model_weights,
-    read_run_config,
     resolve_checkpoint,
     save_checkpoint,
 )
@@ -43,12 +42,12 @@ from attnkit.loading import build_for_tokenizer, read_tokenizer
 from attnkit.processes import close_world, init_world, resolve_device
 from attnkit.task_records import task_record
 from attnkit.tasks import make_task
-from attnkit.tasks.protocol import Task, TaskFactory
-from attnkit.train.checks import check_resumable, ready_to_train
+from attnkit.tasks.protocol import TaskFactory
+from attnkit.train.checks import ready_to_train
 from attnkit.train.distributed import fully_shard_model, shard, whole_root
 from attnkit.train.optimizer import freeze, make_optimizer
-from attnkit.train.precision import training_precision
-from attnkit.train.pretrained import Pretrained, read_pretrained
+from attnkit.train.precision import autocast_for, training_precision
+from attnkit.train.pretrained import Pretrained
 from attnkit.train.reporting import Reporter
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
 
@@ -74,29 +73,35 @@ class Trainer:
     ):
         if resume and overwrite:
             raise AttnkitError("resume and overwrite exclude each other: continue a run or replace it")
-        config = ready_to_train(config)
+        self.run_dir = Path(run_dir)
+        resume_from = resolve_checkpoint(self.run_dir, prefer="last") if resume else None
+        config, pretrained = ready_to_train(config, resume_from)  # a copy: the caller's stays as it was
         t = config.train
-        self.config, self.run_dir, self.echo = config, Path(run_dir), echo
+        self.config, self.echo = config, echo
         self.command = command  # recorded in each checkpoint as what made it (folders.py)
-        self.make_task = task  # the run's task is made from its config and tokenizer (_prepared_task)
+        self.make_task = task  # the run's task is made from its config and tokenizer
         self.device = resolve_device(t.device)
         self.world = init_world(self.device.type)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.world.local_rank)
         self.autocast_dtype, precision = training_precision(t.precision, self.device)
+        self.autocast = autocast_for(self.device, self.autocast_dtype)  # every forward pass runs in it
         t.precision = "fp32" if self.autocast_dtype is None else "bf16"  # what config.json records
-        # before anything reads or deletes the directory; a --resume of no directory fails below instead
-        locks = self.world.is_main and (not resume or self.run_dir.is_dir())
-        self.lock = lock_run(self.run_dir) if locks else None
+        self.lock = lock_run(self.run_dir) if self.world.is_main else None  # before it is read or deleted
         try:
             self._say(f"precision: {precision}")
-            resume_from, pretrained = self._starting_point(config, resume)
             prepare_run_dir(self.run_dir, not resume, overwrite, self.world.is_main, self._say)
             torch.manual_seed(t.seed)  # the same initial weights in every process
-            self.task = self._prepared_task(config, resume_from, pretrained)
+            # The tokenizer of the run resumed or of the model fine-tuned; None: the task learns one.
+            tokenizer = read_tokenizer(resume_from, config) if resume_from else None
+            if pretrained:
+                tokenizer = pretrained.tokenizer
+            # One process prepares the data first (a token store is built once: data/store.py) and the
+            # others then find what it left, instead of all building the same store at the same time.
+            self.task = self.world.in_turns(lambda: self.make_task(config, tokenizer, self._say))
             self.tokenizer = self.task.tokenizer
             self.sharded = t.parallel == "fsdp" and self.world.size > 1  # else one process holds it all
-            self.model = self._placed_model(config, resume_from, pretrained)
+            self.model, self.ddp = self._placed_model(config, resume_from, pretrained)
             torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
             self.optimizer = make_optimizer(self.model, t, self.device)
             decay_steps = t.decay_steps or t.max_steps
@@ -105,7 +110,6 @@ class Trainer:
             self.state, self.scores = TrainerState(), {}  # where the run is; its last validation's scores
             if resume_from:
                 self._restore(resume_from)
-            self.ddp = self._data_parallel()  # the model as the training step runs it
         except BaseException:
             self._let_go()
             raise
@@ -114,33 +118,12 @@ class Trainer:
         self.grad_norm: float | None = None  # the last step's, when it was measured (_train_step)
         self.report = Reporter(t, self.run_dir, self._say, self.task.unit, self.world.is_main, self.device)
 
-    def _starting_point(self, config: RunConfig, resume: bool) -> tuple[Path | None, Pretrained | None]:
-        """The checkpoint a resumed run continues from, or the pretrained model a new one starts from
-        (``train.init_from``; its shape replaces ``config.model``'s), or neither."""
-        resume_from = resolve_checkpoint(self.run_dir, prefer="last") if resume else None
-        if resume_from:
-            check_resumable(read_run_config(resume_from), config)
-            return resume_from, None
-        pretrained = read_pretrained(config.train.init_from) if config.train.init_from else None
-        if pretrained:
-            config.model = pretrained.shape_for(config.model)
-        return None, pretrained
-
-    def _prepared_task(
+    def _placed_model(
         self, config: RunConfig, resume_from: Path | None, pretrained: Pretrained | None
-    ) -> Task:
-        """The run's task, its data prepared, with the tokenizer of the run resumed or the model
-        fine-tuned (None: the task learns one)."""
-        tokenizer = read_tokenizer(resume_from, config) if resume_from else None
-        if pretrained:
-            tokenizer = pretrained.tokenizer
-        # One process prepares the data first (a token store is built once: data/store.py) and the
-        # others then find what it left, instead of all building the same store at the same time.
-        return self.world.in_turns(lambda: self.make_task(config, tokenizer, self._say))
-
-    def _placed_model(self, config: RunConfig, resume_from: Path | None, pretrained: Pretrained | None):
+    ) -> tuple[torch.nn.Module, torch.nn.Module]:
         """The model with its starting weights, frozen parts frozen, on the device: sharded over the
-        processes (``train.parallel=fsdp``), or whole with the CPU fast path."""
+        processes (``train.parallel=fsdp``), or whole with the CPU fast path; and the model as the
+        training step runs it (wrapped in DDP where several processes each hold it whole)."""
         model = build_for_tokenizer(config, self.tokenizer)
         if pretrained:
             pretrained.load_into(model, self._say)
@@ -151,18 +134,14 @@ class Trainer:
             self._say(f"frozen: {freeze(model, frozen):,} parameters ({', '.join(frozen)})")
         if self.sharded:  # moves each layer's shards to the device: the whole model never is on it
             fully_shard_model(model, self.world, self.device, self.autocast_dtype)
-        else:
-            model.to(self.device)
-            speed_up(model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
-        return model
-
-    def _data_parallel(self) -> torch.nn.Module:
-        """The model wrapped in DDP when several processes each hold it whole; the model itself when
-        one process trains or FSDP shards it."""
-        if self.world.size == 1 or self.sharded:
-            return self.model
-        return DistributedDataParallel(
-            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            return model, model
+        model.to(self.device)
+        speed_up(model)  # on a CPU, the same arithmetic faster (attnkit.cpu); elsewhere nothing
+        if self.world.size == 1:
+            return model, model
+        # DDP hands every process rank 0's weights as it wraps them: the same start everywhere.
+        return model, DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
 
     def _let_go(self) -> None:
@@ -254,7 +233,7 @@ class Trainer:
         for k, batch in enumerate(made):
             batch = batch.to(self.device)
             sync = k == len(made) - 1 or self.world.size == 1
-            with self._syncing(sync), self._autocast():
+            with self._syncing(sync), self.autocast():
                 loss, nll = self.task.loss(self.ddp, batch)
             # DDP and FSDP average gradients over ranks; scaling by world size makes that a sum over tokens.
             (loss * self.world.size / global_tokens).backward()
@@ -287,11 +266,6 @@ class Trainer:
             return nullcontext()
         return nullcontext() if sync else self.ddp.no_sync()
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
     # --- validation and checkpoints ---------------------------------------------------------------------
 
     @torch.no_grad()
@@ -299,7 +273,7 @@ class Trainer:
         """The task's validation scores (loss and perplexity, and e.g. BLEU for translation)."""
         self.model.eval()
         with whole_root(self.model):
-            return self.task.validate(self.model, self.device, self._autocast)
+            return self.task.validate(self.model, self.device, self.autocast)
 
     def _evaluate_and_save(self) -> None:
         """Validate, log, save a checkpoint (best or not), and start a new window of training statistics."""

@@ -14,6 +14,10 @@ log-softmax in float32 (tasks/losses.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+
 import torch
 
 from attnkit.cpu.precision import matrix_units
@@ -34,3 +38,11 @@ def training_precision(precision: str, device: torch.device) -> tuple[torch.dtyp
     if units is not None:
         return None, f"fp32 (train.precision=auto: {units.why})"
     return None, f"fp32 (train.precision=auto on a {device.type.upper()})"
+
+
+def autocast_for(device: torch.device, dtype: torch.dtype | None) -> Callable[[], AbstractContextManager]:
+    """The context every forward pass of the run enters (its training steps' and its validations'):
+    autocast to ``dtype`` on ``device``, or nothing when the run trains in float32."""
+    if dtype is None:
+        return nullcontext
+    return partial(torch.autocast, device.type, dtype=dtype)
