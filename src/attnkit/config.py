@@ -291,7 +291,7 @@ class RunConfig:
         head = getattr(model, "head", None)
         for task in TASK_RECORDS.values():
             if model.arch in task.trains and task.head in (None, head):
-                metric = next(iter(task.metrics))
+                metric = task.default_metric
                 return cls(
                     model=model, data=DataConfig(task=task.name), train=TrainConfig(eval_metric=metric)
                 )
@@ -331,7 +331,7 @@ class RunConfig:
             data.setdefault("task", trains_on[0])
         task = TASK_RECORDS.get(data.get("task", DataConfig.task))  # an unknown one: DataConfig reports it
         if task is not None:  # the task's own default metric, and an encoder's head unless set
-            train.setdefault("eval_metric", next(iter(task.metrics)))
+            train.setdefault("eval_metric", task.default_metric)
             if task.head is not None and "head" not in model_values and isinstance(model, EncoderModelConfig):
                 model.head = task.head
         return cls(

@@ -40,6 +40,11 @@ class TaskRecord:
     store: str = ""  # what attnkit prepare encodes into a token store ("parallel files"); "": nothing
 
     @property
+    def default_metric(self) -> str:
+        """The ``train.eval_metric`` a run of this task is judged by unless it says otherwise."""
+        return next(iter(self.metrics))
+
+    @property
     def files_wanted(self) -> str:
         """What ``data.train`` (or valid, test) must list, in words, for errors."""
         if not self.files:
