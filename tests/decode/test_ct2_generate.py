@@ -77,6 +77,19 @@ def test_greedy_generation_is_attnkits_for_every_layout(tokenizer, tmp_path, fie
     assert "".join(t for i, t in pieces if i == 0) == ours[0] and {i for i, _ in pieces} <= {0, 1}
 
 
+def test_loading_ctranslate2_leaves_torchs_threads_as_they_were(tokenizer, tmp_path, two_threads):
+    """CTranslate2 sets the loading thread's OpenMP threads to its ``intra_threads`` (here 1: two
+    streams of one thread each), which are torch's too; attnkit puts torch's count back, else every
+    torch operation of that thread after it (a model's decoding, a training run) would run on one."""
+    model = _random_decoder(tokenizer)
+    decode = DecodeConfig(temperature=0, max_new_tokens=4, streams=2)
+    folder = export_ctranslate2(model, tokenizer, vars(decode), tmp_path / "ct2")
+    generator = CTranslate2Generator(folder)
+    assert generator.streams == 2 and torch.get_num_threads() == 2
+    generator.generate(["a", "rain falls"])
+    assert torch.get_num_threads() == 2
+
+
 def test_a_streamed_prompt_that_is_no_longer_wanted_ends_at_the_next_token(tokenizer, tmp_path):
     """A server's streaming client has gone: CTranslate2 stops extending its prompt."""
     model = _random_decoder(tokenizer)

@@ -97,6 +97,9 @@ class _ExportedFolder:
         self.streams = stream_count(self.decode.streams, "cpu", threads)
         self.model = self._load(ctranslate2, native_path(folder), inter_threads=self.streams,
                                 intra_threads=threads // self.streams)  # fmt: skip
+        # CTranslate2 sets the loading thread's OpenMP threads to its intra_threads, which is torch's count
+        # too: left so, every torch operation of this thread after it would run on that share alone
+        torch.set_num_threads(threads)
 
     def _load(self, ctranslate2: Any, folder: str, **threads: int) -> Any:
         raise NotImplementedError
