@@ -16,13 +16,16 @@ def _ruled(row: list[float], index: list[int], k: int) -> tuple[list[float], lis
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
-@pytest.mark.parametrize("ties", ["integers", "continuous"])
+@pytest.mark.parametrize("ties", ["integers", "continuous", "at the last kept"])
 def test_first_k_ranks_equal_entries_by_lowest_index(k, ties):
     generator = torch.Generator().manual_seed(k)
     if ties == "integers":  # ties everywhere: among the kept, and across the last one kept
         x = torch.randint(0, 4, (40, 30), generator=generator).float()
     else:
         x = torch.randn(40, 30, generator=generator)
+    if ties == "at the last kept":  # the only equals: the k-th largest and one left out, anywhere
+        kth = x.topk(k, dim=-1).values[:, -1]
+        x[torch.arange(40), torch.randint(0, 30, (40,), generator=generator)] = kth
     x[0] = float("-inf")  # a row at its bound: every entry equal
     x[1, 5:] = float("-inf")  # fewer finite entries than some k
     index = torch.randperm(30, generator=generator).expand(40, -1)  # entries' own numbers, not columns

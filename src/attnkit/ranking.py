@@ -18,16 +18,17 @@ def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Ten
     takes the first of equals. ``torch.topk`` orders equals as it meets them, which need not be the
     same for a row alone and in a batch, nor for greedy search and a beam of one: a fixed rule keeps a
     sentence's answer its own (docs/invariance.md). ``torch.topk`` finds them (a full sort costs ten
-    times more); where no two of them are equal, nor one left out equal to the last kept, that is the
-    answer; else the kept ones are ordered by value, then index, and rows where an entry left out
-    equals the last one kept are ranked whole."""
+    times more), and one more, the first left out: where no two of them are equal (the common case),
+    the first ``k`` are the answer, in the one order there is; else the kept ones are ordered by value,
+    then index, and rows where an entry left out equals the last one kept are ranked whole."""
     if index is None:
         index = torch.arange(x.size(-1), device=x.device).expand_as(x)
-    values, at = x.topk(k, dim=-1)  # (N, k) each, largest first, equals in any order
-    chosen = index.gather(1, at)  # (N, k)
+    reach = min(k + 1, x.size(-1))  # the k kept and the first left out, if any
+    values, at = x.topk(reach, dim=-1)  # (N, reach) each, largest first, equals in any order
+    if not bool((values[:, 1:] == values[:, :-1]).any()):
+        return values[:, :k], index.gather(1, at[:, :k])  # no two equal in reach: one order only
+    values, chosen = values[:, :k], index.gather(1, at[:, :k])  # (N, k) each
     tied = (x >= values[:, -1:]).sum(-1) > k  # (N,): an equal of the last one kept was left out
-    if not bool((tied | (values[:, 1:] == values[:, :-1]).any(-1)).any()):
-        return values, chosen  # no two equal entries in reach: one order only (the common case)
     # the kept ones by value, then index: a stable sort by value of them in index order
     by_index = chosen.argsort(dim=-1)
     values, chosen = values.gather(1, by_index), chosen.gather(1, by_index)
