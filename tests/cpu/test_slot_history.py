@@ -21,15 +21,17 @@ from attnkit.nn.transformer import DecoderCache
 IDS = SpecialIds(pad=0, unk=1, bos=2, eos=3)
 
 
-def test_attention_of_few_queries_is_scaled_dot_product_attention():
+@pytest.mark.parametrize("keys", [7, 16, 20])  # padded to 16 inside, none padded, padded to 32
+def test_attention_of_few_queries_is_scaled_dot_product_attention(keys):
     torch.manual_seed(0)
-    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 6)
-    mask = torch.rand(2, 1, 5, 7) > 0.4
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, keys, 8), torch.randn(2, 3, keys, 6)
+    mask = torch.rand(2, 1, 5, keys) > 0.4
     mask[..., 0] = True  # every query sees a key
     for scale in (8**-0.5, 1.0):
         q, k, v = q.double(), k.double(), v.double()
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         found = attend_as_sums(q, k, v, mask, scale)
+        assert found.shape == expected.shape
         torch.testing.assert_close(found, expected)
     # keys and values of a narrower dtype are widened to the queries'
     q, k, v = q.float(), k.float(), v.float()

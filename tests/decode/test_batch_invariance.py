@@ -167,9 +167,9 @@ def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
 def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
     sentences, compile_cache, precision, first_step
 ):
-    """The compiled steps attend over every key of the batch's widest source; a source padded to a
-    multiple of ``WIDTH_BUCKET`` gets its own logits at any wider width (its extra keys weigh exactly
-    0, and the sums over keys run in the same order: docs/invariance.md). The first step (the
+    """The compiled steps attend over every key of the batch's widest source, padded to whole vectors
+    of the compiler's sums; a source gets its own logits at any wider width (its extra keys weigh
+    exactly 0, and the sums over keys run in the same order: docs/invariance.md). The first step (the
     encoder) runs on each source alone, then they are merged into one batch (a server's newcomers
     joining at different steps), or on the batch's sources together, padded to the widest; then they
     are decoded together."""
@@ -187,7 +187,7 @@ def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
         " ".join(words[:240]),
     ]
     sources = [[*tokenizer.encode(text), specials.eos] for text in texts]
-    assert len({-(-len(ids) // WIDTH_BUCKET) for ids in sources}) >= 5  # widths 16, 32, 48, 160, 256 at least
+    assert len({-(-len(ids) // WIDTH_BUCKET) for ids in sources}) >= 5  # five widths at least
     with evaluating(model):
         decoding = compiled_decoding(model, beams, start_token=specials.bos)
     assert decoding is not None

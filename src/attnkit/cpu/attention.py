@@ -24,9 +24,9 @@ state-dict keys) with four changes, each where it pays on a CPU and a no-op else
   through an index of slots (``attnkit.cpu.compiled.trace``) and reads them once, where the fused
   kernel would take them copied into one tensor first. That copy of every row's keys at every step,
   and the kernel's cost per row and head for one query, were half of a beam-5 step's time. The
-  compiler's sums over keys also run in the same order at any wider padded width (the fused kernel's
-  blocks follow the width), so that the compiled encoder gives a source the same bits beside sources
-  of any width (docs/invariance.md).
+  compiler's sums over keys, padded to whole vectors, also run in the same order at any wider width (the
+  fused kernel's blocks follow the width), so that the compiled encoder gives a source the same bits
+  beside sources of any width (docs/invariance.md).
 
 :func:`attnkit.cpu.speed_up` makes a model's ``MultiHeadAttention`` modules this class.
 """
@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention.functional import fused
@@ -122,6 +123,9 @@ class CPUMultiHeadAttention(MultiHeadAttention):
 
 
 _IN_DECODING_STEP: ContextVar[bool] = ContextVar("in_decoding_step", default=False)
+# the lanes of the compiler's vectorised sums over keys (AVX-512's floats; two vectors of AVX2's), to a
+# multiple of which attend_as_sums pads the keys
+KEY_LANES = 16
 # what the keys of the attention running in this thread or task are (attnkit.cpu.alone): the padded
 # positions of its queries, a memory, or a decoder's past
 _KEYS: ContextVar[str] = ContextVar("attention_keys", default=MEMORY)
@@ -153,15 +157,24 @@ def decoding_step() -> Iterator[None]:
 def attend_as_sums(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``softmax(scale · q kᵀ, masked) v`` (eq. 1) as elementwise products and sums, which a compiler
     fuses with whatever produced ``k`` and ``v`` (a gather, a concatenation, a dtype's widening) instead
-    of materialising them, and sums over the keys in an order that padding past a multiple of 16 keys
-    does not change (decode/compiled.py). For a few queries, whose products are too small for a matrix
-    kernel, the faster too; for an encoder's queries of short sources (tens of tokens), a few percent
-    slower. ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``, ``mask`` boolean,
-    broadcastable to ``(..., T_q, T_k)``, True = may attend; every query must see some key."""
-    scores = (q.unsqueeze(-2) * k.unsqueeze(-3).to(q.dtype)).sum(-1) * scale  # (..., T_q, T_k)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(-1)
+    of materialising them. For a few queries, whose products are too small for a matrix kernel, the
+    faster too; for an encoder's queries of short sources (tens of tokens), a few percent slower.
+
+    The keys are padded (zeros, masked) to a multiple of :data:`KEY_LANES` first: the compiler sums a
+    row's keys in vectors of that many lanes and the last few in a tail loop, so that with every key
+    in whole vectors a row's sums run in the same order at any wider width (a padded key adds exact
+    zeros in its lanes), and a source gets the same bits beside sources of any width
+    (docs/invariance.md). Only the keys are padded: the queries, and everything else a source's
+    positions go through, stay at the batch's own width. ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``,
+    ``v (..., T_k, d_v)``, ``mask`` boolean, broadcastable to ``(..., T_q, T_k)``, True = may attend;
+    every query must see some key."""
+    extra = (-k.size(-2)) % KEY_LANES  # (a symbol in a trace: the compiled step serves every width)
+    if mask is None:
+        mask = torch.ones(k.size(-2), dtype=torch.bool, device=k.device)
+    k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))  # (..., T_k + extra, d)
+    mask = F.pad(mask, (0, extra), value=False)  # (..., T_k + extra)
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3).to(q.dtype)).sum(-1) * scale  # (..., T_q, T_k + extra)
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
     return (weights.unsqueeze(-1) * v.unsqueeze(-3).to(q.dtype)).sum(-2)  # (..., T_q, d_v)
 
 

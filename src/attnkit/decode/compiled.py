@@ -31,12 +31,12 @@ from attnkit.nn.transformer import DecoderCache
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
 
-# Sources decoded by compiled steps are padded to a multiple of this many tokens. The compiler's
-# vectorised sums over a row's keys (cpu/attention.py attend_as_sums) were found to give a source the
-# same bits at every wider width from a multiple of 16 on, not below it: keys in whole vectors of 16
-# lanes (AVX-512's floats; two of AVX2's), the rest in a tail loop; padded keys add exact zeros in
-# their lanes (docs/invariance.md; tests/decode/test_batch_invariance.py holds it).
-WIDTH_BUCKET = 16
+# Sources decoded by compiled steps are padded only to their batch's widest (a multiple of 1): the
+# steps' attention pads its keys to whole vectors of the compiler's sums itself (cpu/attention.py
+# attend_as_sums), which gives a source the same bits at any width, while the encoder's other work
+# (the projections, the feed-forward layers) runs on no padded position it need not
+# (docs/invariance.md; tests/decode/test_batch_invariance.py holds it).
+WIDTH_BUCKET = 1
 
 
 class History:

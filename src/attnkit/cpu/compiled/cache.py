@@ -27,8 +27,9 @@ MAX_CACHE_BYTES = 2 * 2**30  # beyond this the least recently used steps go (eac
 MAX_CACHE_DAYS = 30  # a step unused for this long goes
 # What the step takes and returns, and how it computes it (trace.py); a new layout gets a new number,
 # so that a step cached by an earlier attnkit of the same version string is never called with inputs
-# it does not expect, nor gives other bits than this one's (6: the first step's encoder attends as sums).
-STEP_LAYOUT = 6
+# it does not expect, nor gives other bits than this one's (6: the first step's encoder attends as sums;
+# 7: the attention pads its keys itself, the sources are not).
+STEP_LAYOUT = 7
 
 
 def cpu_capabilities() -> str:

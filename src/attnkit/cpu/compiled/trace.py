@@ -58,8 +58,9 @@ class FirstStep(nn.Module):
     ``(src (N, S), start (N, 1))`` -> ``(logits (N, V), memory (N, S, d_model), the layers'
     self-attention keys (N, h, 1, d_k)..., values..., cross-attention keys (N, h, S, d_k)...,
     values...)``: everything the steps after it take (:class:`CachedStep`). The encoder's attention is
-    sums too (``attnkit.cpu.attention.decoding_step``): a source padded to a multiple of 16 tokens
-    then gets the same bits at any wider width, so sources of every width share a first step."""
+    sums too (``attnkit.cpu.attention.decoding_step``), over keys padded to whole vectors of the
+    compiler's sums: a source then gets the same bits at any width, so sources of every width share a
+    first step."""
 
     def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
