@@ -73,7 +73,9 @@ class StepsBuilding:
         self.stopped = True
         if self.process.is_alive():
             self.process.kill()
-        self.process.join()
+        # the waiting thread reaps the process: two threads joining one child race (the one that does not
+        # reap it may return before its end is recorded, and the process then still looks alive)
+        self.waiting.join(30)
 
 
 def _child(connection: Any, build: Callable[[], Any]) -> None:
