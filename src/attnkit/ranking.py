@@ -25,9 +25,10 @@ def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Ten
         index = torch.arange(x.size(-1), device=x.device).expand_as(x)
     reach = min(k + 1, x.size(-1))  # the k kept and the first left out, if any
     values, at = x.topk(reach, dim=-1)  # (N, reach) each, largest first, equals in any order
-    if not bool((values[:, 1:] == values[:, :-1]).any()):
-        return values[:, :k], index.gather(1, at[:, :k])  # no two equal in reach: one order only
+    equals_in_reach = bool((values[:, 1:] == values[:, :-1]).any())
     values, chosen = values[:, :k], index.gather(1, at[:, :k])  # (N, k) each
+    if not equals_in_reach:
+        return values, chosen  # one order only (the common case)
     tied = (x >= values[:, -1:]).sum(-1) > k  # (N,): an equal of the last one kept was left out
     # the kept ones by value, then index: a stable sort by value of them in index order
     by_index = chosen.argsort(dim=-1)
