@@ -112,3 +112,22 @@ def test_compiled_a_bf16_layer_multiplies_in_bf16_as_eager_does():
         compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
     torch.testing.assert_close(compiled, eager, rtol=2**-7, atol=1e-3)
     torch.testing.assert_close(compiled, _rounded_product(x, layer), rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.parametrize("d_out, compiled_in_bf16", [(256, True), (128, False)])
+def test_compiled_a_bf16_models_maps_from_2_16_weights_multiply_in_bf16(d_out, compiled_in_bf16):
+    """A 256 x 256 map of a bf16 model keeps a float32 copy for eager steps (rounding its input costs
+    more than its bf16 product saves there), but a compiled step rounds inside the operation before it,
+    so it multiplies in bf16: a d_model-256 model's attention output maps. A 128 x 256 map (the
+    quickstart's sizes and smaller) stays float32 in both."""
+    layer = _layer(256, d_out).eval()
+    assert layer.pack_for_inference(torch.bfloat16) and layer.packed_dtype == torch.float32
+    x = torch.randn(16, 256)
+    with torch.no_grad():
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
+        float32 = F.linear(x, layer.weight, layer.bias)
+    if compiled_in_bf16:
+        torch.testing.assert_close(compiled, _rounded_product(x, layer), rtol=2**-7, atol=1e-3)
+        assert (compiled - float32).abs().max() > 1e-4  # bf16's rounding shows
+    else:
+        torch.testing.assert_close(compiled, float32, rtol=1e-5, atol=1e-5)

@@ -30,7 +30,8 @@ back as float32 with the float32 bias added, so the layer norms, attention, soft
 the maps stay float32. For the Multi30k model's maps that is 2-3.5x faster than float32 from 64 rows
 (``bench/linear.py --bf16``), with errors of bf16's rounding (~0.4% of a product). Maps of fewer than
 :data:`BF16_MIN_WEIGHTS` weights (256 x 256 and smaller) keep a float32 copy, for any number of rows
-(the precision may not depend on the rows: below).
+(the precision may not depend on the rows: below). In compiled steps, where the rounding is fused into
+the operation before the map, maps multiply in bf16 from :data:`COMPILED_BF16_MIN_WEIGHTS` (256 x 256).
 
 **The same answer whatever the batch.** In inference (no gradient wanted) a row's product must not
 depend on the rows that come with it, or a sentence's translation would depend on its batchmates
@@ -94,6 +95,12 @@ ONEDNN_MIN_ROWS = 2
 # inputs to bf16 costs more than their bf16 product saves (bench/linear.py --bf16), and a small model
 # loses accuracy (the quickstart's dates model: 88.7% exact in float32's small maps, 76.7% all in bf16)
 BF16_MIN_WEIGHTS = 2**17
+# a compiled step (torch.compile) rounds a map's input to bf16 inside the operation before it, for
+# nothing, so there a bf16 model's maps multiply in bf16 from this many weights (256 x 256): a
+# d_model-256 model's attention output maps and cross-attention queries, float32 below
+# BF16_MIN_WEIGHTS in eager steps (the compiled steps of 500 Multi30k sentences, beam 5: 3.8 s against
+# 4.4 s with them in float32). The quickstart's small maps (2^14 weights and fewer) stay float32
+COMPILED_BF16_MIN_WEIGHTS = 2**16
 # in inference, maps of at most this many weights (128 x 128) are multiplied as products summed by torch
 # (:func:`_summed_products`): a oneDNN call costs ~30 µs more than their arithmetic
 TINY_WEIGHTS = 2**14
@@ -241,6 +248,8 @@ class OneDNNLinear(nn.Linear):
     packed_weight: Tensor | None = None
     packed_from: tuple[int, int] | None = None
     packed_dtype: torch.dtype = torch.float32
+    # whether compiled steps multiply in bf16 (a bf16 model's maps of COMPILED_BF16_MIN_WEIGHTS or more)
+    compiled_bf16: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
         int8 = self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32
@@ -250,16 +259,16 @@ class OneDNNLinear(nn.Linear):
             return linear(x, self.weight, self.bias)
         if _tiny(x, self.weight) and not _needs_gradient(x, self.weight, self.bias):
             return _summed_products(x, self.weight, self.bias)
-        bf16 = self.packed_dtype == torch.bfloat16
         # torch.compile lowers F.linear itself (a bf16 weight made from a frozen one is packed once), and
         # cannot trace _packed_applies's data pointers
         if torch.compiler.is_compiling():
-            if not bf16 or x.dtype != torch.float32 or _needs_gradient(x, self.weight, self.bias):
+            bf16 = self.compiled_bf16 and x.dtype == torch.float32
+            if not bf16 or _needs_gradient(x, self.weight, self.bias):
                 return linear(x, self.weight, self.bias)
             return _with_bias(F.linear(x.to(torch.bfloat16), self.weight.to(torch.bfloat16)), self.bias)
         if not self._packed_applies(x):
             return linear(x, self.weight, self.bias)
-        if bf16:  # (..., d_in) rounded to bf16, summed in float32, (..., d_out) float32 again
+        if self.packed_dtype == torch.bfloat16:  # (..., d_in) to bf16, summed in float32, float32 again
             return _with_bias(_multiply(x.to(torch.bfloat16), self.packed_weight, None), self.bias)
         return _multiply(x, self.packed_weight, self.bias)
 
@@ -273,10 +282,11 @@ class OneDNNLinear(nn.Linear):
         weight = self.weight
         if not _packing_works(dtype) or not weight.is_cpu or weight.dtype != torch.float32:
             return False
-        if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
-            dtype = torch.float32  # a small map: see BF16_MIN_WEIGHTS
         if weight.is_inference():  # made under torch.inference_mode: no version counter to retire a copy by
             return False
+        self.compiled_bf16 = dtype == torch.bfloat16 and weight.numel() >= COMPILED_BF16_MIN_WEIGHTS
+        if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
+            dtype = torch.float32  # a small map: see BF16_MIN_WEIGHTS
         copy = weight.detach().to(dtype).contiguous()
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(copy, 128)
         self.packed_from = (weight.data_ptr(), weight._version)

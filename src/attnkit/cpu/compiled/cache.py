@@ -28,8 +28,9 @@ MAX_CACHE_DAYS = 30  # a step unused for this long goes
 # What the step takes and returns, and how it computes it (trace.py); a new layout gets a new number,
 # so that a step cached by an earlier attnkit of the same version string is never called with inputs
 # it does not expect, nor gives other bits than this one's (6: the first step's encoder attends as sums;
-# 7: the attention pads its keys itself, the sources are not).
-STEP_LAYOUT = 7
+# 7: the attention pads its keys itself, the sources are not; 8: a bf16 model's maps of 2^16 weights
+# and more multiply in bf16).
+STEP_LAYOUT = 8
 
 
 def cpu_capabilities() -> str:
