@@ -14,33 +14,35 @@ from torch import Tensor
 
 def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The ``k`` largest entries of each row of ``x (N, C)``, largest first, and where they are (their
-    ``index``, default their column): of equal entries, the one of lowest index first, as ``argmax``
-    takes the first of equals. ``torch.topk`` orders equals as it meets them, which need not be the
-    same for a row alone and in a batch, nor for greedy search and a beam of one: a fixed rule keeps a
-    sentence's answer its own (docs/invariance.md). ``torch.topk`` finds them (a full sort costs ten
-    times more), and one more, the first left out: where no two of them are equal (the common case),
-    the first ``k`` are the answer, in the one order there is; else the kept ones are ordered by value,
-    then index, and rows where an entry left out equals the last one kept are ranked whole."""
+    ``index``, default their column; at most 2^32): of equal entries, the one of lowest index first, as
+    ``argmax`` takes the first of equals. ``torch.topk`` orders equals as it meets them, which need not
+    be the same for a row alone and in a batch, nor for greedy search and a beam of one: a fixed rule
+    keeps a sentence's answer its own (docs/invariance.md). Equal entries are common: a bf16 output
+    layer's logits take few distinct values, and a batch's rows hold equals at most steps.
+
+    So each entry is ranked by one integer that holds its value and its index (:func:`_ranking_keys`):
+    no two are equal, so ``torch.topk`` has one answer, and finds it as fast as among the values
+    (half the time of ranking the values and then ordering equals). Float64 entries, which do not fit
+    beside an index, are ranked whole: by index, then stably by value (slower; references and tests)."""
     if index is None:
         index = torch.arange(x.size(-1), device=x.device).expand_as(x)
-    reach = min(k + 1, x.size(-1))  # the k kept and the first left out, if any
-    values, at = x.topk(reach, dim=-1)  # (N, reach) each, largest first, equals in any order
-    equals_in_reach = bool((values[:, 1:] == values[:, :-1]).any())
-    values, chosen = values[:, :k], index.gather(1, at[:, :k])  # (N, k) each
-    if not equals_in_reach:
-        return values, chosen  # one order only (the common case)
-    tied = (x >= values[:, -1:]).sum(-1) > k  # (N,): an equal of the last one kept was left out
-    # the kept ones by value, then index: a stable sort by value of them in index order
-    by_index = chosen.argsort(dim=-1)
-    values, chosen = values.gather(1, by_index), chosen.gather(1, by_index)
-    values, order = values.sort(dim=-1, descending=True, stable=True)
-    chosen = chosen.gather(1, order)
-    if bool(tied.any()):  # those rows ranked whole, in index order
-        rows = tied.nonzero().squeeze(1)
-        by_index = index[rows].argsort(dim=-1)
-        ranked, at = x[rows].gather(1, by_index).sort(dim=-1, descending=True, stable=True)
-        values[rows], chosen[rows] = ranked[:, :k], index[rows].gather(1, by_index).gather(1, at[:, :k])
-    return values, chosen
+    if x.dtype in (torch.float32, torch.bfloat16, torch.float16):  # exactly float32 numbers
+        at = _ranking_keys(x, index).topk(k, dim=-1).indices  # (N, k)
+        return x.gather(1, at), index.gather(1, at)
+    by_index = index.argsort(dim=-1)
+    ranked, at = x.gather(1, by_index).sort(dim=-1, descending=True, stable=True)
+    return ranked[:, :k], index.gather(1, by_index).gather(1, at[:, :k])
+
+
+def _ranking_keys(x: Tensor, index: Tensor) -> Tensor:
+    """``(N, C)`` int64 keys ordered as :func:`first_k` ranks ``x``'s entries: by value, then by lowest
+    ``index`` (in [0, 2^32)). A float32's bits read as a signed integer keep the order of positive
+    numbers and reverse that of negative ones, so the negatives' bits other than the sign are flipped;
+    the value's integer fills the upper 32 bits of the key, and the index is subtracted below them.
+    ``+ 0.0`` makes -0.0 (which equals 0.0) 0.0. NaNs rank above infinity, or below minus infinity."""
+    bits = (x.float() + 0.0).view(torch.int32)  # (N, C)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # the floats' order, as integers
+    return (ordered.long() << 32) - index
 
 
 def top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
