@@ -14,7 +14,7 @@ from torch import Tensor
 
 def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The ``k`` largest entries of each row of ``x (N, C)``, largest first, and where they are (their
-    ``index``, default their column; at most 2^32): of equal entries, the one of lowest index first, as
+    ``index``, default their column; below 2^32): of equal entries, the one of lowest index first, as
     ``argmax`` takes the first of equals. ``torch.topk`` orders equals as it meets them, which need not
     be the same for a row alone and in a batch, nor for greedy search and a beam of one: a fixed rule
     keeps a sentence's answer its own (docs/invariance.md). Equal entries are common: a bf16 output
