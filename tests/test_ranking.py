@@ -30,7 +30,7 @@ def test_first_k_ranks_equal_entries_by_lowest_index(k, ties, dtype):
     x[0] = float("-inf")  # a row at its bound: every entry equal
     x[1, 5:] = float("-inf")  # fewer finite entries than some k
     x[2, ::2], x[2, 1::2] = 0.0, -0.0  # equal numbers of other bits
-    x[3, ::2] = torch.nextafter(x[3, 1::2], torch.tensor(9.0))  # neighbours: the least apart floats are
+    x[3, ::2] = torch.nextafter(x[3, 1::2], torch.tensor(9.0))  # neighbours: floats as close as can be
     x = x.to(dtype)  # bf16: continuous numbers with equals among them
     index = torch.randperm(30, generator=generator).expand(40, -1)  # entries' own numbers, not columns
     for given in (None, index, index * (2**32 // 30)):  # indices up to the largest there may be
