@@ -160,21 +160,23 @@ def attend_as_sums(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: 
     of materialising them. For a few queries, whose products are too small for a matrix kernel, the
     faster too; for an encoder's queries of short sources (tens of tokens), a few percent slower.
 
-    The keys are padded (zeros, masked) to a multiple of :data:`KEY_LANES` first: the compiler sums a
-    row's keys in vectors of that many lanes and the last few in a tail loop, so that with every key
-    in whole vectors a row's sums run in the same order at any wider width (a padded key adds exact
-    zeros in its lanes), and a source gets the same bits beside sources of any width
-    (docs/invariance.md). Only the keys are padded: the queries, and everything else a source's
-    positions go through, stay at the batch's own width. ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``,
-    ``v (..., T_k, d_v)``, ``mask`` boolean, broadcastable to ``(..., T_q, T_k)``, True = may attend;
-    every query must see some key."""
-    extra = (-k.size(-2)) % KEY_LANES  # (a symbol in a trace: the compiled step serves every width)
-    if mask is None:
-        mask = torch.ones(k.size(-2), dtype=torch.bool, device=k.device)
-    k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))  # (..., T_k + extra, d)
-    mask = F.pad(mask, (0, extra), value=False)  # (..., T_k + extra)
-    scores = (q.unsqueeze(-2) * k.unsqueeze(-3).to(q.dtype)).sum(-1) * scale  # (..., T_q, T_k + extra)
-    weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    The compiler sums a row's weights over the keys in vectors of :data:`KEY_LANES` lanes and the
+    last few in a tail loop, so the softmax's sum and the weighted values are padded (zeros) to a
+    multiple of that many keys: with every key in whole vectors a row's sums run in the same order at
+    any wider width (a padded or masked key adds exact zeros in its lanes), and a source gets the same
+    bits beside sources of any width (docs/invariance.md). The scores are computed for the real keys
+    alone (the padded ones' products were 2-3% of a beam-5 step's time); the maximum needs no padding,
+    as it is the same in any order. Only the keys are padded: the queries, and everything else a
+    source's positions go through, stay at the batch's own width. ``q (..., T_q, d_k)``, ``k (...,
+    T_k, d_k)``, ``v (..., T_k, d_v)``, ``mask`` boolean, broadcastable to ``(..., T_q, T_k)``, True =
+    may attend; every query must see some key."""
+    keys = k.size(-2)
+    extra = (-keys) % KEY_LANES  # (a symbol in a trace: the compiled step serves every width)
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3).to(q.dtype)).sum(-1) * scale  # (..., T_q, T_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    exps = F.pad((scores - scores.amax(-1, keepdim=True)).exp(), (0, extra))  # (..., T_q, T_k + extra)
+    weights, v = exps / exps.sum(-1, keepdim=True), F.pad(v, (0, 0, 0, extra))  # v: (..., T_k + extra, d_v)
     return (weights.unsqueeze(-1) * v.unsqueeze(-3).to(q.dtype)).sum(-2)  # (..., T_q, d_v)
 
 
