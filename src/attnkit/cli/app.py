@@ -45,9 +45,8 @@ Precision = Annotated[
     typer.Option(
         help="CPU: what the linear maps multiply in: bf16 (the processor's bf16 units; maps under 2^17 "
         "weights stay fp32, under 2^16 in compiled steps, and a model with no map of 2^17 runs fp32), "
-        "int8 (weights and activations), "
-        "fp32, or auto (bf16 where this CPU's bf16 products are fast). Default: the run's "
-        "decode.precision (auto)."
+        "int8 (weights and activations), fp32, or auto (bf16 where this CPU's bf16 products are fast). "
+        "Default: the run's decode.precision (auto)."
     ),
 ]
 Overwrite = Annotated[
