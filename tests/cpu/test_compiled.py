@@ -66,7 +66,7 @@ def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_
     )  # batches of different sizes; sentences leave them
     notes = []
     counting = _Counting(monkeypatch)
-    for streams in (1, 2):
+    for streams in (0, 2):  # a stream per thread (the default), or two: the steps of serial loops
         fast = DecodeConfig(batch_size=7, streams=streams, steps="compiled")
         expected = translate(model, tokenizer, texts, eager, beam_size=beam)
         assert (
@@ -117,7 +117,59 @@ def test_a_compiled_step_is_kept_and_loaded_again_until_the_weights_change(
         twin.generator.proj.bias.add_(torch.randn_like(twin.generator.proj.bias))
     changed = translate(twin, tokenizer, texts, DecodeConfig(streams=1, steps="eager"), beam_size=3)
     assert translate(twin, tokenizer, texts, DecodeConfig(steps="compiled"), beam_size=3) == changed
-    assert sorted(beams for _, beams, _ in built) == [FIRST_STEP, 3]  # new weights: new steps, both
+    assert sorted(beams for _, beams, *_ in built) == [FIRST_STEP, 3]  # new weights: new steps, both
+
+
+def test_a_search_that_does_not_build_takes_the_steps_built_with_the_other_loops(
+    cache, model_and_tokenizer, monkeypatch
+):
+    """``decode.steps=auto`` on a small input builds nothing and takes the steps that are there, whatever
+    their loops: one stream (whose own steps' loops share the threads) takes those built for batches
+    side by side (the default's), with the same bits, rather than the model's own steps."""
+    model, tokenizer = model_and_tokenizer
+    texts = copy(10, seed=11, max_length=6).src
+    built = []
+    build = steps.build
+    monkeypatch.setattr(steps, "build", lambda *args: built.append(args) or build(*args))
+    counting = _Counting(monkeypatch)
+    side_by_side = translate(model, tokenizer, texts, DecodeConfig(steps="compiled"), beam_size=3)
+    calls = counting.calls
+    one_stream = translate(model, tokenizer, texts, DecodeConfig(streams=1), beam_size=3)  # (auto)
+    assert one_stream == side_by_side and counting.calls > calls
+    assert built == []  # (an earlier test built the default's)
+
+
+def _kernels(model, beams: int, serial: bool) -> str:
+    """The C++ source of the loops AOTInductor wrote for a step in the cache."""
+    unpacked = steps.step_package(model, beams, serial).with_suffix(".unpacked")
+    return "".join(path.read_text() for path in unpacked.rglob("*.kernel.cpp"))
+
+
+def test_a_step_is_built_with_the_loops_its_streams_run(cache, model_and_tokenizer):
+    """The steps' loops follow ``decode.streams``, not the threads of the process that happens to build
+    them: serial for a stream per thread (the default), OpenMP loops that take the caller's threads for
+    one stream on every thread; and the two give the same translations, bit for bit."""
+    model, tokenizer = model_and_tokenizer
+    texts = copy(20, seed=9, max_length=6).src
+    beams = {"n_best": 3, "beam_size": 3}
+    expected = translate(model, tokenizer, texts, DecodeConfig(streams=1, steps="eager"), **beams)
+    threads = torch.get_num_threads()
+    try:  # one batch, so one stream, on 2 threads, for either (the eager parts' sums follow the threads)
+        torch.set_num_threads(2)  # (a process of 2 threads once built OpenMP loops, whatever the streams)
+        serial = translate(model, tokenizer, texts, DecodeConfig(batch_size=64, steps="compiled"), **beams)
+        torch.set_num_threads(1)  # (and one of 1 thread plain ones)
+        one_stream = DecodeConfig(batch_size=64, streams=1, steps="compiled")
+        translate(model, tokenizer, texts[:1], one_stream, **beams)
+        torch.set_num_threads(2)
+        parallel = translate(model, tokenizer, texts, one_stream, **beams)
+    finally:
+        torch.set_num_threads(threads)
+    assert [[text for text, _ in b] for b in serial] == [[text for text, _ in b] for b in expected]
+    assert parallel == serial  # texts and scores, to the last bit
+    for width in (FIRST_STEP, 3):
+        assert "omp parallel" not in _kernels(model, width, serial=True)
+        loops = _kernels(model, width, serial=False)
+        assert "#pragma omp parallel" in loops and "num_threads(" not in loops  # the caller's threads
 
 
 def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
@@ -172,7 +224,7 @@ def test_a_running_batch_takes_the_compiled_steps_and_gives_each_source_its_tran
     texts = copy(24, seed=8, max_length=6).src
     eager = DecodeConfig(batch_size=64, streams=1, steps="eager")
     counting = _Counting(monkeypatch)
-    running = RunningTranslations(model, tokenizer, DecodeConfig(batch_size=64, streams=1, steps="compiled"))
+    running = RunningTranslations(model, tokenizer, DecodeConfig(batch_size=64, steps="compiled"))
     waiting = [(n, text, BeamSettings(3, 2) if n % 2 else BeamSettings(1, 1)) for n, text in enumerate(texts)]
     done = {}
     while waiting or running.sources:

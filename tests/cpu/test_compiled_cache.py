@@ -38,11 +38,12 @@ def _step(folder, name: str, megabytes: float, days_ago: float):
 def test_the_key_holds_the_processor(monkeypatch):
     torch.manual_seed(0)
     model = build_transformer("tiny", 20)
-    here = compiled.cache_key(model, 3)
-    assert compiled.cache_key(model, 3) == here  # the same machine: the same step
+    here = compiled.cache_key(model, 3, serial=True)
+    assert compiled.cache_key(model, 3, serial=True) == here  # the same machine: the same step
+    assert compiled.cache_key(model, 3, serial=False) != here  # loops for other threads: another step
     assert "avx" in compiled.cpu_capabilities().lower() or os.uname().machine != "x86_64"
     monkeypatch.setattr(compiled, "cpu_capabilities", lambda: "x86_64 sse2 only")
-    assert compiled.cache_key(model, 3) != here  # another instruction set: another step
+    assert compiled.cache_key(model, 3, serial=True) != here  # another instruction set: another step
 
 
 def test_the_key_holds_what_the_linear_maps_multiply_in():
@@ -60,7 +61,7 @@ def test_the_key_holds_what_the_linear_maps_multiply_in():
             pack_for_inference(model, torch.bfloat16)
         elif precision == "int8":
             quantize_int8(model)
-        keys.add(compiled.cache_key(model, 3))
+        keys.add(compiled.cache_key(model, 3, serial=True))
     assert len(keys) == (3 if _packing_works(torch.bfloat16) else 2)  # without bf16 copies, bf16 is fp32
 
 

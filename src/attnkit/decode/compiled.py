@@ -249,24 +249,27 @@ def compiled_decoding(
     warn: Callable[[str], None] | None = None,
     start_token: int | None = None,
     build: bool = True,
+    serial: bool = True,
 ) -> Callable[[Tensor, bool], Seq2SeqDecoding] | None:
     """What searches of ``model`` with ``beams`` rows per source decode with to take its compiled steps
     (:func:`compiled_step`): ``decoding(src, use_cache)``, as ``model.decoding``; None where there is
     no compiled step (the search then takes ``model.decoding``), or, without ``build``, where the steps
     are not built yet. With ``start_token`` (``<s>``, which every search decodes first), the first
-    step, and the encoder with it, is compiled too."""
+    step, and the encoder with it, is compiled too. Steps are built with ``serial`` loops (for searches
+    on one thread each) or parallel ones (``decode.streams``: decode/streams.py's ``serial_steps``);
+    without ``build``, steps of either kind are taken."""
     widths = [FIRST_STEP, beams] if start_token is not None else [beams]
     if not build and not all_built(model, widths):
         return None
-    building = to_build(model, widths) if warn is not None else []
+    building = to_build(model, widths, serial) if warn is not None and build else []
     if building and missing_compiler() is None:  # (else compiled_step says why not)
         which = [f"the decoding step of beam {beams}"] * (beams in building)
         which += ["the first step"] * (FIRST_STEP in building)
         warn(f"decode.steps: compiling {' and '.join(which)} (about 20 s each, once; kept in "
              f"{cache_folder()}; attnkit cache clear deletes them)")  # fmt: skip
-    step = compiled_step(model, beams, warn, build)
+    step = compiled_step(model, beams, serial, warn, build)
     if step is None:
         return None
-    first_step = compiled_step(model, FIRST_STEP, warn, build) if start_token is not None else None
+    first_step = compiled_step(model, FIRST_STEP, serial, warn, build) if start_token is not None else None
     first = (first_step, start_token) if first_step is not None else None
     return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams, first)

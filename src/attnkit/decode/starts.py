@@ -27,6 +27,7 @@ from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.compiled import WIDTH_BUCKET, compiled_decoding
 from attnkit.decode.sampling import Generators, sampler
 from attnkit.decode.search import Choose, Decoding, Search, starts_of
+from attnkit.decode.streams import serial_steps
 from attnkit.errors import AttnkitError
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
@@ -128,7 +129,8 @@ def source_decoding(
                 warn(f"decode.steps=auto: {missing}; the model's own steps take {EAGER_COST}")
         else:
             with evaluating(model):  # the steps are traced in eval mode
-                compiled = compiled_decoding(model, beam, warn, specials.bos, build)
+                serial = serial_steps(decode.streams)
+                compiled = compiled_decoding(model, beam, warn, specials.bos, build, serial)
     return SourceDecoding(compiled or model.decoding, compiled is not None)
 
 

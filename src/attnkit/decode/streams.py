@@ -34,6 +34,17 @@ def stream_count(requested: int, device: torch.device | str, batches: int) -> in
     return max(1, min(requested or threads, threads, batches))
 
 
+def serial_steps(streams: int) -> bool:
+    """Whether searches with ``decode.streams`` = ``streams`` take compiled steps of serial loops
+    (cpu/compiled/build.py's ``loop_settings``): every setting but one stream, for each stream then
+    runs on a share of the threads, one on a machine of as many cores as streams (0, the default: a
+    stream per thread); a single stream takes every thread, and steps whose loops share them out. It
+    depends on the setting alone, not on the threads a call finds (a server's workers change theirs
+    with its load), so that one setting always builds the same steps; a search that only takes what is
+    built takes either kind (the same bits)."""
+    return streams != 1
+
+
 def in_streams(work: Callable[[Item], Result], items: Sequence[Item], streams: int) -> Iterator[Result]:
     """``work(item)`` for each item, in order, on ``streams`` threads that split torch's threads
     between them; with one stream, here, on all of them. torch's thread count is as before afterwards."""

@@ -16,11 +16,13 @@ How, one module a step:
   which row's is where (``SlotHistory``; bf16 where the linear maps multiply in bf16): beam search
   moves the index, not the keys, and the step reads each key once, inside the attention.
 - ``build.py``: AOTInductor compiles the trace (with frozen weights) into a shared library, once per
-  model and beam width: about 20 s.
+  model, beam width and kind of loops: about 20 s. The loops are serial where each search runs on one
+  thread (``decode.streams``' default, a stream per thread) and OpenMP loops over the caller's threads
+  for a single stream; the two give the same bits.
 - ``cache.py``: the library is kept in ``$XDG_CACHE_HOME/attnkit/steps`` under a key of the weights,
-  the model's settings, the torch version and the processor's instruction sets, so that later runs load
-  it in a moment. The cache is bounded: steps unused for 30 days go, and beyond 2 GiB the least
-  recently used; ``attnkit cache clear`` empties it.
+  the model's settings, the loops, the torch version and the processor's instruction sets, so that
+  later runs load it in a moment. The cache is bounded: steps unused for 30 days go, and beyond 2 GiB
+  the least recently used; ``attnkit cache clear`` empties it.
 - ``library.py``: the library is called through ``ctypes``, which lets go of Python's lock for the whole
   step; PyTorch's own loader keeps it, which would let only one of the decoding streams run at a time.
   Its container holds one copy of the step per stream.

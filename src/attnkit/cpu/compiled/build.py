@@ -43,12 +43,27 @@ def missing_compiler() -> str | None:
     return None
 
 
+def loop_settings(serial: bool) -> dict[str, object]:
+    """How AOTInductor writes the step's loops. Left to itself it writes them for the threads of the
+    process that compiles (``torch.get_num_threads()``): OpenMP loops over that many threads, or over
+    whatever the caller has where that count is the machine's ``os.cpu_count()``, and plain loops on one
+    thread. So a step's speed depended on which process built it first: called on one thread (each of
+    ``translate``'s streams), a step of parallel loops took 6% longer than one of plain loops (the
+    Multi30k model, beam 5, 2-core AMD EPYC), and on a machine whose torch threads are fewer than its
+    logical processors, each stream's every loop would start all of the compiling process's threads.
+    Now the build says which: plain loops (``serial``), or OpenMP loops that take the calling thread's
+    count (``dynamic_threads``). Either way a row's sums run in the same order (the loops split rows
+    among threads, not a row's sum), so both give the same bits (tests/cpu/test_compiled.py)."""
+    return {"cpp.threads": 1} if serial else {"cpp.dynamic_threads": True}
+
+
 FIRST_STEP = 0  # in place of a beam width: the first step (trace.FirstStep), which every width shares
 
 
-def build(model: EncoderDecoder, beams: int, package: Path) -> None:
+def build(model: EncoderDecoder, beams: int, package: Path, serial: bool) -> None:
     """Export and compile the step for ``beams`` rows per source (:data:`FIRST_STEP`: the first step)
-    into the AOTInductor package ``package`` (written atomically)."""
+    into the AOTInductor package ``package`` (written atomically), its loops ``serial`` (for a search on
+    one thread) or parallel over as many threads as the search that calls it has (:func:`loop_settings`)."""
     import torch._inductor.config as inductor
 
     if beams == FIRST_STEP:
@@ -63,6 +78,6 @@ def build(model: EncoderDecoder, beams: int, package: Path) -> None:
             # freezing: weights as constants, packed once for oneDNN; pointwise concatenation: the
             # self-attention's past keys and the new one are read where they are (trace.py), not copied
             # into one tensor first (the CPU default)
-            with inductor.patch(freezing=True, force_pointwise_cat=True):
+            with inductor.patch({"freezing": True, "force_pointwise_cat": True, **loop_settings(serial)}):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(written))
             os.replace(written, package)

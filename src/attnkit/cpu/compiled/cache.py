@@ -43,16 +43,16 @@ def cpu_capabilities() -> str:
     return f"{platform.machine()} {platform.processor()} {capability} {flags}"
 
 
-def cache_key(model: EncoderDecoder, beams: int) -> str:
+def cache_key(model: EncoderDecoder, beams: int, serial: bool) -> str:
     """What the compiled step depends on: the weights, the model's settings, the beam width, what its
-    linear maps multiply in, its inputs' layout, torch's and attnkit's versions, and the processor it
-    runs on."""
+    linear maps multiply in, whether its loops are serial, its inputs' layout, torch's and attnkit's
+    versions, and the processor it runs on."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     settings = {"config": repr(model.config), "beams": beams, "linear": linear_precision(model),
-                "layout": STEP_LAYOUT, "torch": torch.__version__,
+                "serial": serial, "layout": STEP_LAYOUT, "torch": torch.__version__,
                 "attnkit": attnkit.__version__, "cpu": cpu_capabilities()}  # fmt: skip
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:32]

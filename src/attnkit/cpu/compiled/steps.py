@@ -1,5 +1,5 @@
 """The compiled step of a model: built or loaded from the cache the first time a search asks for it,
-then kept for the process (each model's, by beam width, until its weights change)."""
+then kept for the process (each model's, by beam width and loops, until its weights change)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 # Process-wide, as the libraries they load are: a step is compiled or loaded once, whichever search,
 # stream or server request asks first, and then shared.
 _COMPILING = threading.Lock()  # one compile at a time; the streams then share the result
-# each model's steps built so far, by beams per source: (weights' fingerprint, step or None)
-_BUILT: weakref.WeakKeyDictionary[nn.Module, dict[int, tuple]] = weakref.WeakKeyDictionary()
-# each model's steps' keys in the cache, by beams per source: (weights' fingerprint, key)
-_KEYS: weakref.WeakKeyDictionary[nn.Module, dict[int, tuple]] = weakref.WeakKeyDictionary()
+# each model's steps built so far, by (beams per source, serial loops): (weights' fingerprint, step or None)
+_BUILT: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, bool], tuple]] = weakref.WeakKeyDictionary()
+# each model's steps' keys in the cache, by (beams per source, serial loops): (weights' fingerprint, key)
+_KEYS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, bool], tuple]] = weakref.WeakKeyDictionary()
 _KEYING = threading.Lock()  # (not the compile's lock: a key is wanted while another step compiles)
 
 
@@ -35,55 +35,68 @@ def _fingerprint(model: nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def step_package(model: EncoderDecoder, beams: int) -> Path:
-    """Where the compiled step of ``model`` for ``beams`` is kept (whether built yet or not): its key
-    hashes every weight, so it is worked out once per weights and kept for the process."""
+def step_package(model: EncoderDecoder, beams: int, serial: bool) -> Path:
+    """Where the compiled step of ``model`` for ``beams`` (its loops ``serial`` or not) is kept, whether
+    built yet or not: its key hashes every weight, so it is worked out once per weights and kept for the
+    process."""
     with _KEYING:
-        fingerprint = _fingerprint(model)
+        fingerprint, variant = _fingerprint(model), (beams, serial)
         known = _KEYS.setdefault(model, {})
-        if beams not in known or known[beams][0] != fingerprint:
-            known[beams] = (fingerprint, cache_key(model, beams))
-        return cache_folder() / f"{known[beams][1]}.pt2"
+        if variant not in known or known[variant][0] != fingerprint:
+            known[variant] = (fingerprint, cache_key(model, beams, serial))
+        return cache_folder() / f"{known[variant][1]}.pt2"
 
 
-def _at_hand(model: EncoderDecoder, width: int) -> bool | None:
+def _at_hand(model: EncoderDecoder, width: int, serial: bool) -> bool | None:
     """Whether the step of ``model`` for ``width`` is there: loaded in this process, or in the cache
     folder to load (True); not built yet (False); or not to be had (None: it failed in this process)."""
-    loaded = _BUILT.get(model, {})
-    if width in loaded and loaded[width][0] == _fingerprint(model):
-        return None if loaded[width][1] is None else True
-    return step_package(model, width).is_file()
+    loaded = _BUILT.get(model, {}).get((width, serial))
+    if loaded is not None and loaded[0] == _fingerprint(model):
+        return None if loaded[1] is None else True
+    return step_package(model, width, serial).is_file()
 
 
-def to_build(model: EncoderDecoder, widths: list[int]) -> list[int]:
+def to_build(model: EncoderDecoder, widths: list[int], serial: bool) -> list[int]:
     """Those of ``widths`` whose steps of ``model`` a :func:`compiled_step` call would build: neither
     loaded in this process nor in the cache folder (none where the model cannot be compiled)."""
-    return [width for width in widths if _at_hand(model, width) is False] if compilable(model) else []
+    return [width for width in widths if _at_hand(model, width, serial) is False] if compilable(model) else []
 
 
 def all_built(model: EncoderDecoder, widths: list[int]) -> bool:
     """Whether the steps of ``model`` for each of ``widths`` (beams per source, or :data:`FIRST_STEP`)
-    are built: loaded in this process, or in the cache folder to load (a stat of a file each, once the
-    key is known)."""
-    return compilable(model) and all(_at_hand(model, width) for width in widths)
+    are built, with loops of either kind: loaded in this process, or in the cache folder to load (a
+    stat of a file each, once the key is known)."""
+    return compilable(model) and all(
+        _at_hand(model, width, True) or _at_hand(model, width, False) for width in widths
+    )
 
 
 def compiled_step(
-    model: EncoderDecoder, beams: int, warn: Callable[[str], None] | None = None, may_build: bool = True
+    model: EncoderDecoder,
+    beams: int,
+    serial: bool,
+    warn: Callable[[str], None] | None = None,
+    may_build: bool = True,
 ) -> CompiledStep | None:
     """The compiled step of ``model`` for searches of ``beams`` rows per source (greedy: 1;
-    :data:`FIRST_STEP`: the first step, the encoder with it): built (where it ``may_build``), or loaded
-    from the cache folder, the first time; None, with a note to ``warn``, where it cannot be, and
-    without a note where it is not built yet and may not be (a later call looks again)."""
-    package = step_package(model, beams) if compilable(model) else None
+    :data:`FIRST_STEP`: the first step, the encoder with it), its loops ``serial`` (for searches on one
+    thread each) or parallel: built (where it ``may_build``), or loaded from the cache folder, the first
+    time; None, with a note to ``warn``, where it cannot be, and without a note where it is not built
+    yet and may not be (a later call looks again). Where it may not build, a step of the other kind of
+    loops serves if that one is built: the two give the same bits, so whether a search takes compiled
+    steps does not depend on ``decode.streams``."""
+    if not may_build and compilable(model) and not _at_hand(model, beams, serial):
+        serial = not serial if _at_hand(model, beams, not serial) else serial
+    package = step_package(model, beams, serial) if compilable(model) else None
+    variant = (beams, serial)
     with _COMPILING:
         built = _BUILT.setdefault(model, {})
         fingerprint = _fingerprint(model)
-        if beams in built and built[beams][0] == fingerprint:
-            return built[beams][1]
+        if variant in built and built[variant][0] == fingerprint:
+            return built[variant][1]
         if package is not None and not may_build and not package.is_file():
             return None
-        built[beams] = (fingerprint, None)
+        built[variant] = (fingerprint, None)
         if package is None:
             if warn is not None and may_build:
                 warn(
@@ -96,7 +109,7 @@ def compiled_step(
                 missing = missing_compiler()
                 if missing:
                     raise RuntimeError(missing)
-                build(model, beams, package)
+                build(model, beams, package, serial)
             os.utime(package)  # used now: the cache keeps the most recently used steps
             prune_cache(keep=package)
             step = CompiledStep(package, copies=max(2, torch.get_num_threads()))  # one per stream
@@ -108,5 +121,5 @@ def compiled_step(
                     "with the model's own steps"
                 )
             return None
-        built[beams] = (fingerprint, step)
+        built[variant] = (fingerprint, step)
         return step
