@@ -142,7 +142,7 @@ def test_a_search_that_does_not_build_takes_the_steps_built_with_the_other_loops
 def _kernels(model, beams: int, serial: bool) -> str:
     """The C++ source of the loops AOTInductor wrote for a step in the cache."""
     unpacked = steps.step_package(model, beams, serial).with_suffix(".unpacked")
-    return "".join(path.read_text() for path in unpacked.rglob("*.kernel.cpp"))
+    return "".join(path.read_text(encoding="utf-8") for path in unpacked.rglob("*.kernel.cpp"))
 
 
 def test_a_step_is_built_with_the_loops_its_streams_run(cache, model_and_tokenizer):
