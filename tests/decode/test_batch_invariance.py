@@ -96,6 +96,48 @@ def test_a_sentence_is_translated_alike_alone_and_in_any_batch(sentences, precis
     assert len({score for hypotheses in alone for _, score in hypotheses}) > len(texts) // 2  # not one answer
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_model_as_built_is_searched_alike_alone_and_in_any_batch(sentences, threads):
+    """A model searched as it was built (neither loaded nor readied: a library user's own): its
+    translations and a decoder's continuations are the same alone and in batches, because a search
+    gives it attnkit's CPU kernels; with torch's own ``F.linear``, whose sums depend on the number of
+    rows, most sentences' scores differed."""
+    data, texts = sentences
+    tokenizer = Tokenizer.train("word", data.src)
+    torch.manual_seed(7)
+    model = build_transformer(TransformerConfig.from_preset("tiny", **MODEL), tokenizer.vocab_size)
+    decode = load_run_config(None, ["decode.precision=fp32", *SETTINGS]).decode
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+
+        def translated(group: list[str]) -> list:
+            batch = dataclasses.replace(decode, batch_size=len(group))
+            return translate(model, tokenizer, group, batch, n_best=3, beam_size=3)
+
+        alone = [translated([text])[0] for text in texts]
+        for batch in _random_batches(len(texts), random.Random(threads)):
+            assert translated([texts[i] for i in batch]) == [alone[i] for i in batch], batch
+
+        line = "to be or not to be, that is the question; all the world's a stage"
+        tokenizer = Tokenizer.train("char", [line])
+        torch.manual_seed(3)
+        decoder = build_model(from_preset("tiny-decoder", max_len=64, d_model=128, d_ff=512, h=4),
+                              tokenizer.vocab_size)  # fmt: skip
+        prompts = [line[i : i + 1 + 3 * (i % 5)] for i in range(0, 48, 4)]
+        greedy = load_run_config(None, ["decode.temperature=0", "decode.max_new_tokens=12"]).decode
+
+        def continued(rows: list[int]) -> list[str]:
+            batch = dataclasses.replace(greedy, batch_size=len(rows))
+            return generate(decoder, tokenizer, [prompts[i] for i in rows], batch, seeds=rows)
+
+        first = [continued([i])[0] for i in range(len(prompts))]
+        for batch in _random_batches(len(prompts), random.Random(threads)):
+            assert continued(batch) == [first[i] for i in batch], batch
+    finally:
+        torch.set_num_threads(previous)
+
+
 needs_compiler = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
     reason="compiling the step needs a C++ compiler (apt-get install g++)",

@@ -12,7 +12,7 @@ from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam
 from attnkit.decode.search import Search, argmax, extend
-from attnkit.models import evaluating
+from attnkit.decode.starts import searching
 
 
 @torch.no_grad()
@@ -30,7 +30,7 @@ def caption(
     width = beam_size or decode.beam_size
     search = Search.of(decode, beam_size=width, max_output_len=model.config.max_len)
     found: list[str] = []
-    with evaluating(model):
+    with searching(model):
         for start in range(0, len(images), decode.batch_size):
             batch = images[start : start + decode.batch_size].to(device)  # (B, 1, H, W)
             found += written(model, tokenizer, batch, search)
@@ -61,5 +61,5 @@ def attention_while_writing(
     specials = tokenizer.specials
     ids = [tokenizer.encode(text) for text in captions]
     tgt_in = pad([[specials.bos, *t] for t in ids], specials.pad).to(images.device)
-    with evaluating(model):
+    with searching(model):
         return ids, model.alignments(images, tgt_in)

@@ -25,9 +25,9 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import extend
-from attnkit.decode.starts import encode_prompts, prompt_sampler, ready_prompts
+from attnkit.decode.starts import encode_prompts, prompt_sampler, ready_prompts, searching
 from attnkit.decode.streams import fill_by_batch, stream_count
-from attnkit.models import device_of, evaluating
+from attnkit.models import device_of
 from attnkit.models.decoder_only import DecoderModel
 
 OnText = Callable[[int, str], None]
@@ -75,7 +75,7 @@ def generate(
         stream = TextStream(tokenizer, decode.stop, rows, listening.on_text, listening.wanted)
         return _generate_batch(model, tokenizer, prompts, [seeds[i] for i in rows], decode, device, stream)
 
-    with evaluating(model):
+    with searching(model):
         return fill_by_batch(continue_batch, batches, streams, outputs, progress)
 
 

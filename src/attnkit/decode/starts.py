@@ -6,6 +6,7 @@ starts the same way whichever of them decodes it (docs/invariance.md).
   (:func:`encode_sources`); padded on the right to the multiple their decoding needs, each searched
   from ``<s>`` within its length bound (:func:`ready_sources`), by the compiled steps of
   ``decode.steps`` where they are had, else by the model's own (:func:`source_decoding`).
+- Every search runs its model in eval mode, on a CPU with attnkit's kernels (:func:`searching`).
 - Prompts: checked to leave room to continue (:func:`encode_prompts`), padded on the left so that
   the newest tokens align, each bounded by ``decode.max_new_tokens`` within the model's context
   (:func:`ready_prompts`), each sampled from its own generator (:func:`prompt_sampler`).
@@ -13,7 +14,9 @@ starts the same way whichever of them decodes it (docs/invariance.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +24,7 @@ from torch import Tensor
 
 from attnkit.attention.invariance import KEY_BUCKET
 from attnkit.config import DecodeConfig
+from attnkit.cpu import speed_up
 from attnkit.cpu.compiled.build import missing_compiler
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
@@ -40,6 +44,23 @@ from attnkit.models.seq2seq import EncoderDecoder
 REPAYING_SENTENCES = 50_000
 # what the model's own steps cost against compiled ones (docs/benchmarks.md, beam 5 in bf16)
 EAGER_COST = "about 1.25 times as long as compiled ones (beam 5)"
+
+
+_SPED_UP: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # the models searching() has seen
+
+
+@contextmanager
+def searching(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` in eval mode for a search, and on a CPU with attnkit's kernels
+    (:func:`attnkit.cpu.speed_up`, in place, the first time a model is searched: the same weights, which
+    loading and training give a model already). torch's own ``F.linear`` sums in an order that depends
+    on the number of rows and threads, so a model searched as it was built would answer a sentence
+    differently in another batch (docs/invariance.md)."""
+    if model not in _SPED_UP:  # (a walk over the modules: 1.7 ms for paper-base, not for every request)
+        speed_up(model)
+        _SPED_UP.add(model)
+    with evaluating(model):
+        yield model
 
 
 @dataclass(frozen=True)

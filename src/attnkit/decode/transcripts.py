@@ -16,7 +16,7 @@ from attnkit.data.batching import length_batches, pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.captions import written
 from attnkit.decode.search import Search
-from attnkit.models import evaluating
+from attnkit.decode.starts import searching
 
 
 def padded_frames(features: Sequence[Tensor], multiple: int = 1) -> Tensor:
@@ -44,7 +44,7 @@ def transcribe(
     annotations = [model.config.annotations(len(f)) for f in features]
     batches = length_batches(range(len(features)), annotations, decode.batch_size, KEY_BUCKET)
     found: dict[int, str] = {}
-    with evaluating(model):
+    with searching(model):
         for rows in batches:
             frames = padded_frames([features[i] for i in rows], KEY_BUCKET * model.config.reduction)
             frames = frames.to(device)  # (B, T, n_mels)
@@ -67,7 +67,7 @@ def alignments_while_spelling(
     specials = tokenizer.specials
     ids = [tokenizer.encode(text) for text in transcripts]
     parts = []
-    with evaluating(model):
+    with searching(model):
         for start in range(0, len(ids), batch_size):
             tgt_in = pad([[specials.bos, *t] for t in ids[start : start + batch_size]], specials.pad)
             frames = padded_frames(features[start : start + batch_size])

@@ -14,9 +14,9 @@ from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, argmax, extend
-from attnkit.decode.starts import encode_sources, ready_sources, source_decoding
+from attnkit.decode.starts import encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
-from attnkit.models import device_of, evaluating
+from attnkit.models import device_of
 from attnkit.models.seq2seq import EncoderDecoder
 
 
@@ -125,5 +125,5 @@ def _hypotheses(
         return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
 
     streams = stream_count(decode.streams, device, len(batches))
-    with evaluating(model):
+    with searching(model):
         return fill_by_batch(searched, batches, streams, found, reporting.progress)

@@ -62,13 +62,20 @@ def to_build(model: EncoderDecoder, widths: list[int], serial: bool) -> list[int
     return [width for width in widths if _at_hand(model, width, serial) is False] if compilable(model) else []
 
 
+def _built_loops(model: EncoderDecoder, width: int, serial: bool) -> bool | None:
+    """The loops (serial or not) of a built step of ``model`` for ``width``, ``serial`` if both are
+    built; None where neither is (loaded in this process, or in the cache folder to load)."""
+    for loops in (serial, not serial):
+        if _at_hand(model, width, loops):
+            return loops
+    return None
+
+
 def all_built(model: EncoderDecoder, widths: list[int]) -> bool:
     """Whether the steps of ``model`` for each of ``widths`` (beams per source, or :data:`FIRST_STEP`)
     are built, with loops of either kind: loaded in this process, or in the cache folder to load (a
     stat of a file each, once the key is known)."""
-    return compilable(model) and all(
-        _at_hand(model, width, True) or _at_hand(model, width, False) for width in widths
-    )
+    return compilable(model) and all(_built_loops(model, width, True) is not None for width in widths)
 
 
 def compiled_step(
@@ -85,8 +92,9 @@ def compiled_step(
     yet and may not be (a later call looks again). Where it may not build, a step of the other kind of
     loops serves if that one is built: the two give the same bits, so whether a search takes compiled
     steps does not depend on ``decode.streams``."""
-    if not may_build and compilable(model) and not _at_hand(model, beams, serial):
-        serial = not serial if _at_hand(model, beams, not serial) else serial
+    if not may_build and compilable(model):
+        built_loops = _built_loops(model, beams, serial)
+        serial = serial if built_loops is None else built_loops
     package = step_package(model, beams, serial) if compilable(model) else None
     variant = (beams, serial)
     with _COMPILING:
