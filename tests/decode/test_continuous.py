@@ -187,3 +187,20 @@ def test_prompts_joining_a_running_batch_are_continued_as_generate_continues_the
         if n % 2:
             assert "".join(pieces[n]) == alone
     assert running.rows == 0 and not running.running
+
+
+def test_a_model_as_built_and_left_training_serves_each_source_its_translation_alone(tokenizer):
+    """A running batch of a model as it was built (a library user's own: torch's own linear maps, left
+    in training mode with dropout): each source gets exactly ``translate``'s translations of it alone,
+    scores to the last bit, because a running batch searches the model as ``translate`` does (in eval
+    mode, with attnkit's kernels). Before, dropout changed every step, and the batch the sums."""
+    torch.manual_seed(5)
+    config = TransformerConfig.from_preset("tiny", dropout=0.3, d_model=256, d_ff=1024)
+    model = build_transformer(config, tokenizer.vocab_size)  # in training mode, as built
+    texts = copy(12, seed=4, max_length=9).src
+    arrivals: dict[int, list] = {}
+    for n, text in enumerate(texts):
+        arrivals.setdefault(n // 3, []).append((n, text, BeamSettings(3, 2)))
+    done = _run(RunningTranslations(model, tokenizer, DecodeConfig(batch_size=64, streams=1)), arrivals)
+    for n, text in enumerate(texts):
+        assert done[n] == _alone(model, tokenizer, DecodeConfig(), text, 3, 2), text

@@ -53,6 +53,7 @@ from attnkit.decode.starts import (
     ready_prompts,
     ready_sources,
     source_decoding,
+    with_search_kernels,
 )
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
@@ -82,6 +83,12 @@ class RunningTranslations:
     # source alone), else the model's own; and when each was chosen
     decodings: dict[int, SourceDecoding] = field(default_factory=dict)
     chosen: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """The model in eval mode, with attnkit's kernels, as ``translate`` searches it (for as long as
+        it serves: a running batch has no end at which to give the model its former mode back)."""
+        with_search_kernels(self.model)
+        self.model.eval()
 
     @property
     def rows(self) -> int:
@@ -188,6 +195,11 @@ class RunningGenerations:
     # each row's key, generator, text stream and tokens so far, by its number
     continuing: dict[int, tuple[Key, torch.Generator, TextStream, list[int]]] = field(default_factory=dict)
     numbers: Iterator[int] = field(default_factory=itertools.count)  # each row's, never used again
+
+    def __post_init__(self) -> None:
+        """The model in eval mode, with attnkit's kernels, as ``generate`` continues a prompt."""
+        with_search_kernels(self.model)
+        self.model.eval()
 
     @property
     def sources(self) -> int:

@@ -6,7 +6,8 @@ starts the same way whichever of them decodes it (docs/invariance.md).
   (:func:`encode_sources`); padded on the right to the multiple their decoding needs, each searched
   from ``<s>`` within its length bound (:func:`ready_sources`), by the compiled steps of
   ``decode.steps`` where they are had, else by the model's own (:func:`source_decoding`).
-- Every search runs its model in eval mode, on a CPU with attnkit's kernels (:func:`searching`).
+- Every search runs its model in eval mode, on a CPU with attnkit's kernels (:func:`searching`,
+  :func:`with_search_kernels`).
 - Prompts: checked to leave room to continue (:func:`encode_prompts`), padded on the left so that
   the newest tokens align, each bounded by ``decode.max_new_tokens`` within the model's context
   (:func:`ready_prompts`), each sampled from its own generator (:func:`prompt_sampler`).
@@ -46,19 +47,23 @@ REPAYING_SENTENCES = 50_000
 EAGER_COST = "about 1.25 times as long as compiled ones (beam 5)"
 
 
-_SPED_UP: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # the models searching() has seen
+_SPED_UP: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # the models searched so far
+
+
+def with_search_kernels(model: torch.nn.Module) -> None:
+    """Give ``model`` attnkit's CPU kernels (:func:`attnkit.cpu.speed_up`, in place, the first time it
+    is searched: the same weights, which loading and training give a model already). torch's own
+    ``F.linear`` sums in an order that depends on the number of rows and threads, so a model searched as
+    it was built would answer a sentence differently in another batch (docs/invariance.md)."""
+    if model not in _SPED_UP:  # (a walk over the modules: 1.7 ms for paper-base, not for every request)
+        speed_up(model)
+        _SPED_UP.add(model)
 
 
 @contextmanager
 def searching(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` in eval mode for a search, and on a CPU with attnkit's kernels
-    (:func:`attnkit.cpu.speed_up`, in place, the first time a model is searched: the same weights, which
-    loading and training give a model already). torch's own ``F.linear`` sums in an order that depends
-    on the number of rows and threads, so a model searched as it was built would answer a sentence
-    differently in another batch (docs/invariance.md)."""
-    if model not in _SPED_UP:  # (a walk over the modules: 1.7 ms for paper-base, not for every request)
-        speed_up(model)
-        _SPED_UP.add(model)
+    """``model`` in eval mode for a search, with attnkit's kernels (:func:`with_search_kernels`)."""
+    with_search_kernels(model)
     with evaluating(model):
         yield model
 
