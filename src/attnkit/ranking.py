@@ -27,7 +27,7 @@ def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Ten
     if index is None:
         index = torch.arange(x.size(-1), device=x.device).expand_as(x)
     if x.dtype in (torch.float32, torch.bfloat16, torch.float16):  # exactly float32 numbers
-        at = _ranking_keys(x, index).topk(k, dim=-1).indices  # (N, k)
+        at = _ranking_keys(x, index).topk(k, dim=-1, largest=False).indices  # (N, k)
         return x.gather(1, at), index.gather(1, at)
     by_index = index.argsort(dim=-1)
     ranked, at = x.gather(1, by_index).sort(dim=-1, descending=True, stable=True)
@@ -35,14 +35,16 @@ def first_k(x: Tensor, k: int, index: Tensor | None = None) -> tuple[Tensor, Ten
 
 
 def _ranking_keys(x: Tensor, index: Tensor) -> Tensor:
-    """``(N, C)`` int64 keys ordered as :func:`first_k` ranks ``x``'s entries: by value, then by lowest
-    ``index`` (in [0, 2^32)). A float32's bits read as a signed integer keep the order of positive
-    numbers and reverse that of negative ones, so the negatives' bits other than the sign are flipped;
-    the value's integer fills the upper 32 bits of the key, and the index is subtracted below them.
-    ``+ 0.0`` makes -0.0 (which equals 0.0) 0.0. NaNs rank above infinity, or below minus infinity."""
+    """``(N, C)`` int64 keys, smallest first in the order :func:`first_k` ranks ``x``'s entries: by
+    value, then by lowest ``index`` (in [0, 2^32)). A float32's bits read as a signed integer keep the
+    order of positive numbers and reverse that of negative ones, so the negatives' bits other than the
+    sign are flipped; ``+ 0.0`` makes -0.0 (which equals 0.0) 0.0. The key is ``index - 2^32 · that
+    integer``: the value's integer in the upper 32 bits, negated so that one subtraction writes the
+    key (a third fewer passes over the entries than shifting and subtracting). NaNs rank above
+    infinity, or below minus infinity."""
     bits = (x.float() + 0.0).view(torch.int32)  # (N, C)
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # the floats' order, as integers
-    return (ordered.long() << 32) - index
+    return torch.sub(index, ordered, alpha=1 << 32)  # (N, C) int64
 
 
 def top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
