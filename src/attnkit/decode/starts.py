@@ -15,6 +15,7 @@ starts the same way whichever of them decodes it (docs/invariance.md).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ EAGER_COST = "about 1.25 times as long as compiled ones (beam 5)"
 
 
 _SPED_UP: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # the models searched so far
+_SPEEDING_UP = threading.Lock()  # (a server's threads may search one model at once)
 
 
 def with_search_kernels(model: torch.nn.Module) -> None:
@@ -55,9 +57,10 @@ def with_search_kernels(model: torch.nn.Module) -> None:
     is searched: the same weights, which loading and training give a model already). torch's own
     ``F.linear`` sums in an order that depends on the number of rows and threads, so a model searched as
     it was built would answer a sentence differently in another batch (docs/invariance.md)."""
-    if model not in _SPED_UP:  # (a walk over the modules: 1.7 ms for paper-base, not for every request)
-        speed_up(model)
-        _SPED_UP.add(model)
+    with _SPEEDING_UP:
+        if model not in _SPED_UP:  # (a walk over the modules: 1.7 ms for paper-base, not every request)
+            speed_up(model)
+            _SPED_UP.add(model)
 
 
 @contextmanager
