@@ -7,7 +7,7 @@ starts the same way whichever of them decodes it (docs/invariance.md).
   from ``<s>`` within its length bound (:func:`ready_sources`), by the compiled steps of
   ``decode.steps`` where they are had, else by the model's own (:func:`source_decoding`).
 - Every search runs its model in eval mode, on a CPU with attnkit's kernels (:func:`searching`,
-  :func:`with_search_kernels`).
+  :func:`with_search_kernels`; a trainer's model keeps its kernels, :func:`kernels_chosen_by_training`).
 - Prompts: checked to leave room to continue (:func:`encode_prompts`), padded on the left so that
   the newest tokens align, each bounded by ``decode.max_new_tokens`` within the model's context
   (:func:`ready_prompts`), each sampled from its own generator (:func:`prompt_sampler`).
@@ -48,19 +48,28 @@ REPAYING_SENTENCES = 50_000
 EAGER_COST = "about 1.25 times as long as compiled ones (beam 5)"
 
 
-_SPED_UP: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # the models searched so far
-_SPEEDING_UP = threading.Lock()  # (a server's threads may search one model at once)
+_SETTLED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # models whose kernels are chosen
+_SETTLING = threading.Lock()  # (a server's threads may search one model at once)
 
 
 def with_search_kernels(model: torch.nn.Module) -> None:
     """Give ``model`` attnkit's CPU kernels (:func:`attnkit.cpu.speed_up`, in place, the first time it
-    is searched: the same weights, which loading and training give a model already). torch's own
-    ``F.linear`` sums in an order that depends on the number of rows and threads, so a model searched as
-    it was built would answer a sentence differently in another batch (docs/invariance.md)."""
-    with _SPEEDING_UP:
-        if model not in _SPED_UP:  # (a walk over the modules: 1.7 ms for paper-base, not every request)
+    is searched: the same weights, which loading and training give a model already), unless its
+    trainer chose its kernels (:func:`kernels_chosen_by_training`). torch's own ``F.linear`` sums in an
+    order that depends on the number of rows and threads, so a model searched as it was built would
+    answer a sentence differently in another batch (docs/invariance.md)."""
+    with _SETTLING:
+        if model not in _SETTLED:  # (a walk over the modules: 1.7 ms for paper-base, not every request)
             speed_up(model)
-            _SPED_UP.add(model)
+            _SETTLED.add(model)
+
+
+def kernels_chosen_by_training(model: torch.nn.Module) -> None:
+    """Searches of ``model`` (a trainer's validation) leave its kernels as training chose them: a
+    sharded model trains on torch's own, and changing them at the first validation would make a
+    resumed run compute otherwise than the run it resumes (batch invariance is for inference)."""
+    with _SETTLING:
+        _SETTLED.add(model)
 
 
 @contextmanager

@@ -37,6 +37,7 @@ from attnkit.checkpoint.run_dir import lock_run, prepare_run_dir
 from attnkit.checkpoint.trainer_state import TrainerState, load_trainer_state, rng_state
 from attnkit.config import LOWER_IS_BETTER, RunConfig
 from attnkit.cpu import speed_up
+from attnkit.decode.starts import kernels_chosen_by_training
 from attnkit.errors import AttnkitError
 from attnkit.loading import build_for_tokenizer, read_tokenizer
 from attnkit.processes import close_world, init_world, resolve_device
@@ -132,6 +133,7 @@ class Trainer:
         frozen = config.train.freeze
         if frozen:
             self._say(f"frozen: {freeze(model, frozen):,} parameters ({', '.join(frozen)})")
+        kernels_chosen_by_training(model)  # validation's searches keep them (decode/starts.py)
         if self.sharded:  # moves each layer's shards to the device: the whole model never is on it
             fully_shard_model(model, self.world, self.device, self.autocast_dtype)
             return model, model
