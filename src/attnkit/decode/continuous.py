@@ -7,7 +7,8 @@ sentence that comes meanwhile waits for all of it. A server does better with one
 (:class:`RunningTranslations`) that it advances a step at a time (:meth:`~RunningTranslations.iterate`):
 at every step, the sources that came since the last one are encoded and take their first step (as
 their own small batch), then join the running rows (``Beams.merge``, which pads the shorter KV
-caches on the left and lets each row go on at its own position); every running source takes one
+caches on the left and lets each row go on at its own position, and writes the newcomers' memories and
+cross-attention keys behind the running sources', models/row_buffers.py); every running source takes one
 step; those whose search is over leave at once, and their rows are not decoded again.
 
 Each source gets what ``translate`` gives it alone, whatever shares its steps: it is cut, bounded

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from attnkit.attention.multihead import KVCache
+from attnkit.models.row_buffers import RowBuffers
 from attnkit.nn.pointer import PointerGenerator
 from attnkit.nn.transformer import DecoderCache
 
@@ -84,6 +85,7 @@ class Seq2SeqDecoding:
         # (R,): where each row's first token is in the cache, once rows that started at other steps
         # have joined (merge); None while every row starts at position 0
         self.first: Tensor | None = None
+        self.buffers = RowBuffers()  # room behind the per-source tensors for sources that join
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
@@ -111,10 +113,11 @@ class Seq2SeqDecoding:
 
     def _select_sources(self, rows: Tensor) -> None:
         """Keep (or repeat) the memories of sources ``rows``, with what the pointer reads of them."""
-        self.memory = self.memory.index_select(0, rows)
-        self.src, self.src_valid = self.src.index_select(0, rows), self.src_valid.index_select(0, rows)
+        kept = self.buffers.kept
+        self.memory = kept("memory", self.memory, rows)
+        self.src, self.src_valid = kept("src", self.src, rows), kept("src_valid", self.src_valid, rows)
         if self.pointer_keys is not None:
-            self.pointer_keys = self.pointer_keys.index_select(0, rows)
+            self.pointer_keys = kept("pointer_keys", self.pointer_keys, rows)
 
     def reorder(self, index: Tensor) -> None:
         if self.cache is not None:  # beams of one source share its memory: only the target side moves
@@ -126,15 +129,18 @@ class Seq2SeqDecoding:
         """Keep rows ``index`` of any sources (search drops the finished ones, all beams of a source
         together): memories move too. Returns how many leading positions were forgotten (after a
         :meth:`merge`: the padding of rows that have left)."""
-        self.src_mask = self.src_mask.index_select(0, index)
+        self.src_mask = self.buffers.kept("src_mask", self.src_mask, index)
         if self.cache is None:
             self._select_sources(index)
             return 0
         sources = index[:: self.beams] // self.beams  # the first beam of each kept source: its source
         self._select_sources(sources)
-        for layer in self.cache.layers:
+        kept = self.buffers.kept
+        for i, layer in enumerate(self.cache.layers):
             layer.self_attn.reorder(index)
-            layer.src_attn.reorder(sources)
+            key, value = layer.src_attn.key, layer.src_attn.value  # (N, h, S, d_k) each
+            if key is not None:
+                layer.src_attn = KVCache(kept(f"key {i}", key, sources), kept(f"value {i}", value, sources))
         if self.first is None:
             return 0
         self.first = self.first.index_select(0, index)
@@ -160,22 +166,20 @@ class Seq2SeqDecoding:
 
     def _merge_sources(self, other: Seq2SeqDecoding) -> None:
         """Add ``other``'s sources after these (:meth:`merge`): memories, masks, ids and the
-        cross-attention's keys and values, padded on the right to the longer source."""
-        pad_id = self.model.config.pad_id
-
-        def sources(mine: Tensor, theirs: Tensor, fill: float, dim: int = 1) -> Tensor:  # along S, then N
-            return stacked(mine, theirs, dim, fill)
-
-        self.memory = sources(self.memory, other.memory, 0.0)  # (N, S, d_model)
-        self.src = sources(self.src, other.src, pad_id)  # (N, S)
-        self.src_valid = sources(self.src_valid, other.src_valid, False, dim=2)  # (N, 1, S)
-        self.src_mask = sources(self.src_mask, other.src_mask, False, dim=2)  # (R, 1, S)
+        cross-attention's keys and values, padded on the right to the longer source; written behind
+        these in their buffers (:class:`RowBuffers`: the running sources are not copied)."""
+        pad_id, joined = self.model.config.pad_id, self.buffers.joined
+        self.memory = joined("memory", self.memory, other.memory, 1, 0.0)  # (N, S, d_model)
+        self.src = joined("src", self.src, other.src, 1, pad_id)  # (N, S)
+        self.src_valid = joined("src_valid", self.src_valid, other.src_valid, 2, False)  # (N, 1, S)
+        self.src_mask = joined("src_mask", self.src_mask, other.src_mask, 2, False)  # (R, 1, S)
         if self.pointer_keys is not None:
-            self.pointer_keys = sources(self.pointer_keys, other.pointer_keys, 0.0)
+            self.pointer_keys = joined("pointer_keys", self.pointer_keys, other.pointer_keys, 1, 0.0)
         assert self.cache is not None and other.cache is not None
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            key = sources(mine.src_attn.key, theirs.src_attn.key, 0.0, dim=2)  # (N, h, S, d_k)
-            mine.src_attn = KVCache(key, sources(mine.src_attn.value, theirs.src_attn.value, 0.0, dim=2))
+        for i, (mine, theirs) in enumerate(zip(self.cache.layers, other.cache.layers, strict=True)):
+            key = joined(f"key {i}", mine.src_attn.key, theirs.src_attn.key, 2, 0.0)  # (N, h, S, d_k)
+            value = joined(f"value {i}", mine.src_attn.value, theirs.src_attn.value, 2, 0.0)
+            mine.src_attn = KVCache(key, value)
 
     def _firsts(self) -> Tensor:
         """Each row's first position in the cache (:attr:`first`, zeros before any merge)."""
