@@ -119,12 +119,8 @@ def test_a_model_as_built_is_searched_alike_alone_and_in_any_batch(sentences, th
         for batch in _random_batches(len(texts), random.Random(threads)):
             assert translated([texts[i] for i in batch]) == [alone[i] for i in batch], batch
 
-        line = "to be or not to be, that is the question; all the world's a stage"
-        tokenizer = Tokenizer.train("char", [line])
-        torch.manual_seed(3)
-        decoder = build_model(from_preset("tiny-decoder", max_len=64, d_model=128, d_ff=512, h=4),
-                              tokenizer.vocab_size)  # fmt: skip
-        prompts = [line[i : i + 1 + 3 * (i % 5)] for i in range(0, 48, 4)]
+        decoder, tokenizer = _decoder(None)
+        prompts = [LINE[i : i + 1 + 3 * (i % 5)] for i in range(0, 48, 4)]
         greedy = load_run_config(None, ["decode.temperature=0", "decode.max_new_tokens=12"]).decode
 
         def continued(rows: list[int]) -> list[str]:
@@ -331,14 +327,20 @@ def _run_joining(running: RunningTranslations, texts: list[str], settings: list[
     return done
 
 
-def _decoder(precision: str):
-    tokenizer = Tokenizer.train(
-        "char", ["to be or not to be, that is the question", "all the world's a stage"]
-    )
+LINE = "to be or not to be, that is the question; all the world's a stage"  # a decoder's characters
+
+
+def _decoder(precision: str | None):
+    """A small GPT and its characters' tokenizer, readied for inference in ``precision`` (None: as
+    built, in training mode, neither loaded nor readied: a library user's own)."""
+    tokenizer = Tokenizer.train("char", [LINE])
     torch.manual_seed(3)
     preset = from_preset("tiny-decoder", max_len=64, d_model=128, d_ff=512, h=4)
-    model = build_model(preset, tokenizer.vocab_size).eval()
-    return ready_for_inference(model, load_run_config(None, [f"decode.precision={precision}"])), tokenizer
+    model = build_model(preset, tokenizer.vocab_size)
+    if precision is None:
+        return model, tokenizer
+    config = load_run_config(None, [f"decode.precision={precision}"])
+    return ready_for_inference(model.eval(), config), tokenizer
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

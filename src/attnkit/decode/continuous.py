@@ -53,8 +53,8 @@ from attnkit.decode.starts import (
     prompt_sampler,
     ready_prompts,
     ready_sources,
+    serving,
     source_decoding,
-    with_search_kernels,
 )
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
@@ -86,10 +86,8 @@ class RunningTranslations:
     chosen: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """The model in eval mode, with attnkit's kernels, as ``translate`` searches it (for as long as
-        it serves: a running batch has no end at which to give the model its former mode back)."""
-        with_search_kernels(self.model)
-        self.model.eval()
+        """The model in eval mode, with attnkit's kernels, as ``translate`` searches it."""
+        serving(self.model)
 
     @property
     def rows(self) -> int:
@@ -199,8 +197,7 @@ class RunningGenerations:
 
     def __post_init__(self) -> None:
         """The model in eval mode, with attnkit's kernels, as ``generate`` continues a prompt."""
-        with_search_kernels(self.model)
-        self.model.eval()
+        serving(self.model)
 
     @property
     def sources(self) -> int:

@@ -7,7 +7,8 @@ starts the same way whichever of them decodes it (docs/invariance.md).
   from ``<s>`` within its length bound (:func:`ready_sources`), by the compiled steps of
   ``decode.steps`` where they are had, else by the model's own (:func:`source_decoding`).
 - Every search runs its model in eval mode, on a CPU with attnkit's kernels (:func:`searching`,
-  :func:`with_search_kernels`; a trainer's model keeps its kernels, :func:`kernels_chosen_by_training`).
+  :func:`with_search_kernels`; a running batch's for as long as it serves, :func:`serving`; a
+  trainer's model keeps its kernels, :func:`kernels_chosen_by_training`).
 - Prompts: checked to leave room to continue (:func:`encode_prompts`), padded on the left so that
   the newest tokens align, each bounded by ``decode.max_new_tokens`` within the model's context
   (:func:`ready_prompts`), each sampled from its own generator (:func:`prompt_sampler`).
@@ -70,6 +71,14 @@ def kernels_chosen_by_training(model: torch.nn.Module) -> None:
     resumed run compute otherwise than the run it resumes (batch invariance is for inference)."""
     with _SETTLING:
         _SETTLED.add(model)
+
+
+def serving(model: torch.nn.Module) -> None:
+    """``model`` in eval mode with attnkit's kernels (:func:`with_search_kernels`) from now on: what a
+    running batch does to its model when made, as :func:`searching` does for a search, but for as long
+    as it serves (it has no end at which to give the model its former mode back)."""
+    with_search_kernels(model)
+    model.eval()
 
 
 @contextmanager
