@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -203,7 +204,7 @@ def _serve_until_stopped(
 
     from attnkit.serve.app import make_app
 
-    config = uvicorn.Config(None, timeout_graceful_shutdown=grace, log_level="info")
+    config = uvicorn.Config(None, timeout_graceful_shutdown=grace, log_level="info", **http_stack(note))
     server = uvicorn.Server(config)
     config.app = make_app(served, load, settings, stopping=lambda: server.should_exit)
     # uvicorn stops gracefully on SIGTERM and SIGINT (Ctrl-C), then raises the signal again for the
@@ -212,6 +213,22 @@ def _serve_until_stopped(
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda number, frame: None)
     server.run(sockets=[listening])
+
+
+def http_stack(warn: Callable[[str], None]) -> dict[str, str]:
+    """uvicorn's event loop and HTTP parser: uvloop and httptools, written in C, where they are installed
+    (``attnkit[serve]`` installs them): at 32 clients they took a fifth less of the server's CPU per
+    request than asyncio's loop and h11, and answered 10% more requests/s (docs/serving.md); else
+    those, with one line saying so."""
+    stack = {"loop": "uvloop", "http": "httptools"}
+    missing = [name for name in stack.values() if importlib.util.find_spec(name) is None]
+    if not missing:
+        return stack
+    warn(
+        f"{' and '.join(missing)} not installed (pip install 'attnkit[serve]'): the server runs asyncio's "
+        "event loop and h11's HTTP parser, which take about 1.3 times the CPU per request"
+    )
+    return {"loop": "asyncio", "http": "h11"}
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # --host values that only this machine reaches

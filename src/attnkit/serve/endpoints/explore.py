@@ -8,8 +8,6 @@ batch runs (it hooks the model). Engines without attention weights (CTranslate2)
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
@@ -28,7 +26,7 @@ async def explore(request: Request, text: Text = "", target: Text | None = None)
     if not model.shows_attention:
         message = f"the attention explorer needs attnkit's engine; this server runs {model.engine}"
         raise RequestError(404, "not_available", message)
-    counts = await asyncio.to_thread(model.tokens, [text, target or ""])
+    counts = await server.token_counts(model, [text, target or ""])
     limit = server.settings.max_explore_tokens
     for field, count in zip(("text", "target"), counts, strict=True):
         if count > limit:

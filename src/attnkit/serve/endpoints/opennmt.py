@@ -10,8 +10,6 @@ results line up with the inputs (the CLI prints an empty line).
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 
 from attnkit.decode.search import BeamSettings
@@ -39,7 +37,7 @@ async def translate(request: Request, items: list[TranslateItem]) -> list[list[d
             422, "invalid_request", f"n_best: {n_best} needs beam_size {n_best} or more"
         ) from None
     texts = [item.src for item in items]
-    tokens = await asyncio.to_thread(translator.tokens, texts)
+    tokens = await server.token_counts(translator, texts)
     server.check_lengths(tokens, translator.max_source_tokens, "src")
     positions = translator.positions(tokens, settings)
     server.check_positions(positions)

@@ -4,8 +4,6 @@ question-answering model's answer, a masked-LM's tokens for each mask)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 
 from attnkit.serve.bodies import PredictBody
@@ -22,7 +20,7 @@ async def predict(request: Request, body: PredictBody) -> dict:
     problem = predictor.problem(body.inputs)
     if problem:
         raise RequestError(422, "invalid_request", problem)
-    tokens = await asyncio.to_thread(predictor.tokens, body.inputs)
+    tokens = await server.token_counts(predictor, body.inputs)
     server.check_lengths(tokens, predictor.max_tokens, "inputs")
     positions = predictor.positions(tokens, None)
     server.check_positions(positions)

@@ -53,7 +53,7 @@ async def prepared(server: ServerState, prompts: list[str], seed: int | None, **
     if seed is not None and seed + len(prompts) - 1 > MAX_SEED:  # prompt i is seeded seed + i
         message = f"seed: {len(prompts)} prompts seeded from {seed} pass {MAX_SEED}, the largest seed"
         raise RequestError(422, "invalid_request", message)
-    tokens = await asyncio.to_thread(model.tokens, prompts)
+    tokens = await server.token_counts(model, prompts)
     for i, count in enumerate(tokens):
         if count == 0:
             raise RequestError(422, "invalid_request", f"prompt {i}: empty; give at least one character")
