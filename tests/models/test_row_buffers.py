@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit import TransformerConfig, build_transformer
+from attnkit.decode.search import staying
 from attnkit.models.row_buffers import RowBuffers
 
 
@@ -26,7 +27,13 @@ def test_joins_and_keeps_in_any_order_give_what_concatenation_and_index_select_g
     reference = mine.clone()
     for turn in range(40):
         if turn % 3 == 2 and len(reference) > 1:
-            index = torch.randperm(len(reference), generator=g)[: len(reference) - 1].sort().values
+            ended = (torch.rand(len(reference), generator=g) < 0.3).tolist()
+            if all(ended):
+                ended[0] = False
+            if turn % 2:  # the order search keeps rows in (the last fill the places left): in place
+                index = torch.tensor(staying(ended))
+            else:  # any other order: gathered into the pair's other buffer
+                index = torch.tensor([i for i, gone in enumerate(ended) if not gone]).flip(0)
             mine, reference = buffers.kept("key", mine, index), reference.index_select(0, index)
         else:
             width = int(torch.randint(2, 9, (1,), generator=g))  # sometimes wider than the running rows
@@ -48,6 +55,21 @@ def test_a_join_writes_the_newcomers_behind_the_running_rows_without_copying_the
     kept = buffers.kept("src", joined, torch.tensor([1, 3]))  # into the pair's other buffer
     assert kept.data_ptr() != joined.data_ptr() and kept.tolist() == [[7, 2, 0], [4, 2, 0]]
     assert buffers.joined("src", kept, torch.tensor([[3, 2]]), 1, 0).data_ptr() == kept.data_ptr()
+
+
+def test_rows_that_stay_keep_their_places_and_the_last_ones_fill_the_places_left():
+    # rows 1 and 4 end: row 5, the last that goes on, takes row 1's place; 0, 2 and 3 stay where they are
+    assert staying([False, True, False, False, True, False]) == [0, 5, 2, 3]
+    assert staying([True, True, False]) == [2]
+    assert staying([False, False]) == [0, 1] and staying([True]) == []
+
+
+def test_rows_kept_in_search_order_copy_only_the_moved_ones_in_place():
+    buffers = RowBuffers()
+    ids = buffers.joined("src", torch.tensor([[1, 2]]), torch.tensor([[3, 4], [5, 6], [7, 8], [9, 10]]), 1, 0)
+    kept = buffers.kept("src", ids, torch.tensor(staying([False, True, False, True, False])))
+    assert kept.data_ptr() == ids.data_ptr()  # in place: rows 0 and 2 were not copied
+    assert kept.tolist() == [[1, 2], [9, 10], [5, 6]]
 
 
 def test_sources_that_join_a_running_decoding_leave_its_sources_cross_attention_in_place():

@@ -12,7 +12,15 @@ import torch
 from torch import Tensor
 
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode.search import Decoding, Hypothesis, Search, best_continuations, length_penalty, starts_of
+from attnkit.decode.search import (
+    Decoding,
+    Hypothesis,
+    Search,
+    best_continuations,
+    length_penalty,
+    starts_of,
+    staying,
+)
 from attnkit.models.decoding import stacked
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -116,12 +124,14 @@ class Beams:
         next_tokens = torch.where(real, words.gather(-1, chosen), specials.pad)  # (n, K)
         self.scores = torch.where(real, top_scores.gather(-1, chosen), float("-inf"))  # (n, K)
         self.steps = steps + 1
-        if over:  # the finished sources leave: their rows are neither decoded nor kept
-            going = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
+        if over:  # the finished sources leave (the last ones take their places): their rows are neither
+            # decoded nor kept
+            order = staying(done)
+            going = torch.tensor(order, dtype=torch.long, device=device)
             index, next_tokens, self.scores = index[going], next_tokens[going], self.scores[going]
             self.limits, self.steps = self.limits[going], self.steps[going]
-            self.sources = [s for s, d in zip(self.sources, done, strict=True) if not d]
-            self.finished = [f for f, d in zip(self.finished, done, strict=True) if not d]
+            self.sources = [self.sources[i] for i in order]
+            self.finished = [self.finished[i] for i in order]
         self.tokens = torch.cat([self.tokens[index.view(-1)], next_tokens.view(-1, 1)], dim=1)  # (n·K, t + 1)
         if beams != K:  # from now on K rows per source: row i becomes rows i·K .. i·K + K - 1, alike
             self.decoding.repeat(K)
@@ -155,15 +165,16 @@ class Beams:
 
     def leave(self, sources: set) -> None:
         """Take ``sources`` out (their hypotheses unfinished: nobody waits for them any more)."""
-        staying = [i for i, source in enumerate(self.sources) if source not in sources]
-        if len(staying) == len(self.sources):
+        gone = [source in sources for source in self.sources]
+        if not any(gone):
             return
-        kept = torch.tensor(staying, dtype=torch.long, device=self.tokens.device)  # (n',)
+        order = staying(gone)  # the last sources take the places of those that leave
+        kept = torch.tensor(order, dtype=torch.long, device=self.tokens.device)  # (n',)
         rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).view(-1)
         self.scores, self.limits, self.steps = self.scores[kept], self.limits[kept], self.steps[kept]
-        self.sources = [self.sources[i] for i in staying]
-        self.finished = [self.finished[i] for i in staying]
-        if staying:
+        self.sources = [self.sources[i] for i in order]
+        self.finished = [self.finished[i] for i in order]
+        if order:
             self.tokens = self.tokens[rows][:, self.decoding.keep(rows) or 0 :]
 
 

@@ -289,7 +289,7 @@ class Extension:
         columns, steps = self.tokens.size(1), self.steps.tolist()
         done = [(row, _strip(self.tokens[i, columns - steps[i] :].tolist(), specials))
                 for i, row in enumerate(self.rows.tolist()) if ended[i]]  # fmt: skip
-        going = (~ended).nonzero().squeeze(1)
+        going = torch.tensor(staying(ended.tolist()), dtype=torch.long, device=self.tokens.device)
         self.rows, self.steps, self.limits = self.rows[going], self.steps[going], self.limits[going]
         if len(going):
             self.tokens = self.tokens[going][:, self.decoding.keep(going) or 0 :]
@@ -297,10 +297,10 @@ class Extension:
 
     def leave(self, rows: set[int]) -> None:
         """Take ``rows`` out (nobody waits for them any more)."""
-        going = torch.tensor([row not in rows for row in self.rows.tolist()], device=self.rows.device)
-        if bool(going.all()):
+        gone = [row in rows for row in self.rows.tolist()]
+        if not any(gone):
             return
-        going = going.nonzero().squeeze(1)
+        going = torch.tensor(staying(gone), dtype=torch.long, device=self.rows.device)
         self.rows, self.steps, self.limits = self.rows[going], self.steps[going], self.limits[going]
         self.tokens = self.tokens[going]
         if len(going):
@@ -316,6 +316,18 @@ class Extension:
         self.decoding.merge(other.decoding)  # type: ignore[attr-defined]
         self.rows, self.steps = torch.cat([self.rows, other.rows]), torch.cat([self.steps, other.steps])
         self.limits = torch.cat([self.limits, other.limits])
+
+
+def staying(ended: list[bool]) -> list[int]:
+    """The rows that go on after those ``ended`` leave, in their new order: each in its place, but the
+    last ones, which move into the places of those that left (in order). Rows that stay where they were
+    are not copied when the caches keep them (``models.row_buffers``: only the moved ones are)."""
+    count = ended.count(False)
+    order = list(range(count))
+    movers = (i for i in range(count, len(ended)) if not ended[i])  # as many as places left in [0, count)
+    for place in (i for i in range(count) if ended[i]):
+        order[place] = next(movers)
+    return order
 
 
 def _strip(ids: list[int], specials: SpecialIds) -> list[int]:

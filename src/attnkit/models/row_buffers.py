@@ -5,9 +5,10 @@ Sources join a running batch at any step and leave it when done. Concatenating t
 tensors with the newcomers' at every join copies every running source for the sake of a few new ones
 (about 2 ms a join for 32 sources of the README's Multi30k model, a tenth of a running batch's
 time on one thread). Here each tensor is the leading rows of a buffer with spare rows behind them: a
-join writes only the newcomers' rows behind the running ones (:meth:`RowBuffers.joined`), and the rows
-kept when sources leave are gathered into the other buffer of a pair (:meth:`RowBuffers.kept`: one
-copy, as ``index_select`` makes). The leading rows of a contiguous buffer are contiguous, so a step
+join writes only the newcomers' rows behind the running ones (:meth:`RowBuffers.joined`); when sources
+leave, the last ones move into their places and only those are copied (:meth:`RowBuffers.kept`; rows
+kept in another order are gathered into the other buffer of a pair: one copy, as ``index_select``
+makes). The leading rows of a contiguous buffer are contiguous, so a step
 reads them as it reads any tensor; the rows behind them are never read.
 """
 
@@ -26,6 +27,8 @@ class RowBuffers:
 
     def __init__(self) -> None:
         self.pairs: dict[str, list[Tensor]] = {}
+        # the last index kept by, and its moves: the places written and the rows read into them
+        self.moves: tuple[Tensor, tuple[Tensor, Tensor] | None] | None = None
 
     def joined(self, name: str, mine: Tensor, theirs: Tensor, dim: int, fill: float) -> Tensor:
         """The rows of ``mine`` then those of ``theirs``, the narrower padded with ``fill`` after its
@@ -43,10 +46,17 @@ class RowBuffers:
         return buffer[: N + M]
 
     def kept(self, name: str, tensor: Tensor, index: Tensor) -> Tensor:
-        """``tensor.index_select(0, index)``, gathered into the buffer of the pair that does not hold
-        ``tensor`` (a new one where it is too small), with room behind the rows kept."""
+        """``tensor.index_select(0, index)``. Where every row that moves comes from past the rows kept
+        (those that stay keep their places, the last ones fill the places left: ``search.staying``), only
+        the moved rows are copied, in place; else the rows are gathered into the buffer of the pair that
+        does not hold ``tensor`` (a new one where it is too small), with room behind them."""
         K = index.size(0)
         held = self._holding(name, tensor)
+        moves = self._moves(index) if held is not None else None
+        if held is not None and moves is not None:
+            places, rows = moves
+            held.index_copy_(0, places, tensor.index_select(0, rows))
+            return held[:K]
         free = [b for b in self.pairs.get(name, []) if b is not held and b.shape[1:] == tensor.shape[1:]]
         if free and free[0].size(0) >= K:
             buffer = free[0]
@@ -55,6 +65,17 @@ class RowBuffers:
             buffer = self._replace(name, held, tensor.new_empty(shape))
         torch.index_select(tensor, 0, index, out=buffer[:K])
         return buffer[:K]
+
+    def _moves(self, index: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The places ``i`` where ``index[i] != i`` and the rows they take, ``index[i]``, if each is a
+        row past the rows kept (so that no row is read after it is written), else None; worked out once
+        per index (a decoding keeps a dozen tensors by one)."""
+        if self.moves is None or self.moves[0] is not index:
+            K = index.size(0)
+            places = (index != torch.arange(K, device=index.device)).nonzero().squeeze(1)  # (m,)
+            rows = index[places]
+            self.moves = (index, (places, rows) if not len(rows) or int(rows.min()) >= K else None)
+        return self.moves[1]
 
     def _holding(self, name: str, tensor: Tensor) -> Tensor | None:
         """The buffer of ``name`` whose leading rows ``tensor`` is, if any."""
