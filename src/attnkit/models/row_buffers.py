@@ -8,8 +8,8 @@ time on one thread). Here each tensor is the leading rows of a buffer with spare
 join writes only the newcomers' rows behind the running ones (:meth:`RowBuffers.joined`); when sources
 leave, the last ones move into their places and only those are copied (:meth:`RowBuffers.kept`; rows
 kept in another order are gathered into the other buffer of a pair: one copy, as ``index_select``
-makes). The leading rows of a contiguous buffer are contiguous, so a step
-reads them as it reads any tensor; the rows behind them are never read.
+makes). The leading rows of a contiguous buffer are contiguous, so a step reads them as it reads any
+tensor; the rows behind them are never read.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ class RowBuffers:
         behind ``mine`` in its buffer where it has room (else in a new buffer, ``mine`` copied first)."""
         N, M = mine.size(0), theirs.size(0)
         width = max(mine.size(dim), theirs.size(dim))
-        buffer = self._holding(name, mine)
+        buffer = held = self._holding(name, mine)
         if buffer is None or buffer.size(0) < N + M or mine.size(dim) < width:
             shape = list(mine.shape)
             shape[0], shape[dim] = max(2 * (N + M), LEAST_ROWS), width
-            buffer = self._replace(name, mine, mine.new_empty(shape))
+            buffer = self._replace(name, held, mine.new_empty(shape))
             _write(buffer, 0, mine, dim, fill)
         _write(buffer, N, theirs, dim, fill)
         return buffer[: N + M]
@@ -52,8 +52,7 @@ class RowBuffers:
         does not hold ``tensor`` (a new one where it is too small), with room behind them."""
         K = index.size(0)
         held = self._holding(name, tensor)
-        moves = self._moves(index) if held is not None else None
-        if held is not None and moves is not None:
+        if held is not None and (moves := self._moves(index)) is not None:
             places, rows = moves
             held.index_copy_(0, places, tensor.index_select(0, rows))
             return held[:K]
@@ -88,10 +87,10 @@ class RowBuffers:
                 return buffer
         return None
 
-    def _replace(self, name: str, keep: Tensor | None, new: Tensor) -> Tensor:
-        """Put ``new`` in the pair of ``name`` in place of the buffer that does not hold ``keep``."""
-        pair = self.pairs.setdefault(name, [])
-        held = None if keep is None else self._holding(name, keep)
+    def _replace(self, name: str, held: Tensor | None, new: Tensor) -> Tensor:
+        """Put ``new`` in the pair of ``name`` in place of the buffer other than ``held`` (the one
+        holding the tensor being read, kept; None: either)."""
+        pair = self.pairs.get(name, [])
         self.pairs[name] = [b for b in pair if b is held] + [new]
         return new
 
