@@ -64,3 +64,71 @@ def test_a_short_request_is_tokenised_on_the_event_loop_and_a_long_one_in_a_thre
     assert hops == []
     assert asyncio.run(server.token_counts(model, long)) == [INLINE_CHARACTERS // 5 + 1]
     assert hops == [long]
+
+
+async def _serve_and_disconnect(http: str) -> tuple[float, int]:
+    """A real uvicorn server (``http``: its protocol) whose one endpoint waits, through
+    ``ServerState.answered``, for work that never ends; a client sends it a request and goes 0.1 s later.
+    Returns how long after the client went the endpoint heard it, and the answer to a request whose work
+    is done at once."""
+    import socket
+    import time
+
+    from fastapi import FastAPI, Request
+
+    from attnkit.serve.errors import RequestError
+
+    server_state, heard = ServerState(ServeSettings()), asyncio.get_running_loop().create_future()
+    app = FastAPI()
+
+    @app.post("/wait")
+    async def wait(request: Request) -> None:
+        try:
+            await server_state.answered(request, asyncio.get_running_loop().create_future())  # never done
+        except RequestError as error:
+            heard.set_result((error.status, time.perf_counter()))
+            raise
+
+    @app.post("/now")
+    async def now(request: Request) -> int:
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(7)
+        return await server_state.answered(request, done)
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    served = uvicorn.Server(uvicorn.Config(app, http=http, loop="none", log_level="error", lifespan="off"))
+    serving = asyncio.ensure_future(served.serve(sockets=[listening]))
+    while not served.started:
+        await asyncio.sleep(0.01)
+    try:
+        head = f"HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 2\r\n\r\n{{}}"
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"POST /now {head}".encode())
+        answer = await reader.read(4096)
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"POST /wait {head}".encode())
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        went = time.perf_counter()
+        status, at = await asyncio.wait_for(heard, timeout=5)
+        assert status == 499
+        return at - went, answer
+    finally:
+        served.should_exit = True
+        await serving
+        listening.close()
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_waiting_request_hears_its_client_go_at_once_and_an_answered_one_is_answered(http):
+    """``ServerState.answered`` waits for the answer or the client's disconnect, whichever comes first,
+    on uvicorn's own ``receive`` (no polling): the request is dropped within milliseconds of its client
+    going, where a check every quarter of a second took up to 0.25 s (here 0.15)."""
+    pytest.importorskip(http)
+    after, answer = asyncio.run(_serve_and_disconnect(http))
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"7")
+    assert after < 0.08, f"the endpoint heard its client go {after:.3f} s after it went"
