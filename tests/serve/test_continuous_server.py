@@ -300,8 +300,11 @@ def test_with_no_options_the_server_answers_at_once_and_takes_the_compiled_steps
             time.sleep(1)
         assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "compiled"}
         assert "the compiled decoding steps are built" in served.output()
-        compiled = _cli(run, tmp_path, 4, overrides=["decode.steps=compiled"])
-        assert _cli(run, tmp_path, 4, overrides=["decode.steps=auto"]) == compiled  # from the cache
+        # the steps the server built (one stream: loops over its threads) from the cache, built no more;
+        # and those the default takes (a stream per thread) where it may not build: the same
+        compiled = _cli(run, tmp_path, 4, overrides=["decode.steps=compiled", "decode.streams=1"])
+        assert _cli(run, tmp_path, 4, overrides=["decode.steps=auto"]) == compiled
+        assert len(list((tmp_path / "cache").rglob("*.pt2"))) == 2  # the first step and beam 4's
         time.sleep(1.5)  # the running batches look every second
         answers = served.post([{"src": s} for s in SENTENCES]).json()[0]  # (OpenNMT's: n-best lists first)
         assert [answer["tgt"] for answer in answers] == compiled
