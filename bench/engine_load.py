@@ -16,15 +16,26 @@ ones (each sentence's translation must not depend on what shares its steps).
 HTTP layer's share of the cost; run alone:
 ``python bench/engine_load.py --ckpt RUN --data data/multi30k`` (a translation checkpoint; extra
 ``decode.field=value`` arguments are the server's decoding settings).
+
+``--breakdown`` says where the time goes instead, on one thread each: ``attnkit translate`` offline
+against one running batch (on a thread of this process, as ``--workers threads`` runs it) at each
+level, in milliseconds per sentence: encoding the newcomers (``ready_sources``: the encoder, and with
+compiled steps the start token's step too; with the sources per call), the decoder's steps (with the
+rows per call), the rest of the search (ranking, reordering, merging, tokenising), and, for the
+running batch, the time between its iterations (the hops to the event loop and the clients). Offline
+encodes a batch of sources of like lengths at once and steps hundreds of rows; a running batch
+encodes the few that came since its last step and steps its clients' rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -115,6 +126,125 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
     }
 
 
+@contextlib.contextmanager
+def timed_parts() -> Iterator[dict[str, list[float]]]:
+    """While open, each part of the searches in this process as ``[seconds, calls, items]``:
+    ``encoding`` (``ready_sources``; items: sources), ``steps`` (the decoder's ``next_logits``; items:
+    rows) and ``iterations`` (``RunningTranslations.iterate``); a call inside another of its part (an
+    eager step under a compiled decoding's) counts once, and a compiled decoding's first ``next_logits``
+    not at all (it hands over the logits that the compiled first step computed while encoding)."""
+    import attnkit.decode.continuous as continuous
+    import attnkit.decode.translate as translating
+    from attnkit.decode.compiled import CompiledDecoding
+    from attnkit.models.decoding import Seq2SeqDecoding
+
+    parts: dict[str, list[float]] = {part: [0.0, 0, 0] for part in ("encoding", "steps", "iterations")}
+    depth = dict.fromkeys(parts, 0)
+    patched = []
+
+    def timing(owner: object, name: str, part: str, items, counted=lambda args: True) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if not counted(args):
+                return original(*args, **kwargs)
+            depth[part] += 1
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[part] -= 1
+                if not depth[part]:
+                    parts[part][0] += time.perf_counter() - began
+                    parts[part][1] += 1
+                    parts[part][2] += items(args)
+
+        patched.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    timing(continuous, "ready_sources", "encoding", lambda args: len(args[1]))
+    timing(translating, "ready_sources", "encoding", lambda args: len(args[1]))
+    timing(Seq2SeqDecoding, "next_logits", "steps", lambda args: args[1].size(0))
+    computes = lambda args: args[0].first_logits is None  # noqa: E731 (not the first step's, handed over)
+    timing(CompiledDecoding, "next_logits", "steps", lambda args: args[1].size(0), computes)
+    timing(continuous.RunningTranslations, "iterate", "iterations", lambda args: 0)
+    try:
+        yield parts
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+
+
+def per_sentence(parts: dict[str, list[float]], wall: float) -> dict[str, float]:
+    """A breakdown's row: each part's milliseconds per sentence (the sources encoded), the items per call
+    and sentences/s."""
+    sentences = parts["encoding"][2]
+    encoding, steps = parts["encoding"][0], parts["steps"][0]
+    searching = parts["iterations"][0] or wall  # offline: all of translate is the search
+    return {"sentences": sentences, "rate": sentences / wall,
+            "encoding": 1e3 * encoding / sentences, "sources per call": sentences / parts["encoding"][1],
+            "steps": 1e3 * steps / sentences, "rows per call": parts["steps"][2] / parts["steps"][1],
+            "rest": 1e3 * (searching - encoding - steps) / sentences,
+            "between": 1e3 * (wall - searching) / sentences, "all": 1e3 * wall / sentences}  # fmt: skip
+
+
+def breakdown(
+    ckpt: Path, sentences: list[str], levels: list[int], options: list[str], seconds: float
+) -> dict:
+    """Where the time goes, on one thread (see the module docstring): ``{"offline": per_sentence's row,
+    clients: the running batch's row at that level}``."""
+    from attnkit.decode.translate import translate
+    from attnkit.serve.state import ServerState, ServeSettings
+    from attnkit.serve.translator import ServedTranslator
+
+    torch.set_num_threads(1)
+    decoding = [o for o in options if o.startswith("decode.")]
+    served = ServedTranslator.load(ckpt, [*decoding, "decode.streams=1"])  # one running batch, one thread
+    if served.steps_builder(print) is not None:  # decode.steps=auto: built now, as a server builds them
+        served.build_compiled_steps()
+    decode = served.config.decode
+    outputs = translate(served.model, served.tokenizer, sentences, decode)  # warm
+    with timed_parts() as parts:
+        began = time.perf_counter()
+        translate(served.model, served.tokenizer, sentences, decode)
+        rows = {"offline": per_sentence(parts, time.perf_counter() - began), "steps": served.steps()}
+    expected = dict(zip(sentences, outputs, strict=True))
+    settings = BeamSettings(decode.beam_size)
+    work = {text: (tokens, served.positions([tokens], settings))
+            for text, tokens in zip(sentences, served.tokens(sentences), strict=True)}  # fmt: skip
+    for clients in levels:
+        batcher = ServerState(ServeSettings(batching="continuous", workers="threads")).batcher_for(served)
+
+        async def loop(batcher=batcher, clients=clients) -> dict:
+            batcher.start()
+            try:
+                return await closed_loop(batcher, work, settings, sentences, clients, seconds, expected)
+            finally:
+                await batcher.stop()
+
+        with timed_parts() as parts:
+            began = time.perf_counter()
+            answered = asyncio.run(loop())
+            rows[clients] = {**per_sentence(parts, time.perf_counter() - began), "differ": answered["differ"]}
+    return rows
+
+
+def print_breakdown(rows: dict, levels: list[int]) -> None:
+    print(f"one thread, {rows['steps']} steps; milliseconds per sentence (sources or rows per call)")
+    print("| search | sentences/s | encoding newcomers | decoder steps | the rest of the search | between "
+          "iterations | in all | answers not the offline one |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for name in ["offline", *levels]:
+        r = rows[name]
+        label = "attnkit translate (offline)" if name == "offline" else f"running batch, {name} clients"
+        between = "" if name == "offline" else f"{r['between']:.2f}"
+        differ = "" if name == "offline" else str(r["differ"])
+        cells = [label, f"{r['rate']:.1f}", f"{r['encoding']:.2f} ({r['sources per call']:.1f} sources)",
+                 f"{r['steps']:.2f} ({r['rows per call']:.0f} rows)", f"{r['rest']:.2f}", between,
+                 f"{r['all']:.2f}", differ]  # fmt: skip
+        print("| " + " | ".join(cells) + " |")
+
+
 def print_results(results: dict, levels: list[int]) -> None:
     running = f"{results['batches']} running batch(es) in {results['workers']}, {results['steps']} steps"
     print(f"offline (attnkit translate, in this process): {results['offline']:.1f} sentences/s; {running}")
@@ -148,6 +278,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--workers", choices=["processes", "threads"], default="processes")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="where the time goes, one thread: offline against one running batch per level",
+    )
     parser.add_argument("overrides", nargs="*", help="decode.field=value, as attnkit serve takes them")
     args = parser.parse_args()
     sentences = read_sentences(args.data, args.src, args.lines)
@@ -155,6 +290,9 @@ def main() -> None:
     options = [f"decode.beam_size={args.beam}", *args.overrides]
     print(f"{len(sentences)} sentences; beam {args.beam}; {torch.get_num_threads()} threads; "
           f"{args.seconds:g} s per level; {' '.join(args.overrides)}")  # fmt: skip
+    if args.breakdown:
+        print_breakdown(breakdown(args.ckpt, sentences, levels, options, args.seconds), levels)
+        return
     print_results(engine_only(args.ckpt, sentences, levels, options, args.seconds, args.workers), levels)
 
 

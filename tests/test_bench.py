@@ -382,3 +382,29 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
         uploads = json.loads(found[1])
         assert uploads["5xx"] == 0 and uploads["wrong"] == 0 and uploads["unexpected"] == 0, uploads
         assert uploads["malformed"] > 0 and uploads["good"] > 60 and uploads["after_status"] == 200, uploads
+
+
+def test_the_engine_breakdown_splits_each_search_s_time_per_sentence_into_its_parts(copy_run, copy_data):
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "engine_load.py"), "--ckpt", str(copy_run), "--src",
+         str(copy_data / "valid.src"), "--clients", "1,3", "--seconds", "1", "--beam", "2", "--breakdown",
+         "decode.precision=fp32", "decode.steps=eager"],
+        capture_output=True, text=True, encoding="utf-8", timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    n = r"([\d.]+)"
+    row = (rf"^\| (attnkit translate \(offline\)|running batch, \d clients) \| {n} \| {n} \({n} sources\) \| "
+           rf"{n} \({n} rows\) \| {n} \| {n}? \| {n} \| (\d*) \|$")  # fmt: skip
+    rows = {name: cells for name, *cells in re.findall(row, result.stdout, re.M)}
+    names = ["attnkit translate (offline)", "running batch, 1 clients", "running batch, 3 clients"]
+    assert list(rows) == names, result.stdout
+    for name, (rate, encoding, _, steps, _, rest, between, whole, differ) in rows.items():
+        parts = float(encoding) + float(steps) + float(rest) + float(between or 0)
+        assert float(rate) > 0 and abs(parts - float(whole)) <= 0.02, (name, result.stdout)
+        # fp32: every answer the offline one
+        assert differ == ("" if name == names[0] else "0"), result.stdout
+    # offline encodes its 20 sentences in one batch; one client's sentences join one at a time, on 2 rows
+    # (the beam) at most per step, three clients' on 6 at most
+    offline, alone, three = rows.values()
+    assert float(offline[2]) == 20.0 and float(alone[2]) == 1.0 and 1.0 <= float(three[2]) <= 3.0
+    assert float(alone[4]) <= 2.0 and float(three[4]) <= 6.0, result.stdout
