@@ -109,6 +109,30 @@ def test_sources_that_leave_change_nothing_for_the_others(tokenizer):
         _assert_same(done[n], _alone(model, tokenizer, decode, texts[n], 4, 1))
 
 
+def test_a_running_batch_narrows_its_sources_when_the_widest_has_left(tokenizer):
+    """A running batch pads its sources to the widest that joined, and every step's attention scores
+    each padded position: once the widest has left, the others narrow to their own widest (rounded up
+    to KEY_BUCKET, 8), and their translations are still what each gets alone."""
+    model = _model(tokenizer)
+    decode = DecodeConfig(batch_size=64, streams=1)
+    running = RunningTranslations(model, tokenizer, decode)
+    short, long = copy(3, seed=6, max_length=5).src, " ".join(["a b c d e f g h i"] * 3)  # 28 with </s>
+    beam = BeamSettings(4, 1)
+    done = dict(running.iterate([(n, text, beam) for n, text in enumerate(short)] + [("long", long, beam)]))
+    (batch,) = running.running.values()
+    assert batch.decoding.memory.size(1) == 32 and not done
+    done.update(running.iterate([], {"long"}))
+    assert batch.sources, "the short sources are still searched"
+    cross = batch.decoding.cache.layers[0].src_attn.key  # (N, h, S, d_k)
+    widths = {batch.decoding.memory.size(1), batch.decoding.src_mask.size(-1), cross.size(2)}
+    assert widths == {8}
+    while running.sources:
+        done.update(running.iterate([]))
+    assert sorted(done) == [0, 1, 2]
+    for n, text in enumerate(short):
+        _assert_same(done[n], _alone(model, tokenizer, decode, text, 4, 1))
+
+
 @pytest.mark.parametrize("fast_path", [False, True], ids=["paper's modules", "CPU fast path"])
 def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer, fast_path):
     """With compiled steps (the traced first step and cached step, run eagerly here: no

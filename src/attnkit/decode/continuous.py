@@ -9,7 +9,8 @@ at every step, the sources that came since the last one are encoded and take the
 their own small batch), then join the running rows (``Beams.merge``, which pads the shorter KV
 caches on the left and lets each row go on at its own position, and writes the newcomers' memories and
 cross-attention keys behind the running sources', models/row_buffers.py); every running source takes one
-step; those whose search is over leave at once, and their rows are not decoded again.
+step; those whose search is over leave at once, and their rows are not decoded again (once the widest
+sources have left, the others' padding is cut: ``Seq2SeqDecoding.keep``).
 
 Each source gets what ``translate`` gives it alone, whatever shares its steps: it is cut, bounded
 and searched with the same settings and the same code (``starts``, ``beams.Beams``), its rows see only their

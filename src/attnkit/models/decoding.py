@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from attnkit.attention.invariance import KEY_BUCKET, bucketed
 from attnkit.attention.multihead import KVCache
 from attnkit.models.row_buffers import RowBuffers
 from attnkit.nn.pointer import PointerGenerator
@@ -132,6 +133,7 @@ class Seq2SeqDecoding:
         self.src_mask = self.buffers.kept("src_mask", self.src_mask, index)
         if self.cache is None:
             self._select_sources(index)
+            self._narrow_sources()
             return 0
         sources = index[:: self.beams] // self.beams  # the first beam of each kept source: its source
         self._select_sources(sources)
@@ -141,10 +143,36 @@ class Seq2SeqDecoding:
             key, value = layer.src_attn.key, layer.src_attn.value  # (N, h, S, d_k) each
             if key is not None:
                 layer.src_attn = KVCache(kept(f"key {i}", key, sources), kept(f"value {i}", value, sources))
+        self._narrow_sources()
         if self.first is None:
             return 0
         self.first = self.first.index_select(0, index)
         return self._forget_unused()
+
+    def _narrow_sources(self) -> None:
+        """Cut the sources' padding that no source kept needs: once the widest sources have left, the
+        memories, masks, ids and cross-attention keys narrow to the widest left, rounded up to a
+        multiple of ``KEY_BUCKET`` (each row's attention then reads them as it reads its source alone:
+        docs/invariance.md). A running batch (decode/continuous.py) pads every source to the widest
+        that ever joined, and a step's attention scores every position of that width, masked or not:
+        at 32 clients of Multi30k, sources 36 positions wide where the widest running was 26, each row
+        of a step cost 0.5 µs a padded position."""
+        if self.src_valid is None or self.src_valid.size(-1) <= KEY_BUCKET or not self.src_valid.size(0):
+            return
+        width = self.src_valid.size(-1)
+        narrow = int(bucketed(self.src_valid.sum(-1).amax().view(1)))  # the widest left, bucketed
+        if narrow >= width:
+            return
+        self.memory = self.memory[:, :narrow].contiguous()  # (N, S', d_model)
+        self.src = self.src[:, :narrow].contiguous()  # (N, S')
+        self.src_valid = self.src_valid[..., :narrow].contiguous()  # (N, 1, S')
+        self.src_mask = self.src_mask[..., :narrow].contiguous()  # (R, 1, S')
+        if self.pointer_keys is not None:
+            self.pointer_keys = self.pointer_keys[:, :narrow].contiguous()
+        for layer in self.cache.layers if self.cache is not None else []:
+            key, value = layer.src_attn.key, layer.src_attn.value  # (N, h, S, d_k) each
+            if key is not None:
+                layer.src_attn = KVCache(key[:, :, :narrow].contiguous(), value[:, :, :narrow].contiguous())
 
     def merge(self, other: Seq2SeqDecoding) -> None:
         """Add ``other``'s rows after these: sources that began later (continuous batching,
