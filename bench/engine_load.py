@@ -85,6 +85,38 @@ async def closed_loop(batcher, work: dict[str, tuple[int, int]], settings: BeamS
             "answers": len(latencies)}  # fmt: skip
 
 
+def served_as_server(ckpt: Path, options: list[str]):
+    """The checkpoint loaded as ``attnkit serve`` loads it with the decode settings among ``options``
+    (``decode.field=value``), its compiled steps built now where ``decode.steps=auto`` would build them
+    beside a server."""
+    from attnkit.serve.translator import ServedTranslator
+
+    served = ServedTranslator.load(ckpt, [o for o in options if o.startswith("decode.")])
+    if served.steps_builder(print) is not None:
+        served.build_compiled_steps()
+    return served
+
+
+def counted_work(served, sentences: list[str], settings: BeamSettings) -> dict[str, tuple[int, int]]:
+    """Each sentence's tokens and token positions, counted beforehand (the server counts them as the
+    request comes: the HTTP layer's work)."""
+    return {text: (tokens, served.positions([tokens], settings))
+            for text, tokens in zip(sentences, served.tokens(sentences), strict=True)}  # fmt: skip
+
+
+async def levels_in_turn(batcher, levels: list[int], work: dict[str, tuple[int, int]], settings: BeamSettings,
+                         sentences: list[str], seconds: float, expected: dict[str, str]) -> dict:  # fmt: skip
+    """:func:`closed_loop`'s results through ``batcher`` (started now, stopped after) at each number of
+    clients in ``levels``, one after the other."""
+    batcher.start()
+    try:
+        return {
+            c: await closed_loop(batcher, work, settings, sentences, c, seconds, expected) for c in levels
+        }
+    finally:
+        await batcher.stop()
+
+
 def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: list[str], seconds: float,
                 workers: str = "processes", offline: tuple[float, list[str]] | None = None,
                 ) -> dict:  # fmt: skip
@@ -93,30 +125,16 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
     ``offline``: the offline sentences/s and translations where the caller has measured them already
     (``bench/serve_load.py``), else measured here (:func:`offline_rate`)."""
     from attnkit.serve.state import ServerState, ServeSettings
-    from attnkit.serve.translator import ServedTranslator
 
-    served = ServedTranslator.load(ckpt, [o for o in options if o.startswith("decode.")])
-    if served.steps_builder(print) is not None:  # decode.steps=auto: built now, as a server builds them
-        served.build_compiled_steps()
+    served = served_as_server(ckpt, options)
     rate, outputs = offline or offline_rate(served, sentences)
     expected = dict(zip(sentences, outputs, strict=True))
     settings = BeamSettings(served.config.decode.beam_size)
-    work = {text: (tokens, served.positions([tokens], settings))
-            for text, tokens in zip(sentences, served.tokens(sentences), strict=True)}  # fmt: skip
+    work = counted_work(served, sentences, settings)
     # the server's own batcher and engines (serve/state.py), as attnkit serve makes them
     batcher = ServerState(ServeSettings(batching="continuous", workers=workers)).batcher_for(served)
     batcher.started()
-
-    async def levels_in_turn() -> dict:
-        batcher.start()
-        try:
-            return {
-                c: await closed_loop(batcher, work, settings, sentences, c, seconds, expected) for c in levels
-            }
-        finally:
-            await batcher.stop()
-
-    results = asyncio.run(levels_in_turn())
+    results = asyncio.run(levels_in_turn(batcher, levels, work, settings, sentences, seconds, expected))
     return {
         "offline": rate,
         "steps": served.steps(),
@@ -195,13 +213,9 @@ def breakdown(
     clients: the running batch's row at that level}``."""
     from attnkit.decode.translate import translate
     from attnkit.serve.state import ServerState, ServeSettings
-    from attnkit.serve.translator import ServedTranslator
 
     torch.set_num_threads(1)
-    decoding = [o for o in options if o.startswith("decode.")]
-    served = ServedTranslator.load(ckpt, [*decoding, "decode.streams=1"])  # one running batch, one thread
-    if served.steps_builder(print) is not None:  # decode.steps=auto: built now, as a server builds them
-        served.build_compiled_steps()
+    served = served_as_server(ckpt, [*options, "decode.streams=1"])  # one running batch, one thread
     decode = served.config.decode
     outputs = translate(served.model, served.tokenizer, sentences, decode)  # warm
     with timed_parts() as parts:
@@ -210,21 +224,13 @@ def breakdown(
         rows = {"offline": per_sentence(parts, time.perf_counter() - began), "steps": served.steps()}
     expected = dict(zip(sentences, outputs, strict=True))
     settings = BeamSettings(decode.beam_size)
-    work = {text: (tokens, served.positions([tokens], settings))
-            for text, tokens in zip(sentences, served.tokens(sentences), strict=True)}  # fmt: skip
-    for clients in levels:
+    work = counted_work(served, sentences, settings)
+    for clients in levels:  # a running batch of its own at each level, timed alone
         batcher = ServerState(ServeSettings(batching="continuous", workers="threads")).batcher_for(served)
-
-        async def loop(batcher=batcher, clients=clients) -> dict:
-            batcher.start()
-            try:
-                return await closed_loop(batcher, work, settings, sentences, clients, seconds, expected)
-            finally:
-                await batcher.stop()
-
         with timed_parts() as parts:
             began = time.perf_counter()
-            answered = asyncio.run(loop())
+            level = levels_in_turn(batcher, [clients], work, settings, sentences, seconds, expected)
+            answered = asyncio.run(level)[clients]
             rows[clients] = {**per_sentence(parts, time.perf_counter() - began), "differ": answered["differ"]}
     return rows
 
