@@ -115,8 +115,9 @@ def start(command: list[str], url: str) -> subprocess.Popen:
 def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> dict:
     """What the model does without a server, in this process, warm, with the server's decoding settings
     (``decode.field=value`` of ``options``): ``attnkit translate``'s sentences/s on all the sentences as
-    one input, the median time of a batch of 8 (8 clients' requests, were they one batch), and each
-    sentence's translation (what the server's answers are checked against)."""
+    one input, the median time of a batch of 8 (8 clients' requests, were they one batch) and of one
+    sentence alone (one client's request, with no server), and each sentence's translation (what the
+    server's answers are checked against)."""
     from attnkit.cpu.compiled.build import FIRST_STEP
     from attnkit.cpu.compiled.steps import all_built
     from attnkit.decode.translate import Reporting, translate
@@ -143,8 +144,14 @@ def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> 
         began = time.perf_counter()
         translate(model, tokenizer, sentences[start : start + 8], config.decode)
         eights.append(time.perf_counter() - began)
+    ones = []
+    for sentence in sentences[:100]:
+        began = time.perf_counter()
+        translate(model, tokenizer, [sentence], config.decode)
+        ones.append(time.perf_counter() - began)
     compiled = config.decode.steps != "eager" and all_built(model, [FIRST_STEP, beam])
     return {"rate": rate, "batch_of_8_ms": statistics.median(eights) * 1e3,
+            "one_alone_ms": statistics.median(ones) * 1e3,
             "outputs": dict(zip(sentences, outputs, strict=True)),
             "steps": "compiled" if compiled else "eager"}  # fmt: skip
 
@@ -365,7 +372,8 @@ def main() -> None:
     alone = offline(args.ckpt, sentences, args.beam, args.server_option) if "attnkit" in engines else None
     if alone is not None:
         print(f"offline (attnkit translate, the same sentences and decode settings, in this process): "
-              f"{alone['rate']:.1f} sentences/s; a batch of 8: {alone['batch_of_8_ms']:.0f} ms; its steps "
+              f"{alone['rate']:.1f} sentences/s; a batch of 8: {alone['batch_of_8_ms']:.0f} ms; one sentence "
+              f"alone: {alone['one_alone_ms']:.1f} ms; its steps "
               f"{alone['steps']}")  # fmt: skip
     engine_alone = None
     if args.engine_only and alone is not None:
@@ -442,6 +450,10 @@ def main() -> None:
     for engine in engines:
         ours, one_client = results[(engine, most)]["rps"], results[(engine, one)]["rps"]
         print(f"{SHOWN[engine]}: at {most} clients / at {one}: {ours / one_client:.2f}x requests/s")
+        if alone is not None and one == 1 and engine == "attnkit":
+            single = results[(engine, 1)]["p50"] / alone["one_alone_ms"]
+            print(f"{SHOWN[engine]}: p50 at 1 client / attnkit translate of one sentence alone "
+                  f"({alone['one_alone_ms']:.1f} ms, median): {single:.2f}")  # fmt: skip
         if ("peer", most) in results:
             peer = results[("peer", most)]["rps"]
             print(f"{SHOWN[engine]} / peer at {most} clients: {ours / peer:.2f}x requests/s")

@@ -349,10 +349,14 @@ def test_the_serving_load_benchmark_loads_attnkit_serve_and_the_ctranslate2_peer
     checked = [differ for name, *_, differ in rows if name == "attnkit serve"]
     assert len(checked) == 3 and all(re.fullmatch(r"0 of [1-9]\d*", differ) for differ in checked), checked
     assert re.search(
-        r"^offline \(attnkit translate.*: [\d.]+ sentences/s; a batch of 8: \d+ ms; its steps eager$",
+        r"^offline \(attnkit translate.*: [\d.]+ sentences/s; a batch of 8: \d+ ms; one sentence alone: "
+        r"[\d.]+ ms; its steps eager$",
         result.stdout,
         re.M,
     )
+    single = r"^attnkit serve: p50 at 1 client / attnkit translate of one sentence alone "
+    single += r"\([\d.]+ ms, median\): "
+    assert float(re.search(single + r"(\d+\.\d\d)$", result.stdout, re.M)[1]) > 0
     for engine in ("attnkit serve", "attnkit serve --engine ctranslate2"):
         assert re.search(rf"^{engine} / peer at 4 clients: \d+\.\d\dx requests/s$", result.stdout, re.M)
     # the server scenario: Poisson arrivals at rising shares of the offline rate until p99 passes 2 s

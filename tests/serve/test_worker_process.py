@@ -19,6 +19,7 @@ from functools import partial
 import pytest
 import torch
 
+from attnkit.serve import worker_process
 from attnkit.serve.continuous import ContinuousBatcher
 from attnkit.serve.worker_process import WorkerError, WorkerGoneError, WorkerProcess
 
@@ -26,10 +27,11 @@ from attnkit.serve.worker_process import WorkerError, WorkerGoneError, WorkerPro
 class Countdown:
     """``"word:n"`` is done after n steps as ``"WORD"``; ``"threads"`` at once, as the child's torch
     threads; ``"boom"`` fails the step; a prompt (``.text``, ``.sink``) hears ``"<text>1"``, ``"<text>2"``
-    ... one piece a step, and is done after ``seed`` steps with them joined."""
+    ... one piece a step, and is done after ``seed`` steps with them joined. A step takes ``step_s``
+    seconds; ``stepped`` counts them."""
 
-    def __init__(self):
-        self.left = {}
+    def __init__(self, step_s=0.0):
+        self.left, self.step_s, self.stepped = {}, step_s, 0
 
     @property
     def sources(self):
@@ -52,6 +54,8 @@ class Countdown:
                 self.left[key] = [word.upper(), int(n), None, None]
             else:
                 self.left[key] = [x.text, x.seed, x.sink, []]
+        time.sleep(self.step_s)
+        self.stepped += 1
         done = []
         for key, state in list(self.left.items()):
             text, _, sink, pieces = state  # pieces: None for a text
@@ -95,6 +99,38 @@ def test_a_worker_process_steps_its_running_batch_as_the_batch_itself_would(work
     assert (worker.sources, worker.rows) == (0, 0)
     worker.iterate([(4, "d:5", None)], set())
     assert worker.iterate([], {4}) == [] and worker.sources == 0  # left: not stepped again
+
+
+def test_the_child_steps_on_by_itself_until_a_source_is_done(worker):
+    endless = float("inf")
+    assert worker.steps_on([(1, "a:30", None), (2, "b:50", None)], set(), lambda: endless)[:2] == (
+        [(1, "A")], 30)  # fmt: skip
+    assert worker.steps_on([], set(), lambda: endless)[:2] == ([(2, "B")], 20)
+    assert worker.steps_on([(3, "c:5", None)], set(), lambda: 0.0)[:2] == ([], 1)  # no time: one step
+    assert worker.steps_on([], {3}, lambda: endless)[:2] == ([], 1) and worker.sources == 0  # none left
+
+
+def test_a_child_stepping_on_answers_when_told_or_when_its_time_is_up():
+    process = WorkerProcess(partial(Countdown, step_s=0.01))
+    try:
+        began = time.monotonic()
+        done, steps, _ = process.steps_on([(1, "a:10000", None)], set(), lambda: 0.2)
+        assert done == [] and 5 <= steps <= 25 and time.monotonic() - began < 2  # its 0.2 s, then it answers
+        threading.Timer(0.2, process.tell).start()
+        began = time.monotonic()
+        done, steps, _ = process.steps_on([], set(), lambda: float("inf"))
+        assert done == [] and 5 <= steps <= 60 and time.monotonic() - began < 2  # told after 0.2 s
+        process.tell()  # news told before the next call do not cut it short: the flag starts clear
+        assert process.steps_on([(2, "b:3", None)], set(), lambda: float("inf"))[:2] == ([(2, "B")], 3)
+    finally:
+        process.close()
+
+
+def test_a_streaming_prompt_has_its_piece_at_every_step_while_the_child_steps_on(worker):
+    heard = []
+    prompt = Prompt("x", 3, sink=heard.append)
+    assert worker.steps_on([(1, prompt, None)], set(), lambda: float("inf"))[:2] == ([], 1)
+    assert heard == ["x1"]
 
 
 def test_streamed_pieces_reach_their_sinks_with_the_step_that_made_them(worker):
@@ -171,13 +207,15 @@ def test_close_ends_the_child(worker):
     assert not worker.process.is_alive()
 
 
-def _batcher_of_processes(deadline_s: float = 300.0, **settings) -> tuple[ContinuousBatcher, list]:
-    """A continuous batcher whose running batches are countdowns in processes of their own, and the list
-    of the processes it makes, in order."""
+def _batcher_of_processes(
+    deadline_s: float = 300.0, step_s: float = 0.0, **settings
+) -> tuple[ContinuousBatcher, list]:
+    """A continuous batcher whose running batches are countdowns (each step ``step_s`` seconds) in
+    processes of their own, and the list of the processes it makes, in order."""
     made = []
 
     def new_running_batch():
-        made.append(WorkerProcess(partial(Countdown), deadline_s=deadline_s))
+        made.append(WorkerProcess(partial(Countdown, step_s=step_s), deadline_s=deadline_s))
         return made[-1]
 
     return ContinuousBatcher(
@@ -214,6 +252,33 @@ def test_the_batcher_answers_a_failed_process_and_goes_on_with_a_new_one():
     assert time.monotonic() - began < 60
 
 
+def test_a_request_that_comes_while_a_child_steps_on_joins_at_its_next_step(monkeypatch):
+    monkeypatch.setattr(worker_process, "STEP_ON_S", 10.0)  # untold, the child would step on past the end
+    batcher, _ = _batcher_of_processes(step_s=0.01)
+
+    async def go():
+        await _started(batcher)
+        try:
+            long = asyncio.ensure_future(batcher.submit(["a:300"], None, 1))  # 3 s of steps
+            await asyncio.sleep(0.3)
+            began = time.monotonic()
+            assert await batcher.submit(["b:2"], None, 1) == ["B"]
+            quick = time.monotonic() - began  # two steps, once the child heard of it
+            gone = asyncio.ensure_future(batcher.submit(["c:100000"], None, 1))
+            await asyncio.sleep(0.3)
+            gone.cancel()  # its client goes: the child hears of it, and its source leaves
+            await asyncio.sleep(0.3)
+            assert await batcher.submit(["d:1"], None, 1) == ["D"]
+            left = batcher.running[0].sources  # as the child said with D
+            assert await long == ["A"]
+            return quick, left
+        finally:
+            await batcher.stop()
+
+    quick, left = asyncio.run(go())
+    assert quick < 0.5 and left == 1
+
+
 def test_a_child_that_answers_no_step_within_its_deadline_is_ended_and_says_so():
     process = WorkerProcess(Countdown, deadline_s=1.0)
     try:
@@ -236,7 +301,7 @@ def _stopped_worker_test(deadline_s: float, stall_after: float):
         await _started(batcher)
         seen = {}
         try:
-            stuck = asyncio.ensure_future(batcher.submit(["a:100000"], None, 1))
+            stuck = asyncio.ensure_future(batcher.submit(["a:100000000"], None, 1))
             await asyncio.sleep(0.3)
             os.kill(made[0].process.pid, signal.SIGSTOP)
             began = time.monotonic()

@@ -10,7 +10,8 @@ and long outputs count as the memory and steps they take); a request that does n
 front, and nothing overtakes it, so a long request is never starved; while its batch is busy,
 newcomers wait a little for company (HOLD_FROM, below); on its thread, it runs the newcomers' first
 step and one step of every running sentence, and goes on stepping while no sentence is done and
-nothing new has come (each hop back to the event loop costs time); it answers the requests whose
+nothing new has come (each hop back to the event loop costs time; a running batch in a process of its
+own steps on there, told of what comes meanwhile: worker_process.py); it answers the requests whose
 sentences are all done. A request whose client has gone leaves the batch at the next step. While
 nothing runs or waits, the workers sleep.
 
@@ -264,6 +265,11 @@ class ContinuousBatcher(Batching):
             self.prepare(running)
             self.prepared[worker] = running
         batch = self.running[worker]
+        steps_on = getattr(batch, "steps_on", None)
+        if steps_on is not None:  # a running batch in a process of its own steps on there (worker_process.py)
+            began = time.perf_counter()
+            done, steps, first_s = steps_on(joining, leaving, lambda: self._quiet_for(worker))
+            return done, steps, began + first_s
         done, steps = batch.iterate(joining, leaving), 1
         first_token = time.perf_counter()  # the newcomers' first tokens are out
         # on, a step at a time, while nothing is done and nothing new has come: one hop to the event
@@ -273,6 +279,34 @@ class ContinuousBatcher(Batching):
             self.progressed = self.stepped[worker] = time.monotonic()
             done, steps = batch.iterate([], set()), steps + 1
         return done, steps, first_token
+
+    def _quiet_for(self, worker: int) -> float:
+        """How long a worker's running batch may step on without hearing from the event loop: not at
+        all with news now (:meth:`_news`); else until the newcomers held for company stop waiting, or
+        for as long as nothing comes (news coming meanwhile are told: :meth:`_tell`)."""
+        if self._news(worker):
+            return 0.0
+        first = next(iter(self.queue), None)
+        if first is not None and first.work is None:  # held (:meth:`_held`): until its wait ends
+            return first.queued + HOLD_S - time.perf_counter()
+        return float("inf")
+
+    def _tell(self) -> None:
+        """Tell every running batch that steps on by itself (worker_process.py) that the event loop has
+        news for it: it answers after its current step."""
+        for batch in self.running:
+            tell = getattr(batch, "tell", None)
+            if tell is not None:
+                tell()
+
+    def _queueing(self, job: Job) -> None:
+        """A request waits: the running batches stepping on hear of it, and of its client going."""
+        job.future.add_done_callback(self._told_if_gone)
+        self._tell()
+
+    def _told_if_gone(self, future: asyncio.Future) -> None:
+        if future.cancelled():  # its client has gone: its sources leave at the next step
+            self._tell()
 
     def _news(self, worker: int) -> bool:
         """Whether the event loop has something for this worker: a request waiting, work alone, a client
@@ -293,6 +327,7 @@ class ContinuousBatcher(Batching):
         assert job.work is not None
         self.queue.remove(job)
         self.pause = asyncio.get_running_loop().create_future()
+        self._tell()
         try:
             while self.iterating:  # the other workers end their iteration, then wait for the pause
                 await asyncio.sleep(0.001)
