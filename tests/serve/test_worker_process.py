@@ -6,7 +6,9 @@ continuous batcher answers with it and goes on with a new process; ``close`` end
 that answers no step within its deadline is ended and its requests told so; one hung worker shows in
 the batcher's stall clock while the others go on, and does not keep the batcher from stopping; a
 child that died while it held nothing is replaced without a failed request; a child ignores SIGINT
-and SIGTERM (the server ends it)."""
+and SIGTERM (the server ends it). The child steps on by itself until a source is done, a stream has a
+piece, its time is up or it is told of news: a request that comes meanwhile joins at the next step, a
+client that goes leaves, and a newcomer held for company joins once its wait is over."""
 
 import asyncio
 import os
@@ -20,7 +22,7 @@ import pytest
 import torch
 
 from attnkit.serve import worker_process
-from attnkit.serve.continuous import ContinuousBatcher
+from attnkit.serve.continuous import HOLD_FROM, HOLD_S, ContinuousBatcher
 from attnkit.serve.worker_process import WorkerError, WorkerGoneError, WorkerProcess
 
 
@@ -277,6 +279,26 @@ def test_a_request_that_comes_while_a_child_steps_on_joins_at_its_next_step(monk
 
     quick, left = asyncio.run(go())
     assert quick < 0.5 and left == 1
+
+
+def test_a_newcomer_held_for_company_joins_a_child_stepping_on_once_its_wait_is_over(monkeypatch):
+    monkeypatch.setattr(worker_process, "STEP_ON_S", 10.0)
+    batcher, _ = _batcher_of_processes(step_s=0.01)
+
+    async def go():
+        await _started(batcher)
+        try:
+            long = asyncio.ensure_future(batcher.submit([f"a{i}:300" for i in range(HOLD_FROM)], None, 1))
+            await asyncio.sleep(0.3)  # a busy running batch: a newcomer alone waits HOLD_S for company
+            began = time.monotonic()
+            assert await batcher.submit(["b:1"], None, 1) == ["B"]
+            waited = time.monotonic() - began
+            await long
+            return waited
+        finally:
+            await batcher.stop()
+
+    assert HOLD_S <= asyncio.run(go()) < HOLD_S + 0.5  # not until a long source is done (3 s)
 
 
 def test_a_child_that_answers_no_step_within_its_deadline_is_ended_and_says_so():
