@@ -22,7 +22,7 @@ itself (:meth:`WorkerProcess.steps_on`): it answers when a source is done, a str
 piece, the parent tells it there is news (:meth:`WorkerProcess.tell`, a flag in shared memory that the
 event loop sets and the child reads between two steps), or the time it was given is up. One message a
 step each way had the child wait for the parent's thread, which waits its turn on the server's
-interpreter lock, at every step: on the README's Multi30k model, one client's sentences came 5% faster
+interpreter lock, at every step: on a Multi30k model, one client's sentences came 5-10% faster
 from the engine alone without that wait, and the server's process spent a third less of a core at one
 client (bench/engine_load.py, bench/serve_load.py).
 
