@@ -30,10 +30,10 @@ class Countdown:
     """``"word:n"`` is done after n steps as ``"WORD"``; ``"threads"`` at once, as the child's torch
     threads; ``"boom"`` fails the step; a prompt (``.text``, ``.sink``) hears ``"<text>1"``, ``"<text>2"``
     ... one piece a step, and is done after ``seed`` steps with them joined. A step takes ``step_s``
-    seconds; ``stepped`` counts them."""
+    seconds."""
 
     def __init__(self, step_s=0.0):
-        self.left, self.step_s, self.stepped = {}, step_s, 0
+        self.left, self.step_s = {}, step_s
 
     @property
     def sources(self):
@@ -57,7 +57,6 @@ class Countdown:
             else:
                 self.left[key] = [x.text, x.seed, x.sink, []]
         time.sleep(self.step_s)
-        self.stepped += 1
         done = []
         for key, state in list(self.left.items()):
             text, _, sink, pieces = state  # pieces: None for a text
