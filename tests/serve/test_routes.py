@@ -55,3 +55,13 @@ def test_every_route_leads_to_a_module_level_handler_in_the_endpoints_package(se
 def test_every_router_holds_api_routes_only():
     for router in [*EVERY_SERVER, *ROUTERS.values()]:
         assert router.routes and all(isinstance(route, APIRoute) for route in router.routes)
+
+
+def test_the_translate_endpoint_describes_the_body_it_reads_itself():
+    # OpenNMT-py's format: a list of {"src", "id", ...}, with attnkit's beam_size and n_best beside them
+    app = make_app(ServedTranslator, load=lambda: None, settings=ServeSettings())
+    post = app.openapi()["paths"]["/translator/translate"]["post"]
+    body = post["requestBody"]["content"]["application/json"]["schema"]
+    assert post["requestBody"]["required"] and body["type"] == "array"
+    assert set(body["items"]["properties"]) == {"src", "id", "beam_size", "n_best"}
+    assert body["items"]["required"] == ["src"]

@@ -31,6 +31,20 @@ def server(run):
     served.stop()
 
 
+def test_no_line_per_request_in_the_log_unless_the_access_log_is_asked_for(run, server):
+    assert server.post([{"src": SENTENCES[0]}]).status_code == 200
+    assert '"POST /translator/translate HTTP/1.1" 200' not in server.output()
+    logged = Server(run, "--batching", "batches", "--access-log")
+    try:
+        assert logged.post([{"src": SENTENCES[0]}]).status_code == 200
+        deadline = time.monotonic() + 10  # the line is written once the response is sent
+        while '"POST /translator/translate HTTP/1.1" 200' not in logged.output():
+            assert time.monotonic() < deadline, logged.output()
+            time.sleep(0.1)
+    finally:
+        logged.stop()
+
+
 def _cli(run, tmp_path, beam):
     source = tmp_path / "dates.txt"
     source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")

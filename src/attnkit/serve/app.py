@@ -47,7 +47,8 @@ def make_app(
                   docs_url=None, redoc_url=None)  # fmt: skip
     app.state.server = server
     handle_errors(app, server.metrics)
-    routers = (*EVERY_SERVER, *(ROUTERS[dialect] for dialect in served.dialects))
+    # the model's own endpoints first: FastAPI tries the routers in order, and these take the load
+    routers = (*(ROUTERS[dialect] for dialect in served.dialects), *EVERY_SERVER)
     for router in routers:
         app.include_router(router)
     # every path served (FastAPI's own, /openapi.json, too), for the counting; Guard runs inside it

@@ -8,6 +8,9 @@ the server. Every bound and its error is listed in docs/serving.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -16,6 +19,8 @@ from starlette.exceptions import HTTPException
 from attnkit.serve.metrics import Metrics
 
 KIND_OF_STATUS = {404: "not_found", 405: "method_not_allowed"}  # Starlette's refusals, by status
+MALFORMED_JSON = "the request body is not JSON in UTF-8 (or nests too deep)"
+NOT_JSON = "the request body is not valid JSON"
 
 
 class RequestError(Exception):
@@ -58,12 +63,18 @@ def handle_errors(app: FastAPI, metrics: Metrics) -> None:
 
 
 def _validation_error(error: RequestValidationError) -> RequestError:
-    """pydantic's first complaint, naming its field (``0.src: Input should be a valid string``)."""
+    """FastAPI's complaint about a body it checked (its fields' places start with ``body``)."""
     problems = error.errors()
     if any(problem.get("type") == "json_invalid" for problem in problems):
-        return RequestError(400, "malformed_json", "the request body is not valid JSON")
+        return RequestError(400, "malformed_json", NOT_JSON)
+    return invalid_body([{**problem, "loc": problem.get("loc", ())[1:]} for problem in problems])
+
+
+def invalid_body(problems: Sequence[Mapping[str, Any]]) -> RequestError:
+    """pydantic's first complaint about a body, naming its field (``0.src: Input should be a valid
+    string``)."""
     first = problems[0]
-    where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "body"
+    where = ".".join(str(part) for part in first.get("loc", ())) or "body"
     return RequestError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}")
 
 
@@ -71,8 +82,6 @@ def _starlette_error(request: Request, error: HTTPException) -> RequestError:
     """An unknown path, a wrong method, or (400) a body FastAPI could not parse: not UTF-8, or nested
     too deep."""
     if error.status_code == 400:
-        return RequestError(
-            400, "malformed_json", "the request body is not JSON in UTF-8 (or nests too deep)"
-        )
+        return RequestError(400, "malformed_json", MALFORMED_JSON)
     kind = KIND_OF_STATUS.get(error.status_code, "http_error")
     return RequestError(error.status_code, kind, f"{request.url.path}: {error.detail}", error.headers)

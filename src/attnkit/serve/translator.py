@@ -8,6 +8,7 @@ line), so that an input gets the output the CLI gives it with the same beam.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -37,10 +38,11 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
         """The beam of a request that names none: the run's ``decode.beam_size``."""
         return self.config.decode.beam_size
 
-    @property
+    @functools.cached_property
     def max_source_tokens(self) -> int:
         """The longest input the model reads whole (its positions, less one for ``</s>``; a summariser's
-        ``data.max_source_len``): the server refuses a longer one where the CLI would cut it."""
+        ``data.max_source_len``): the server refuses a longer one where the CLI would cut it. (Found
+        once: every request asks.)"""
         limit = self.model.config.max_len
         if task_of(self.config).cuts_sources:
             limit = min(limit, self.config.data.source_limit)
