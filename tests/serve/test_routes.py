@@ -2,6 +2,7 @@
 module-level function of serve/endpoints/, on the router of its dialect; a served model names the
 dialects it answers, and the app serves those and no others."""
 
+import asyncio
 import importlib
 
 import pytest
@@ -65,3 +66,64 @@ def test_the_translate_endpoint_describes_the_body_it_reads_itself():
     assert post["requestBody"]["required"] and body["type"] == "array"
     assert set(body["items"]["properties"]) == {"src", "id", "beam_size", "n_best"}
     assert body["items"]["required"] == ["src"]
+
+
+class _Translator:
+    """What the translate endpoint asks of a served translator, answering at once."""
+
+    beam_size, max_source_tokens = 4, 100
+
+    def tokens(self, texts):
+        return [len(text.split()) + 1 for text in texts]
+
+    def positions(self, tokens, settings):
+        return sum(tokens) * settings.beam
+
+    def output_tokens(self, text):
+        return len(text.split())
+
+
+class _Batcher:
+    def submit(self, inputs, settings, tokens, positions):
+        future = asyncio.get_running_loop().create_future()
+        future.set_result([[(text.upper(), -1.0)] * settings.n_best for text in inputs])
+        return future
+
+
+def _serving_app(served):
+    app = make_app(served, load=lambda: None, settings=ServeSettings())
+    app.state.server.model, app.state.server.batcher = _Translator(), _Batcher()
+    return app
+
+
+def test_the_translate_endpoint_is_called_past_fastapis_routing_with_every_refusal_counted(monkeypatch):
+    from fastapi.testclient import TestClient
+
+    async def not_routed(self, scope, receive, send):
+        raise AssertionError(f"{scope['path']} went through FastAPI's routing")
+
+    monkeypatch.setattr(APIRoute, "handle", not_routed)
+    app = _serving_app(ServedTranslator)
+    client = TestClient(app, raise_server_exceptions=False)
+    answer = client.post("/translator/translate", json=[{"src": "a dog", "n_best": 2}])
+    assert answer.status_code == 200
+    assert answer.json() == [[{"src": "a dog", "tgt": "A DOG", "pred_score": -1.0, "n_best": 2}] * 2]
+    assert client.get("/health").status_code == 500  # the patch bites where FastAPI routes
+    for _ in range(2):
+        bad = client.post("/translator/translate", content=b"[{")
+        assert bad.status_code == 400 and bad.json()["kind"] == "malformed_json"
+    app.state.server.model.tokens = lambda texts: 1 / 0  # a bug: the 500 every bug gets
+    failed = client.post("/translator/translate", json=[{"src": "a dog"}])
+    assert failed.status_code == 500 and failed.json()["kind"] == "internal_error"
+    counted = app.state.server.metrics.registry.get_sample_value  # what /metrics says
+    assert counted("attnkit_errors_total", {"kind": "malformed_json"}) == 2
+    assert counted("attnkit_requests_total", {"endpoint": "/translator/translate", "status": "400"}) == 2
+    assert counted("attnkit_requests_total", {"endpoint": "/translator/translate", "status": "200"}) == 1
+
+
+def test_a_server_that_does_not_translate_takes_no_translate_requests_past_its_routing():
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_serving_app(ServedDecoder))
+    answer = client.post("/translator/translate", json=[{"src": "a dog"}])
+    assert answer.status_code == 404 and answer.json()["kind"] == "not_found"

@@ -6,7 +6,7 @@
   ``/explore`` on every server, and those the served model speaks (``ServedModel.dialects``);
 - every error in one format (serve/errors.py);
 - what every request passes first (serve/middleware.py): counted by route, and refused for a wrong
-  ``Host``, a missing API key or a body over the size limit.
+  ``Host``, a missing API key or a body over the size limit; the hot paths then called directly.
 
 The model loads in a thread once the server starts, so that ``/health`` answers "loading" meanwhile;
 a translator's compiled steps, where they are not built yet, are built in the background once it
@@ -25,9 +25,9 @@ from importlib.metadata import version
 from fastapi import FastAPI
 
 from attnkit.serve.building import StepsBuilding
-from attnkit.serve.endpoints import EVERY_SERVER, ROUTERS
+from attnkit.serve.endpoints import DIRECT, EVERY_SERVER, ROUTERS
 from attnkit.serve.errors import handle_errors
-from attnkit.serve.middleware import CountRequests, Guard
+from attnkit.serve.middleware import CountRequests, Direct, Guard
 from attnkit.serve.served import ServedModel
 from attnkit.serve.state import LOG, ServerState, ServeSettings
 
@@ -54,6 +54,10 @@ def make_app(
     # every path served (FastAPI's own, /openapi.json, too), for the counting; Guard runs inside it
     paths = {route.path for router in routers for route in router.routes}
     paths |= {route.path for route in app.routes if hasattr(route, "path")}
+    # the hot paths past FastAPI's routing (the served model's among them only), inside the guard
+    direct = {(method, route.path): route.endpoint for router in routers for route in router.routes
+              if route.endpoint in DIRECT for method in route.methods}  # fmt: skip
+    app.add_middleware(Direct, metrics=server.metrics, routes=direct)
     app.add_middleware(Guard, metrics=server.metrics, api_key=settings.api_key,
                        max_body_bytes=settings.max_body_bytes, hosts=settings.hosts)  # fmt: skip
     app.add_middleware(CountRequests, metrics=server.metrics, routes=frozenset(paths))

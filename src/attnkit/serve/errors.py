@@ -38,13 +38,18 @@ def error_response(
     return JSONResponse({"error": message, "kind": kind}, status_code=status, headers=headers)
 
 
+def refusal(error: RequestError, metrics: Metrics) -> JSONResponse:
+    """The answer to a refused request, counted by its kind."""
+    metrics.errors.labels(error.kind).inc()
+    return error_response(error.status, error.kind, str(error), error.headers)
+
+
 def handle_errors(app: FastAPI, metrics: Metrics) -> None:
     """Answer every refusal and failure of ``app`` in the server's format, counted by kind."""
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError) -> JSONResponse:
-        metrics.errors.labels(error.kind).inc()
-        return error_response(error.status, error.kind, str(error), error.headers)
+        return refusal(error, metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -11,7 +11,8 @@ server's state (``app.state.server``, serve/state.py).
   ``/generate_stream`` and ``/v1/completions`` (decoders), sharing :mod:`~attnkit.serve.endpoints.sampling`.
 
 A served model names the dialects it speaks (``ServedModel.dialects``); :data:`ROUTERS` maps each to its
-router.
+router. The handlers in :data:`DIRECT` read their own request and make their own response: the app calls
+them past FastAPI's routing (serve/middleware.py, ``Direct``).
 """
 
 from __future__ import annotations
@@ -28,3 +29,6 @@ ROUTERS: dict[str, APIRouter] = {
     "tgi": tgi.router,
     "openai": openai.router,
 }
+
+# handlers whose one parameter is the request and whose answer is a response: the server's hot paths
+DIRECT = frozenset({opennmt.translate})
