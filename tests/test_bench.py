@@ -412,3 +412,20 @@ def test_the_engine_breakdown_splits_each_search_s_time_per_sentence_into_its_pa
     offline, alone, three = rows.values()
     assert float(offline[2]) == 20.0 and float(alone[2]) == 1.0 and 1.0 <= float(three[2]) <= 3.0
     assert float(alone[4]) <= 2.0 and float(three[4]) <= 6.0, result.stdout
+
+
+def test_the_app_cost_benchmark_times_the_servers_app_against_a_plain_fastapi_endpoint(copy_run):
+    pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 'attnkit[serve]'")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "app_cost.py"), "--ckpt", str(copy_run), "--requests", "100",
+         "--repeats", "1"],
+        capture_output=True, text=True, encoding="utf-8", timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ours = re.search(r"^attnkit serve's app: (\d+) µs of CPU per request", result.stdout, re.M)
+    peer = re.search(r"^plain FastAPI endpoint: (\d+) µs of CPU per request", result.stdout, re.M)
+    ratio = re.search(
+        r"^attnkit serve's app / plain FastAPI endpoint CPU per request: ([\d.]+)$", result.stdout, re.M
+    )
+    assert ours and peer and ratio, result.stdout
+    assert int(ours[1]) > 0 and int(peer[1]) > 0 and float(ratio[1]) > 0

@@ -80,10 +80,13 @@ class _Translator:
         return sum(tokens) * settings.beam
 
     def output_tokens(self, text):
-        return len(text.split())
+        return self.tokens([text])[0]
 
 
 class _Batcher:
+    def waiting(self):
+        return 0
+
     def submit(self, inputs, settings, tokens, positions):
         future = asyncio.get_running_loop().create_future()
         future.set_result([[(text.upper(), -1.0)] * settings.n_best for text in inputs])
@@ -127,3 +130,15 @@ def test_a_server_that_does_not_translate_takes_no_translate_requests_past_its_r
     client = TestClient(_serving_app(ServedDecoder))
     answer = client.post("/translator/translate", json=[{"src": "a dog"}])
     assert answer.status_code == 404 and answer.json()["kind"] == "not_found"
+
+
+
+def test_the_metrics_count_the_tokens_of_every_output_returned():
+    from fastapi.testclient import TestClient
+
+    app = _serving_app(ServedTranslator)
+    client = TestClient(app)
+    for source in ["a dog", "two black cats"]:
+        assert client.post("/translator/translate", json=[{"src": source, "n_best": 2}]).status_code == 200
+    # each output its words and </s>, as the stub counts: 2 × 3 + 2 × 4
+    assert app.state.server.metrics.registry.get_sample_value("attnkit_output_tokens_total") == 14.0
