@@ -132,7 +132,6 @@ def test_a_server_that_does_not_translate_takes_no_translate_requests_past_its_r
     assert answer.status_code == 404 and answer.json()["kind"] == "not_found"
 
 
-
 def test_the_metrics_count_the_tokens_of_every_output_returned():
     from fastapi.testclient import TestClient
 
