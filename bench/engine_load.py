@@ -21,10 +21,13 @@ HTTP layer's share of the cost; run alone:
 against one running batch (on a thread of this process, as ``--workers threads`` runs it) at each
 level, in milliseconds per sentence: encoding the newcomers (``ready_sources``: the encoder, and with
 compiled steps the start token's step too; with the sources per call), the decoder's steps (with the
-rows per call), the rest of the search (ranking, reordering, merging, tokenising), and, for the
-running batch, the time between its iterations (the hops to the event loop and the clients). Offline
-encodes a batch of sources of like lengths at once and steps hundreds of rows; a running batch
-encodes the few that came since its last step and steps its clients' rows.
+rows per call, and the keys each row's attention reads on average: the positions decoded so far,
+padding included, and its batch's padded source width), the rest of the search (ranking,
+reordering, merging, tokenising), and, for the running batch, the time between its iterations (the
+hops to the event loop and the clients). Offline encodes a batch of sources of like lengths at once
+and steps hundreds of rows; a running batch encodes the few that came since its last step and steps
+its clients' rows, each row reading as many positions as the oldest row running has decoded and as
+many source keys as the longest source running.
 """
 
 from __future__ import annotations
@@ -146,21 +149,24 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
 
 @contextlib.contextmanager
 def timed_parts() -> Iterator[dict[str, list[float]]]:
-    """While open, each part of the searches in this process as ``[seconds, calls, items]``:
+    """While open, each part of the searches in this process as ``[seconds, calls, items, ...]``:
     ``encoding`` (``ready_sources``; items: sources), ``steps`` (the decoder's ``next_logits``; items:
-    rows) and ``iterations`` (``RunningTranslations.iterate``); a call inside another of its part (an
-    eager step under a compiled decoding's) counts once, and a compiled decoding's first ``next_logits``
-    not at all (it hands over the logits that the compiled first step computed while encoding)."""
+    rows, then the keys its rows' attention reads, summed over the rows: the positions decoded so far,
+    padding included, and the source's) and ``iterations`` (``RunningTranslations.iterate``); a call
+    inside another of its part (an eager step under a compiled decoding's) counts once, and a compiled
+    decoding's first ``next_logits`` not at all (it hands over the logits that the compiled first step
+    computed while encoding)."""
     import attnkit.decode.continuous as continuous
     import attnkit.decode.translate as translating
     from attnkit.decode.compiled import CompiledDecoding
     from attnkit.models.decoding import Seq2SeqDecoding
 
-    parts: dict[str, list[float]] = {part: [0.0, 0, 0] for part in ("encoding", "steps", "iterations")}
+    parts: dict[str, list[float]] = {part: [0.0, 0, 0] for part in ("encoding", "iterations")}
+    parts["steps"] = [0.0, 0, 0, 0, 0]
     depth = dict.fromkeys(parts, 0)
     patched = []
 
-    def timing(owner: object, name: str, part: str, items, counted=lambda args: True) -> None:
+    def timing(owner: object, name: str, part: str, items, counted=lambda args: True, more=None) -> None:
         original = getattr(owner, name)
 
         def timed(*args, **kwargs):
@@ -176,15 +182,20 @@ def timed_parts() -> Iterator[dict[str, list[float]]]:
                     parts[part][0] += time.perf_counter() - began
                     parts[part][1] += 1
                     parts[part][2] += items(args)
+                    for i, value in enumerate(more(args) if more else ()):
+                        parts[part][3 + i] += value
 
         patched.append((owner, name, original))
         setattr(owner, name, timed)
 
     timing(continuous, "ready_sources", "encoding", lambda args: len(args[1]))
     timing(translating, "ready_sources", "encoding", lambda args: len(args[1]))
-    timing(Seq2SeqDecoding, "next_logits", "steps", lambda args: args[1].size(0))
+    # (decoding, tokens (R, t)): each row reads t positions (its own, and the padding before them) and
+    # the padded width S of its batch's sources (src_mask: (R, 1, S))
+    keys = lambda args: (args[1].numel(), args[1].size(0) * args[0].src_mask.size(-1))  # noqa: E731
+    timing(Seq2SeqDecoding, "next_logits", "steps", lambda args: args[1].size(0), more=keys)
     computes = lambda args: args[0].first_logits is None  # noqa: E731 (not the first step's, handed over)
-    timing(CompiledDecoding, "next_logits", "steps", lambda args: args[1].size(0), computes)
+    timing(CompiledDecoding, "next_logits", "steps", lambda args: args[1].size(0), computes, keys)
     timing(continuous.RunningTranslations, "iterate", "iterations", lambda args: 0)
     try:
         yield parts
@@ -202,6 +213,8 @@ def per_sentence(parts: dict[str, list[float]], wall: float) -> dict[str, float]
     return {"sentences": sentences, "rate": sentences / wall,
             "encoding": 1e3 * encoding / sentences, "sources per call": sentences / parts["encoding"][1],
             "steps": 1e3 * steps / sentences, "rows per call": parts["steps"][2] / parts["steps"][1],
+            "self keys": parts["steps"][3] / parts["steps"][2],
+            "cross keys": parts["steps"][4] / parts["steps"][2],
             "rest": 1e3 * (searching - encoding - steps) / sentences,
             "between": 1e3 * (wall - searching) / sentences, "all": 1e3 * wall / sentences}  # fmt: skip
 
@@ -237,16 +250,17 @@ def breakdown(
 
 def print_breakdown(rows: dict, levels: list[int]) -> None:
     print(f"one thread, {rows['steps']} steps; milliseconds per sentence (sources or rows per call)")
-    print("| search | sentences/s | encoding newcomers | decoder steps | the rest of the search | between "
-          "iterations | in all | answers not the offline one |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("| search | sentences/s | encoding newcomers | decoder steps | keys a row reads (self, cross) | "
+          "the rest of the search | between iterations | in all | answers not the offline one |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in ["offline", *levels]:
         r = rows[name]
         label = "attnkit translate (offline)" if name == "offline" else f"running batch, {name} clients"
         between = "" if name == "offline" else f"{r['between']:.2f}"
         differ = "" if name == "offline" else str(r["differ"])
         cells = [label, f"{r['rate']:.1f}", f"{r['encoding']:.2f} ({r['sources per call']:.1f} sources)",
-                 f"{r['steps']:.2f} ({r['rows per call']:.0f} rows)", f"{r['rest']:.2f}", between,
+                 f"{r['steps']:.2f} ({r['rows per call']:.0f} rows)",
+                 f"{r['self keys']:.1f}, {r['cross keys']:.1f}", f"{r['rest']:.2f}", between,
                  f"{r['all']:.2f}", differ]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
 

@@ -398,11 +398,13 @@ def test_the_engine_breakdown_splits_each_search_s_time_per_sentence_into_its_pa
     assert result.returncode == 0, result.stdout + result.stderr
     n = r"([\d.]+)"
     row = (rf"^\| (attnkit translate \(offline\)|running batch, \d clients) \| {n} \| {n} \({n} sources\) \| "
-           rf"{n} \({n} rows\) \| {n} \| {n}? \| {n} \| (\d*) \|$")  # fmt: skip
+           rf"{n} \({n} rows\) \| {n}, {n} \| {n} \| {n}? \| {n} \| (\d*) \|$")  # fmt: skip
     rows = {name: cells for name, *cells in re.findall(row, result.stdout, re.M)}
     names = ["attnkit translate (offline)", "running batch, 1 clients", "running batch, 3 clients"]
     assert list(rows) == names, result.stdout
-    for name, (rate, encoding, _, steps, _, rest, between, whole, differ) in rows.items():
+    for name, (rate, encoding, _, steps, _, own, crossed, rest, between, whole, differ) in rows.items():
+        # the keys a row reads: at least the position it decodes (self), and its source's </s> (cross)
+        assert float(own) >= 1.0 and float(crossed) >= 1.0, (name, result.stdout)
         parts = float(encoding) + float(steps) + float(rest) + float(between or 0)
         assert float(rate) > 0 and abs(parts - float(whole)) <= 0.02, (name, result.stdout)
         # fp32: every answer the offline one
