@@ -303,12 +303,21 @@ def main() -> None:
         action="store_true",
         help="where the time goes, one thread: offline against one running batch per level",
     )
+    parser.add_argument(
+        "--by-length",
+        action="store_true",
+        help="the clients send the sentences shortest first (a running batch's rows then decode outputs "
+        "of like lengths, as offline's batches do): what padding to the widest running row costs",
+    )
     parser.add_argument("overrides", nargs="*", help="decode.field=value, as attnkit serve takes them")
     args = parser.parse_args()
     sentences = read_sentences(args.data, args.src, args.lines)
+    if args.by_length:
+        sentences.sort(key=len)
     levels = [int(c) for c in args.clients.split(",")]
     options = [f"decode.beam_size={args.beam}", *args.overrides]
-    print(f"{len(sentences)} sentences; beam {args.beam}; {torch.get_num_threads()} threads; "
+    order = ", shortest first" if args.by_length else ""
+    print(f"{len(sentences)} sentences{order}; beam {args.beam}; {torch.get_num_threads()} threads; "
           f"{args.seconds:g} s per level; {' '.join(args.overrides)}")  # fmt: skip
     if args.breakdown:
         print_breakdown(breakdown(args.ckpt, sentences, levels, options, args.seconds), levels)

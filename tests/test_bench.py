@@ -392,10 +392,11 @@ def test_the_engine_breakdown_splits_each_search_s_time_per_sentence_into_its_pa
     result = subprocess.run(
         [sys.executable, str(BENCH / "engine_load.py"), "--ckpt", str(copy_run), "--src",
          str(copy_data / "valid.src"), "--clients", "1,3", "--seconds", "1", "--beam", "2", "--breakdown",
-         "decode.precision=fp32", "decode.steps=eager"],
+         "--by-length", "decode.precision=fp32", "decode.steps=eager"],
         capture_output=True, text=True, encoding="utf-8", timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("20 sentences, shortest first; beam 2;"), result.stdout
     n = r"([\d.]+)"
     row = (rf"^\| (attnkit translate \(offline\)|running batch, \d clients) \| {n} \| {n} \({n} sources\) \| "
            rf"{n} \({n} rows\) \| {n}, {n} \| {n} \| {n}? \| {n} \| (\d*) \|$")  # fmt: skip
