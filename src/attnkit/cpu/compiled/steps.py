@@ -35,12 +35,12 @@ def _fingerprint(model: nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def step_package(model: EncoderDecoder, beams: int, serial: bool) -> Path:
+def step_package(model: EncoderDecoder, beams: int, serial: bool, fingerprint: tuple | None = None) -> Path:
     """Where the compiled step of ``model`` for ``beams`` (its loops ``serial`` or not) is kept, whether
     built yet or not: its key hashes every weight, so it is worked out once per weights and kept for the
-    process."""
+    process (``fingerprint``: the weights' :func:`_fingerprint`, where the caller has taken it)."""
     with _KEYING:
-        fingerprint, variant = _fingerprint(model), (beams, serial)
+        fingerprint, variant = fingerprint or _fingerprint(model), (beams, serial)
         known = _KEYS.setdefault(model, {})
         if variant not in known or known[variant][0] != fingerprint:
             known[variant] = (fingerprint, cache_key(model, beams, serial))
@@ -95,11 +95,11 @@ def compiled_step(
     if not may_build and compilable(model):
         built_loops = _built_loops(model, beams, serial)
         serial = serial if built_loops is None else built_loops
-    package = step_package(model, beams, serial) if compilable(model) else None
+    fingerprint = _fingerprint(model)  # (once: it reads every weight's address and version)
+    package = step_package(model, beams, serial, fingerprint) if compilable(model) else None
     variant = (beams, serial)
     with _COMPILING:
         built = _BUILT.setdefault(model, {})
-        fingerprint = _fingerprint(model)
         if variant in built and built[variant][0] == fingerprint:
             return built[variant][1]
         if package is not None and not may_build and not package.is_file():
