@@ -130,11 +130,7 @@ class Direct:
         self.app, self.metrics, self.routes = app, metrics, routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = (
-            self.routes.get((scope.get("method", ""), scope.get("path", "")))
-            if scope["type"] == "http"
-            else None
-        )
+        handler = self.routes.get((scope["method"], scope["path"])) if scope["type"] == "http" else None
         if handler is None:
             await self.app(scope, receive, send)
             return
