@@ -139,6 +139,29 @@ def test_a_search_that_does_not_build_takes_the_steps_built_with_the_other_loops
     assert built == []  # (an earlier test built the default's)
 
 
+def test_a_search_walks_the_weights_once_to_find_its_compiled_steps(cache, model_and_tokenizer, monkeypatch):
+    """Finding a search's steps asks whether they are built and for the first step and the beam's: the
+    weights' fingerprint (a walk of every module, 0.2 ms) is taken once for all of them, not once each
+    (a one-sentence ``attnkit translate`` with the default ``decode.steps=auto`` took it three times)."""
+    from attnkit.decode import compiled
+
+    model, tokenizer = model_and_tokenizer
+    taken = []
+    fingerprint = steps.weights_fingerprint
+    counted = lambda model: taken.append(model) or fingerprint(model)  # noqa: E731
+    monkeypatch.setattr(steps, "weights_fingerprint", counted)
+    monkeypatch.setattr(compiled, "weights_fingerprint", counted)
+    texts = copy(3, seed=12, max_length=6).src
+    counting = _Counting(monkeypatch)
+    for setting in ("compiled", "auto"):
+        translate(model, tokenizer, texts[:1], DecodeConfig(steps=setting), beam_size=3)  # (built once)
+        taken.clear()
+        for text in texts:
+            translate(model, tokenizer, [text], DecodeConfig(steps=setting), beam_size=3)
+        assert len(taken) == len(texts), setting
+    assert counting.calls > 2 * len(texts)  # the compiled steps took the searches
+
+
 def _kernels(model, beams: int, serial: bool) -> str:
     """The C++ source of the loops AOTInductor wrote for a step in the cache."""
     unpacked = steps.step_package(model, beams, serial).with_suffix(".unpacked")

@@ -23,7 +23,7 @@ from attnkit.attention.multihead import KVCache
 from attnkit.cpu.compiled.build import FIRST_STEP, missing_compiler
 from attnkit.cpu.compiled.cache import cache_folder
 from attnkit.cpu.compiled.library import CompiledStep
-from attnkit.cpu.compiled.steps import all_built, compiled_step, to_build
+from attnkit.cpu.compiled.steps import all_built, compiled_step, to_build, weights_fingerprint
 from attnkit.cpu.compiled.trace import history_dtype
 from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.nn.transformer import DecoderCache
@@ -153,11 +153,14 @@ class CompiledDecoding(Seq2SeqDecoding):
         step: CompiledStep,
         beams: int,
         first: tuple[CompiledStep, int] | None = None,
+        dtype: torch.dtype | None = None,
     ):
         """``first``: the compiled first step and the start token it decodes after each source, which
         then encodes the sources here, and decodes the start token with them (its logits kept for the
-        first :meth:`next_logits`); without it (or the cache) the model encodes them as usual."""
+        first :meth:`next_logits`); without it (or the cache) the model encodes them as usual.
+        ``dtype``: the history's (default: :func:`history_dtype` of the model, found now)."""
         self.step, self.step_beams = step, beams
+        self.history_dtype = dtype or history_dtype(model)
         self.history: History | None = None
         self.first_logits: Tensor | None = None  # (N, V): the first step's, computed with the memory
         if first is None or not use_cache:
@@ -185,7 +188,7 @@ class CompiledDecoding(Seq2SeqDecoding):
             cached = self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1
             if not (cached and self.beams == self.step_beams):
                 return super().next_logits(tokens)
-            self.history = History(self.cache, history_dtype(self.model))
+            self.history = History(self.cache, self.history_dtype)
         layers = self.cache.layers
         crossed = [layer.src_attn.key.contiguous() for layer in layers]  # (the sources kept: applied)
         crossed += [layer.src_attn.value.contiguous() for layer in layers]
@@ -259,17 +262,21 @@ def compiled_decoding(
     on one thread each) or parallel ones (``decode.streams``: decode/streams.py's ``serial_steps``);
     without ``build``, steps of either kind are taken."""
     widths = [FIRST_STEP, beams] if start_token is not None else [beams]
-    if not build and not all_built(model, widths):
+    fingerprint = weights_fingerprint(model)  # (once: each of the calls below would take it again)
+    if not build and not all_built(model, widths, fingerprint):
         return None
-    building = to_build(model, widths, serial) if warn is not None and build else []
+    building = to_build(model, widths, serial, fingerprint) if warn is not None and build else []
     if building and missing_compiler() is None:  # (else compiled_step says why not)
         which = [f"the decoding step of beam {beams}"] * (beams in building)
         which += ["the first step"] * (FIRST_STEP in building)
         warn(f"decode.steps: compiling {' and '.join(which)} (about 20 s each, once; kept in "
              f"{cache_folder()}; attnkit cache clear deletes them)")  # fmt: skip
-    step = compiled_step(model, beams, serial, warn, build)
+    step = compiled_step(model, beams, serial, warn, build, fingerprint)
     if step is None:
         return None
-    first_step = compiled_step(model, FIRST_STEP, serial, warn, build) if start_token is not None else None
+    first_step = None
+    if start_token is not None:
+        first_step = compiled_step(model, FIRST_STEP, serial, warn, build, fingerprint)
     first = (first_step, start_token) if first_step is not None else None
-    return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams, first)
+    dtype = history_dtype(model)  # (once: a walk of the model's modules)
+    return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams, first, dtype)

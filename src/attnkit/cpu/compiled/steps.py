@@ -30,19 +30,19 @@ _KEYS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, bool], tuple]] = wea
 _KEYING = threading.Lock()  # (not the compile's lock: a key is wanted while another step compiles)
 
 
-def _fingerprint(model: nn.Module) -> tuple:
+def weights_fingerprint(model: nn.Module) -> tuple:
     """Changes whenever a weight does (an optimizer step, loading other weights): every weight's address
-    and version (0.15 ms for a small Transformer's 91), so each public function here takes it once and
-    hands it down."""
+    and version (0.15 ms for a small Transformer's 91, a walk of its modules), so a search takes it once
+    and hands it to each function here that asks (``fingerprint``), and the helpers hand it down."""
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
 def step_package(model: EncoderDecoder, beams: int, serial: bool, fingerprint: tuple | None = None) -> Path:
     """Where the compiled step of ``model`` for ``beams`` (its loops ``serial`` or not) is kept, whether
     built yet or not: its key hashes every weight, so it is worked out once per weights and kept for the
-    process (``fingerprint``: the weights' :func:`_fingerprint`, where the caller has taken it)."""
+    process (``fingerprint``: the weights' :func:`weights_fingerprint`, where the caller has taken it)."""
     with _KEYING:
-        fingerprint, variant = fingerprint or _fingerprint(model), (beams, serial)
+        fingerprint, variant = fingerprint or weights_fingerprint(model), (beams, serial)
         known = _KEYS.setdefault(model, {})
         if variant not in known or known[variant][0] != fingerprint:
             known[variant] = (fingerprint, cache_key(model, beams, serial))
@@ -59,12 +59,14 @@ def _at_hand(model: EncoderDecoder, width: int, serial: bool, fingerprint: tuple
     return step_package(model, width, serial, fingerprint).is_file()
 
 
-def to_build(model: EncoderDecoder, widths: list[int], serial: bool) -> list[int]:
+def to_build(
+    model: EncoderDecoder, widths: list[int], serial: bool, fingerprint: tuple | None = None
+) -> list[int]:
     """Those of ``widths`` whose steps of ``model`` a :func:`compiled_step` call would build: neither
     loaded in this process nor in the cache folder (none where the model cannot be compiled)."""
     if not compilable(model):
         return []
-    fingerprint = _fingerprint(model)
+    fingerprint = fingerprint or weights_fingerprint(model)
     return [width for width in widths if _at_hand(model, width, serial, fingerprint) is False]
 
 
@@ -77,13 +79,13 @@ def _built_loops(model: EncoderDecoder, width: int, serial: bool, fingerprint: t
     return None
 
 
-def all_built(model: EncoderDecoder, widths: list[int]) -> bool:
+def all_built(model: EncoderDecoder, widths: list[int], fingerprint: tuple | None = None) -> bool:
     """Whether the steps of ``model`` for each of ``widths`` (beams per source, or :data:`FIRST_STEP`)
     are built, with loops of either kind: loaded in this process, or in the cache folder to load (a
     stat of a file each, once the key is known)."""
     if not compilable(model):
         return False
-    fingerprint = _fingerprint(model)
+    fingerprint = fingerprint or weights_fingerprint(model)
     return all(_built_loops(model, width, True, fingerprint) is not None for width in widths)
 
 
@@ -93,6 +95,7 @@ def compiled_step(
     serial: bool,
     warn: Callable[[str], None] | None = None,
     may_build: bool = True,
+    fingerprint: tuple | None = None,
 ) -> CompiledStep | None:
     """The compiled step of ``model`` for searches of ``beams`` rows per source (greedy: 1;
     :data:`FIRST_STEP`: the first step, the encoder with it), its loops ``serial`` (for searches on one
@@ -101,7 +104,7 @@ def compiled_step(
     yet and may not be (a later call looks again). Where it may not build, a step of the other kind of
     loops serves if that one is built: the two give the same bits, so whether a search takes compiled
     steps does not depend on ``decode.streams``."""
-    fingerprint = _fingerprint(model)
+    fingerprint = fingerprint or weights_fingerprint(model)
     if not may_build and compilable(model):
         built_loops = _built_loops(model, beams, serial, fingerprint)
         serial = serial if built_loops is None else built_loops
