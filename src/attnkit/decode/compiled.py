@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from attnkit.attention.multihead import KVCache
-from attnkit.cpu.compiled.build import FIRST_STEP, missing_compiler
+from attnkit.cpu.compiled.build import FIRST_STEP, compilable, missing_compiler
 from attnkit.cpu.compiled.cache import cache_folder
 from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.cpu.compiled.steps import all_built, compiled_step, to_build, weights_fingerprint
@@ -262,7 +262,9 @@ def compiled_decoding(
     on one thread each) or parallel ones (``decode.streams``: decode/streams.py's ``serial_steps``);
     without ``build``, steps of either kind are taken."""
     widths = [FIRST_STEP, beams] if start_token is not None else [beams]
-    fingerprint = weights_fingerprint(model)  # (once: each of the calls below would take it again)
+    # the weights' fingerprint, once (each call below would take it again); none for a model whose
+    # steps cannot be compiled (they do not ask)
+    fingerprint = weights_fingerprint(model) if compilable(model) else None
     if not build and not all_built(model, widths, fingerprint):
         return None
     building = to_build(model, widths, serial, fingerprint) if warn is not None and build else []
