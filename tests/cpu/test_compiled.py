@@ -323,3 +323,44 @@ def test_a_running_batch_takes_compiled_steps_once_they_are_built_beside_it(
     assert [text for text, _ in found] == [text for text, _ in expected]
     # (this model's linear maps are plain ones, whose sums depend on the rows: ready_for_inference's don't)
     assert [score for _, score in found] == pytest.approx([score for _, score in expected], abs=1e-5)
+
+
+def test_beam_searchs_compiled_step_ranks_by_blocks_as_the_search_does(cache, monkeypatch):
+    """Beam search's compiled step ranks each source's continuations itself (trace.RankedStep: the
+    log-softmax applied only to the entries the blockwise ranking reads), where the search would rank
+    the step's logits: the same hypotheses as the model's own steps, a vocabulary of 1,700 tokens (26
+    blocks of 64 and a partial one), the search ranking only the first step's logits; and each source
+    alone gets what it gets in the batch, bit for bit."""
+    from attnkit.cpu import speed_up
+    from attnkit.cpu.compiled.build import compilable
+    from attnkit.data.tokenizer import SpecialIds
+    from attnkit.decode import Search, beam_search
+    from attnkit.decode import search as searching
+    from attnkit.decode.compiled import compiled_decoding
+
+    ids = SpecialIds(pad=0, unk=1, bos=2, eos=3)
+    torch.manual_seed(7)
+    # as the batch-invariance tests' models: their linear maps take both of float32's kernels
+    config = TransformerConfig.from_preset("tiny", d_model=256, d_ff=1024, h=4, dropout=0.0,
+                                           encoder_layers=1, decoder_layers=1)  # fmt: skip
+    model = build_transformer(config, 1_700).eval()
+    speed_up(model)  # (as translate prepares a model)
+    src = torch.randint(4, 1_700, (6, 9))
+    src[1, 5:], src[4, 3:] = ids.pad, ids.pad
+    search = Search(beam_size=3, n_best=3, max_len_a=1.0, max_len_b=5)
+    expected = beam_search(model, src, ids, search)
+    decoding = compiled_decoding(model, 3, start_token=ids.bos)
+    assert compilable(model) and decoding is not None
+    ranked = []
+    rank = searching.rank_continuations
+    monkeypatch.setattr(searching, "rank_continuations", lambda *args: ranked.append(1) or rank(*args))
+    counting = _Counting(monkeypatch)
+    found = beam_search(model, src, ids, search, decoding=decoding)
+    assert [[h.tokens for h in hs] for hs in found] == [[h.tokens for h in hs] for hs in expected]
+    for got, want in zip(found, expected, strict=True):
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-4)
+    assert len(ranked) == 1 and counting.calls >= 5  # the search ranked the first step; the step the rest
+    for i in range(len(src)):
+        alone = beam_search(model, src[i : i + 1, : int((src[i] != ids.pad).sum())], ids, search,
+                            decoding=decoding)  # fmt: skip
+        assert [(h.tokens, h.score) for h in alone[0]] == [(h.tokens, h.score) for h in found[i]]

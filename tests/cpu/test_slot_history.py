@@ -12,7 +12,7 @@ from attnkit import build_transformer
 from attnkit.attention.multihead import KVCache
 from attnkit.cpu import speed_up
 from attnkit.cpu.attention import attend_as_sums
-from attnkit.cpu.compiled.trace import CachedStep, FirstStep
+from attnkit.cpu.compiled.trace import CachedStep, FirstStep, RankedStep
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import Search, beam_search, greedy
 from attnkit.decode.compiled import CompiledDecoding, History
@@ -88,10 +88,16 @@ def test_a_full_history_grows():
 
 @pytest.mark.parametrize("first", [False, True], ids=["eager first step", "traced first step"])
 @pytest.mark.parametrize("fast_path", [False, True], ids=["paper's modules", "CPU fast path"])
-@pytest.mark.parametrize("beams", [1, 3], ids=["greedy", "beam 3"])
-def test_the_traced_steps_run_eagerly_decode_as_the_model(fast_path, beams, first):
+@pytest.mark.parametrize(
+    ("beams", "vocabulary"),
+    [(1, 16), (3, 16), (3, 1_700)],
+    ids=["greedy", "beam 3", "beam 3 ranked by blocks"],  # (1,700: 26 blocks of 64 and a partial one)
+)
+def test_the_traced_steps_run_eagerly_decode_as_the_model(fast_path, beams, vocabulary, first):
+    """Greedy search's step returns the logits; beam search's ranks them too (RankedStep), by blocks
+    of tokens where the vocabulary has enough of them: the same hypotheses as the model's own steps."""
     torch.manual_seed(0)
-    model = build_transformer("tiny", 16).eval()
+    model = build_transformer("tiny", vocabulary).eval()
     with torch.no_grad():
         model.generator.proj.weight.mul_(4)  # sharper, more varied distributions than at init
     if fast_path:
@@ -99,7 +105,7 @@ def test_the_traced_steps_run_eagerly_decode_as_the_model(fast_path, beams, firs
     src = torch.randint(4, 16, (5, 7))
     src[1, 4:] = IDS.pad
     src[:, -1] = torch.where(src[:, -1] == IDS.pad, IDS.pad, IDS.eos)
-    step = CachedStep(model)
+    step = CachedStep(model) if beams == 1 else RankedStep(model, beams)
     taken = []
 
     def counted(*tensors):

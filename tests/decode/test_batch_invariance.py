@@ -226,23 +226,25 @@ def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
         " ".join(words[:150]),
         " ".join(words[:240]),
     ]
-    sources = [[*tokenizer.encode(text), specials.eos] for text in texts]
-    assert len({-(-len(ids) // WIDTH_BUCKET) for ids in sources}) >= 5  # five widths at least
+    sources_ids = [[*tokenizer.encode(text), specials.eos] for text in texts]
+    assert len({-(-len(ids) // WIDTH_BUCKET) for ids in sources_ids}) >= 5  # five widths at least
     with evaluating(model):
         decoding = compiled_decoding(model, beams, start_token=specials.bos)
     assert decoding is not None
-    steps = torch.randint(
-        4, tokenizer.vocab_size, (len(texts) * beams, 3), generator=torch.Generator().manual_seed(0)
-    )
+    generator = torch.Generator().manual_seed(0)
+    steps = torch.randint(4, tokenizer.vocab_size, (len(texts) * beams, 3), generator=generator)
+    beam_scores = torch.randn(len(texts), beams, generator=generator) - 3  # each source's beams'
+    running = torch.zeros(len(texts) * beams, dtype=torch.bool)  # no row at its length bound
 
-    def logits(rows: list[int]) -> torch.Tensor:
-        """The logits of 3 steps after the first of ``rows``' sources, ``beams`` rows each fed the same
-        tokens: ``(len(rows) · beams, 3, V)``."""
+    def ranked(sources: list[int]) -> torch.Tensor:
+        """Each source's best 2·beams continuations at 3 steps after the first (the compiled step ranks
+        them: their scores, and beam·V + token), its ``beams`` rows fed the same tokens whatever the
+        batch: ``(len(sources), 3, 2, 2·beams)``, the scores' bits as integers."""
         decodings = []
         with torch.no_grad():
-            for group in [[i] for i in rows] if first_step == "alone" else [rows]:
+            for group in [[i] for i in sources] if first_step == "alone" else [sources]:
                 started = decoding(
-                    pad([sources[i] for i in group], specials.pad, WIDTH_BUCKET, model.config.max_len)
+                    pad([sources_ids[i] for i in group], specials.pad, WIDTH_BUCKET, model.config.max_len)
                 )
                 started.next_logits(torch.full((len(group), 1), specials.bos))  # the first step, the encoder
                 started.repeat(beams)
@@ -250,20 +252,24 @@ def test_a_compiled_step_gives_a_source_the_same_bits_beside_wider_sources(
             joined = decodings[0]
             for other in decodings[1:]:
                 joined.merge(other)
-            tokens = torch.full((len(rows) * beams, 1), specials.bos)
-            fed = torch.cat([steps[i * beams : (i + 1) * beams] for i in rows])  # (len(rows) · beams, 3)
+            tokens = torch.full((len(sources) * beams, 1), specials.bos)
+            fed = torch.cat([steps[i * beams : (i + 1) * beams] for i in sources])  # (len · beams, 3)
             out = []
             for step in range(3):
                 tokens = torch.cat([tokens, fed[:, step : step + 1]], dim=1)
-                out.append(joined.next_logits(tokens))  # (len(rows) · beams, V)
+                best, beam, token = joined.ranked(
+                    tokens, running[: len(tokens)], specials, beam_scores[sources], 2 * beams
+                )  # (len(sources), 2·beams) each
+                out.append(
+                    torch.stack([best.view(torch.int32).long(), beam * tokenizer.vocab_size + token], 1)
+                )
         assert joined.history is not None  # the compiled step took the steps
         return torch.stack(out, dim=1)
 
-    alone = torch.cat([logits([i]) for i in range(len(texts))])  # (N · beams, 3, V)
+    alone = torch.cat([ranked([i]) for i in range(len(texts))])  # (N, 3, 2, 2·beams)
     everyone = list(range(len(texts)))  # the long ones beside the short: widths 160 and 256 at 256
     for batch in [everyone, *_random_batches(len(texts), random.Random(2))]:
-        rows = [i * beams + j for i in batch for j in range(beams)]
-        assert torch.equal(logits(batch), alone[rows]), f"batch of {len(batch)}: logits differ"
+        assert torch.equal(ranked(batch), alone[batch]), f"batch of {len(batch)}: continuations differ"
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

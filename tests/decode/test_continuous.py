@@ -9,7 +9,7 @@ import torch
 from attnkit import build_transformer
 from attnkit.config import DecodeConfig
 from attnkit.cpu import speed_up
-from attnkit.cpu.compiled.trace import CachedStep, FirstStep
+from attnkit.cpu.compiled.trace import CachedStep, FirstStep, RankedStep
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import CompiledDecoding
@@ -135,9 +135,9 @@ def test_a_running_batch_narrows_its_sources_when_the_widest_has_left(tokenizer)
 
 @pytest.mark.parametrize("fast_path", [False, True], ids=["paper's modules", "CPU fast path"])
 def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer, fast_path):
-    """With compiled steps (the traced first step and cached step, run eagerly here: no
-    compiler needed), sources that join the running batch's history at later steps, and leave it,
-    still get ``translate``'s translations of them alone."""
+    """With compiled steps (the traced first step and cached step, beam search's ranking too, run
+    eagerly here: no compiler needed), sources that join the running batch's history at later steps,
+    and leave it, still get ``translate``'s translations of them alone."""
     model = _model(tokenizer)
     if fast_path:
         speed_up(model)
@@ -145,7 +145,8 @@ def test_the_compiled_steps_as_traced_join_and_leave_as_the_models_own(tokenizer
     taken = []
 
     def traced(beams):
-        step, first = CachedStep(model), FirstStep(model)
+        step = CachedStep(model) if beams == 1 else RankedStep(model, beams)  # (beam search's ranks)
+        first = FirstStep(model)
 
         def counted(*tensors):
             taken.append(beams)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnkit import build_transformer
+from attnkit.cpu.search import best_by_blocks
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import Search, beam_search, greedy, length_penalty
 from attnkit.decode.beams import beam
@@ -291,6 +292,32 @@ def test_equal_continuations_rank_by_beam_then_token_as_argmax_takes_the_first(K
     _, index = top_k(logits, 2 * K)
     for row in range(n * K):
         assert index[row].tolist() == sorted(range(V), key=lambda i: (-logits[row, i].item(), i))[: 2 * K]
+
+
+@pytest.mark.parametrize("V", [8000, 8001, 1030])
+@pytest.mark.parametrize("ties", [False, True], ids=["random", "integer-valued"])
+def test_ranking_logits_with_their_normaliser_is_ranking_their_log_probabilities(V, ties):
+    """A compiled beam step ranks the logits and applies the log-softmax, ``(x - max) - log(sum(exp(x -
+    max)))``, only to the block maxima and the chosen blocks' entries (best_by_blocks' ``normaliser``):
+    each rounding keeps a row's order, so the scores, beams and tokens are exactly those of ranking the
+    log-probabilities written out, ties, tokens ruled out (-inf) and a partial last block included."""
+    torch.manual_seed(V)
+    n, K = 3, 2  # (2K blocks of 64 at most a quarter of V: ranked by blocks)
+    logits = torch.randint(0, 4, (n * K, V)).float() if ties else torch.randn(n * K, V) * 3
+    scores = torch.randn(n, K) - 5
+    scores[0, 1:] = float("-inf")  # dead beams
+    maximum = logits.amax(-1)
+    log_sum = (logits - maximum[:, None]).exp().sum(-1).log()
+    ruled_out = logits.masked_fill(torch.rand(n * K, V) < 0.3, float("-inf"))
+    ruled_out[:, [IDS.pad, IDS.bos]] = float("-inf")
+    log_probs = (ruled_out - maximum[:, None]) - log_sum[:, None]  # every entry normalised first
+    kept = ruled_out > float("-inf")
+    torch.testing.assert_close(log_probs[kept], logits.log_softmax(-1)[kept])  # (torch's log-softmax)
+    expected = best_by_blocks(log_probs, scores, 2 * K)
+    found = best_by_blocks(ruled_out, scores, 2 * K, (maximum, log_sum))
+    assert expected is not None and found is not None
+    for got, want in zip(found, expected, strict=True):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("V", [8000, 8001, 9999, 300, 100])

@@ -32,7 +32,9 @@ def log_softmax_in_place(logits: Tensor) -> Tensor | None:
 BLOCK = 64  # consecutive tokens whose maximum stands for them in the first round of a blockwise top-k
 
 
-def best_by_blocks(log_probs: Tensor, scores: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor] | None:
+def best_by_blocks(
+    log_probs: Tensor, scores: Tensor, width: int, normaliser: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor] | None:
     """``attnkit.decode.search.best_continuations`` of ``log_probs (n·K, V)`` and ``scores (n, K)``, by
     blocks: a source's ``width`` best continuations lie in the ``width`` blocks, among all its beams'
     blocks of :data:`BLOCK` tokens, whose best continuation (the beam's score + the block's maximum) is
@@ -41,24 +43,39 @@ def best_by_blocks(log_probs: Tensor, scores: Tensor, width: int) -> tuple[Tenso
     best ``width`` of those blocks' entries, with the tokens after the last whole block (V not a
     multiple of BLOCK) taken as they are. Two rankings of a few hundred entries per source, where
     ``top_k`` ranks per beam and then per source: a tenth of a beam-5 step's time on a CPU. None off a
-    CPU or where the vocabulary holds too few blocks."""
+    CPU or where the vocabulary holds too few blocks.
+
+    ``normaliser``: ``log_probs`` are the logits still (with the tokens ruled out at ``-inf``), and
+    ``(maximum, log_sum)``, each ``(n·K,)``, the terms of their log-softmax, ``(x - maximum) -
+    log_sum``: it is applied only to the block maxima and the chosen blocks' entries, with the same
+    result as to every entry first, since it keeps each row's order (every rounding is monotone). A
+    compiled step ranks so (``attnkit.cpu.compiled.trace.RankedStep``): two passes over the logits
+    fewer than a log-softmax written out."""
     (n, K), V = scores.shape, log_probs.size(-1)
     if not log_probs.is_cpu or width * BLOCK * 4 > V:  # elsewhere, or too few blocks to pay: None
         return None
     blocks = V // BLOCK
+    every_row = torch.arange(n * K, device=scores.device)
+
+    def normalised(x: Tensor, rows: Tensor) -> Tensor:  # x (..., entries) of rows (...)
+        if normaliser is None:
+            return x
+        return (x - normaliser[0][rows][..., None]) - normaliser[1][rows][..., None]
+
     whole = log_probs[:, : blocks * BLOCK].unflatten(-1, (blocks, BLOCK))  # (n·K, blocks, BLOCK), a view
-    maxima = whole.amax(-1) + scores.view(-1, 1)  # (n·K, blocks): each block's best continuation
+    maxima = normalised(whole.amax(-1), every_row) + scores.view(-1, 1)  # (n·K, blocks): each block's best
     best_blocks = (
         first_k(maxima.view(n, K * blocks), width)[1].sort(dim=-1).values
     )  # (n, width): beam·blocks + block
     rows = torch.arange(n, device=scores.device)[:, None] * K + best_blocks // blocks  # (n, width)
-    inside = whole[rows, best_blocks % blocks] + scores.view(-1)[rows][..., None]  # (n, width, BLOCK)
+    inside = normalised(whole[rows, best_blocks % blocks], rows) + scores.view(-1)[rows][..., None]
+    # (n, width, BLOCK)
     offsets = torch.arange(BLOCK, device=scores.device)
     flat = (best_blocks // blocks * V + best_blocks % blocks * BLOCK)[..., None] + offsets  # beam·V + token
     candidates, flat = inside.flatten(1), flat.flatten(1)  # (n, width·BLOCK) each
     tail = V - blocks * BLOCK
     if tail:  # the last tokens, of every beam: (n, K·tail)
-        after = (log_probs[:, blocks * BLOCK :] + scores.view(-1, 1)).view(n, K * tail)
+        after = (normalised(log_probs[:, blocks * BLOCK :], every_row) + scores.view(-1, 1)).view(n, K * tail)
         beams = torch.arange(K, device=scores.device).repeat_interleave(tail)  # (K·tail,)
         tokens = blocks * BLOCK + torch.arange(tail, device=scores.device).repeat(K)  # (K·tail,)
         candidates = torch.cat([candidates, after], dim=1)

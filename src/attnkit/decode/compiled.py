@@ -2,7 +2,9 @@
 
 :class:`CompiledDecoding` is the model's own decoding (``model.decoding(src)``) with ``next_logits``
 swapped: the steps after the first, one new token per row at the step's beam width, run the compiled
-step; every other step runs the model as usual. The model knows nothing of it.
+step; every other step runs the model as usual. The model knows nothing of it. Beam search's compiled
+step ranks the continuations too (``ranked``, which ``decode/search.py``'s ``best_continuations``
+asks first): the search reads each source's best 2K rather than every row's logits.
 
 From the first compiled step on, the self-attention's keys and values live in a :class:`History`
 (buffers of one position per row and slots saying whose, as the compiled step reads them: see
@@ -25,6 +27,8 @@ from attnkit.cpu.compiled.cache import cache_folder
 from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.cpu.compiled.steps import all_built, compiled_step, to_build, weights_fingerprint
 from attnkit.cpu.compiled.trace import history_dtype
+from attnkit.data.tokenizer import SpecialIds
+from attnkit.decode.search import never_generated
 from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.nn.transformer import DecoderCache
 
@@ -142,8 +146,10 @@ def _keys_then_values(cache: DecoderCache) -> list[Tensor]:
 
 class CompiledDecoding(Seq2SeqDecoding):
     """``model.decoding(src)`` whose steps after the first, one new token per row at ``step``'s beam
-    width, run the compiled step; every other step (the first, which also computes the cross-attention
-    keys, or another beam width) runs the model as usual."""
+    width, run the compiled step: greedy search's through :meth:`next_logits`, beam search's through
+    :meth:`ranked` (its step ranks and returns no logits, so a beam-width decoding asked for logits
+    decodes them eagerly); every other step (the first, which also computes the cross-attention keys,
+    or another beam width) runs the model as usual."""
 
     def __init__(
         self,
@@ -163,6 +169,7 @@ class CompiledDecoding(Seq2SeqDecoding):
         self.history_dtype = dtype or history_dtype(model)
         self.history: History | None = None
         self.first_logits: Tensor | None = None  # (N, V): the first step's, computed with the memory
+        self.allowed: tuple[SpecialIds, Tensor] | None = None  # the ranking step's tokens ruled out
         if first is None or not use_cache:
             super().__init__(model, src, use_cache)
             return
@@ -182,23 +189,56 @@ class CompiledDecoding(Seq2SeqDecoding):
             if tokens.shape == (logits.size(0), 1) and bool((tokens == self.start_token).all()):
                 return logits
             self.cache = self.model.new_cache()  # not the start token after each source: decode them
+        inputs = self._step_inputs(tokens) if self.step_beams == 1 else None  # (beam search's step ranks)
+        if inputs is None:
+            self._leave_history()
+            return super().next_logits(tokens)
+        new, cached, crossed = inputs
+        logits, added = self.step(new, *cached, *crossed)
+        self.history.extend(added)  # type: ignore[union-attr]
+        return logits
+
+    def ranked(
+        self, tokens: Tensor, at_limit: Tensor, specials: SpecialIds, scores: Tensor, width: int
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """``attnkit.decode.search.best_continuations``, ranked in the compiled step (``trace.RankedStep``)
+        where it takes this step; None where the search must rank the logits itself (the first step,
+        an eager one, another width)."""
+        if self.first_logits is not None or self.step_beams == 1 or width != 2 * self.step_beams:
+            return None
+        inputs = self._step_inputs(tokens)
+        if inputs is None:
+            return None
+        new, cached, crossed = inputs
+        if self.allowed is None or self.allowed[0] != specials:  # (2, V): ever generated; </s> alone
+            allowed = torch.ones(2, self.model.tgt_vocab, dtype=torch.bool)
+            allowed[0, never_generated(specials)] = False
+            allowed[1] = False
+            allowed[1, specials.eos] = True
+            self.allowed = (specials, allowed)
+        best, beam, token, added = self.step(
+            new, *cached, scores.contiguous(), at_limit, self.allowed[1], *crossed
+        )
+        self.history.extend(added)  # type: ignore[union-attr]
+        return best, beam, token
+
+    def _step_inputs(self, tokens: Tensor) -> tuple[Tensor, tuple[Tensor, ...], list[Tensor]] | None:
+        """The compiled step's inputs for ``tokens``: the new tokens ``(R, 1)``; the slots, where each
+        row's own positions begin, the source mask and the history; the cross-attention's keys and
+        values. None where the step must run eagerly (not one new token, or another beam width)."""
         if self.history is not None and len(self.history) != tokens.size(1) - 1:
             self._leave_history()  # not one new token: the eager step, on the model's cache
         if self.history is None:
             cached = self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1
             if not (cached and self.beams == self.step_beams):
-                return super().next_logits(tokens)
+                return None
             self.history = History(self.cache, self.history_dtype)
         layers = self.cache.layers
         crossed = [layer.src_attn.key.contiguous() for layer in layers]  # (the sources kept: applied)
         crossed += [layer.src_attn.value.contiguous() for layer in layers]
         slots, history = self.history.step_inputs()
         first = self._firsts()  # where each row's own positions begin
-        logits, added = self.step(
-            tokens[:, -1:].contiguous(), slots, first, self.src_mask.contiguous(), history, *crossed
-        )
-        self.history.extend(added)
-        return logits
+        return tokens[:, -1:].contiguous(), (slots, first, self.src_mask.contiguous(), history), crossed
 
     def merge(self, other: Seq2SeqDecoding) -> None:
         """As ``Seq2SeqDecoding.merge``; with the history already made, ``other``'s keys and values go

@@ -169,10 +169,15 @@ def next_log_probs(
     return _only_allowed(log_probs, at_limit, specials)
 
 
+def never_generated(specials: SpecialIds) -> list[int]:
+    """The tokens no search generates: ``<pad>`` and ``<s>``, unless one of them is also ``</s>``."""
+    return sorted({specials.pad, specials.bos} - {specials.eos})
+
+
 def _only_allowed(scores: Tensor, at_limit: Tensor, specials: SpecialIds) -> Tensor:
     """``scores (N, V)`` with the tokens never generated, and every token but ``</s>`` in rows
     ``at_limit``, ruled out (``-inf``, in place)."""
-    scores[:, sorted({specials.pad, specials.bos} - {specials.eos})] = float("-inf")
+    scores[:, never_generated(specials)] = float("-inf")
     if at_limit.any():
         end = scores[at_limit, specials.eos]
         scores[at_limit] = float("-inf")
@@ -183,7 +188,9 @@ def _only_allowed(scores: Tensor, at_limit: Tensor, specials: SpecialIds) -> Ten
 def best_continuations(
     decoding: Decoding, tokens: Tensor, at_limit: Tensor, specials: SpecialIds, scores: Tensor, width: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The ``width`` best one-token continuations of each source's K beams, as beam search ranks them.
+    """The ``width`` best one-token continuations of each source's K beams, as beam search ranks them
+    (:func:`rank_continuations`; a decoding that offers ``ranked``, taking the same arguments, ranks
+    them in its own step where it can, and returns None where it cannot).
 
     ``tokens (n·K, t)`` are the beams (K consecutive rows per source), ``scores (n, K)`` their
     log-probabilities so far. A continuation's score is ``score + log p(token)``, with ``log p`` as
@@ -194,7 +201,17 @@ def best_continuations(
     among its beams' own best ``width`` tokens (:func:`attnkit.ranking.top_k`), so only those K·width
     are ranked.
     """
-    log_probs = next_log_probs(decoding, tokens, at_limit, specials)  # (n·K, V)
+    ranked = getattr(decoding, "ranked", None)  # a decoding whose step ranks too (decode/compiled.py)
+    found = ranked(tokens, at_limit, specials, scores, width) if ranked is not None else None
+    if found is not None:
+        return found
+    return rank_continuations(next_log_probs(decoding, tokens, at_limit, specials), scores, width)
+
+
+def rank_continuations(log_probs: Tensor, scores: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`best_continuations` of the next tokens' ``log_probs (n·K, V)`` (as :func:`next_log_probs`
+    gives them) and the beams' ``scores (n, K)``: ``(scores, beam, token)``, each ``(n, width)``, best
+    first. A compiled step traces it too (``attnkit.cpu.compiled.trace.RankedStep``)."""
     V, (n, K) = log_probs.size(-1), scores.shape
     by_blocks = best_by_blocks(log_probs, scores, width)  # on a CPU: see attnkit.cpu.search
     if by_blocks is not None:

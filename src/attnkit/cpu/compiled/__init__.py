@@ -36,6 +36,7 @@ The search takes the steps through ``attnkit.decode.compiled``, the model's own 
 ``next_logits`` swapped: the model knows nothing of it. Two steps are compiled: the first (``FirstStep``:
 the encoder, the start token's decoding and the cross-attention's keys, one row per source; the same
 for every beam width) and the next (``CachedStep``: one new token per row, one library per beam
-width). Models the trace cannot express stay eager (the copy mechanism, another device or dtype:
+width; for beam search ``RankedStep``, which ranks each source's continuations too and returns them in
+place of the logits). Models the trace cannot express stay eager (the copy mechanism, another device or dtype:
 :func:`~attnkit.cpu.compiled.build.compilable`).
 """

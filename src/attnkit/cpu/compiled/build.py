@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from attnkit.cpu.compiled.trace import CachedStep, FirstStep, example, first_example
+from attnkit.cpu.compiled.trace import CachedStep, FirstStep, RankedStep, example, first_example
 
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
@@ -69,7 +69,8 @@ def build(model: EncoderDecoder, beams: int, package: Path, serial: bool) -> Non
     if beams == FIRST_STEP:
         step, (inputs, shapes) = FirstStep(model), first_example(model)
     else:
-        step, (inputs, shapes) = CachedStep(model), example(model, beams)
+        step = CachedStep(model) if beams == 1 else RankedStep(model, beams)  # beam search's ranks
+        inputs, shapes = example(model, beams)
     with torch.no_grad():
         program = torch.export.export(step.eval(), inputs, dynamic_shapes=shapes)
         package.parent.mkdir(parents=True, exist_ok=True)

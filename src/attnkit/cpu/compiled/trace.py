@@ -24,6 +24,8 @@ from attnkit.attention.masks import padding_mask
 from attnkit.attention.multihead import KVCache
 from attnkit.cpu.attention import decoding_step
 from attnkit.cpu.linear import linear_precision
+from attnkit.cpu.search import best_by_blocks
+from attnkit.ranking import first_k
 
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
@@ -112,6 +114,49 @@ class CachedStep(nn.Module):
         return self.model.generator(hidden), added
 
 
+class RankedStep(CachedStep):
+    """:class:`CachedStep` that ranks instead of returning the logits, for beam search of ``beams`` rows
+    per source: with three inputs more before the cross-attention's, ``scores (N, beams)`` (each beam's
+    log-probability so far), ``at_limit (R,)`` (rows that may only end) and ``allowed (2, V)`` (the
+    tokens ever generated, and ``</s>`` alone), it returns ``(best scores (N, 2·beams), their beams,
+    their tokens, the new position's keys and values)``: each source's best 2·beams continuations, as
+    the search ranks the logits otherwise (``attnkit.decode.search.best_continuations``), computed
+    where the logits are made, with the log-softmax applied only to the entries the ranking reads
+    (``attnkit.cpu.search.best_by_blocks``' ``normaliser``)."""
+
+    def __init__(self, model: EncoderDecoder, beams: int) -> None:
+        super().__init__(model)
+        self.width = 2 * beams  # up to ``beams`` candidates may end in </s>
+
+    def forward(  # type: ignore[override]
+        self,
+        new: Tensor,
+        slots: Tensor,
+        first: Tensor,
+        src_mask: Tensor,
+        history: Tensor,
+        scores: Tensor,
+        at_limit: Tensor,
+        allowed: Tensor,
+        *crossed: Tensor,
+    ) -> tuple[Tensor, ...]:
+        logits, added = super().forward(new, slots, first, src_mask, history, *crossed)
+        logits = logits.float()  # (R, V)
+        maximum = logits.amax(-1)  # (R,): log_softmax = (logits - maximum) - log_sum, as torch's
+        log_sum = (logits - maximum[:, None]).exp().sum(-1).log()  # (R,)
+        # the tokens ruled out as the search rules them out (decode/search.py next_log_probs)
+        ever, only_end = allowed[0], allowed[1]  # (V,) each
+        logits = logits.masked_fill(~ever | (at_limit[:, None] & ~only_end), float("-inf"))
+        found = best_by_blocks(logits, scores, self.width, (maximum, log_sum))
+        if found is None:  # a vocabulary of few blocks: all K·V continuations of a source, ranked by the
+            # search's rule (ties to the first beam, then token: decode/search.py rank_continuations)
+            (n, K), V = scores.shape, logits.size(-1)
+            log_probs = (logits - maximum[:, None]) - log_sum[:, None]  # (R, V)
+            best, chosen = first_k((log_probs + scores.view(-1, 1)).view(n, K * V), self.width)
+            found = (best, chosen // V, chosen % V)  # (n, 2K) each
+        return (*found, added)
+
+
 def history_dtype(model: nn.Module) -> torch.dtype:
     """The dtype of the self-attention buffers the step of ``model`` reads: bfloat16 where its linear
     maps multiply in bf16 (the keys and values are products of such maps; half the bytes to read at
@@ -136,16 +181,20 @@ def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tupl
         torch.randint(0, length, (rows,)),
         torch.ones(rows, 1, source_len, dtype=torch.bool),
         torch.randn(length, 2 * n, slots, h, d_k, dtype=dtype),
-        *[torch.randn(sources, h, source_len, d_k) for _ in range(2 * n)],
     )
+    ranking = ()  # beam search's step ranks too (RankedStep): the beams' scores, the bounds, the tokens
+    if beams > 1:
+        allowed = torch.ones(2, model.tgt_vocab, dtype=torch.bool)
+        ranking = (torch.randn(sources, beams), torch.rand(rows) < 0.5, allowed)
+    inputs += ranking + tuple(torch.randn(sources, h, source_len, d_k) for _ in range(2 * n))
     N = Dim("sources", min=1, max=4096)
     R = N * beams if beams > 1 else N
     # a cached length leaves room for the new position; a source has at most max_len tokens
     cached, source = Dim("cached", min=1, max=c.max_len - 1), Dim("source_len", min=1, max=c.max_len)
     history = {0: cached, 2: Dim("slots", min=1, max=4096 * beams)}
-    shapes = ({0: R}, {0: R, 1: cached}, {0: R}, {0: R, 2: source}, history,
-              tuple([{0: N, 2: source}] * (2 * n)))  # fmt: skip
-    return inputs, shapes
+    shapes = ({0: R}, {0: R, 1: cached}, {0: R}, {0: R, 2: source}, history)
+    shapes += ({0: N}, {0: R}, None) if ranking else ()
+    return inputs, (*shapes, tuple([{0: N, 2: source}] * (2 * n)))
 
 
 def first_example(model: EncoderDecoder) -> tuple[tuple[Tensor, ...], tuple]:
