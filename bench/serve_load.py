@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 import httpx
+from keep_alive import KeepAlive
 from soak import CaptionerDialect, Dialect, GeneratorDialect, RecogniserDialect, soak
 
 from attnkit.checkpoint.folder import resolve_checkpoint
@@ -157,30 +158,50 @@ def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> 
 
 
 async def load(
-    url: str, body, answer, clients: int, seconds: float, sentences: list[str], count, expected=None
+    url: str,
+    body,
+    answer,
+    clients: int,
+    seconds: float,
+    sentences: list[str],
+    count,
+    expected=None,
+    lean: bool = True,
 ) -> dict:
     """``clients`` loops of request after request for ``seconds``; requests/s, tokens/s, latencies, and
-    with ``expected`` (each sentence's offline translation) how many answers differ from it."""
+    with ``expected`` (each sentence's offline translation) how many answers differ from it. Each client
+    has a keep-alive connection of its own (``lean``: bench/keep_alive.py; else httpx's pool)."""
     latencies, tokens, errors, turn, differ = [], [0], [0], [0], [0]
     deadline = time.perf_counter() + seconds
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(post) -> None:
         while time.perf_counter() < deadline:
             sentence = sentences[turn[0] % len(sentences)]
             turn[0] += 1
             began = time.perf_counter()
-            response = await http.post(url, json=body(sentence))
-            if response.status_code != 200:
+            status, answered = await post(body(sentence))
+            if status != 200:
                 errors[0] += 1
                 continue
             latencies.append(time.perf_counter() - began)
-            tokens[0] += count(answer(response.json()))
+            tokens[0] += count(answer(answered))
             if expected is not None:
-                differ[0] += answer(response.json()) != expected[sentence]
+                differ[0] += answer(answered) != expected[sentence]
 
     began = time.perf_counter()
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
-        await asyncio.gather(*(client(http) for _ in range(clients)))
+    if lean:
+        connections = [KeepAlive(url) for _ in range(clients)]
+        await asyncio.gather(*(client(connection.post) for connection in connections))
+        for connection in connections:
+            await connection.close()
+    else:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
+
+            async def post(payload):
+                response = await http.post(url, json=payload)
+                return response.status_code, response.json() if response.status_code == 200 else None
+
+            await asyncio.gather(*(client(post) for _ in range(clients)))
     elapsed = time.perf_counter() - began
     ordered = sorted(latencies) or [float("nan")]
     p50, p99 = statistics.median(ordered), ordered[int(0.99 * (len(ordered) - 1))]
@@ -192,31 +213,36 @@ async def load(
 async def poisson(url: str, body, rate: float, seconds: float, sentences: list[str], seed: int = 0) -> dict:
     """Requests arriving at ``rate`` per second in a Poisson process (exponential gaps, seeded) for
     ``seconds``, each sent at its time whatever is still unanswered (an open loop: MLPerf's server
-    scenario); each latency runs from its arrival to its answer, so a late send counts against it."""
+    scenario); each latency runs from its arrival to its answer, so a late send counts against it. Each
+    request takes an idle keep-alive connection (bench/keep_alive.py), or opens one."""
     gaps, latencies, errors = random.Random(seed), [], [0]
+    idle: list[KeepAlive] = []  # connections with no request in flight
 
-    async def one(http: httpx.AsyncClient, sentence: str, arrival: float) -> None:
+    async def one(sentence: str, arrival: float) -> None:
+        connection = idle.pop() if idle else KeepAlive(url)
         try:
-            response = await http.post(url, json=body(sentence))
-        except httpx.HTTPError:  # a connection refused or dropped by a server past its capacity
+            status, _ = await connection.post(body(sentence))
+        except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError):  # refused or
+            # dropped by a server past its capacity
             errors[0] += 1
+            await connection.close()
             return
-        if response.status_code != 200:
+        idle.append(connection)
+        if status != 200:
             errors[0] += 1
         else:
             latencies.append(time.perf_counter() - arrival)
 
-    # at most 512 connections (a request past them waits for one, its wait counted in its latency)
-    limits, timeout = httpx.Limits(max_connections=512), httpx.Timeout(120, pool=None)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
-        sent, start, at = [], time.perf_counter(), 0.0
-        while at < seconds:
-            wait = start + at - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            sent.append(asyncio.create_task(one(http, sentences[len(sent) % len(sentences)], start + at)))
-            at += gaps.expovariate(rate)
-        await asyncio.gather(*sent)
+    sent, start, at = [], time.perf_counter(), 0.0
+    while at < seconds:
+        wait = start + at - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        sent.append(asyncio.create_task(one(sentences[len(sent) % len(sentences)], start + at)))
+        at += gaps.expovariate(rate)
+    await asyncio.gather(*sent)
+    for connection in idle:
+        await connection.close()
     ordered = sorted(latencies) or [float("nan")]
     return {"rate": rate, "sent": len(sent), "errors": errors[0], "p50": statistics.median(ordered) * 1e3,
             "p99": ordered[int(0.99 * (len(ordered) - 1))] * 1e3}  # fmt: skip
@@ -331,6 +357,10 @@ def main() -> None:
         "--threads", type=int, default=os.cpu_count() or 1, help="torch / CTranslate2 threads"
     )
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--client", choices=["lean", "httpx"], default="lean",
+                        help="the closed-loop clients' HTTP: a keep-alive connection each, written and read "
+                        "by hand (bench/keep_alive.py: little CPU beside the server, as the Poisson "
+                        "scenario's), or httpx's AsyncClient (about 2 ms of CPU a request)")  # fmt: skip
     parser.add_argument("--engines", default="attnkit",
                         help="attnkit serve's engines to measure, in turn: attnkit, ctranslate2 (the "
                         "exported weights) or both, comma-separated; the soak runs on the first")  # fmt: skip
@@ -367,7 +397,8 @@ def main() -> None:
     levels = [int(c) for c in args.clients.split(",")]
     engines = args.engines.split(",")
     print(f"{len(sentences)} sentences from {source}; beam {args.beam}; {args.threads} threads; "
-          f"{args.seconds:g} s per level; attnkit serve {' '.join(args.server_option)}")  # fmt: skip
+          f"{args.seconds:g} s per level; {args.client} clients; attnkit serve "
+          f"{' '.join(args.server_option)}")  # fmt: skip
     results: dict[tuple[str, int], dict] = {}
     alone = offline(args.ckpt, sentences, args.beam, args.server_option) if "attnkit" in engines else None
     if alone is not None:
@@ -401,7 +432,8 @@ def main() -> None:
                     before = cpu_seconds(server.pid)
                     results[(engine, clients)] = asyncio.run(load(
                         f"{url}/translator/translate", lambda s: [{"src": s}], lambda r: r[0][0]["tgt"],
-                        clients, args.seconds, sentences, count, expected))  # fmt: skip
+                        clients, args.seconds, sentences, count, expected,
+                        lean=args.client == "lean"))  # fmt: skip
                     results[(engine, clients)]["cores"] = cores_used(before, cpu_seconds(server.pid))
                 if args.scenario_seconds and alone is not None:
                     scenarios[engine] = server_scenario(
@@ -421,7 +453,7 @@ def main() -> None:
                 for clients in levels:
                     results[("peer", clients)] = asyncio.run(load(
                         f"{url}/translate", lambda s: {"src": s}, lambda r: r["tgt"], clients,
-                        args.seconds, sentences, count))  # fmt: skip
+                        args.seconds, sentences, count, lean=args.client == "lean"))  # fmt: skip
                 if args.scenario_seconds and alone is not None:
                     scenarios["peer"] = server_scenario(
                         f"{url}/translate", lambda s: {"src": s}, alone["rate"], args.p99_bound_ms,

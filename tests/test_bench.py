@@ -432,3 +432,47 @@ def test_the_app_cost_benchmark_times_the_servers_app_against_a_plain_fastapi_en
     )
     assert ours and peer and ratio, result.stdout
     assert int(ours[1]) > 0 and int(peer[1]) > 0 and float(ratio[1]) > 0
+
+
+def test_the_load_generators_client_keeps_its_connection_and_reopens_one_the_server_closes():
+    """bench/keep_alive.py, the closed-loop clients' HTTP: requests go over one connection, each answer
+    is read by its length whatever its status, and a connection the server closes (``connection:
+    close``) is opened again for the next request."""
+    import asyncio
+
+    sys.path.insert(0, str(BENCH))
+    from keep_alive import KeepAlive
+
+    connections = []
+
+    async def serve(reader, writer):
+        connections.append(writer)
+        while not reader.at_eof():
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the client closed it
+                break
+            sent = json.loads(await reader.readexactly(int(re.search(rb"Content-Length: (\d+)", head)[1])))
+            answer = json.dumps({"echo": sent["n"]}).encode()
+            status = b"422 Unprocessable Content" if sent["n"] == 2 else b"200 OK"
+            closing = sent["n"] == 1
+            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(answer)).encode() + b"\r\n" + b"connection: close\r\n" * closing
+                         + b"\r\n" + answer)  # fmt: skip
+            await writer.drain()
+            if closing:
+                break
+        writer.close()
+
+    async def exchange():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        client = KeepAlive(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/translate")
+        answers = [await client.post({"n": n}) for n in range(5)]
+        await client.close()
+        server.close()
+        return answers
+
+    answers = asyncio.run(exchange())
+    assert answers == [(200, {"echo": 0}), (200, {"echo": 1}), (422, {"echo": 2}), (200, {"echo": 3}),
+                       (200, {"echo": 4})]  # fmt: skip
+    assert len(connections) == 2  # the second opened after the server closed the first
