@@ -42,14 +42,22 @@ class KeepAlive:
             f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
-        if not status_line:  # the server closed the connection before answering
+        for fresh in (self.writer is None, True):  # a kept connection once, then a new one
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            assert self.reader is not None
+            try:
+                self.writer.write(head + body)
+                status_line = await self.reader.readline()
+            except ConnectionResetError:
+                status_line = b""
+            if status_line:
+                break
+            # closed before any answer: a kept connection the server let go while it was idle (uvicorn
+            # closes one after 5 s) never saw the request, so it goes again on a new one
             await self.close()
-            raise ConnectionError(f"{self.host}:{self.port} closed the connection")
+            if fresh:
+                raise ConnectionError(f"{self.host}:{self.port} closed the connection before answering")
         status, length, closing = int(status_line.split()[1]), 0, False
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
