@@ -217,17 +217,20 @@ async def poisson(url: str, body, rate: float, seconds: float, sentences: list[s
     request takes an idle keep-alive connection (bench/keep_alive.py), or opens one."""
     gaps, latencies, errors = random.Random(seed), [], [0]
     idle: list[KeepAlive] = []  # connections with no request in flight
+    # at most 512 connections (a request past them waits for one, its wait counted in its latency)
+    connections = asyncio.Semaphore(512)
 
     async def one(sentence: str, arrival: float) -> None:
-        connection = idle.pop() if idle else KeepAlive(url)
-        try:
-            status, _ = await connection.post(body(sentence))
-        except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError):  # refused or
-            # dropped by a server past its capacity
-            errors[0] += 1
-            await connection.close()
-            return
-        idle.append(connection)
+        async with connections:
+            connection = idle.pop() if idle else KeepAlive(url)
+            try:
+                status, _ = await connection.post(body(sentence))
+            except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError):  # refused
+                # or dropped by a server past its capacity
+                errors[0] += 1
+                await connection.close()
+                return
+            idle.append(connection)
         if status != 200:
             errors[0] += 1
         else:

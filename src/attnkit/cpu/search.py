@@ -49,8 +49,8 @@ def best_by_blocks(
     ``(maximum, log_sum)``, each ``(n·K,)``, the terms of their log-softmax, ``(x - maximum) -
     log_sum``: it is applied only to the block maxima and the chosen blocks' entries, with the same
     result as to every entry first, since it keeps each row's order (every rounding is monotone). A
-    compiled step ranks so (``attnkit.cpu.compiled.trace.RankedStep``): two passes over the logits
-    fewer than a log-softmax written out."""
+    compiled step ranks so (``attnkit.cpu.compiled.trace.RankedStep``): the log-probabilities are never
+    written out over the whole ``(n·K, V)`` matrix."""
     (n, K), V = scores.shape, log_probs.size(-1)
     if not log_probs.is_cpu or width * BLOCK * 4 > V:  # elsewhere, or too few blocks to pay: None
         return None

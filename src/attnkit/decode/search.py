@@ -58,7 +58,8 @@ class Decoding(Protocol):
     rows that began at other steps have joined (``merge``, continuous batching), it may forget
     positions no row reads any more (the padding before every row's tokens) and returns how many:
     the search drops as many leading columns of its tokens. ``next_logits`` returns a tensor of its
-    own making, which search may overwrite."""
+    own making, which search may overwrite. A decoding may also offer ``ranked``, beam search's ranking
+    of the continuations done in its own step (:func:`best_continuations` asks it first)."""
 
     def next_logits(self, tokens: Tensor) -> Tensor: ...
 
@@ -211,7 +212,7 @@ def best_continuations(
 def rank_continuations(log_probs: Tensor, scores: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`best_continuations` of the next tokens' ``log_probs (n·K, V)`` (as :func:`next_log_probs`
     gives them) and the beams' ``scores (n, K)``: ``(scores, beam, token)``, each ``(n, width)``, best
-    first. A compiled step traces it too (``attnkit.cpu.compiled.trace.RankedStep``)."""
+    first. A compiled beam step ranks by the same rule (``attnkit.cpu.compiled.trace.RankedStep``)."""
     V, (n, K) = log_probs.size(-1), scores.shape
     by_blocks = best_by_blocks(log_probs, scores, width)  # on a CPU: see attnkit.cpu.search
     if by_blocks is not None:

@@ -37,6 +37,6 @@ The search takes the steps through ``attnkit.decode.compiled``, the model's own 
 the encoder, the start token's decoding and the cross-attention's keys, one row per source; the same
 for every beam width) and the next (``CachedStep``: one new token per row, one library per beam
 width; for beam search ``RankedStep``, which ranks each source's continuations too and returns them in
-place of the logits). Models the trace cannot express stay eager (the copy mechanism, another device or dtype:
-:func:`~attnkit.cpu.compiled.build.compilable`).
+place of the logits). Models the trace cannot express stay eager (the copy mechanism, another device
+or dtype: :func:`~attnkit.cpu.compiled.build.compilable`).
 """
