@@ -150,12 +150,12 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
 @contextlib.contextmanager
 def timed_parts() -> Iterator[dict[str, list[float]]]:
     """While open, each part of the searches in this process as ``[seconds, calls, items, ...]``:
-    ``encoding`` (``ready_sources``; items: sources), ``steps`` (the decoder's ``next_logits``; items:
-    rows, then the keys its rows' attention reads, summed over the rows: the positions decoded so far,
-    padding included, and the source's) and ``iterations`` (``RunningTranslations.iterate``); a call
-    inside another of its part (an eager step under a compiled decoding's) counts once, and a compiled
-    decoding's first ``next_logits`` not at all (it hands over the logits that the compiled first step
-    computed while encoding)."""
+    ``encoding`` (``ready_sources``; items: sources), ``steps`` (the decoder's ``next_logits``, or beam
+    search's compiled step with its ranking, ``ranked``; items: rows, then the keys its rows' attention
+    reads, summed over the rows: the positions decoded so far, padding included, and the source's) and
+    ``iterations`` (``RunningTranslations.iterate``); a call inside another of its part (an eager step
+    under a compiled decoding's) counts once, and a compiled decoding's first ``next_logits`` not at
+    all (it hands over the logits that the compiled first step computed while encoding)."""
     import attnkit.decode.continuous as continuous
     import attnkit.decode.translate as translating
     from attnkit.decode.compiled import CompiledDecoding
@@ -196,6 +196,9 @@ def timed_parts() -> Iterator[dict[str, list[float]]]:
     timing(Seq2SeqDecoding, "next_logits", "steps", lambda args: args[1].size(0), more=keys)
     computes = lambda args: args[0].first_logits is None  # noqa: E731 (not the first step's, handed over)
     timing(CompiledDecoding, "next_logits", "steps", lambda args: args[1].size(0), computes, keys)
+    # beam search's compiled step ranks too (CompiledDecoding.ranked: the step and its ranking)
+    ranks = lambda args: computes(args) and args[0].step_beams > 1  # noqa: E731
+    timing(CompiledDecoding, "ranked", "steps", lambda args: args[1].size(0), ranks, keys)
     timing(continuous.RunningTranslations, "iterate", "iterations", lambda args: 0)
     try:
         yield parts

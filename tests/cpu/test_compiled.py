@@ -364,3 +364,35 @@ def test_beam_searchs_compiled_step_ranks_by_blocks_as_the_search_does(cache, mo
         alone = beam_search(model, src[i : i + 1, : int((src[i] != ids.pad).sum())], ids, search,
                             decoding=decoding)  # fmt: skip
         assert [(h.tokens, h.score) for h in alone[0]] == [(h.tokens, h.score) for h in found[i]]
+
+
+def test_a_cached_step_of_another_layout_is_refused_with_a_line_not_called(cache, model_and_tokenizer):
+    """A package under a step's key that takes other inputs (built by a development attnkit that kept
+    the version and the layout's number) would abort the process when called: it is refused as it
+    loads, with one line that says how to clear it, and the search decodes with the model's own steps."""
+    import shutil as files
+
+    model, tokenizer = model_and_tokenizer
+    greedy = steps.compiled_step(model, 1, True)  # (built by an earlier test, or now)
+    beam = steps.compiled_step(model, 3, True)
+    assert greedy is not None and beam is not None and greedy.inputs != beam.inputs
+    package = steps.step_package(model, 3, True)
+    kept = package.with_name("kept.pt2")
+    files.move(package, kept)
+    files.move(package.with_suffix(".unpacked"), kept.with_suffix(".unpacked"))
+    files.copy(steps.step_package(model, 1, True), package)  # greedy's step under beam 3's key
+    notes = []
+    try:
+        steps._BUILT.pop(model, None)  # (as a new process)
+        assert steps.compiled_step(model, 3, True, warn=notes.append, may_build=False) is None
+        texts = copy(4, seed=13, max_length=6).src
+        eager = translate(model, tokenizer, texts, DecodeConfig(steps="eager"), beam_size=3)
+        assert translate(model, tokenizer, texts, DecodeConfig(steps="compiled"), beam_size=3) == eager
+    finally:
+        package.unlink()
+        files.rmtree(package.with_suffix(".unpacked"), ignore_errors=True)
+        files.move(kept, package)
+        files.move(kept.with_suffix(".unpacked"), package.with_suffix(".unpacked"))
+        steps._BUILT.pop(model, None)
+    said = f"takes {greedy.inputs} inputs where this attnkit passes {beam.inputs}"
+    assert len(notes) == 1 and said in notes[0] and "attnkit cache clear" in notes[0]

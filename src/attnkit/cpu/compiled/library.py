@@ -27,9 +27,10 @@ class CompiledStep:
         )
         if created != 0:
             raise RuntimeError(f"{library}: the compiled step did not load")
-        outputs = ctypes.c_size_t()
+        outputs, inputs = ctypes.c_size_t(), ctypes.c_size_t()
         self._library.AOTInductorModelContainerGetNumOutputs(self._container, ctypes.byref(outputs))
-        self._outputs = outputs.value
+        self._library.AOTInductorModelContainerGetNumInputs(self._container, ctypes.byref(inputs))
+        self._outputs, self.inputs = outputs.value, inputs.value  # (a call with other inputs aborts)
         run = self._library.AOTInductorModelContainerRun
         pointers = ctypes.POINTER(ctypes.c_void_p)
         # (container, inputs, how many, outputs, how many, stream, proxy executor)

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from attnkit.cpu.compiled.build import build, compilable, missing_compiler
+from attnkit.cpu.compiled.build import FIRST_STEP, build, compilable, missing_compiler
 from attnkit.cpu.compiled.cache import cache_folder, cache_key, prune_cache
 from attnkit.cpu.compiled.library import CompiledStep
+from attnkit.cpu.compiled.trace import example, first_example
 
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
@@ -133,6 +134,13 @@ def compiled_step(
             os.utime(package)  # used now: the cache keeps the most recently used steps
             prune_cache(keep=package)
             step = CompiledStep(package, copies=max(2, torch.get_num_threads()))  # one per stream
+            expected = len(first_example(model)[0] if beams == FIRST_STEP else example(model, beams)[0])
+            if step.inputs != expected:  # a step of another layout under this key (a development build
+                # that kept attnkit's version and the layout's number): called, it would abort the process
+                raise RuntimeError(
+                    f"{package} takes {step.inputs} inputs where this attnkit passes {expected} (built by "
+                    "another attnkit); attnkit cache clear deletes it"
+                )
         except Exception as error:  # any failure of the compiler or loader: decode as usual
             if warn is not None:
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
