@@ -64,3 +64,22 @@ def top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     values, at = first_k(candidates, k)  # (N, k) each
     in_block = best_blocks.gather(1, (at // block).clamp(max=k - 1)) * block + at % block
     return values, torch.where(at < k * block, in_block, blocks * block + at - k * block)
+
+
+def best_continuations_by_top_k(
+    log_probs: Tensor, scores: Tensor, width: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``width`` best continuations of each source's K beams, ``(scores, beam, token)`` each ``(n,
+    width)``, best first, from the next tokens' ``log_probs (n·K, V)`` and the beams' ``scores (n,
+    K)``: a source's best ``width`` continuations are among its beams' own best ``width`` tokens
+    (:func:`top_k`), so only those K·width are ranked, ties to the first beam, then token (beam
+    search's rule: ``attnkit.decode.search.rank_continuations``, and a compiled beam step's where its
+    vocabulary is too small to rank by blocks)."""
+    V, (n, K) = log_probs.size(-1), scores.shape
+    top_log_probs, top_tokens = top_k(log_probs, min(width, V))  # (n·K, w) each
+    w = top_log_probs.size(-1)
+    candidates = (top_log_probs + scores.view(-1, 1)).view(n, K * w)
+    beams = torch.arange(K, device=scores.device).repeat_interleave(w)  # (K·w,): each candidate's beam
+    flat = beams * V + top_tokens.reshape(n, K * w)  # (n, K·w): beam·V + token, the order ties go by
+    best, chosen = first_k(candidates, min(width, K * w), flat)  # (n, width) each
+    return best, chosen // V, chosen % V

@@ -42,7 +42,7 @@ from attnkit.cpu.search import best_by_blocks, block_argmax, log_softmax_in_plac
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.models.decoding import stacked
 from attnkit.models.seq2seq import EncoderDecoder
-from attnkit.ranking import first_k, top_k
+from attnkit.ranking import best_continuations_by_top_k
 
 # log-probabilities (n, V) and which of the N rows they are (n,) -> the next token of each (n,)
 Choose = Callable[[Tensor, Tensor], Tensor]
@@ -213,17 +213,10 @@ def rank_continuations(log_probs: Tensor, scores: Tensor, width: int) -> tuple[T
     """:func:`best_continuations` of the next tokens' ``log_probs (n·K, V)`` (as :func:`next_log_probs`
     gives them) and the beams' ``scores (n, K)``: ``(scores, beam, token)``, each ``(n, width)``, best
     first. A compiled beam step ranks by the same rule (``attnkit.cpu.compiled.trace.RankedStep``)."""
-    V, (n, K) = log_probs.size(-1), scores.shape
     by_blocks = best_by_blocks(log_probs, scores, width)  # on a CPU: see attnkit.cpu.search
     if by_blocks is not None:
         return by_blocks
-    top_log_probs, top_tokens = top_k(log_probs, min(width, V))  # (n·K, w) each
-    w = top_log_probs.size(-1)
-    candidates = (top_log_probs + scores.view(-1, 1)).view(n, K * w)
-    beams = torch.arange(K, device=scores.device).repeat_interleave(w)  # (K·w,): each candidate's beam
-    flat = beams * V + top_tokens.reshape(n, K * w)  # (n, K·w): beam·V + token, the order ties go by
-    best, chosen = first_k(candidates, min(width, K * w), flat)  # (n, width) each
-    return best, chosen // V, chosen % V
+    return best_continuations_by_top_k(log_probs, scores, width)
 
 
 def extend(

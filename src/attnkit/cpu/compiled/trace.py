@@ -25,7 +25,7 @@ from attnkit.attention.multihead import KVCache
 from attnkit.cpu.attention import decoding_step
 from attnkit.cpu.linear import linear_precision
 from attnkit.cpu.search import best_by_blocks
-from attnkit.ranking import first_k
+from attnkit.ranking import best_continuations_by_top_k
 
 if TYPE_CHECKING:
     from attnkit.models.seq2seq import EncoderDecoder
@@ -148,12 +148,9 @@ class RankedStep(CachedStep):
         ever, only_end = allowed[0], allowed[1]  # (V,) each
         logits = logits.masked_fill(~ever | (at_limit[:, None] & ~only_end), float("-inf"))
         found = best_by_blocks(logits, scores, self.width, (maximum, log_sum))
-        if found is None:  # a vocabulary of few blocks: all K·V continuations of a source, ranked by the
-            # search's rule (ties to the first beam, then token: decode/search.py rank_continuations)
-            (n, K), V = scores.shape, logits.size(-1)
+        if found is None:  # a vocabulary of few blocks: every log-probability, ranked as the search does
             log_probs = (logits - maximum[:, None]) - log_sum[:, None]  # (R, V)
-            best, chosen = first_k((log_probs + scores.view(-1, 1)).view(n, K * V), self.width)
-            found = (best, chosen // V, chosen % V)  # (n, 2K) each
+            found = best_continuations_by_top_k(log_probs, scores, self.width)
         return (*found, added)
 
 
