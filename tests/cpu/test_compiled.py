@@ -85,7 +85,7 @@ def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_
             model, tokenizer, texts, DecodeConfig(batch_size=7, steps="compiled"), n_best=2, beam_size=beam
         )
         assert [[text for text, _ in b] for b in found] == [[text for text, _ in b] for b in best]
-        scores = [score for b in found for _, score in b], [score for b in best for _, score in b]
+        scores = [score for b in found for _, score, _ in b], [score for b in best for _, score, _ in b]
         torch.testing.assert_close(*map(torch.tensor, scores), rtol=1e-5, atol=1e-5)
 
 
@@ -322,7 +322,7 @@ def test_a_running_batch_takes_compiled_steps_once_they_are_built_beside_it(
     expected = [best for bests in eager + compiled for best in bests]
     assert [text for text, _ in found] == [text for text, _ in expected]
     # (this model's linear maps are plain ones, whose sums depend on the rows: ready_for_inference's don't)
-    assert [score for _, score in found] == pytest.approx([score for _, score in expected], abs=1e-5)
+    assert [score for _, score, _ in found] == pytest.approx([score for _, score, _ in expected], abs=1e-5)
 
 
 def test_beam_searchs_compiled_step_ranks_by_blocks_as_the_search_does(cache, monkeypatch):

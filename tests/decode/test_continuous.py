@@ -54,8 +54,8 @@ def _run(running: RunningTranslations, arrivals: dict[int, list], leaving: dict[
 
 
 def _assert_same(found, expected):
-    assert [text for text, _ in found] == [text for text, _ in expected]
-    for (_, score), (_, wanted) in zip(found, expected, strict=True):
+    assert [(text, tokens) for text, _, tokens in found] == [(text, tokens) for text, _, tokens in expected]
+    for (_, score, _), (_, wanted, _) in zip(found, expected, strict=True):
         assert score == pytest.approx(wanted, abs=1e-5)
 
 

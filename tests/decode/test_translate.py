@@ -50,13 +50,14 @@ def test_n_best_scores_are_each_translations_normalised_log_probability(model_an
     decode = DecodeConfig(batch_size=4, streams=1, length_penalty=penalty, alpha=alpha)
     found = translate(model, tokenizer, texts, decode, n_best=3, beam_size=4)
     assert translate(model, tokenizer, texts, decode, beam_size=4) == [best[0][0] for best in found]
-    assert len({len(translation.split()) for best in found for translation, _ in best}) > 2  # lengths vary
+    assert len({len(translation.split()) for best in found for translation, *_ in best}) > 2  # lengths vary
     for text, best in zip(texts, found, strict=True):
-        assert len(best) == 3 and [score for _, score in best] == sorted(
-            (score for _, score in best), reverse=True
+        assert len(best) == 3 and [score for _, score, _ in best] == sorted(
+            (score for _, score, _ in best), reverse=True
         )
-        for translation, score in best:
-            length = len(tokenizer.encode(translation)) + 1
+        for translation, score, tokens in best:
+            assert tokens == len(tokenizer.encode(translation))  # the ids it was found as, </s> not counted
+            length = tokens + 1
             lp = length**alpha if penalty == "length" else ((5 + length) / 6) ** alpha
             assert score == pytest.approx(
                 _log_probability(model, tokenizer, text, translation) / lp, abs=1e-4
@@ -91,8 +92,9 @@ def test_ctranslate2s_n_best_scores_follow_its_own_formula(model_and_tokenizer, 
     kinds = set()
     for text, best in zip(texts, found, strict=True):
         assert len(best) == 3
-        for translation, score in best:
+        for translation, score, tokens in best:
             length = len(tokenizer.encode(translation))
+            assert tokens == length  # the ids CTranslate2 found it as, </s> not counted
             cut = length == int(1.5 * (len(tokenizer.encode(text)) + 1) + 10) - 1  # at the bound: no </s>
             kinds.add(cut)
             expected = _log_probability(model, tokenizer, text, translation, not cut, (s.pad, s.bos))

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 'attnkit[serve]'")
 from fastapi.routing import APIRoute
 
+from attnkit.decode.search import Translation
 from attnkit.serve.app import make_app
 from attnkit.serve.captioner import ServedCaptioner
 from attnkit.serve.ctranslate2 import EngineDecoder, EngineTranslator
@@ -79,9 +80,6 @@ class _Translator:
     def positions(self, tokens, settings):
         return sum(tokens) * settings.beam
 
-    def output_tokens(self, text):
-        return self.tokens([text])[0]
-
 
 class _Batcher:
     def waiting(self):
@@ -89,7 +87,9 @@ class _Batcher:
 
     def submit(self, inputs, settings, tokens, positions):
         future = asyncio.get_running_loop().create_future()
-        future.set_result([[(text.upper(), -1.0)] * settings.n_best for text in inputs])
+        # each output its source in capitals, with as many tokens as words (as the engine counts them)
+        found = [[Translation(text.upper(), -1.0, len(text.split()))] * settings.n_best for text in inputs]
+        future.set_result(found)
         return future
 
 
@@ -132,12 +132,12 @@ def test_a_server_that_does_not_translate_takes_no_translate_requests_past_its_r
     assert answer.status_code == 404 and answer.json()["kind"] == "not_found"
 
 
-def test_the_metrics_count_the_tokens_of_every_output_returned():
+def test_the_metrics_count_the_tokens_the_engine_generated_for_every_output_returned():
     from fastapi.testclient import TestClient
 
     app = _serving_app(ServedTranslator)
     client = TestClient(app)
     for source in ["a dog", "two black cats"]:
         assert client.post("/translator/translate", json=[{"src": source, "n_best": 2}]).status_code == 200
-    # each output its words and </s>, as the stub counts: 2 × 3 + 2 × 4
-    assert app.state.server.metrics.registry.get_sample_value("attnkit_output_tokens_total") == 14.0
+    # each of the n_best outputs its words, as the engine counted them: 2 × 2 + 2 × 3
+    assert app.state.server.metrics.registry.get_sample_value("attnkit_output_tokens_total") == 10.0

@@ -38,6 +38,7 @@ from attnkit.errors import AttnkitError
 from attnkit.models import archs
 
 if TYPE_CHECKING:
+    from attnkit.decode.search import Translation
     from attnkit.processes import World
 
 
@@ -131,11 +132,13 @@ def check_n_best(n_best: int, beam: int) -> None:
         ) from None
 
 
-def n_best_lines(found: list[list[tuple[str, float]]], first: int) -> list[str]:
+def n_best_lines(found: list[list[Translation]], first: int) -> list[str]:
     """``LINE ||| TRANSLATION ||| SCORE`` for each hypothesis of each line (LINE from 0; ``first`` is the
     number of the part's first line, from 1)."""
     return [
-        f"{first - 1 + i} ||| {text} ||| {score:.4f}" for i, best in enumerate(found) for text, score in best
+        f"{first - 1 + i} ||| {text} ||| {score:.4f}"
+        for i, best in enumerate(found)
+        for text, score, _ in best
     ]
 
 

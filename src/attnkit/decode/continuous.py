@@ -46,7 +46,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import Beams
 from attnkit.decode.generate import TextStream
-from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search
+from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search, Translation
 from attnkit.decode.starts import (
     SourceDecoding,
     encode_prompts,
@@ -57,6 +57,7 @@ from attnkit.decode.starts import (
     serving,
     source_decoding,
 )
+from attnkit.decode.translate import translation
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -64,8 +65,8 @@ from attnkit.models.seq2seq import EncoderDecoder
 LOOK_AGAIN_S = 1.0
 # what a caller calls each source it hands in, and hears back when its translation is done
 Key = Hashable
-# a source's n_best translations and their scores, best first (translate's n_best output)
-Translations = list[tuple[str, float]]
+# a source's n_best translations, best first (translate's n_best output)
+Translations = list[Translation]
 
 
 @dataclass
@@ -126,7 +127,7 @@ class RunningTranslations:
             done += self.running[batch].step()
             if not self.running[batch].sources:
                 del self.running[batch]
-        return [(key, [(self.tokenizer.decode(h.tokens), h.score) for h in found]) for key, found in done]
+        return [(key, [translation(self.tokenizer, h) for h in found]) for key, found in done]
 
     def _join(
         self, settings: BeamSettings, how: SourceDecoding, sources: list[tuple[Key, list[int]]]

@@ -40,7 +40,7 @@ from attnkit.data.batching import length_batches
 from attnkit.data.text_blocks import stream_blocks, text_ids
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.generate import NOBODY, Listening, OnText, TextStream
-from attnkit.decode.search import BeamSettings
+from attnkit.decode.search import BeamSettings, Translation
 from attnkit.decode.starts import encode_prompts, room
 from attnkit.decode.streams import stream_count
 from attnkit.errors import AttnkitError
@@ -151,23 +151,23 @@ class CTranslate2Translator(_ExportedFolder):
         n_best: int,
         beam_size: int | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> list[list[tuple[str, float]]]:
-        """The ``n_best`` best translations of each text with their scores, best first (none for an empty
-        line), as attnkit's ``translate`` with ``n_best``, with CTranslate2's scores (see the module
-        docstring). Otherwise as :meth:`translate`."""
+    ) -> list[list[Translation]]:
+        """The ``n_best`` best translations of each text with their scores and token counts, best first
+        (none for an empty line), as attnkit's ``translate`` with ``n_best``, with CTranslate2's scores
+        (see the module docstring). Otherwise as :meth:`translate`."""
         return self._hypotheses(texts, beam_size, n_best, progress)
 
     def _hypotheses(
         self, texts: list[str], beam_size: int | None, n_best: int, progress: Callable[[int], None] | None
-    ) -> list[list[tuple[str, float]]]:
-        """Each text's hypotheses and their scores, best first: the best alone and unscored (``n_best``
-        0), or ``n_best`` of them, scored."""
+    ) -> list[list[Translation]]:
+        """Each text's hypotheses, their scores and token counts, best first: the best alone and unscored
+        (``n_best`` 0), or ``n_best`` of them, scored."""
         tokenizer, decode = self.tokenizer, self.decode
         beam = BeamSettings(decode.beam_size if beam_size is None else beam_size, max(n_best, 1)).beam
         eos = self._token_names([tokenizer.specials.eos])
         sources = [self._token_names(ids) + eos for ids in tokenizer.encode_batch(texts)]
         todo = [i for i, text in enumerate(texts) if text.strip()]
-        found: list[list[tuple[str, float]]] = [[] for _ in texts]
+        found: list[list[Translation]] = [[] for _ in texts]
         pending = []
         for batch in length_batches(todo, [len(source) for source in sources], decode.batch_size):
             # attnkit's bound counts the </s> that ends an output, CTranslate2's does not
@@ -178,7 +178,7 @@ class CTranslate2Translator(_ExportedFolder):
                     ended = self.model.score_batch([sources[i] for i in batch], [[]] * len(batch))
                     scores = [sum(result.log_probs) for result in ended]
                 for i, score in zip(batch, scores, strict=True):
-                    found[i] = [("", score)]
+                    found[i] = [Translation("", score, 0)]
                 continue
             results = self.model.translate_batch(
                 [sources[i] for i in batch],
@@ -198,8 +198,10 @@ class CTranslate2Translator(_ExportedFolder):
             for i, result in zip(batch, results, strict=True):
                 result = result.result()
                 scores = result.scores if n_best else [float("nan")]
-                outputs = [tokenizer.decode(self._ids(hypothesis)) for hypothesis in result.hypotheses]
-                found[i] = list(zip(outputs, scores, strict=True))
+                found[i] = [
+                    Translation(tokenizer.decode(self._ids(hypothesis)), score, len(hypothesis))
+                    for hypothesis, score in zip(result.hypotheses, scores, strict=True)
+                ]
             if progress is not None:
                 progress(len(batch))
         return found

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -140,6 +140,16 @@ class Search:
 class Hypothesis:
     tokens: list[int]  # generated ids, without the prefix (<s> or the prompt) and without </s>
     score: float  # length-normalised log-probability
+
+
+class Translation(NamedTuple):
+    """A hypothesis as its reader gets it (``translate`` with ``n_best``, a server's answer): its text,
+    its score, and ``tokens``, how many tokens the model generated for it (``</s>`` not counted): what a
+    server counts as output tokens, from the search itself rather than by tokenising the text again."""
+
+    text: str
+    score: float
+    tokens: int
 
 
 def length_penalty(length: int, alpha: float, kind: str = "length") -> float:

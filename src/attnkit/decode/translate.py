@@ -13,7 +13,7 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam
-from attnkit.decode.search import BeamSettings, Hypothesis, Search, argmax, extend
+from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
 from attnkit.decode.starts import encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import device_of
@@ -56,7 +56,7 @@ def translate(
     beam_size: int | None = None,
     source_limit: int | None = None,
     reporting: Reporting | None = None,
-) -> list[list[tuple[str, float]]]: ...
+) -> list[list[Translation]]: ...
 
 
 def translate(
@@ -69,11 +69,12 @@ def translate(
     beam_size: int | None = None,
     source_limit: int | None = None,
     reporting: Reporting | None = None,
-) -> list[str] | list[list[tuple[str, float]]]:
+) -> list[str] | list[list[Translation]]:
     """Translate ``texts``: each text's translation, or with ``n_best`` its ``n_best`` best translations
-    and their scores (``log P / lp``, as beam search ranks them; see search.py), best first, none for an
-    empty line. ``beam_size`` 1 is greedy search (with ``n_best`` 1, its translation scored), default
-    ``decode.beam_size``; ``n_best`` may not exceed it. On a CPU the batches are searched
+    and their scores (``log P / lp``, as beam search ranks them; see search.py) and token counts
+    (:class:`~attnkit.decode.search.Translation`), best first, none for an empty line. ``beam_size`` 1
+    is greedy search (with ``n_best`` 1, its translation scored), default ``decode.beam_size``;
+    ``n_best`` may not exceed it. On a CPU the batches are searched
     ``decode.streams`` at a time (decode/streams.py). The texts go where the model is.
 
     An empty (or all-space) input line gives an empty output line without running the model. The model
@@ -87,8 +88,15 @@ def translate(
     found = _hypotheses(model, tokenizer, texts, decode, search, scored=n_best > 0,
                         source_limit=source_limit, reporting=reporting or Reporting())  # fmt: skip
     if n_best:
-        return [[(tokenizer.decode(h.tokens), h.score) for h in hypotheses] for hypotheses in found]
+        return [[translation(tokenizer, h) for h in hypotheses] for hypotheses in found]
     return [tokenizer.decode(hypotheses[0].tokens) if hypotheses else "" for hypotheses in found]
+
+
+def translation(tokenizer: Tokenizer, hypothesis: Hypothesis) -> Translation:
+    """``hypothesis`` as its reader gets it: its ids up to ``</s>`` decoded, its score, and how many
+    they are."""
+    ids, eos = hypothesis.tokens, tokenizer.specials.eos
+    return Translation(tokenizer.decode(ids), hypothesis.score, ids.index(eos) if eos in ids else len(ids))
 
 
 def _hypotheses(

@@ -21,7 +21,7 @@ from attnkit.checkpoint.ctranslate2_folder import exported_model
 from attnkit.config import DecodeConfig
 from attnkit.decode.ct2 import CTranslate2Generator, CTranslate2Translator
 from attnkit.decode.generate import Listening
-from attnkit.decode.search import BeamSettings, Search
+from attnkit.decode.search import BeamSettings, Search, Translation
 from attnkit.serve.decoder import Prompt, Sampling, SamplingModel
 from attnkit.serve.served import ServedModel
 
@@ -76,7 +76,7 @@ class EngineTranslator(ServedModel[BeamSettings]):
         )
         return search.positions(tokens)
 
-    def run(self, texts: list[str], settings: BeamSettings) -> list[list[tuple[str, float]]]:
+    def run(self, texts: list[str], settings: BeamSettings) -> list[list[Translation]]:
         return self.engine_model.translate_n_best(texts, settings.n_best, beam_size=settings.beam)
 
 

@@ -32,7 +32,9 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
         self.batch_seconds = Histogram("attnkit_batch_seconds", "Time to run one batch", registry=r)
-        self.output_tokens = Counter("attnkit_output_tokens", "Tokens of the outputs", registry=r)
+        self.output_tokens = Counter(
+            "attnkit_output_tokens", "Tokens generated for the outputs (</s> not counted)", registry=r
+        )
         self.latency = Histogram("attnkit_request_seconds", "Request latency", ["endpoint"], registry=r)
         # continuous batching (--batching continuous): what the running batches do at every step
         self.running_rows = Gauge(

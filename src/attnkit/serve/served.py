@@ -50,10 +50,6 @@ class ServedModel(Generic[Settings]):
         One row an input, nothing written, unless the model says otherwise."""
         return sum(tokens)
 
-    def output_tokens(self, text: str) -> int:
-        """How many tokens an output is (the metrics' output tokens)."""
-        return len(self.tokenizer.encode(text)) if text else 0
-
     def describe(self) -> dict[str, Any]:
         """What ``GET /info`` says of the model: its engine, architecture, task and settings."""
         raise NotImplementedError

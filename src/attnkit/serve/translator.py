@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from attnkit.cpu.compiled.build import FIRST_STEP, compilable, missing_compiler
 from attnkit.cpu.compiled.steps import all_built
 from attnkit.decode.continuous import RunningTranslations
-from attnkit.decode.search import BeamSettings, Search
+from attnkit.decode.search import BeamSettings, Search, Translation
 from attnkit.decode.starts import EAGER_COST, source_decoding
 from attnkit.decode.translate import translate
 from attnkit.models import archs
@@ -54,8 +54,9 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
             self.config.decode, beam_size=settings.beam, max_output_len=self.model.config.max_len
         ).positions(tokens)
 
-    def run(self, texts: list[str], settings: BeamSettings) -> list[list[tuple[str, float]]]:
-        """Each text's ``n_best`` translations and scores by a beam of ``beam`` (1: greedy search)."""
+    def run(self, texts: list[str], settings: BeamSettings) -> list[list[Translation]]:
+        """Each text's ``n_best`` translations (scored, their tokens counted) by a beam of ``beam`` (1: greedy
+        search)."""
         return translate(self.model, self.tokenizer, texts, self.config.decode, n_best=settings.n_best,
                          beam_size=settings.beam)  # fmt: skip
 

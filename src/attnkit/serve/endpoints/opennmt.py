@@ -16,7 +16,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from attnkit.decode.search import BeamSettings
+from attnkit.decode.search import BeamSettings, Translation
 from attnkit.serve.bodies import TranslateItem, TranslateItems, parsed
 from attnkit.serve.errors import RequestError
 from attnkit.serve.state import server_of
@@ -53,9 +53,10 @@ async def translate(request: Request) -> JSONResponse:
     positions = translator.positions(tokens, settings)
     server.check_positions(positions)
     found = await server.batched(request, texts, settings, sum(tokens), positions)
-    results = []
+    results, generated = [], 0
     for text, best in zip(texts, found, strict=True):
-        for target, score in best or [("", 0.0)] * n_best:  # an empty input: no hypotheses
-            server.metrics.output_tokens.inc(translator.output_tokens(target))
+        for target, score, tokens in best or [Translation("", 0.0, 0)] * n_best:  # an empty input: none
+            generated += tokens  # (counted by the search, not by tokenising the text again)
             results.append({"src": text, "tgt": target, "pred_score": score, "n_best": n_best})
+    server.metrics.output_tokens.inc(generated)
     return JSONResponse([results])
