@@ -75,7 +75,7 @@ async def closed_loop(batcher, work: dict[str, tuple[int, int]], settings: BeamS
             text = sentences[turn[0] % len(sentences)]
             turn[0] += 1
             sent = time.perf_counter()
-            ((best, _), *_), *_ = await batcher.submit([text], settings, *work[text])
+            ((best, *_), *_), *_ = await batcher.submit([text], settings, *work[text])
             if sent >= measured:
                 latencies.append(time.perf_counter() - sent)
                 differ[0] += best != expected[text]
