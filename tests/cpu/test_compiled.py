@@ -84,7 +84,7 @@ def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_
         found = translate(
             model, tokenizer, texts, DecodeConfig(batch_size=7, steps="compiled"), n_best=2, beam_size=beam
         )
-        assert [[text for text, _ in b] for b in found] == [[text for text, _ in b] for b in best]
+        assert [[text for text, *_ in b] for b in found] == [[text for text, *_ in b] for b in best]
         scores = [score for b in found for _, score, _ in b], [score for b in best for _, score, _ in b]
         torch.testing.assert_close(*map(torch.tensor, scores), rtol=1e-5, atol=1e-5)
 
@@ -187,7 +187,7 @@ def test_a_step_is_built_with_the_loops_its_streams_run(cache, model_and_tokeniz
         parallel = translate(model, tokenizer, texts, one_stream, **beams)
     finally:
         torch.set_num_threads(threads)
-    assert [[text for text, _ in b] for b in serial] == [[text for text, _ in b] for b in expected]
+    assert [[text for text, *_ in b] for b in serial] == [[text for text, *_ in b] for b in expected]
     assert parallel == serial  # texts and scores, to the last bit
     for width in (FIRST_STEP, 3):
         assert "omp parallel" not in _kernels(model, width, serial=True)
@@ -257,8 +257,8 @@ def test_a_running_batch_takes_the_compiled_steps_and_gives_each_source_its_tran
     for n, text in enumerate(texts):
         beam, n_best = (3, 2) if n % 2 else (1, 1)
         (expected,) = translate(model, tokenizer, [text], eager, beam_size=beam, n_best=n_best)
-        assert [t for t, _ in done[n]] == [t for t, _ in expected]
-        assert [s for _, s in done[n]] == pytest.approx([s for _, s in expected], abs=1e-5)
+        assert [(t, k) for t, _, k in done[n]] == [(t, k) for t, _, k in expected]
+        assert [s for _, s, _ in done[n]] == pytest.approx([s for _, s, _ in expected], abs=1e-5)
 
 
 def test_auto_takes_compiled_steps_where_built_and_builds_them_for_a_large_input(
@@ -320,7 +320,7 @@ def test_a_running_batch_takes_compiled_steps_once_they_are_built_beside_it(
     compiled = translate(model, tokenizer, texts[8:], DecodeConfig(streams=1), beam_size=5, n_best=1)
     found = [best for n in range(len(texts)) for best in done[n]]
     expected = [best for bests in eager + compiled for best in bests]
-    assert [text for text, _ in found] == [text for text, _ in expected]
+    assert [text for text, *_ in found] == [text for text, *_ in expected]
     # (this model's linear maps are plain ones, whose sums depend on the rows: ready_for_inference's don't)
     assert [score for _, score, _ in found] == pytest.approx([score for _, score, _ in expected], abs=1e-5)
 
