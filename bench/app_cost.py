@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnkit.decode.search import Translation
 from attnkit.serve.bodies import TranslateItem  # the peer's body (FastAPI reads its annotation by name)
 
 SENTENCE = "Ein Mann in einem blauen Hemd steht auf einer Leiter und putzt ein Fenster."
@@ -37,7 +38,7 @@ class AnsweringAtOnce:
 
     def submit(self, inputs: list[str], settings: Any, tokens: int, positions: int) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        future.set_result([[(ANSWER, -0.5)] * settings.n_best for _ in inputs])
+        future.set_result([[Translation(ANSWER, -0.5, 16)] * settings.n_best for _ in inputs])  # (its tokens)
         return future
 
 
