@@ -38,7 +38,8 @@ class AnsweringAtOnce:
 
     def submit(self, inputs: list[str], settings: Any, tokens: int, positions: int) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        future.set_result([[Translation(ANSWER, -0.5, 16)] * settings.n_best for _ in inputs])  # (its tokens)
+        answer = Translation(ANSWER, -0.5, 16)  # (its token count a stand-in)
+        future.set_result([[answer] * settings.n_best for _ in inputs])
         return future
 
 

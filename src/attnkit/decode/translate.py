@@ -93,10 +93,9 @@ def translate(
 
 
 def translation(tokenizer: Tokenizer, hypothesis: Hypothesis) -> Translation:
-    """``hypothesis`` as its reader gets it: its ids up to ``</s>`` decoded, its score, and how many
-    they are."""
-    ids, eos = hypothesis.tokens, tokenizer.specials.eos
-    return Translation(tokenizer.decode(ids), hypothesis.score, ids.index(eos) if eos in ids else len(ids))
+    """``hypothesis`` as its reader gets it: its ids decoded, its score, and how many they are (a
+    hypothesis holds its generated ids without ``</s>``: beam search's, and greedy search's stripped)."""
+    return Translation(tokenizer.decode(hypothesis.tokens), hypothesis.score, len(hypothesis.tokens))
 
 
 def _hypotheses(
