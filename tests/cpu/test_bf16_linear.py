@@ -131,3 +131,85 @@ def test_compiled_a_bf16_models_maps_from_2_16_weights_multiply_in_bf16(d_out, c
         assert (compiled - float32).abs().max() > 1e-4  # bf16's rounding shows
     else:
         torch.testing.assert_close(compiled, float32, rtol=1e-5, atol=1e-5)
+
+
+def _cross_attention(d_model: int = 256) -> torch.nn.Module:
+    """A cross-attention module with attnkit's CPU kernels, its maps packed in bf16 as
+    ``decode.precision=bf16`` packs them."""
+    from attnkit.attention.multihead import MultiHeadAttention
+    from attnkit.cpu import speed_up
+
+    torch.manual_seed(0)
+    attention = torch.nn.Sequential(MultiHeadAttention(d_model, 4)).eval()
+    speed_up(attention)
+    assert pack_for_inference(attention, torch.bfloat16) == 2
+    return attention[0]
+
+
+def _rounded_rows(x: torch.Tensor, layer: OneDNNLinear, start: int, stop: int) -> torch.Tensor:
+    """:func:`_rounded_product` of the map of the weight's rows ``start:stop`` alone."""
+    block = OneDNNLinear(layer.in_features, stop - start)
+    with torch.no_grad():
+        block.weight.copy_(layer.weight[start:stop])
+        block.bias.copy_(layer.bias[start:stop])
+    return _rounded_product(x, block)
+
+
+def test_cross_attention_multiplies_the_memorys_keys_and_values_in_bf16_as_the_other_maps():
+    """Cross-attention takes W^K and W^V together (2 x 256 x 256 = 2^17 weights) out of ``in_proj``: in a
+    bf16 model they multiply in bf16, as every map of that size does, and not as a float32 slice."""
+    attention = _cross_attention()
+    memory = torch.randn(3, 7, 256)
+    with torch.no_grad():
+        key, value = attention.memory_keys_values(memory)  # (B, h, S, d_k) each
+    merged = torch.cat([part.transpose(1, 2).reshape(3, 7, 256) for part in (key, value)], dim=-1)
+    expected = _rounded_rows(memory, attention.in_proj, 256, 768)
+    torch.testing.assert_close(merged, expected, rtol=2**-7, atol=1e-3)
+    float32 = F.linear(memory, attention.in_proj.weight[256:], attention.in_proj.bias[256:])
+    assert (merged - float32).abs().max() > 1e-4  # bf16's rounding shows
+
+
+def test_compiled_cross_attention_queries_multiply_in_bf16_as_the_output_map_does():
+    """W^Q of a d_model-256 cross-attention (2^16 weights) keeps a float32 copy in eager steps, and in a
+    compiled step multiplies in bf16, as the attention output map of the same size does."""
+    attention = _cross_attention()
+    query = torch.randn(5, 1, 256)
+    with torch.no_grad():
+        eager = attention.project_rows(query, 0, 256)
+        compiled = torch.compile(attention.project_rows, backend="aot_eager", fullgraph=True)(query, 0, 256)
+    float32 = F.linear(query, attention.in_proj.weight[:256], attention.in_proj.bias[:256])
+    torch.testing.assert_close(eager, float32, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        compiled, _rounded_rows(query, attention.in_proj, 0, 256), rtol=2**-7, atol=1e-3
+    )
+    assert (compiled - float32).abs().max() > 1e-4
+
+
+def test_a_block_of_rows_retires_with_its_layers_copy_when_the_weight_changes():
+    attention = _cross_attention()
+    memory = torch.randn(2, 5, 256)
+    with torch.no_grad():
+        attention.memory_keys_values(memory)  # its block's copy made
+        attention.in_proj.weight.mul_(2)
+        got = attention.project_rows(memory, 256, 768)
+    expected = F.linear(memory, attention.in_proj.weight[256:], attention.in_proj.bias[256:])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_int8_block_of_rows_is_the_int8_map_of_those_rows_alone():
+    """Each output's int8 scale is its own, so a block of an int8 layer's rows multiplies exactly as a
+    layer of those rows alone, quantised alone (as CTranslate2 quantises cross-attention's query map
+    and its keys' and values' map)."""
+    torch.manual_seed(1)
+    layer = OneDNNLinear(256, 768)
+    block = OneDNNLinear(256, 512)
+    with torch.no_grad():
+        block.weight.copy_(layer.weight[256:])
+        block.bias.copy_(layer.bias[256:])
+    layer.quantize_int8()
+    block.quantize_int8()
+    x = torch.randn(6, 256)
+    with torch.no_grad():
+        got, alone = layer.forward_rows(x, 256, 768), block(x)
+    assert torch.equal(got, alone)
+    assert (got - F.linear(x, block.weight, block.bias)).abs().max() > 1e-4  # int8's rounding shows

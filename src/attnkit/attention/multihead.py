@@ -110,10 +110,9 @@ class MultiHeadAttention(nn.Module):
     ``(B, T_q, T_k)``, ``True`` = may attend; the same mask applies to every head.
     """
 
-    # The two functions it applies itself (everything else is a module): the linear map of a slice of
-    # in_proj (cross-attention's W^Q, and W^K, W^V together), and dropout on the attention weights. A
-    # subclass may bring others with the same arithmetic, as attnkit.cpu does for CPUs.
-    project = staticmethod(F.linear)
+    # What it applies itself (everything else is a module): the linear map of a block of in_proj's rows
+    # (project_rows: cross-attention's W^Q, and W^K, W^V together), and dropout on the attention weights.
+    # A subclass may bring others with the same arithmetic, as attnkit.cpu does for CPUs.
     drop_weights = staticmethod(F.dropout)
 
     def __init__(
@@ -236,9 +235,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)
         else:  # cross-attention: keys and values come from the memory, computed once per sequence
-            W, b = self.in_proj.weight, self.in_proj.bias
-            d = self.d_model
-            q = self.project(query, W[:d], None if b is None else b[:d])
+            q = self.project_rows(query, 0, self.d_model)  # W^Q: in_proj's first d_model rows
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value
             else:
@@ -250,9 +247,14 @@ class MultiHeadAttention(nn.Module):
     def memory_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention's keys and values of ``memory (B, S, d_model)``: ``(B, h, S, d_k)`` each, laid
         out as the attention kernel reads them (a decoder cache keeps them for every step)."""
-        W, b, d = self.in_proj.weight, self.in_proj.bias, self.d_model
-        k, v = self.project(memory, W[d:], None if b is None else b[d:]).chunk(2, dim=-1)
+        kv = self.project_rows(memory, self.d_model, 3 * self.d_model)  # W^K and W^V: in_proj's other rows
+        k, v = kv.chunk(2, dim=-1)
         return self._split_heads(k).contiguous(), self._split_heads(v).contiguous()
+
+    def project_rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """``x`` times the rows ``start:stop`` of ``in_proj`` (and of its bias)."""
+        W, b = self.in_proj.weight, self.in_proj.bias
+        return F.linear(x, W[start:stop], None if b is None else b[start:stop])
 
     def _split_heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape

@@ -3,9 +3,10 @@
 :class:`CPUMultiHeadAttention` is :class:`attnkit.attention.MultiHeadAttention` (same parameters, same
 state-dict keys) with four changes, each where it pays on a CPU and a no-op elsewhere:
 
-- the slices of ``in_proj`` it multiplies itself (cross-attention's queries, and the memory's keys and
-  values) go through oneDNN (:func:`attnkit.cpu.linear.linear`), as its ``in_proj`` and ``out_proj``
-  layers do once they are ``OneDNNLinear``;
+- the blocks of ``in_proj``'s rows it multiplies itself (cross-attention's queries, and the memory's keys
+  and values) are multiplied as ``in_proj`` multiplies once it is a ``OneDNNLinear``
+  (``OneDNNLinear.forward_rows``: oneDNN, and in inference its packed copies, bf16 or int8 where the
+  model's maps are);
 - dropout on the attention weights draws its mask more cheaply (:func:`attnkit.cpu.dropout.dropout`);
 - inside a :class:`attnkit.cpu.packing.PackedEncoder`, its input and output are the real tokens' rows
   ``(rows, d_model)``: the Q/K/V projection runs on the rows, which are then laid out as ``(B, T, ·)``
@@ -46,15 +47,20 @@ from attnkit.attention.functional import fused
 from attnkit.attention.multihead import KVCache, MultiHeadAttention
 from attnkit.cpu.alone import MEMORY, PADDED, PAST, attend_as_alone, attend_prompts_as_alone
 from attnkit.cpu.dropout import dropout
-from attnkit.cpu.linear import linear
+from attnkit.cpu.linear import OneDNNLinear, linear
 from attnkit.cpu.packing import active_packing
 
 
 class CPUMultiHeadAttention(MultiHeadAttention):
     """``MultiHeadAttention`` with oneDNN's products, the cheaper dropout and packed rows (see above)."""
 
-    project = staticmethod(linear)
     drop_weights = staticmethod(dropout)
+
+    def project_rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        if isinstance(self.in_proj, OneDNNLinear):
+            return self.in_proj.forward_rows(x, start, stop)
+        W, b = self.in_proj.weight, self.in_proj.bias  # (no oneDNN in this torch: see cpu/linear.py)
+        return linear(x, W[start:stop], None if b is None else b[start:stop])
 
     def forward(
         self,

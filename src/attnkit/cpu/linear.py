@@ -22,6 +22,9 @@ parameters and state-dict keys, so checkpoints and conversions do not change.
 For inference, :func:`pack_for_inference` also keeps each weight in oneDNN's own blocked layout, as
 ``torch.compile``'s frozen CPU graphs and CTranslate2 do, so that oneDNN does not rearrange it at every
 call: the same products, faster, most of all for few rows (``bench/linear.py``, docs/benchmarks.md).
+A block of a layer's rows multiplied alone (:meth:`OneDNNLinear.forward_rows`: cross-attention's query
+map, and its memory's key and value maps, are blocks of one ``in_proj``) gets a packed copy of its own,
+in the precision of a map of its size, and is multiplied as such a map would be.
 
 On a CPU with bf16 matrix units (AMX, AVX512-BF16: ``attnkit.cpu.precision``), the packed copy may be
 bf16 (``pack_for_inference(torch.bfloat16)``, what ``decode.precision=bf16`` does): each input is
@@ -248,29 +251,56 @@ class OneDNNLinear(nn.Linear):
     packed_weight: Tensor | None = None
     packed_from: tuple[int, int] | None = None
     packed_dtype: torch.dtype = torch.float32
-    # whether compiled steps multiply in bf16 (a bf16 model's maps of COMPILED_BF16_MIN_WEIGHTS or more)
-    compiled_bf16: bool = False
+    # the dtype pack_for_inference was asked for (a map's own copy may be float32 where it is small)
+    packed_for: torch.dtype = torch.float32
+    # copies of row blocks of the weight (forward_rows), by block: packed, or int8 with their scales
+    blocks: dict | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        return self._map(x, self.weight, self.bias, None)
+
+    def forward_rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """``x`` times the rows ``start:stop`` of the weight (and of the bias): one block of this map
+        taken alone, as cross-attention takes its queries' map, and its memory's keys' and values', out
+        of one ``in_proj``. In inference the block is multiplied as this layer multiplies a map of its
+        size (a packed copy of its own, in the precision chosen for its size; its rows of the int8
+        weights), not as a float32 slice: a bf16 model's cross-attention then multiplies in bf16 as its
+        other maps do."""
+        bias = None if self.bias is None else self.bias[start:stop]
+        return self._map(x, self.weight[start:stop], bias, (start, stop))
+
+    def _map(self, x: Tensor, weight: Tensor, bias: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
+        """``x`` times ``weight`` (this layer's, or its ``rows``) plus ``bias``, as the layer multiplies."""
         int8 = self.int8_weight is not None and x.is_cpu and x.dtype == torch.float32
-        if int8 and not _needs_gradient(x, self.weight, self.bias):
-            return self._int8_forward(x)
+        if int8 and not _needs_gradient(x, weight, bias):
+            return self._int8_forward(x, bias, rows)
         if self.packed_weight is None:
-            return linear(x, self.weight, self.bias)
-        if _tiny(x, self.weight) and not _needs_gradient(x, self.weight, self.bias):
-            return _summed_products(x, self.weight, self.bias)
+            return linear(x, weight, bias)
+        if _tiny(x, weight) and not _needs_gradient(x, weight, bias):
+            return _summed_products(x, weight, bias)
         # torch.compile lowers F.linear itself (a bf16 weight made from a frozen one is packed once), and
         # cannot trace _packed_applies's data pointers
         if torch.compiler.is_compiling():
-            bf16 = self.compiled_bf16 and x.dtype == torch.float32
-            if not bf16 or _needs_gradient(x, self.weight, self.bias):
-                return linear(x, self.weight, self.bias)
-            return _with_bias(F.linear(x.to(torch.bfloat16), self.weight.to(torch.bfloat16)), self.bias)
+            bf16 = self.packed_for == torch.bfloat16 and weight.numel() >= COMPILED_BF16_MIN_WEIGHTS
+            if not bf16 or x.dtype != torch.float32 or _needs_gradient(x, weight, bias):
+                return linear(x, weight, bias)
+            return _with_bias(F.linear(x.to(torch.bfloat16), weight.to(torch.bfloat16)), bias)
         if not self._packed_applies(x):
-            return linear(x, self.weight, self.bias)
-        if self.packed_dtype == torch.bfloat16:  # (..., d_in) to bf16, summed in float32, float32 again
-            return _with_bias(_multiply(x.to(torch.bfloat16), self.packed_weight, None), self.bias)
-        return _multiply(x, self.packed_weight, self.bias)
+            return linear(x, weight, bias)
+        packed, dtype = (self.packed_weight, self.packed_dtype) if rows is None else self._packed_block(rows)
+        if dtype == torch.bfloat16:  # (..., d_in) to bf16, summed in float32, float32 again
+            return _with_bias(_multiply(x.to(torch.bfloat16), packed, None), bias)
+        return _multiply(x, packed, bias)
+
+    def _packed_block(self, rows: tuple[int, int]) -> tuple[Tensor, torch.dtype]:
+        """The packed copy of the weight's ``rows`` and its dtype, made at its first use from the weight
+        the layer's own copy was made from (and made again once that copy is made again)."""
+        blocks = self.blocks = self.blocks if self.blocks is not None else {}
+        made = blocks.get(rows)
+        if made is None or made[0] != self.packed_from:
+            made = (self.packed_from, *_packed_copy(self.weight[rows[0] : rows[1]], self.packed_for))
+            blocks[rows] = made
+        return made[1], made[2]
 
     def pack_for_inference(self, dtype: torch.dtype = torch.float32) -> bool:
         """Keep a copy of the weight in oneDNN's blocked layout for CPU inference (see the module
@@ -284,13 +314,9 @@ class OneDNNLinear(nn.Linear):
             return False
         if weight.is_inference():  # made under torch.inference_mode: no version counter to retire a copy by
             return False
-        self.compiled_bf16 = dtype == torch.bfloat16 and weight.numel() >= COMPILED_BF16_MIN_WEIGHTS
-        if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
-            dtype = torch.float32  # a small map: see BF16_MIN_WEIGHTS
-        copy = weight.detach().to(dtype).contiguous()
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(copy, 128)
+        self.packed_weight, self.packed_dtype = _packed_copy(weight, dtype)
         self.packed_from = (weight.data_ptr(), weight._version)
-        self.packed_dtype = dtype
+        self.packed_for, self.blocks = dtype, None
         return True
 
     def _packed_applies(self, x: Tensor) -> bool:
@@ -320,15 +346,33 @@ class OneDNNLinear(nn.Linear):
         self.int8_weight = (weight / scale[:, None]).round().to(torch.int8).t()  # (d_in, d_out)
         self.int8_scale = scale
         self.int8_product = torch._int_mm if _probe_int_mm() else _int32_product
+        self.blocks = None
 
-    def _int8_forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, x.size(-1))  # (N, d_in)
-        x_scale = (rows.abs().amax(1, keepdim=True) / 127).clamp(min=1e-12)  # (N, 1)
-        quantised = (rows / x_scale).round_().to(torch.int8)
-        out = self.int8_product(quantised, self.int8_weight).float().mul_(x_scale).mul_(self.int8_scale)
-        if self.bias is not None:
-            out.add_(self.bias)
+    def _int8_forward(self, x: Tensor, bias: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
+        """``x`` times the int8 weights (their columns ``rows``: each output's scale is its own, so a
+        block's int8 weights are those its rows would have alone) plus ``bias``."""
+        weight, scale = self.int8_weight, self.int8_scale
+        if rows is not None:
+            blocks = self.blocks = self.blocks if self.blocks is not None else {}
+            if ("int8", rows) not in blocks:  # (contiguous, as the int8 product takes its weights)
+                blocks["int8", rows] = (weight[:, rows[0] : rows[1]].contiguous(), scale[rows[0] : rows[1]])
+            weight, scale = blocks["int8", rows]
+        flat = x.reshape(-1, x.size(-1))  # (N, d_in)
+        x_scale = (flat.abs().amax(1, keepdim=True) / 127).clamp(min=1e-12)  # (N, 1)
+        quantised = (flat / x_scale).round_().to(torch.int8)
+        out = self.int8_product(quantised, weight).float().mul_(x_scale).mul_(scale)
+        if bias is not None:
+            out.add_(bias)
         return out.view(*x.shape[:-1], -1)  # (..., d_out)
+
+
+def _packed_copy(weight: Tensor, dtype: torch.dtype) -> tuple[Tensor, torch.dtype]:
+    """``weight`` in oneDNN's blocked layout, in ``dtype`` (float32 for a bf16 map of fewer than
+    :data:`BF16_MIN_WEIGHTS`), and the dtype it took."""
+    if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
+        dtype = torch.float32  # a small map: see BF16_MIN_WEIGHTS
+    copy = weight.detach().to(dtype).contiguous()
+    return torch.ops.mkldnn._reorder_linear_weight(copy, 128), dtype
 
 
 def _with_bias(product: Tensor, bias: Tensor | None) -> Tensor:

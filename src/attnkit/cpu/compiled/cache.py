@@ -30,8 +30,9 @@ MAX_CACHE_DAYS = 30  # a step unused for this long goes
 # it does not expect, nor gives other bits than this one's (6: the first step's encoder attends as sums;
 # 7: the attention pads its keys itself, the sources are not; 8: a bf16 model's maps of 2^16 weights
 # and more multiply in bf16; 9: the attention scores only the real keys, its sums still in whole vectors;
-# 10: beam search's step ranks the continuations too).
-STEP_LAYOUT = 10
+# 10: beam search's step ranks the continuations too; 11: cross-attention's query and memory maps, blocks
+# of in_proj, multiply in the precision of maps of their size, as the others do, not in float32).
+STEP_LAYOUT = 11
 
 
 def cpu_capabilities() -> str:
