@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.cpu.linear import OneDNNLinear, _onednn_linear
+import attnkit.cpu.linear as linear_module
+from attnkit.cpu.linear import OneDNNLinear, _onednn_linear, bf16_rows_alike
 
 pytestmark = pytest.mark.skipif(_onednn_linear is None, reason="this torch has no oneDNN linear")
 
@@ -92,3 +93,20 @@ def test_a_transposed_inputs_rows_are_summed_as_a_copy_of_them(precision, shape)
         for i in range(6):
             view = features[i : i + 1].transpose(1, 2)  # (1, L, C), not contiguous
             assert torch.equal(layer(view)[0], batched[i]), i
+
+
+@pytest.mark.skipif(not linear_module._packing_works(torch.bfloat16), reason="this torch has no bf16 linear")
+def test_the_bf16_probe_says_whether_a_rows_bits_depend_on_the_rows_beside_it():
+    """``bf16_rows_alike`` probes one map; maps of other sizes, other numbers and more row counts agree
+    with what it says: every row the same bits among any rows where it says so, and some row's bits
+    changed by its company somewhere where it does not (AMX tiles: docs/invariance.md)."""
+    found_differ = False
+    for d_in, d_out in [(512, 768), (1024, 512), (768, 1024)]:
+        generator = torch.Generator().manual_seed(d_in + d_out)
+        layer = _layer(d_out, d_in, "bf16")
+        x = torch.randn(320, d_in, generator=generator)
+        with torch.no_grad():
+            first = layer(x[:32])
+            for rows in range(33, 321, 9):
+                found_differ |= not torch.equal(layer(x[:rows])[:32], first)
+    assert found_differ == (not bf16_rows_alike())

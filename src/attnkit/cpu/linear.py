@@ -411,6 +411,27 @@ def _packing_works(dtype: torch.dtype = torch.float32) -> bool:
         return False
 
 
+@functools.cache
+def bf16_rows_alike() -> bool:
+    """Whether this CPU's oneDNN multiplies a row by a packed bf16 weight to the same bits among any
+    number of rows (what batch invariance needs of a bf16 model: docs/invariance.md). On processors with
+    AMX tiles, oneDNN 3.x blocks the sum over ``d_in`` by a cost model of the whole product, so rows
+    multiplied among 33 to a few hundred others are summed in another order than among 32 or fewer (for
+    maps of 512 inputs and more, torch 2.13); its AVX-512 bf16 kernels sum every row alike. Probed once
+    per process on a 512 x 512 map; False where bf16 products are not had at all."""
+    if not _packing_works(torch.bfloat16):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(512, 512, generator=generator).bfloat16()
+    x = torch.randn(300, 512, generator=generator).bfloat16()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 128)
+    first = _onednn_linear(x[:32], packed, None, "none", [], "")  # (a flip of one bit in ~8,000 outputs)
+    return all(
+        torch.equal(_onednn_linear(x[:rows], packed, None, "none", [], "")[:32], first)
+        for rows in (40, 64, 100, 160, 300)
+    )
+
+
 def as_onednn(model: nn.Module) -> int:
     """Make every plain ``nn.Linear`` of ``model`` a :class:`OneDNNLinear`, in place (the same parameters,
     only the forward changes), and give :func:`linear` to the modules that multiply by weights of their
