@@ -9,8 +9,13 @@ should read 0. Counted are the n-best lines (text and score) that differ, and th
 translation differs. The batches are ``--batch`` sentences of similar length, as both engines make them
 (the tests also draw random batchmates of mixed lengths: tests/decode/test_batch_invariance.py).
 
+``--bf16-one-product`` adds a row of attnkit in bf16 with each linear map one oneDNN product, as before
+wide maps were multiplied by blocks of inputs on processors whose bf16 sums depend on the rows (AMX
+tiles: ``attnkit.cpu.linear.bf16_rows_alike``): what the blocks keep fixed there, and their price
+(the model's own steps; a compiled step's cache does not tell the two apart).
+
 Run: ``python bench/invariance.py --ckpt RUN --src FILE [--lines 1000] [--beam 5] [--n-best 2]
-[--batch 64] [--engines attnkit,ctranslate2,hf] [--steps eager,compiled]``.
+[--batch 64] [--engines attnkit,ctranslate2,hf] [--steps eager,compiled] [--bf16-one-product]``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+import attnkit.cpu.linear as linear
 from attnkit.convert.export import export_ctranslate2, export_hf
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_lines
@@ -100,6 +106,24 @@ def attnkit_rows(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+def one_product_row(args: argparse.Namespace) -> Row:
+    """attnkit in bf16, the model's own steps, with each map one product whatever this CPU's bf16 sums
+    do (``--bf16-one-product``)."""
+    real = linear.bf16_rows_alike
+    linear.bf16_rows_alike = lambda: True  # what the layers ask when they pack their bf16 copies
+    try:
+        model, tokenizer, config = load_for_inference(args.ckpt, overrides=["decode.precision=bf16"])
+    finally:
+        linear.bf16_rows_alike = real
+
+    def ours(group: list[str], size: int) -> Translations:
+        decode = dataclasses.replace(config.decode, batch_size=size, steps="eager")
+        return translate(model, tokenizer, group, decode, n_best=args.n_best, beam_size=args.beam)
+
+    kind = "rows summed alike among any rows here" if real() else "rows summed by their batch here: AMX"
+    return f"attnkit bf16, one product per map ({kind})", ours
+
+
 def ctranslate2_rows(args: argparse.Namespace) -> list[Row]:
     """CTranslate2 with float32 and int8 weights exported from the checkpoint."""
     if not importlib.util.find_spec("ctranslate2"):
@@ -143,6 +167,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--engines", default="attnkit,ctranslate2,hf", help="which of them to run")
     parser.add_argument("--steps", default="eager,compiled", help="attnkit's step kinds (compiling: ~20 s)")
+    parser.add_argument("--bf16-one-product", action="store_true", help="a row of bf16 without input blocks")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     texts = [line for line in read_lines(args.src)[: args.lines] if line.strip()]
@@ -154,6 +179,8 @@ def main() -> None:
     engines = set(args.engines.split(","))
     if "attnkit" in engines:
         rows += attnkit_rows(args)
+    if args.bf16_one_product:
+        rows.append(one_product_row(args))
     if "ctranslate2" in engines:
         rows += ctranslate2_rows(args)
     if "hf" in engines:

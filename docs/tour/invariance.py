@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from attnkit import build_transformer
 from attnkit.config import load_run_config
 from attnkit.cpu.alone import MEMORY, attend_as_alone
-from attnkit.cpu.linear import bf16_rows_alike
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import translate
@@ -86,8 +85,8 @@ print(f"padded to {len(padded_lengths)} other lengths: torch's kernel gave other
 # commands load it (`ready_for_inference`: the CPU fast path, in bf16 where this CPU has bf16 units,
 # and in float32), each sentence decoded alone and among the others. A score is a sum of a sentence's
 # log-probabilities: any bit that moved anywhere shows in it. (On processors with AMX tiles, oneDNN sums
-# a bf16 row in an order that depends on how many rows come with it, so bf16 keeps a sentence's bits
-# only where `bf16_rows_alike()` says so: see "Where it does not hold yet" in the docs.)
+# a wide bf16 map's row in an order that depends on how many rows come with it; there attnkit multiplies
+# such maps by blocks of 256 inputs, each summed alike: "How attnkit keeps it fixed" in the docs.)
 
 # %%
 data = copy(200, seed=3, max_length=16)
@@ -151,8 +150,6 @@ fig.savefig("invariance.png", dpi=110)
 # %%
 assert distinct > 1  # floating-point addition depends on the order
 assert sum(ours_differs) == 0  # each row attends as alone, whatever the padding
-held = [name for name in counts if name.startswith("attnkit") and ("bf16" not in name or bf16_rows_alike())]
-assert all(counts[name] == 0 for name in held)
-if len(held) < len(counts) - 1:
-    print("not held here: bf16 on this CPU's AMX tiles, whose sums follow the number of rows")
-print(f"checked: attnkit's rows the same bits alone and batched ({'; '.join(held)})")
+ours = [name for name in counts if name.startswith("attnkit")]
+assert all(counts[name] == 0 for name in ours)
+print(f"checked: attnkit's rows the same bits alone and batched ({'; '.join(ours)})")

@@ -213,3 +213,52 @@ def test_an_int8_block_of_rows_is_the_int8_map_of_those_rows_alone():
         got, alone = layer.forward_rows(x, 256, 768), block(x)
     assert torch.equal(got, alone)
     assert (got - F.linear(x, block.weight, block.bias)).abs().max() > 1e-4  # int8's rounding shows
+
+
+def _product_by_input_blocks(x: torch.Tensor, layer: OneDNNLinear, width: int) -> torch.Tensor:
+    """The definition of a bf16 map summed by blocks of ``width`` inputs: each block's
+    :func:`_rounded_product` without the bias (summed exactly, rounded to bf16 as oneDNN's output is),
+    the blocks' sums added in float32 in their order, then the float32 bias."""
+    out = None
+    for start in range(0, layer.in_features, width):
+        inputs = x[..., start : start + width].bfloat16().double()
+        part = (inputs @ layer.weight[:, start : start + width].bfloat16().double().T).bfloat16().float()
+        out = part if out is None else out + part
+    return out + layer.bias
+
+
+@pytest.mark.parametrize("d_in", [512, 1024, 1000])
+def test_where_bf16_sums_depend_on_the_rows_a_wide_map_sums_by_blocks_of_inputs(monkeypatch, d_in):
+    """Where oneDNN's bf16 kernels sum a row in an order that depends on the rows beside it (AMX tiles:
+    ``bf16_rows_alike`` fails), a map of more than ``BF16_SUM_INPUTS`` inputs multiplies blocks of that
+    many (summed in one pass whatever the rows) and adds their products in float32: every row the same
+    bits among any number of rows, eager and compiled, and the blocks' product by definition."""
+    monkeypatch.setattr(linear_module, "bf16_rows_alike", lambda: False)
+    layer = _layer(d_in, 256).eval()
+    assert layer.pack_for_inference(torch.bfloat16) and layer.sums_in_blocks
+    width = linear_module.BF16_SUM_INPUTS
+    assert len(layer.packed_weight) == -(-d_in // width)  # the packed blocks of inputs
+    x = torch.randn(300, d_in, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(48)])  # (48, 256)
+        for count in (2, 5, 33, 40, 64, 100, 160, 300):
+            assert torch.equal(layer(x[:count].view(1, count, -1))[0, :48], alone[:count]), count
+        torch.testing.assert_close(
+            alone, _product_by_input_blocks(x[:48], layer, width), rtol=2**-7, atol=1e-3
+        )
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)(x[:48])
+    torch.testing.assert_close(
+        compiled, _product_by_input_blocks(x[:48], layer, width), rtol=2**-7, atol=1e-3
+    )
+
+
+def test_where_bf16_sums_are_alike_among_rows_a_wide_map_is_one_product(monkeypatch):
+    """Where the probe finds a row's bf16 sum the same among any rows, a wide map keeps one packed copy
+    and one product (the blocks' extra kernel calls would cost time for nothing)."""
+    monkeypatch.setattr(linear_module, "bf16_rows_alike", lambda: True)
+    layer = _layer(1024, 256).eval()
+    assert layer.pack_for_inference(torch.bfloat16) and not layer.sums_in_blocks
+    assert isinstance(layer.packed_weight, torch.Tensor)
+    x = torch.randn(40, 1024)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _rounded_product(x, layer), rtol=2**-7, atol=1e-3)

@@ -24,7 +24,7 @@ def _layer(d_out: int, d_in: int, precision: str) -> OneDNNLinear:
 
 
 @pytest.mark.parametrize("precision", ["plain", "fp32", "bf16", "int8"])
-@pytest.mark.parametrize("shape", [(256, 256), (1024, 256), (256, 2048)])
+@pytest.mark.parametrize("shape", [(256, 256), (1024, 256), (256, 2048), (512, 512), (256, 1024)])
 def test_a_rows_product_is_the_same_bits_among_any_number_of_rows(precision, shape):
     layer = _layer(*shape, precision)
     x = torch.randn(300, shape[1], generator=torch.Generator().manual_seed(1))
@@ -32,7 +32,7 @@ def test_a_rows_product_is_the_same_bits_among_any_number_of_rows(precision, sha
     try:
         with torch.no_grad():
             alone = torch.cat([layer(x[i : i + 1]) for i in range(40)])  # (40, d_out): one row at a time
-            for count in (2, 3, 5, 17, 64, 300):
+            for count in (2, 3, 5, 17, 40, 64, 100, 160, 300):
                 for n_threads in (1, 2):
                     torch.set_num_threads(n_threads)
                     got = layer(x[:count].view(1, count, -1))[0, :40]  # a batch's rows, (…, d_in) shaped
@@ -97,16 +97,16 @@ def test_a_transposed_inputs_rows_are_summed_as_a_copy_of_them(precision, shape)
 
 @pytest.mark.skipif(not linear_module._packing_works(torch.bfloat16), reason="this torch has no bf16 linear")
 def test_the_bf16_probe_says_whether_a_rows_bits_depend_on_the_rows_beside_it():
-    """``bf16_rows_alike`` probes one map; maps of other sizes, other numbers and more row counts agree
-    with what it says: every row the same bits among any rows where it says so, and some row's bits
-    changed by its company somewhere where it does not (AMX tiles: docs/invariance.md)."""
+    """``bf16_rows_alike`` probes one map; oneDNN's products by maps of other sizes, other numbers and
+    more row counts agree with what it says: every row the same bits among any rows where it says so,
+    and some row's bits changed by its company somewhere where it does not (AMX tiles:
+    docs/invariance.md; the layers then sum such maps by blocks of inputs, tested below)."""
     found_differ = False
     for d_in, d_out in [(512, 768), (1024, 512), (768, 1024)]:
         generator = torch.Generator().manual_seed(d_in + d_out)
-        layer = _layer(d_out, d_in, "bf16")
-        x = torch.randn(320, d_in, generator=generator)
-        with torch.no_grad():
-            first = layer(x[:32])
-            for rows in range(33, 321, 9):
-                found_differ |= not torch.equal(layer(x[:rows])[:32], first)
+        packed = linear_module._reorder(torch.randn(d_out, d_in, generator=generator).bfloat16())
+        x = torch.randn(320, d_in, generator=generator).bfloat16()
+        first = linear_module._multiply(x[:32], packed, None)
+        for rows in range(33, 321, 9):
+            found_differ |= not torch.equal(linear_module._multiply(x[:rows], packed, None)[:32], first)
     assert found_differ == (not bf16_rows_alike())

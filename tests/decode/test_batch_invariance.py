@@ -27,8 +27,8 @@ from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, evaluating, from_preset
 from attnkit.models.config import TransformerConfig
 from attnkit.models.decoding import Seq2SeqDecoding
-from tests.precisions import PRECISIONS, needs_bf16_rows_alike
 
+PRECISIONS = ["fp32", "bf16", "int8"]
 # wide enough that the linear maps take both of float32's kernels (256 x 256: F.linear; 1024 x 256:
 # oneDNN), short outputs so that a random model's searches end soon
 MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
@@ -145,12 +145,7 @@ needs_compiler = pytest.mark.skipif(
 @pytest.mark.parametrize(
     ("precision", "beam"),
     # each precision in the fast set (a step compiled for each: about 20 s); greedy's own step in the slow
-    [
-        ("fp32", 4),
-        pytest.param("bf16", 4, marks=needs_bf16_rows_alike),
-        ("int8", 4),
-        pytest.param("bf16", 1, marks=[pytest.mark.slow, needs_bf16_rows_alike]),
-    ],
+    [("fp32", 4), ("bf16", 4), ("int8", 4), pytest.param("bf16", 1, marks=pytest.mark.slow)],
 )
 def test_compiled_steps_translate_a_sentence_alike_alone_and_in_any_batch(
     sentences, compile_cache, precision, beam, monkeypatch

@@ -18,8 +18,8 @@ from attnkit.decode.search import Hypothesis, Search
 from attnkit.decode.transcripts import padded_frames
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, from_preset
-from tests.precisions import BF16, PRECISIONS
 
+PRECISIONS = ["fp32", "bf16", "int8"]
 N = 10  # inputs, decoded alone and in batches
 # each model with the attention its recipes use and others that sum in other ways: Luong's concat
 # (its own products), location-aware (a convolution of the last weights), median windows
@@ -92,7 +92,7 @@ def test_each_decoding_steps_logits_are_the_same_bits_whatever_the_batch(preset,
     assert not torch.equal(alone[0], alone[1])  # inputs that differ get other logits
 
 
-@pytest.mark.parametrize("precision", ["fp32", BF16])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize(("preset", "overrides"), MODELS)
 def test_a_beam_search_finds_the_same_hypotheses_and_scores_alone_and_in_any_batch(
     preset, overrides, precision

@@ -49,7 +49,10 @@ depend on the rows that come with it, or a sentence's translation would depend o
   matrix-vector kernel, so a single row is padded with a zero row to :data:`ONEDNN_MIN_ROWS`. From two
   rows, oneDNN sums every row in the same order for any number of rows and threads, and so do its bf16
   kernels and int8's integer sums (exact) from one; ``tests/cpu/test_linear_rows.py`` checks it bit
-  for bit.
+  for bit. Except bf16 on AMX tiles, whose kernels block a sum of 512 inputs or more by a cost model
+  that counts the rows (:func:`bf16_rows_alike`): there a bf16 map of more inputs than
+  :data:`BF16_SUM_INPUTS` is multiplied by blocks of that many inputs, each summed in one pass, their
+  products added in float32 in a fixed order (:func:`_bf16_sum`).
 
 Training keeps the fastest choice for each call (its gradients are not expected to be the same bits
 in another batch).
@@ -107,6 +110,10 @@ COMPILED_BF16_MIN_WEIGHTS = 2**16
 # in inference, maps of at most this many weights (128 x 128) are multiplied as products summed by torch
 # (:func:`_summed_products`): a oneDNN call costs ~30 µs more than their arithmetic
 TINY_WEIGHTS = 2**14
+# where oneDNN's bf16 kernels do not sum a row alike among any number of rows (AMX tiles: bf16_rows_alike),
+# bf16 maps of more inputs than this are summed in blocks of this many (_bf16_sum): up to 448 inputs
+# oneDNN's AMX kernels summed every row of 2 to 2,000 alike (torch 2.13)
+BF16_SUM_INPUTS = 256
 ROWS_AT_ONCE = 64  # rows multiplied at once by _summed_products (their products: 64 x d_out x d_in),
 PRODUCTS_AT_ONCE = 2**18  # or more for a tinier map, as many as make this many products
 
@@ -253,8 +260,12 @@ class OneDNNLinear(nn.Linear):
     packed_dtype: torch.dtype = torch.float32
     # the dtype pack_for_inference was asked for (a map's own copy may be float32 where it is small)
     packed_for: torch.dtype = torch.float32
-    # copies of row blocks of the weight (forward_rows), by block: packed, or int8 with their scales
-    blocks: dict | None = None
+    # copies of row blocks of the weight (forward_rows), by block: packed, or int8 with their scales;
+    # made empty by pack_for_inference and quantize_int8, the only ways to a product that takes them
+    blocks: dict
+    # whether bf16 products sum a row over d_in in blocks of BF16_SUM_INPUTS inputs: a map of more inputs,
+    # where oneDNN's bf16 kernels do not sum a row alike among any number of rows (bf16_rows_alike)
+    sums_in_blocks: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
         return self._map(x, self.weight, self.bias, None)
@@ -281,25 +292,31 @@ class OneDNNLinear(nn.Linear):
         # torch.compile lowers F.linear itself (a bf16 weight made from a frozen one is packed once), and
         # cannot trace _packed_applies's data pointers
         if torch.compiler.is_compiling():
-            bf16 = self.packed_for == torch.bfloat16 and weight.numel() >= COMPILED_BF16_MIN_WEIGHTS
-            if not bf16 or x.dtype != torch.float32 or _needs_gradient(x, weight, bias):
+            in_bf16 = self.packed_for == torch.bfloat16 and weight.numel() >= COMPILED_BF16_MIN_WEIGHTS
+            if not in_bf16 or x.dtype != torch.float32 or _needs_gradient(x, weight, bias):
                 return linear(x, weight, bias)
-            return _with_bias(F.linear(x.to(torch.bfloat16), weight.to(torch.bfloat16)), bias)
+            bf16 = weight.to(torch.bfloat16)
+            if not self.sums_in_blocks:
+                return _bf16_sum(x, bias, bf16, F.linear)
+            # contiguous blocks, which freezing folds into constants and packs for oneDNN (a slice of a
+            # weight it left to a loop of its own: a running step 2.5x slower)
+            return _bf16_sum(
+                x, bias, [(block, bf16[:, block].contiguous()) for block in _input_blocks(bf16)], F.linear
+            )
         if not self._packed_applies(x):
             return linear(x, weight, bias)
         packed, dtype = (self.packed_weight, self.packed_dtype) if rows is None else self._packed_block(rows)
-        if dtype == torch.bfloat16:  # (..., d_in) to bf16, summed in float32, float32 again
-            return _with_bias(_multiply(x.to(torch.bfloat16), packed, None), bias)
+        if dtype == torch.bfloat16:
+            return _bf16_sum(x, bias, packed, _multiply_unbiased)
         return _multiply(x, packed, bias)
 
     def _packed_block(self, rows: tuple[int, int]) -> tuple[Tensor, torch.dtype]:
         """The packed copy of the weight's ``rows`` and its dtype, made at its first use from the weight
         the layer's own copy was made from (and made again once that copy is made again)."""
-        blocks = self.blocks = self.blocks if self.blocks is not None else {}
-        made = blocks.get(rows)
+        made = self.blocks.get(rows)
         if made is None or made[0] != self.packed_from:
             made = (self.packed_from, *_packed_copy(self.weight[rows[0] : rows[1]], self.packed_for))
-            blocks[rows] = made
+            self.blocks[rows] = made
         return made[1], made[2]
 
     def pack_for_inference(self, dtype: torch.dtype = torch.float32) -> bool:
@@ -316,7 +333,8 @@ class OneDNNLinear(nn.Linear):
             return False
         self.packed_weight, self.packed_dtype = _packed_copy(weight, dtype)
         self.packed_from = (weight.data_ptr(), weight._version)
-        self.packed_for, self.blocks = dtype, None
+        self.packed_for, self.blocks = dtype, {}
+        self.sums_in_blocks = dtype == torch.bfloat16 and _sums_in_blocks(weight)
         return True
 
     def _packed_applies(self, x: Tensor) -> bool:
@@ -346,17 +364,19 @@ class OneDNNLinear(nn.Linear):
         self.int8_weight = (weight / scale[:, None]).round().to(torch.int8).t()  # (d_in, d_out)
         self.int8_scale = scale
         self.int8_product = torch._int_mm if _probe_int_mm() else _int32_product
-        self.blocks = None
+        self.blocks = {}
 
     def _int8_forward(self, x: Tensor, bias: Tensor | None, rows: tuple[int, int] | None) -> Tensor:
         """``x`` times the int8 weights (their columns ``rows``: each output's scale is its own, so a
         block's int8 weights are those its rows would have alone) plus ``bias``."""
         weight, scale = self.int8_weight, self.int8_scale
         if rows is not None:
-            blocks = self.blocks = self.blocks if self.blocks is not None else {}
-            if ("int8", rows) not in blocks:  # (contiguous, as the int8 product takes its weights)
-                blocks["int8", rows] = (weight[:, rows[0] : rows[1]].contiguous(), scale[rows[0] : rows[1]])
-            weight, scale = blocks["int8", rows]
+            if ("int8", rows) not in self.blocks:  # (contiguous, as the int8 product takes its weights)
+                self.blocks["int8", rows] = (
+                    weight[:, rows[0] : rows[1]].contiguous(),
+                    scale[rows[0] : rows[1]],
+                )
+            weight, scale = self.blocks["int8", rows]
         flat = x.reshape(-1, x.size(-1))  # (N, d_in)
         x_scale = (flat.abs().amax(1, keepdim=True) / 127).clamp(min=1e-12)  # (N, 1)
         quantised = (flat / x_scale).round_().to(torch.int8)
@@ -366,19 +386,60 @@ class OneDNNLinear(nn.Linear):
         return out.view(*x.shape[:-1], -1)  # (..., d_out)
 
 
-def _packed_copy(weight: Tensor, dtype: torch.dtype) -> tuple[Tensor, torch.dtype]:
+def _packed_copy(weight: Tensor, dtype: torch.dtype) -> tuple[Tensor | list, torch.dtype]:
     """``weight`` in oneDNN's blocked layout, in ``dtype`` (float32 for a bf16 map of fewer than
-    :data:`BF16_MIN_WEIGHTS`), and the dtype it took."""
+    :data:`BF16_MIN_WEIGHTS`), and the dtype it took. A bf16 copy where :func:`bf16_rows_alike` fails is
+    a list of ``(inputs, packed block)``, one per :func:`_input_blocks` block, for :func:`_bf16_sum`."""
     if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
         dtype = torch.float32  # a small map: see BF16_MIN_WEIGHTS
     copy = weight.detach().to(dtype).contiguous()
-    return torch.ops.mkldnn._reorder_linear_weight(copy, 128), dtype
+    if dtype == torch.bfloat16 and _sums_in_blocks(copy):
+        return [(block, _reorder(copy[:, block].contiguous())) for block in _input_blocks(copy)], dtype
+    return _reorder(copy), dtype
 
 
-def _with_bias(product: Tensor, bias: Tensor | None) -> Tensor:
-    """A bf16 product back in float32, plus the float32 bias (added after rounding, not rounded itself)."""
-    out = product.float()
-    return out if bias is None else out.add_(bias)
+def _reorder(weight: Tensor) -> Tensor:
+    """``weight`` (d_out, d_in) in oneDNN's blocked layout for products of any number of rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 128)
+
+
+def _sums_in_blocks(weight: Tensor) -> bool:
+    """Whether a bf16 product by ``weight`` is summed by blocks of inputs (:func:`_bf16_sum`)."""
+    return weight.size(1) > BF16_SUM_INPUTS and not bf16_rows_alike()
+
+
+def _input_blocks(weight: Tensor) -> list[slice]:
+    """The blocks of at most :data:`BF16_SUM_INPUTS` of ``weight``'s inputs that :func:`_bf16_sum`
+    multiplies one at a time."""
+    d_in = weight.size(1)
+    return [slice(start, min(start + BF16_SUM_INPUTS, d_in)) for start in range(0, d_in, BF16_SUM_INPUTS)]
+
+
+def _bf16_sum(x: Tensor, bias: Tensor | None, packed, product) -> Tensor:
+    """``x (..., d_in)`` rounded to bf16 times a bf16 weight, summed in float32, back in float32 with
+    the float32 bias added (after rounding, not rounded itself). ``packed`` is one weight, or a list of
+    ``(inputs, weight block)`` whose products are added in float32 in their order: on AMX tiles
+    (:func:`bf16_rows_alike`), oneDNN sums a row of more than :data:`BF16_SUM_INPUTS` inputs in an
+    order that depends on the number of rows, and a block of that many in one pass whatever the rows.
+    ``product(x, weight)``: the bf16 product of a block (oneDNN's packed, or ``F.linear`` in a compiled
+    step)."""
+    if isinstance(packed, Tensor):
+        out = product(x.to(torch.bfloat16), packed).float()
+        return out if bias is None else out.add_(bias)
+    # by blocks of inputs, each block's bf16 product added in float32; as a matrix, whose blocks of
+    # columns a compiled step multiplies by oneDNN (it multiplied blocks of a (B, 1, d_in) input 10x slower)
+    rows = x.reshape(-1, x.size(-1)).to(torch.bfloat16)  # (N, d_in)
+    out = None
+    for inputs, block in packed:
+        part = product(rows[:, inputs], block)  # (N, d_out)
+        out = part.float() if out is None else out.add_(part)
+    out = out if bias is None else out.add_(bias)
+    return out.view(*x.shape[:-1], out.size(-1))  # (..., d_out)
+
+
+def _multiply_unbiased(x: Tensor, packed: Tensor) -> Tensor:
+    """:func:`_multiply` without a bias, as :func:`_bf16_sum` takes it."""
+    return _multiply(x, packed, None)
 
 
 def _int32_product(a: Tensor, b: Tensor) -> Tensor:
@@ -418,18 +479,15 @@ def bf16_rows_alike() -> bool:
     AMX tiles, oneDNN 3.x blocks the sum over ``d_in`` by a cost model of the whole product, so rows
     multiplied among 33 to a few hundred others are summed in another order than among 32 or fewer (for
     maps of 512 inputs and more, torch 2.13); its AVX-512 bf16 kernels sum every row alike. Probed once
-    per process on a 512 x 512 map; False where bf16 products are not had at all."""
+    per process on a 512 x 512 map; False where bf16 products are not had at all. Where it is False,
+    :func:`_packed_copy` packs wide bf16 maps by blocks of inputs, which are summed alike."""
     if not _packing_works(torch.bfloat16):
         return False
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(512, 512, generator=generator).bfloat16()
+    packed = _reorder(torch.randn(512, 512, generator=generator).bfloat16())
     x = torch.randn(300, 512, generator=generator).bfloat16()
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 128)
-    first = _onednn_linear(x[:32], packed, None, "none", [], "")  # (a flip of one bit in ~8,000 outputs)
-    return all(
-        torch.equal(_onednn_linear(x[:rows], packed, None, "none", [], "")[:32], first)
-        for rows in (40, 64, 100, 160, 300)
-    )
+    first = _multiply(x[:32], packed, None)  # (a flip of one bit in ~8,000 outputs)
+    return all(torch.equal(_multiply(x[:rows], packed, None)[:32], first) for rows in (40, 64, 100, 160, 300))
 
 
 def as_onednn(model: nn.Module) -> int:

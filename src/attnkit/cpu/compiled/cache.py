@@ -31,8 +31,9 @@ MAX_CACHE_DAYS = 30  # a step unused for this long goes
 # 7: the attention pads its keys itself, the sources are not; 8: a bf16 model's maps of 2^16 weights
 # and more multiply in bf16; 9: the attention scores only the real keys, its sums still in whole vectors;
 # 10: beam search's step ranks the continuations too; 11: cross-attention's query and memory maps, blocks
-# of in_proj, multiply in the precision of maps of their size, as the others do, not in float32).
-STEP_LAYOUT = 11
+# of in_proj, multiply in the precision of maps of their size, as the others do, not in float32;
+# 12: where bf16 products depend on the rows (AMX), a bf16 map of more than 256 inputs sums by blocks).
+STEP_LAYOUT = 12
 
 
 def cpu_capabilities() -> str:
