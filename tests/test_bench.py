@@ -232,7 +232,8 @@ def test_the_invariance_benchmark_counts_the_outputs_that_change_with_the_batch_
     pytest.importorskip("transformers", reason="HF generate is one of the peers")
     result = subprocess.run(
         [sys.executable, str(BENCH / "invariance.py"), "--ckpt", str(copy_run), "--src",
-         str(copy_data / "valid.src"), "--lines", "12", "--batch", "5", "--beam", "3", "--steps", "eager"],
+         str(copy_data / "valid.src"), "--lines", "12", "--batch", "5", "--beam", "3", "--steps", "eager",
+         "--bf16-one-product"],
         capture_output=True, text=True, encoding="utf-8", timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -242,6 +243,10 @@ def test_the_invariance_benchmark_counts_the_outputs_that_change_with_the_batch_
     # attnkit in each precision (bf16 is fp32 where this torch packs no bf16 weights): the same answers
     assert names[0] == "attnkit fp32" and names[2] == "attnkit int8" and names[1].startswith("attnkit")
     assert [differ for _, differ in rows[:3]] == ["0", "0", "0"], result.stdout
+    # and bf16 with one product per map, as before blocks of inputs, named for what this CPU's sums do
+    assert re.search(
+        r"\| attnkit bf16, one product per map \(rows summed [^|]+\) \| \d+ of 24 \|", result.stdout
+    )
 
 
 def test_the_translation_speed_benchmark_compares_the_compiled_step_with_the_eager_one(
