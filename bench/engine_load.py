@@ -122,11 +122,12 @@ async def levels_in_turn(batcher, levels: list[int], work: dict[str, tuple[int, 
 
 def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: list[str], seconds: float,
                 workers: str = "processes", offline: tuple[float, list[str]] | None = None,
-                ) -> dict:  # fmt: skip
+                allocator: str = "auto") -> dict:  # fmt: skip
     """The engine alone at each number of clients, and offline, as ``attnkit serve`` with ``options``
-    (``decode.field=value``) would run the model: ``{"offline": sentences/s, clients: closed_loop's}``.
-    ``offline``: the offline sentences/s and translations where the caller has measured them already
-    (``bench/serve_load.py``), else measured here (:func:`offline_rate`)."""
+    (``decode.field=value``) and ``--allocator`` would run the model: ``{"offline": sentences/s,
+    clients: closed_loop's}``. ``offline``: the offline sentences/s and translations where the caller
+    has measured them already (``bench/serve_load.py``), else measured here (:func:`offline_rate`)."""
+    from attnkit.serve.allocator import choose
     from attnkit.serve.state import ServerState, ServeSettings
 
     served = served_as_server(ckpt, options)
@@ -135,7 +136,9 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
     settings = BeamSettings(served.config.decode.beam_size)
     work = counted_work(served, sentences, settings)
     # the server's own batcher and engines (serve/state.py), as attnkit serve makes them
-    batcher = ServerState(ServeSettings(batching="continuous", workers=workers)).batcher_for(served)
+    library, said = choose(allocator) if workers == "processes" else (None, "")
+    settings_of_server = ServeSettings(batching="continuous", workers=workers, allocator=library)
+    batcher = ServerState(settings_of_server).batcher_for(served)
     batcher.started()
     results = asyncio.run(levels_in_turn(batcher, levels, work, settings, sentences, seconds, expected))
     return {
@@ -143,6 +146,7 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
         "steps": served.steps(),
         "workers": workers,
         "batches": batcher.workers,
+        "allocator": said,
         **results,
     }
 
@@ -270,6 +274,7 @@ def print_breakdown(rows: dict, levels: list[int]) -> None:
 
 def print_results(results: dict, levels: list[int]) -> None:
     running = f"{results['batches']} running batch(es) in {results['workers']}, {results['steps']} steps"
+    running += f" ({results['allocator']})" if results["allocator"] else ""
     print(f"offline (attnkit translate, in this process): {results['offline']:.1f} sentences/s; {running}")
     print("| engine only (no HTTP) | clients | sentences/s | / offline | p50 ms | p99 ms | answers not the "
           "offline one |")  # fmt: skip
@@ -301,6 +306,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--workers", choices=["processes", "threads"], default="processes")
+    parser.add_argument("--allocator", default="auto", help="the worker processes', as attnkit serve's")
     parser.add_argument(
         "--breakdown",
         action="store_true",
@@ -325,7 +331,10 @@ def main() -> None:
     if args.breakdown:
         print_breakdown(breakdown(args.ckpt, sentences, levels, options, args.seconds), levels)
         return
-    print_results(engine_only(args.ckpt, sentences, levels, options, args.seconds, args.workers), levels)
+    results = engine_only(
+        args.ckpt, sentences, levels, options, args.seconds, args.workers, allocator=args.allocator
+    )
+    print_results(results, levels)
 
 
 if __name__ == "__main__":

@@ -415,7 +415,12 @@ def main() -> None:
 
         options = [f"decode.beam_size={args.beam}", *args.server_option]
         measured = (alone["rate"], [alone["outputs"][text] for text in sentences])  # (not measured again)
-        engine_alone = engine_only(args.ckpt, sentences, levels, options, args.seconds, offline=measured)
+        # the worker processes' allocator as the server's (--allocator=NAME among the server's options)
+        allocator = next(
+            (o.partition("=")[2] for o in args.server_option if o.startswith("--allocator=")), "auto"
+        )
+        engine_alone = engine_only(args.ckpt, sentences, levels, options, args.seconds, offline=measured,
+                                   allocator=allocator)  # fmt: skip
     scenarios: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as work:
         exported = Path(work) / "ct2"

@@ -23,6 +23,7 @@ pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from attnkit.data.synthetic import dates  # noqa: E402
+from attnkit.serve.allocator import choose  # noqa: E402
 from tests.serve.servers import Server, generated, worker_processes  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a trained model and a server process
@@ -66,6 +67,9 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
     worker_pids = worker_processes(served.process.pid)
     try:
         assert len(worker_pids) == (2 if workers == "processes" else 0)  # one per worker, its model loaded
+        library, _ = choose("auto")  # what --allocator auto gives them, where this machine has one
+        for pid in worker_pids if library else ():
+            assert Path(library).name in Path(f"/proc/{pid}/maps").read_text(encoding="utf-8")
 
         def ask(i):
             beam, best = (1, 1) if i % 3 == 0 else (4, 2 if i % 3 == 2 else 1)

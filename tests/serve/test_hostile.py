@@ -245,6 +245,10 @@ def test_every_option_and_decode_setting_is_checked_before_the_server_starts(run
         (["--grace", "-5"], "--grace must be at least 0"),
         (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
         (["--workers", "fibres"], "--workers fibres: choose one of processes, threads"),
+        (
+            ["--allocator", "tcmallocc"],
+            "--allocator tcmallocc: choose one of auto, tcmalloc, jemalloc, system",
+        ),
     ):
         result, _ = _serve_fails("--ckpt", run, "--port", "0", *arguments)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (arguments, result.stderr)

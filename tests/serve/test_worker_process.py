@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +29,9 @@ from attnkit.serve.worker_process import WorkerError, WorkerGoneError, WorkerPro
 
 class Countdown:
     """``"word:n"`` is done after n steps as ``"WORD"``; ``"threads"`` at once, as the child's torch
-    threads; ``"boom"`` fails the step; a prompt (``.text``, ``.sink``) hears ``"<text>1"``, ``"<text>2"``
-    ... one piece a step, and is done after ``seed`` steps with them joined. A step takes ``step_s``
+    threads; ``"mapped:NAME"`` at once, as whether a library of that name is mapped in the child;
+    ``"boom"`` fails the step; a prompt (``.text``, ``.sink``) hears ``"<text>1"``, ``"<text>2"`` ...
+    one piece a step, and is done after ``seed`` steps with them joined. A step takes ``step_s``
     seconds."""
 
     def __init__(self, step_s=0.0):
@@ -51,6 +53,9 @@ class Countdown:
                 raise ValueError("boom is not a sentence")
             if x == "threads":
                 self.left[key] = [str(torch.get_num_threads()), 1, None, None]
+            elif isinstance(x, str) and x.startswith("mapped:"):  # whether a library is in this process
+                mapped = x.partition(":")[2] in Path("/proc/self/maps").read_text(encoding="utf-8")
+                self.left[key] = ["MAPPED" if mapped else "NOT MAPPED", 1, None, None]
             elif isinstance(x, str):
                 word, n = x.split(":")
                 self.left[key] = [word.upper(), int(n), None, None]

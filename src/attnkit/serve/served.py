@@ -77,10 +77,12 @@ class ServedModel(Generic[Settings]):
         where the model has one (``steps_continuously``)."""
         raise NotImplementedError
 
-    def running_batch_process(self, deadline_s: float) -> Callable[[], Any] | None:
+    def running_batch_process(
+        self, deadline_s: float, preload: str | None = None
+    ) -> Callable[[], Any] | None:
         """What makes :meth:`running_batch` in a process of its own (serve/worker_process.py), answering
-        each step within ``deadline_s``, where the model can be made there; None where it cannot (the
-        batcher's threads then step it here)."""
+        each step within ``deadline_s`` and started with the allocator library ``preload``, where the
+        model can be made there; None where it cannot (the batcher's threads then step it here)."""
         return None
 
     def worker_processes(self) -> int:
@@ -164,15 +166,18 @@ class AttnkitModel(ServedModel[Settings]):
             return self.workers
         return min(self.workers, MAX_WORKER_PROCESSES)
 
-    def running_batch_process(self, deadline_s: float) -> Callable[[], Any] | None:
+    def running_batch_process(
+        self, deadline_s: float, preload: str | None = None
+    ) -> Callable[[], Any] | None:
         """A child process that makes the model again from this one's weights in memory
         (:class:`MadeAgain`) and keeps its running batch, answering each step within ``deadline_s``
-        (on a CPU: a GPU's memory would hold the model twice)."""
+        (on a CPU: a GPU's memory would hold the model twice); started with the allocator library
+        ``preload`` (serve/allocator.py)."""
         if self.device.type != "cpu" or not self.steps_continuously:
             return None
         from attnkit.serve.worker_process import WorkerProcess
 
-        return partial(WorkerProcess, MadeAgain(self), deadline_s=deadline_s)
+        return partial(WorkerProcess, MadeAgain(self), deadline_s=deadline_s, preload=preload)
 
     def describe(self) -> dict[str, Any]:
         """The model's architecture and the settings a client may want: the model, its decoding and its

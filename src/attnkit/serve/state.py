@@ -57,6 +57,7 @@ class ServeSettings:
     # "processes": each running batch in a process of its own where the model can be (worker_process.py);
     # "threads": on the batcher's threads, in this process
     workers: str = "threads"
+    allocator: str | None = None  # the library worker processes preload as their allocator (allocator.py)
 
 
 @dataclass
@@ -88,7 +89,9 @@ class ServerState:
             # a worker process that has not answered a step for twice --stall-after is ended: /health has
             # said "stalled" meanwhile (an orchestrator may replace the server), and its requests get a 500
             deadline = WORKER_DEADLINE_STALLS * s.stall_after_s
-            elsewhere = model.running_batch_process(deadline) if s.workers == "processes" else None
+            elsewhere = (
+                model.running_batch_process(deadline, s.allocator) if s.workers == "processes" else None
+            )
             return ContinuousBatcher(
                 elsewhere or model.running_batch,
                 max_batch_tokens=s.max_batch_tokens,

@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from attnkit.serve.allocator import preloaded
+
 STARTED_WITHIN_S = 600.0  # how long a child may take to load its model before the worker gives up
 # the longest a child steps on by itself before it answers (the batcher's stall clock and the deadline
 # then see its steps move, however long a source runs)
@@ -81,15 +83,21 @@ class WorkerProcess:
     ``build`` is pickled to the child (a function of the module level, or a ``partial`` of one)."""
 
     def __init__(
-        self, build: Callable[[], Any], name: str = "attnkit-worker", deadline_s: float = 300.0
+        self,
+        build: Callable[[], Any],
+        name: str = "attnkit-worker",
+        deadline_s: float = 300.0,
+        preload: str | None = None,
     ) -> None:
+        """``preload``: a memory allocator's library for the child to start with (allocator.py)."""
         self.deadline_s = deadline_s  # how long a step may take before the child is taken for hung
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads forked mid-step
         self.connection, theirs = context.Pipe()
         # 1 while the parent has news for the child (:meth:`tell`): a child stepping on answers
         self.news = context.RawValue("b", 0)
         self.process = context.Process(target=_child, args=(theirs, build, self.news), name=name, daemon=True)
-        self.process.start()
+        with preloaded(preload):
+            self.process.start()
         theirs.close()
         self.ready = False
         self.sources = 0  # sources running (as the child said after the last iteration)
