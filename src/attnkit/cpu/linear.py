@@ -388,8 +388,9 @@ class OneDNNLinear(nn.Linear):
 
 def _packed_copy(weight: Tensor, dtype: torch.dtype) -> tuple[Tensor | list, torch.dtype]:
     """``weight`` in oneDNN's blocked layout, in ``dtype`` (float32 for a bf16 map of fewer than
-    :data:`BF16_MIN_WEIGHTS`), and the dtype it took. A bf16 copy where :func:`bf16_rows_alike` fails is
-    a list of ``(inputs, packed block)``, one per :func:`_input_blocks` block, for :func:`_bf16_sum`."""
+    :data:`BF16_MIN_WEIGHTS`), and the dtype it took. A bf16 copy of a map of more than
+    :data:`BF16_SUM_INPUTS` inputs where :func:`bf16_rows_alike` fails is a list of ``(inputs, packed
+    block)``, one per :func:`_input_blocks` block, for :func:`_bf16_sum`."""
     if dtype == torch.bfloat16 and weight.numel() < BF16_MIN_WEIGHTS:
         dtype = torch.float32  # a small map: see BF16_MIN_WEIGHTS
     copy = weight.detach().to(dtype).contiguous()

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 
 # each allocator's libraries, as ``ctypes.util.find_library`` names them, the first found taken (tcmalloc's
-# minimal library: its allocator without the heap profiler); Debian's packages in brackets
+# minimal library: its allocator without the heap profiler); and Debian's package of each
 LIBRARIES = {"tcmalloc": ("tcmalloc_minimal", "tcmalloc"), "jemalloc": ("jemalloc",)}
 PACKAGES = {"tcmalloc": "libtcmalloc-minimal4", "jemalloc": "libjemalloc2"}
 ALLOCATORS = ("auto", *LIBRARIES, "system")
