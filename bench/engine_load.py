@@ -127,7 +127,7 @@ def engine_only(ckpt: Path, sentences: list[str], levels: list[int], options: li
     (``decode.field=value``) and ``--allocator`` would run the model: ``{"offline": sentences/s,
     clients: closed_loop's}``. ``offline``: the offline sentences/s and translations where the caller
     has measured them already (``bench/serve_load.py``), else measured here (:func:`offline_rate`)."""
-    from attnkit.serve.allocator import choose
+    from attnkit.cpu.allocator import choose
     from attnkit.serve.state import ServerState, ServeSettings
 
     served = served_as_server(ckpt, options)

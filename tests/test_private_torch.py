@@ -11,6 +11,7 @@ ALLOWED = {
     "cpu/linear.py": "oneDNN's linear and packed weights, int8 products (F.linear without them)",
     "cpu/compiled/build.py": "AOTInductor's compiler, probed by compilable (the eager step without it)",
     "cpu/compiled/library.py": "the compiled step called through ctypes (the eager step without it)",
+    "cpu/allocator.py": "ctypes.util.find_library, which loads nothing (the system's malloc without it)",
 }
 
 

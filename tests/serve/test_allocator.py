@@ -1,4 +1,4 @@
-"""The allocator worker processes start with (serve/allocator.py): ``auto`` takes tcmalloc, else
+"""The allocator worker processes start with (cpu/allocator.py): ``auto`` takes tcmalloc, else
 jemalloc, else the system's malloc, saying which (and what to install); one asked for that is not here
 is an error naming its package; the library is in ``LD_PRELOAD`` only while a process starts; a child
 started so has it mapped, and one started otherwise has not."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from attnkit.serve import allocator
-from attnkit.serve.allocator import AllocatorNotFoundError, choose, preloaded
+from attnkit.cpu import allocator
+from attnkit.cpu.allocator import AllocatorNotFoundError, choose, preloaded
 from attnkit.serve.worker_process import WorkerProcess
 from tests.serve.test_worker_process import Countdown
 

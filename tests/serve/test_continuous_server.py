@@ -22,8 +22,8 @@ httpx = pytest.importorskip("httpx", reason="the server tests need httpx: pip in
 pytest.importorskip("fastapi", reason="attnkit serve needs FastAPI: pip install 'attnkit[serve]'")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from attnkit.cpu.allocator import choose  # noqa: E402
 from attnkit.data.synthetic import dates  # noqa: E402
-from attnkit.serve.allocator import choose  # noqa: E402
 from tests.serve.servers import Server, generated, worker_processes  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a trained model and a server process

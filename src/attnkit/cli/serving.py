@@ -186,7 +186,7 @@ def serve(
         raise AttnkitError(f"--batching {batching}: choose one of {', '.join(BATCHINGS)}")
     if workers not in WORKERS:
         raise AttnkitError(f"--workers {workers}: choose one of {', '.join(WORKERS)}")
-    from attnkit.serve.allocator import ALLOCATORS
+    from attnkit.cpu.allocator import ALLOCATORS
 
     if allocator not in ALLOCATORS:
         raise AttnkitError(f"--allocator {allocator}: choose one of {', '.join(ALLOCATORS)}")
@@ -243,9 +243,9 @@ def _serve_until_stopped(
 
 
 def _allocator_library(allocator: str) -> str | None:
-    """The library the worker processes preload for ``--allocator`` (serve/allocator.py), said in one
+    """The library the worker processes preload for ``--allocator`` (cpu/allocator.py), said in one
     line; one line of error where the one asked for is not here."""
-    from attnkit.serve.allocator import AllocatorNotFoundError, choose
+    from attnkit.cpu.allocator import AllocatorNotFoundError, choose
 
     try:
         library, line = choose(allocator)

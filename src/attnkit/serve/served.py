@@ -172,7 +172,7 @@ class AttnkitModel(ServedModel[Settings]):
         """A child process that makes the model again from this one's weights in memory
         (:class:`MadeAgain`) and keeps its running batch, answering each step within ``deadline_s``
         (on a CPU: a GPU's memory would hold the model twice); started with the allocator library
-        ``preload`` (serve/allocator.py)."""
+        ``preload`` (cpu/allocator.py)."""
         if self.device.type != "cpu" or not self.steps_continuously:
             return None
         from attnkit.serve.worker_process import WorkerProcess

@@ -57,7 +57,7 @@ class ServeSettings:
     # "processes": each running batch in a process of its own where the model can be (worker_process.py);
     # "threads": on the batcher's threads, in this process
     workers: str = "threads"
-    allocator: str | None = None  # the library worker processes preload as their allocator (allocator.py)
+    allocator: str | None = None  # the library worker processes preload as their allocator (cpu/allocator.py)
 
 
 @dataclass

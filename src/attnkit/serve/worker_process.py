@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from attnkit.serve.allocator import preloaded
+from attnkit.cpu.allocator import preloaded
 
 STARTED_WITHIN_S = 600.0  # how long a child may take to load its model before the worker gives up
 # the longest a child steps on by itself before it answers (the batcher's stall clock and the deadline
@@ -89,7 +89,7 @@ class WorkerProcess:
         deadline_s: float = 300.0,
         preload: str | None = None,
     ) -> None:
-        """``preload``: a memory allocator's library for the child to start with (allocator.py)."""
+        """``preload``: a memory allocator's library for the child to start with (cpu/allocator.py)."""
         self.deadline_s = deadline_s  # how long a step may take before the child is taken for hung
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads forked mid-step
         self.connection, theirs = context.Pipe()

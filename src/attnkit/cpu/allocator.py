@@ -5,7 +5,7 @@ took 14% of a running batch's newcomers' first steps (``perf``). With tcmalloc p
 batch of 32 clients on the Multi30k model decoded 15% more sentences a second (6.1 against 7.0 ms a
 sentence, in process on one thread; jemalloc: 9%), as Intel's own guides for PyTorch on CPUs advise.
 
-A process cannot change its allocator once it runs, but the worker processes (worker_process.py) are
+A process cannot change its allocator once it runs, but the worker processes (serve/worker_process.py) are
 started by the server: each starts with the library in ``LD_PRELOAD``, which the dynamic loader reads
 when the process begins (Linux; the server's own process keeps the system's). :func:`choose` finds
 the library; ``auto`` takes tcmalloc, else jemalloc, else the system's ``malloc``, saying so and what
