@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.cpu.allocator import restart_on_allocator, running
 from attnkit.decode.search import BeamSettings
 
 
@@ -327,7 +328,7 @@ def main() -> None:
     options = [f"decode.beam_size={args.beam}", *args.overrides]
     order = ", shortest first" if args.by_length else ""
     print(f"{len(sentences)} sentences{order}; beam {args.beam}; {torch.get_num_threads()} threads; "
-          f"{args.seconds:g} s per level; {' '.join(args.overrides)}")  # fmt: skip
+          f"allocator {running()}; {args.seconds:g} s per level; {' '.join(args.overrides)}")  # fmt: skip
     if args.breakdown:
         print_breakdown(breakdown(args.ckpt, sentences, levels, options, args.seconds), levels)
         return
@@ -338,4 +339,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_on_allocator()  # on the allocator the attnkit command runs on (tcmalloc where found)
     main()

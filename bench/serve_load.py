@@ -50,6 +50,7 @@ from keep_alive import KeepAlive
 from soak import CaptionerDialect, Dialect, GeneratorDialect, RecogniserDialect, soak
 
 from attnkit.checkpoint.folder import resolve_checkpoint
+from attnkit.cpu.allocator import restart_on_allocator, running
 from attnkit.data.tokenizer import Tokenizer
 
 
@@ -400,7 +401,7 @@ def main() -> None:
     levels = [int(c) for c in args.clients.split(",")]
     engines = args.engines.split(",")
     print(f"{len(sentences)} sentences from {source}; beam {args.beam}; {args.threads} threads; "
-          f"{args.seconds:g} s per level; {args.client} clients; attnkit serve "
+          f"allocator {running()}; {args.seconds:g} s per level; {args.client} clients; attnkit serve "
           f"{' '.join(args.server_option)}")  # fmt: skip
     results: dict[tuple[str, int], dict] = {}
     alone = offline(args.ckpt, sentences, args.beam, args.server_option) if "attnkit" in engines else None
@@ -529,4 +530,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_on_allocator()  # on the allocator the attnkit command runs on (tcmalloc where found), as
+    # the server is; the CTranslate2 peer's server too (this script with --peer-server)
     main()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from attnkit.cpu.allocator import restart_on_allocator, running
 from attnkit.processes import resolve_device
 
 
@@ -34,13 +35,15 @@ def resolve_dtype(args: argparse.Namespace) -> torch.dtype:
 
 
 def setup(args: argparse.Namespace) -> str:
-    """Apply thread settings and describe the machine in one line."""
+    """Apply thread settings and describe the machine in one line. First restarts the script on the
+    allocator the attnkit command runs on (tcmalloc where found; ATTNKIT_ALLOCATOR), both sides alike."""
+    restart_on_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda"):
         where = torch.cuda.get_device_name(args.device)
     else:
-        where = f"CPU, {torch.get_num_threads()} threads"
+        where = f"CPU, {torch.get_num_threads()} threads, allocator {running()}"
     return f"torch {torch.__version__}, {where}, dtype {resolve_dtype(args)}"
 
 

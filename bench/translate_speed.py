@@ -44,6 +44,7 @@ import torch
 
 from attnkit.config import with_decode_overrides
 from attnkit.convert.export import export_ctranslate2, export_hf
+from attnkit.cpu.allocator import chosen, preloaded
 from attnkit.data.batching import length_batches, pad
 from attnkit.data.readers import read_parallel
 from attnkit.decode.ct2 import CTranslate2Translator
@@ -131,12 +132,14 @@ def interleaved_times(folders: dict[str, str], args, sources: list[str], beams: 
     engines alike; a pause after each run lets an engine's worker threads stop spinning before the next
     engine starts."""
     spawn = multiprocessing.get_context("spawn")
+    library = chosen()
     workers = {}
     for name, folder in folders.items():
         ours, theirs = spawn.Pipe()
         work = (theirs, name, folder, args.ckpt, sources, args.batch, args.threads, alpha, args.streams)
         process = spawn.Process(target=serve_engine, args=work)
-        process.start()
+        with preloaded(library):  # each engine on the allocator the attnkit command runs on
+            process.start()
         workers[name] = (process, ours)
     settings = {name: conn.recv() for name, (_, conn) in workers.items()}  # (batch size, α) of each
     if len(set(settings.values())) > 1:
@@ -212,7 +215,8 @@ def main() -> None:
     streams = stream_count(args.streams, "cpu", batches=-(-len(sources) // args.batch))
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
           f"{args.batch}, {streams} batch(es) at a time on {args.threads // streams} thread(s) each on every "
-          f"engine, {args.rounds} rounds, each engine in its own process, their runs interleaved; "
+          f"engine, {args.rounds} rounds, each engine in its own process (allocator {chosen() or 'malloc'}), "
+          f"their runs interleaved; "
           f"beam search's score: log P / length^{decode.alpha} on every side (each engine's batch size and "
           f"α as it reported them)")  # fmt: skip
     print(

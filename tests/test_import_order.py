@@ -19,6 +19,7 @@ ORDER = [
             "attnkit.metrics",
             "attnkit.processes",
             "attnkit.ranking",
+            "attnkit.lazy",
         ],
     ),
     ("attention", ["attnkit.attention"]),

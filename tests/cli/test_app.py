@@ -50,7 +50,7 @@ def test_the_progress_bar_shows_on_a_terminal_only_where_asked(monkeypatch):
     """Under torchrun every process would draw its own bar on the same terminal: only the first shows."""
     import sys
 
-    from attnkit.cli.app import progress_bar
+    from attnkit.cli.shared import progress_bar
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     with progress_bar() as shown, progress_bar(show=False) as hidden:

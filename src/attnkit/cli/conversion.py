@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnkit.cli.app import Overwrite, app, one_line_errors
+from attnkit.cli.shared import Overwrite, app, one_line_errors
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, TransformerConfig, archs
 

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnkit.cli.app import (
+from attnkit.cli.loading import (
+    check_engine,
+    ctranslate2_translator,
+    load_encoder,
+    load_translator,
+    with_options,
+)
+from attnkit.cli.shared import (
     EXTRA_ARGS,
     Engine,
     Int8,
@@ -26,13 +33,6 @@ from attnkit.cli.app import (
     stream_out,
     writable_file,
     write_output,
-)
-from attnkit.cli.loading import (
-    check_engine,
-    ctranslate2_translator,
-    load_encoder,
-    load_translator,
-    with_options,
 )
 from attnkit.errors import AttnkitError
 from attnkit.models import archs

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from attnkit.cli.app import (
+from attnkit.cli.loading import check_engine, ctranslate2_translator, no_decoding
+from attnkit.cli.shared import (
     EXTRA_ARGS,
     Engine,
     Int8,
@@ -21,7 +22,6 @@ from attnkit.cli.app import (
     progress_bar,
     writable_file,
 )
-from attnkit.cli.loading import check_engine, ctranslate2_translator, no_decoding
 from attnkit.errors import AttnkitError
 from attnkit.models import archs
 from attnkit.models.glimpse import GlimpseConfig

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from attnkit.cli.app import note
+from attnkit.cli.shared import note
 from attnkit.config import without_precision
 from attnkit.errors import AttnkitError
 from attnkit.models import archs

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnkit.cli.app import (
+from attnkit.cli.loading import check_engine
+from attnkit.cli.shared import (
     EXTRA_ARGS,
     Engine,
     Int8,
@@ -24,7 +25,6 @@ from attnkit.cli.app import (
     one_line_errors,
     precision_override,
 )
-from attnkit.cli.loading import check_engine
 from attnkit.errors import AttnkitError
 
 if TYPE_CHECKING:

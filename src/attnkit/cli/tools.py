@@ -9,7 +9,7 @@ from typing import Annotated, NamedTuple
 
 import typer
 
-from attnkit.cli.app import app, as_sent, one_line_errors, writable_file
+from attnkit.cli.shared import app, as_sent, one_line_errors, writable_file
 from attnkit.errors import AttnkitError
 from attnkit.utf8 import native_path
 

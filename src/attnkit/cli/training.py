@@ -9,7 +9,8 @@ from typing import Annotated
 import torch
 import typer
 
-from attnkit.cli.app import EXTRA_ARGS, Overwrite, app, at_least, one_line_errors, recipe_and_overrides
+from attnkit.cli.shared import EXTRA_ARGS, Overwrite, app, at_least, one_line_errors, recipe_and_overrides
+from attnkit.cpu import allocator
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, PRESETS, archs, build_model, from_preset
 
@@ -22,7 +23,8 @@ def summary(
     batch: Annotated[int, typer.Option(help="Sequences in the forward pass.")] = 2,
     length: Annotated[int, typer.Option(help="Tokens per sequence in the forward pass.")] = 16,
 ) -> None:
-    """Build a model from a preset, print its parts and size, and time one forward pass on CPU."""
+    """Build a model from a preset, print its parts and size, and time one forward pass on CPU (saying
+    its threads and memory allocator)."""
     at_least("--vocab", vocab, 5)
     at_least("--batch", batch, 1)
     at_least("--length", length, 1)
@@ -60,7 +62,8 @@ def summary(
         seconds = time.perf_counter() - began
     shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
     what = "hidden states" if getattr(config, "head", "") == "none" else "logits"
-    typer.echo(f"forward pass: {shapes} -> {what} {tuple(logits.shape)} in {seconds * 1000:.0f} ms")
+    on = f"{torch.get_num_threads()} threads, allocator: {allocator.running()}"
+    typer.echo(f"forward pass: {shapes} -> {what} {tuple(logits.shape)} in {seconds * 1000:.0f} ms ({on})")
 
 
 @app.command()

