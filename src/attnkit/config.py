@@ -148,7 +148,9 @@ class TrainConfig:
     keep_last: int = 5  # checkpoints kept besides the best (for averaging)
     log_every: int = 50  # steps between progress lines (without a terminal) and TensorBoard's training points
     log: list[str] = field(default_factory=lambda: ["csv"])  # also "tensorboard": RUN/tensorboard event files
-    precision: str = "auto"  # "auto" (bf16 autocast on GPU and on CPUs with fast bf16 units), "fp32", "bf16"
+    # "auto": bf16 autocast on a GPU, and on a CPU with fast bf16 units where a step of this model is faster
+    # so (timed both ways on the first batch, train/precision.py); "fp32"; "bf16"
+    precision: str = "auto"
     device: str = "auto"  # "auto" (the GPU if there is one), "cpu", "cuda", "cuda:1", ...
     # several processes (torchrun): "ddp" keeps the whole model in each; "fsdp" shards the weights, the
     # gradients and the optimizer's state over them (FSDP2), for a model too big for one device

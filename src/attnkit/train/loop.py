@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from attnkit.tasks.protocol import TaskFactory
 from attnkit.train.checks import ready_to_train
 from attnkit.train.distributed import fully_shard_model, shard, whole_root
 from attnkit.train.optimizer import freeze, make_optimizer
-from attnkit.train.precision import autocast_for, training_precision
+from attnkit.train.precision import autocast_for, faster_of_two, measured_on, training_precision
 from attnkit.train.pretrained import Pretrained
 from attnkit.train.reporting import Reporter
 from attnkit.train.schedules import learning_rate_fn, make_scheduler
@@ -86,11 +86,14 @@ class Trainer:
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.world.local_rank)
         self.autocast_dtype, precision = training_precision(t.precision, self.device)
+        measure = measured_on(t.precision, self.device, self.autocast_dtype, self.world.size)
         self.autocast = autocast_for(self.device, self.autocast_dtype)  # every forward pass runs in it
         t.precision = "fp32" if self.autocast_dtype is None else "bf16"  # what config.json records
         self.lock = lock_run(self.run_dir) if self.world.is_main else None  # before it is read or deleted
         try:
-            self._say(f"precision: {precision}")
+            self._say(
+                f"precision: {precision}" + (", unless float32 trains this model faster" if measure else "")
+            )
             prepare_run_dir(self.run_dir, not resume, overwrite, self.world.is_main, self._say)
             torch.manual_seed(t.seed)  # the same initial weights in every process
             # The tokenizer of the run resumed or of the model fine-tuned; None: the task learns one.
@@ -103,6 +106,8 @@ class Trainer:
             self.tokenizer = self.task.tokenizer
             self.sharded = t.parallel == "fsdp" and self.world.size > 1  # else one process holds it all
             self.model, self.ddp = self._placed_model(config, resume_from, pretrained)
+            if measure:
+                self._choose_precision_by_timing()
             torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
             self.optimizer = make_optimizer(self.model, t, self.device)
             decay_steps = t.decay_steps or t.max_steps
@@ -145,6 +150,32 @@ class Trainer:
         return model, DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
+
+    def _choose_precision_by_timing(self) -> None:
+        """``train.precision=auto`` on a CPU with bf16 units: bf16 or float32, whichever trains the first
+        batch faster (train/precision.py). The run goes on as if it had been told the precision chosen:
+        the steps timed leave no gradients, and the model's buffers as they were (the dropout's
+        generator is seeded afterwards)."""
+        batches = self.task.epoch_batches(0)
+        if not batches:
+            return  # (the loop says why no step can be taken)
+        batch = self.task.make_batch(batches[0]).to(self.device)
+        buffers = [buffer.clone() for buffer in self.model.buffers()]
+
+        def step(autocast: Callable[[], AbstractContextManager]) -> None:
+            self.ddp.train()
+            with autocast():
+                loss, _ = self.task.loss(self.ddp, batch)
+            loss.backward()
+
+        self.autocast_dtype, precision = faster_of_two(step)
+        self.autocast = autocast_for(self.device, self.autocast_dtype)
+        self.config.train.precision = "fp32" if self.autocast_dtype is None else "bf16"
+        self.model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for kept, buffer in zip(buffers, self.model.buffers(), strict=True):
+                buffer.copy_(kept)
+        self._say(f"precision: {precision}")
 
     def _let_go(self) -> None:
         """Release the run directory (:func:`attnkit.checkpoint.run_dir.lock_run`) for the next run."""
