@@ -117,7 +117,7 @@ def restart_on_allocator() -> None:
     processes it starts (compilers, worker processes, browsers) start as they would have.
 
     Call it first thing, before torch loads: ``os.execve`` keeps the process (its id, open files,
-    signals) and replaces the program, which costs the interpreter's start again (~50 ms)."""
+    signals) and replaces the program, which costs the interpreter's start again (~30 ms here)."""
     if _GIVEN_PRELOAD in os.environ:  # restarted already (or the loader refused the library: go on)
         given = os.environ.pop(_GIVEN_PRELOAD)
         if given:
