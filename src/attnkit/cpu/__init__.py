@@ -20,7 +20,8 @@ conversions and hooks see the same model:
 
 Also here, in ``compiled/``: a translation model's decoding step compiled ahead of time, which
 ``attnkit.decode.compiled`` hands to the searches (``decode.steps``); and in ``allocator.py``, the
-memory allocator (tcmalloc where the system has it) that the server's worker processes start with.
+memory allocator (tcmalloc where the system has it) that the ``attnkit`` command restarts itself on
+and the server's worker processes start with.
 
 Every private torch interface attnkit uses lives in this package, each tried on a small example before
 use, with a public fallback that gives the same outputs (tested by forcing each fallback). A model on

@@ -85,10 +85,9 @@ class Trainer:
         self.world = init_world(self.device.type)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.world.local_rank)
-        self.autocast_dtype, precision = training_precision(t.precision, self.device)
-        measure = measured_on(t.precision, self.device, self.autocast_dtype, self.world.size)
-        self.autocast = autocast_for(self.device, self.autocast_dtype)  # every forward pass runs in it
-        t.precision = "fp32" if self.autocast_dtype is None else "bf16"  # what config.json records
+        dtype, precision = training_precision(t.precision, self.device)
+        measure = measured_on(t.precision, self.device, dtype, self.world.size)
+        self._train_in(dtype)
         self.lock = lock_run(self.run_dir) if self.world.is_main else None  # before it is read or deleted
         try:
             self._say(
@@ -163,19 +162,24 @@ class Trainer:
         buffers = [buffer.clone() for buffer in self.model.buffers()]
 
         def step(autocast: Callable[[], AbstractContextManager]) -> None:
-            self.ddp.train()
             with autocast():
                 loss, _ = self.task.loss(self.ddp, batch)
             loss.backward()
 
-        self.autocast_dtype, precision = faster_of_two(step)
-        self.autocast = autocast_for(self.device, self.autocast_dtype)
-        self.config.train.precision = "fp32" if self.autocast_dtype is None else "bf16"
+        self.ddp.train()
+        dtype, precision = faster_of_two(step)
+        self._train_in(dtype)
         self.model.zero_grad(set_to_none=True)
         with torch.no_grad():
             for kept, buffer in zip(buffers, self.model.buffers(), strict=True):
                 buffer.copy_(kept)
         self._say(f"precision: {precision}")
+
+    def _train_in(self, dtype: torch.dtype | None) -> None:
+        """Train with autocast to ``dtype`` (None: float32 throughout), and record it in config.json."""
+        self.autocast_dtype = dtype
+        self.autocast = autocast_for(self.device, dtype)  # every forward pass runs in it
+        self.config.train.precision = "fp32" if dtype is None else "bf16"
 
     def _let_go(self) -> None:
         """Release the run directory (:func:`attnkit.checkpoint.run_dir.lock_run`) for the next run."""

@@ -65,7 +65,7 @@ def faster_of_two(
     """bf16 autocast or float32 (None), whichever trains faster by the rule of :data:`BF16_AT_LEAST`,
     and one line that says which with the times; ``step(autocast)`` runs one training step's forward and
     backward pass in the context ``autocast()`` (its gradients are the caller's to clear)."""
-    contexts = {None: nullcontext, torch.bfloat16: partial(torch.autocast, "cpu", dtype=torch.bfloat16)}
+    contexts = {dtype: autocast_for(torch.device("cpu"), dtype) for dtype in (None, torch.bfloat16)}
     times: dict[torch.dtype | None, list[float]] = {dtype: [] for dtype in contexts}
     for round_ in range(TIMED_STEPS + 1):
         for dtype, context in contexts.items():
