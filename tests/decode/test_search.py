@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnkit import build_transformer
-from attnkit.cpu.search import best_by_blocks
+from attnkit.cpu.search import RuledOut, best_by_blocks
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode import Search, beam_search, greedy, length_penalty
 from attnkit.decode.beams import beam
@@ -318,6 +318,40 @@ def test_ranking_logits_with_their_normaliser_is_ranking_their_log_probabilities
     assert expected is not None and found is not None
     for got, want in zip(found, expected, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("V", [8000, 8001, 1030])
+def test_ruling_tokens_out_where_the_ranking_reads_them_is_ruling_them_out_first(V):
+    """A compiled beam step leaves its logits as they are and rules out the tokens the search rules out
+    where its ranking reads them (best_by_blocks' ``ruled_out``): the scores, beams and tokens are
+    exactly those of ranking the logits the search writes (``next_log_probs``: the tokens never
+    generated at -inf, and in rows at their length bound every token but </s>), with the never
+    generated tokens the largest logits, sources whose every beam is at its bound, and </s> in the first
+    block, in the last whole one or past the whole blocks."""
+    torch.manual_seed(V)
+    n, K = 4, 2
+    at_limit = torch.tensor([False, True, False, False, True, True, False, False])  # (n·K,)
+    for eos in (IDS.eos, V - 1):
+        specials = SpecialIds(pad=IDS.pad, unk=IDS.unk, bos=IDS.bos, eos=eos)
+        logits = torch.randn(n * K, V) * 3
+        logits[:, [IDS.pad, IDS.bos]] = 20.0  # the largest, never to be taken
+        scores = torch.randn(n, K) - 5
+        maximum = logits.amax(-1)
+        log_sum = (logits - maximum[:, None]).exp().sum(-1).log()
+        written = next_log_probs(RandomLogits(logits.clone()), torch.zeros(n * K, 1), at_limit, specials,
+                                 normalised=False)  # fmt: skip
+        expected = best_by_blocks(written, scores, 2 * K, (maximum, log_sum))
+        ever = torch.ones(V, dtype=torch.bool)
+        ever[[IDS.pad, IDS.bos]] = False
+        end = torch.zeros(V, dtype=torch.bool)
+        end[eos] = True
+        found = best_by_blocks(logits, scores, 2 * K, (maximum, log_sum), RuledOut(ever, end, at_limit))
+        assert expected is not None and found is not None
+        for got, want in zip(found, expected, strict=True):
+            assert torch.equal(got, want)
+        best, _, tokens = found
+        assert (tokens[2][best[2] > float("-inf")] == eos).all()  # source 2: both beams at their bound
+        assert not torch.isin(tokens[best > float("-inf")], torch.tensor([IDS.pad, IDS.bos])).any()
 
 
 @pytest.mark.parametrize("V", [8000, 8001, 9999, 300, 100])

@@ -9,6 +9,8 @@ its plain torch equivalent. The choices are the same either way (tests/decode/te
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -32,8 +34,47 @@ def log_softmax_in_place(logits: Tensor) -> Tensor | None:
 BLOCK = 64  # consecutive tokens whose maximum stands for them in the first round of a blockwise top-k
 
 
+@dataclass(frozen=True)
+class RuledOut:
+    """The tokens a step's rows may not take, as the search rules them out (``attnkit.decode.search``'s
+    ``next_log_probs``): only the tokens ``ever (V,)`` generated, and in the rows ``at_limit (R,)`` (at
+    their length bound) only ``end (V,)``, ``</s>`` alone. :func:`best_by_blocks` rules them out where
+    it reads the logits (the block maxima, the chosen blocks' entries, the last partial block) instead
+    of reading logits with them at ``-inf`` already: a compiled beam step (``trace.RankedStep``) then
+    adds a float to each entry of its ``(R, V)`` logits on their way to the block maxima, where masks
+    over the whole matrix took three masks read and combined per entry: the same bits, the step 15-20%
+    faster (docs/benchmarks.md)."""
+
+    ever: Tensor  # (V,) bool
+    end: Tensor  # (V,) bool: one token
+    at_limit: Tensor  # (R,) bool
+
+    def block_maxima(self, logits: Tensor, blocks: int) -> Tensor:
+        """The largest entry a row may take in each of the first ``blocks`` blocks of :data:`BLOCK`
+        tokens of ``logits (R, V)``: ``(R, blocks)``, ``-inf`` for a block of none."""
+        never = torch.zeros_like(self.ever, dtype=logits.dtype).masked_fill(~self.ever, float("-inf"))  # (V,)
+        whole = logits[:, : blocks * BLOCK].unflatten(-1, (blocks, BLOCK))  # (R, blocks, BLOCK), a view
+        maxima = (whole + never[: blocks * BLOCK].view(blocks, BLOCK)).amax(-1)  # (R, blocks)
+        # a row at its bound: </s> in its block, nothing elsewhere (past the whole blocks: nothing here)
+        end = self.end.long().argmax()  # (): the token of </s>
+        ended = logits.index_select(1, end.view(1)).squeeze(1) + never[end]  # (R,)
+        in_its_block = torch.arange(blocks, device=logits.device) == end // BLOCK  # (blocks,)
+        at_end = torch.where(in_its_block, ended[:, None], float("-inf"))  # (R, blocks)
+        return torch.where(self.at_limit[:, None], at_end, maxima)
+
+    def applied(self, entries: Tensor, rows: Tensor, tokens: Tensor) -> Tensor:
+        """``entries (..., E)`` of the rows ``rows (...)``, tokens ``tokens`` (broadcast to them), with
+        those ruled out at ``-inf``."""
+        allowed = self.ever[tokens] & (~self.at_limit[rows][..., None] | self.end[tokens])
+        return entries.masked_fill(~allowed, float("-inf"))
+
+
 def best_by_blocks(
-    log_probs: Tensor, scores: Tensor, width: int, normaliser: tuple[Tensor, Tensor] | None = None
+    log_probs: Tensor,
+    scores: Tensor,
+    width: int,
+    normaliser: tuple[Tensor, Tensor] | None = None,
+    ruled_out: RuledOut | None = None,
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """``attnkit.decode.search.best_continuations`` of ``log_probs (n·K, V)`` and ``scores (n, K)``, by
     blocks: a source's ``width`` best continuations lie in the ``width`` blocks, among all its beams'
@@ -50,7 +91,8 @@ def best_by_blocks(
     log_sum``: it is applied only to the block maxima and the chosen blocks' entries, with the same
     result as to every entry first, since it keeps each row's order (every rounding is monotone). A
     compiled step ranks so (``attnkit.cpu.compiled.trace.RankedStep``): the log-probabilities are never
-    written out over the whole ``(n·K, V)`` matrix."""
+    written out over the whole ``(n·K, V)`` matrix. ``ruled_out``: the tokens ruled out are not at
+    ``-inf`` in ``log_probs`` yet; they are ruled out where read (:class:`RuledOut`)."""
     (n, K), V = scores.shape, log_probs.size(-1)
     if not log_probs.is_cpu or width * BLOCK * 4 > V:  # elsewhere, or too few blocks to pay: None
         return None
@@ -62,24 +104,30 @@ def best_by_blocks(
             return x
         return (x - normaliser[0][rows][..., None]) - normaliser[1][rows][..., None]
 
+    def allowed(x: Tensor, rows: Tensor, tokens: Tensor) -> Tensor:  # x (..., entries) of rows, tokens
+        return x if ruled_out is None else ruled_out.applied(x, rows, tokens)
+
     whole = log_probs[:, : blocks * BLOCK].unflatten(-1, (blocks, BLOCK))  # (n·K, blocks, BLOCK), a view
-    maxima = normalised(whole.amax(-1), every_row) + scores.view(-1, 1)  # (n·K, blocks): each block's best
+    maxima = whole.amax(-1) if ruled_out is None else ruled_out.block_maxima(log_probs, blocks)
+    maxima = normalised(maxima, every_row) + scores.view(-1, 1)  # (n·K, blocks): each block's best
     best_blocks = (
         first_k(maxima.view(n, K * blocks), width)[1].sort(dim=-1).values
     )  # (n, width): beam·blocks + block
     rows = torch.arange(n, device=scores.device)[:, None] * K + best_blocks // blocks  # (n, width)
-    inside = normalised(whole[rows, best_blocks % blocks], rows) + scores.view(-1)[rows][..., None]
-    # (n, width, BLOCK)
     offsets = torch.arange(BLOCK, device=scores.device)
-    flat = (best_blocks // blocks * V + best_blocks % blocks * BLOCK)[..., None] + offsets  # beam·V + token
+    tokens = (best_blocks % blocks * BLOCK)[..., None] + offsets  # (n, width, BLOCK)
+    inside = allowed(whole[rows, best_blocks % blocks], rows, tokens)
+    inside = normalised(inside, rows) + scores.view(-1)[rows][..., None]  # (n, width, BLOCK)
+    flat = (best_blocks // blocks * V)[..., None] + tokens  # beam·V + token
     candidates, flat = inside.flatten(1), flat.flatten(1)  # (n, width·BLOCK) each
     tail = V - blocks * BLOCK
     if tail:  # the last tokens, of every beam: (n, K·tail)
-        after = (normalised(log_probs[:, blocks * BLOCK :], every_row) + scores.view(-1, 1)).view(n, K * tail)
+        last = blocks * BLOCK + torch.arange(tail, device=scores.device)  # (tail,)
+        after = allowed(log_probs[:, blocks * BLOCK :], every_row, last)
+        after = (normalised(after, every_row) + scores.view(-1, 1)).view(n, K * tail)
         beams = torch.arange(K, device=scores.device).repeat_interleave(tail)  # (K·tail,)
-        tokens = blocks * BLOCK + torch.arange(tail, device=scores.device).repeat(K)  # (K·tail,)
         candidates = torch.cat([candidates, after], dim=1)
-        flat = torch.cat([flat, (beams * V + tokens).expand(n, -1)], dim=1)
+        flat = torch.cat([flat, (beams * V + last.repeat(K)).expand(n, -1)], dim=1)
     best, chosen = first_k(candidates, width, flat)  # (n, width) each, ties to the first beam and token
     return best, chosen // V, chosen % V
 

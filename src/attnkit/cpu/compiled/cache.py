@@ -32,8 +32,9 @@ MAX_CACHE_DAYS = 30  # a step unused for this long goes
 # and more multiply in bf16; 9: the attention scores only the real keys, its sums still in whole vectors;
 # 10: beam search's step ranks the continuations too; 11: cross-attention's query and memory maps, blocks
 # of in_proj, multiply in the precision of maps of their size, as the others do, not in float32;
-# 12: where bf16 products depend on the rows (AMX), a bf16 map of more than 256 inputs sums by blocks).
-STEP_LAYOUT = 12
+# 12: where bf16 products depend on the rows (AMX), a bf16 map of more than 256 inputs sums by blocks;
+# 13: beam search's step rules tokens out where its ranking reads the logits, not over all of them).
+STEP_LAYOUT = 13
 
 
 def cpu_capabilities() -> str:

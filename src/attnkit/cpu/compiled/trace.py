@@ -24,7 +24,7 @@ from attnkit.attention.masks import padding_mask
 from attnkit.attention.multihead import KVCache
 from attnkit.cpu.attention import decoding_step
 from attnkit.cpu.linear import linear_precision
-from attnkit.cpu.search import best_by_blocks
+from attnkit.cpu.search import RuledOut, best_by_blocks
 from attnkit.ranking import best_continuations_by_top_k
 
 if TYPE_CHECKING:
@@ -122,7 +122,8 @@ class RankedStep(CachedStep):
     their tokens, the new position's keys and values)``: each source's best 2·beams continuations, as
     the search ranks the logits otherwise (``attnkit.decode.search.best_continuations``), computed
     where the logits are made, with the log-softmax applied only to the entries the ranking reads
-    (``attnkit.cpu.search.best_by_blocks``' ``normaliser``)."""
+    (``attnkit.cpu.search.best_by_blocks``' ``normaliser``), and the tokens ruled out there too
+    (``attnkit.cpu.search.RuledOut``: ``allowed[1]`` holds one token)."""
 
     def __init__(self, model: EncoderDecoder, beams: int) -> None:
         super().__init__(model)
@@ -144,11 +145,14 @@ class RankedStep(CachedStep):
         logits = logits.float()  # (R, V)
         maximum = logits.amax(-1)  # (R,): log_softmax = (logits - maximum) - log_sum, as torch's
         log_sum = (logits - maximum[:, None]).exp().sum(-1).log()  # (R,)
-        # the tokens ruled out as the search rules them out (decode/search.py next_log_probs)
+        # the tokens ruled out as the search rules them out (decode/search.py next_log_probs), where the
+        # ranking reads the logits
         ever, only_end = allowed[0], allowed[1]  # (V,) each
-        logits = logits.masked_fill(~ever | (at_limit[:, None] & ~only_end), float("-inf"))
-        found = best_by_blocks(logits, scores, self.width, (maximum, log_sum))
+        found = best_by_blocks(
+            logits, scores, self.width, (maximum, log_sum), RuledOut(ever, only_end, at_limit)
+        )
         if found is None:  # a vocabulary of few blocks: every log-probability, ranked as the search does
+            logits = logits.masked_fill(~ever | (at_limit[:, None] & ~only_end), float("-inf"))
             log_probs = (logits - maximum[:, None]) - log_sum[:, None]  # (R, V)
             found = best_continuations_by_top_k(log_probs, scores, self.width)
         return (*found, added)
