@@ -124,15 +124,16 @@ def serve_engine(
         conn.send((time.perf_counter() - began, outputs))
 
 
-def interleaved_times(folders: dict[str, str], args, sources: list[str], beams: list[int], alpha: float):
+def interleaved_times(
+    folders: dict[str, str], args, sources: list[str], beams: list[int], alpha: float, library: str | None
+):
     """``{engine: {beam: [seconds per round]}}`` and ``{engine: {beam: outputs}}``, each engine in its
     own process (a library's thread pool, CTranslate2's OpenMP runtime, slows the engines that run after
     it in the same process by half). The rounds are interleaved, every engine's k-th run within the same
     minute, so that the machine's drift (other tenants of its cores, clock changes) weighs on all
     engines alike; a pause after each run lets an engine's worker threads stop spinning before the next
-    engine starts."""
+    engine starts. ``library``: the allocator each engine's process preloads (None: the system's)."""
     spawn = multiprocessing.get_context("spawn")
-    library = chosen()
     workers = {}
     for name, folder in folders.items():
         ours, theirs = spawn.Pipe()
@@ -210,12 +211,13 @@ def main() -> None:
     else:
         print("note: ctranslate2 is not installed; no CTranslate2 rows")
     beams = [int(b) for b in args.beams.split(",")]
-    times, outputs = interleaved_times(folders, args, sources, beams, decode.alpha)
+    library = chosen()  # the allocator the attnkit command runs on, for each engine's process
+    times, outputs = interleaved_times(folders, args, sources, beams, decode.alpha, library)
     torch.set_num_threads(args.threads)  # as in the engines' processes, for the count they compute
     streams = stream_count(args.streams, "cpu", batches=-(-len(sources) // args.batch))
     print(f"torch {torch.__version__}, {args.threads} threads, {len(sources)} sentences of {args.src}, batch "
           f"{args.batch}, {streams} batch(es) at a time on {args.threads // streams} thread(s) each on every "
-          f"engine, {args.rounds} rounds, each engine in its own process (allocator {chosen() or 'malloc'}), "
+          f"engine, {args.rounds} rounds, each engine in its own process (allocator {library or 'malloc'}), "
           f"their runs interleaved; "
           f"beam search's score: log P / length^{decode.alpha} on every side (each engine's batch size and "
           f"α as it reported them)")  # fmt: skip

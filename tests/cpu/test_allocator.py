@@ -52,6 +52,14 @@ def test_an_allocator_asked_for_that_is_not_here_is_an_error_naming_its_package(
         choose("jemalloc")
 
 
+def test_an_allocator_of_no_known_name_is_one_line_naming_the_setting_and_the_choices():
+    """Whoever asks (the server's --allocator, the command's ATTNKIT_ALLOCATOR, a script), a name that
+    is none of the allocators is an error saying the choices, not a KeyError from the library table."""
+    for setting in ("--allocator", allocator.SETTING):
+        with pytest.raises(AllocatorNotFoundError, match=f"^{setting}=hoard: choose one of auto, tcmalloc, "):
+            choose("hoard", setting)
+
+
 def test_the_library_is_preloaded_only_while_processes_start(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     with preloaded("libone.so"):

@@ -48,6 +48,8 @@ class AllocatorNotFoundError(RuntimeError):
 def choose(allocator: str, setting: str = "--allocator") -> tuple[str | None, str]:
     """The library that worker processes preload for ``allocator`` (one of :data:`ALLOCATORS`; None:
     the system's ``malloc``) and a line for the log saying which serves; errors name ``setting``."""
+    if allocator not in ALLOCATORS:
+        raise AllocatorNotFoundError(f"{setting}={allocator}: choose one of {', '.join(ALLOCATORS)}")
     if allocator == "system":
         return None, "worker processes: the system's malloc (--allocator system)"
     wanted = list(LIBRARIES) if allocator == "auto" else [allocator]
@@ -104,10 +106,7 @@ def running() -> str:
 
 def chosen() -> str | None:
     """The library that ``ATTNKIT_ALLOCATOR`` names (:func:`choose`; None: the system's ``malloc``)."""
-    wanted = os.environ.get(SETTING, "auto")
-    if wanted not in ALLOCATORS:
-        raise AllocatorNotFoundError(f"{SETTING}={wanted}: choose one of {', '.join(ALLOCATORS)}")
-    return choose(wanted, SETTING)[0]
+    return choose(os.environ.get(SETTING, "auto"), SETTING)[0]
 
 
 def restart_on_allocator() -> None:
