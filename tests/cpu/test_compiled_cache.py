@@ -1,6 +1,7 @@
 """decode.steps' cache of compiled steps: keyed on the processor too (a step built for AVX-512 is
-never loaded on a machine without it), bounded in age and size, and emptied by ``attnkit cache clear``.
-None of this compiles anything, so it runs without a C++ compiler."""
+never loaded on a machine without it), bounded in age and size, and emptied by ``attnkit cache clear``;
+a step that another process builds is waited for, not built twice. None of this compiles anything, so
+it runs without a C++ compiler."""
 
 import os
 import time
@@ -89,8 +90,67 @@ def test_the_cache_drops_what_a_killed_build_left_once_it_is_a_day_old(cache):
         (folder / "part").mkdir(parents=True)
         if name != "tmpfresh":
             os.utime(folder, (time.time() - 2 * 86400,) * 2)
+    for name in ("kept.lock", "failed.lock", "fresh.lock"):  # a build's lock; one that wrote nothing
+        (cache / name).touch()
+        if name != "fresh.lock":
+            os.utime(cache / name, (time.time() - 2 * 86400,) * 2)
     compiled.prune_cache(keep=kept)
-    assert sorted(p.name for p in cache.iterdir()) == ["kept.pt2", "kept.unpacked", "tmpfresh"]
+    left = ["fresh.lock", "kept.lock", "kept.pt2", "kept.unpacked", "tmpfresh"]
+    assert sorted(p.name for p in cache.iterdir()) == left
+
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from filelock import FileLock
+package = Path(sys.argv[1])
+with FileLock(str(package.with_suffix(".lock"))):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+    if sys.argv[3] == "writes":
+        package.write_bytes(b"built by the other process")
+"""
+
+
+def _holding(package, seconds: float, writes: bool):
+    """Another process that holds the build lock of ``package`` for ``seconds``, then writes it (or
+    not), as a build in another process does; returned once it holds the lock."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _HOLD, str(package), str(seconds), "writes" if writes else "-"]
+    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, encoding="utf-8")
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_step_another_process_builds_is_waited_for_and_not_built_again(cache):
+    package = cache / "step.pt2"
+    builds = []
+    holder = _holding(package, 1.5, writes=True)
+    began = time.monotonic()
+    compiled.build_once(package, lambda: builds.append(1))
+    assert holder.wait() == 0 and time.monotonic() - began > 1.0  # it waited for the other build
+    assert builds == [] and package.read_bytes() == b"built by the other process"
+    compiled.build_once(cache / "other.pt2", lambda: builds.append(2))
+    assert builds == [2]  # nobody else building it: built here
+
+
+def test_a_build_that_another_process_did_not_finish_or_holds_too_long_is_built_here(cache, monkeypatch):
+    package = cache / "step.pt2"
+    builds = []
+    holder = _holding(package, 0.5, writes=False)  # a build that failed: no package
+    compiled.build_once(package, lambda: builds.append(1))
+    assert holder.wait() == 0 and builds == [1]
+    monkeypatch.setattr(compiled, "BUILD_WAIT_S", 0.5)
+    holder = _holding(package.with_name("hung.pt2"), 30, writes=False)  # a holder that hangs
+    try:
+        began = time.monotonic()
+        compiled.build_once(package.with_name("hung.pt2"), lambda: builds.append(2))
+        assert builds == [1, 2] and time.monotonic() - began < 10
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_cache_info_and_clear(cache):

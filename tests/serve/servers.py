@@ -1,5 +1,6 @@
 """``attnkit serve`` in a process of its own, for the tests that talk to it over real HTTP."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -90,9 +91,10 @@ class Server:
         return httpx.post(f"{self.url}/translator/translate", json=body, headers=headers, timeout=120)
 
     def output(self) -> str:
-        """What the server has printed so far."""
-        self.log.seek(0)
-        return self.log.read()
+        """What the server has printed so far (read without moving the file's offset, which the server
+        writes at: a seek here would have it write over its own log)."""
+        size = os.fstat(self.log.fileno()).st_size
+        return os.pread(self.log.fileno(), size, 0).decode("utf-8", errors="replace")
 
     def stop(self):
         self.process.send_signal(signal.SIGTERM)

@@ -74,7 +74,7 @@ def test_32_clients_joining_a_running_batch_get_the_cli_outputs(run, tmp_path, o
         def ask(i):
             beam, best = (1, 1) if i % 3 == 0 else (4, 2 if i % 3 == 2 else 1)
             response = served.post([{"src": SENTENCES[i], "beam_size": beam, "n_best": best}])
-            assert response.status_code == 200, response.text
+            assert response.status_code == 200, f"{response.text}\n{served.output()[-6000:]}"  # (its log)
             return i, beam, best, response.json()[0]
 
         with ThreadPoolExecutor(32) as clients:
@@ -128,7 +128,8 @@ def test_a_killed_worker_process_fails_its_requests_alone_and_a_new_one_takes_ov
         failed = [a for a in answers if a.status_code != 200]
         assert failed, "no request was running when the worker process was killed"
         for answer in failed:
-            assert answer.status_code == 500 and "the worker process is gone (exit code -9)" in answer.text
+            assert answer.status_code == 500
+            assert "the worker process is gone (ended by SIGKILL)" in answer.text
         assert httpx.get(f"{served.url}/health").json() == {"status": "ready", "steps": "eager"}
         assert served.post([{"src": SENTENCES[0]}]).json()[0][0]["tgt"] == expected  # a new worker process
         (new,) = worker_processes(served.process.pid)

@@ -30,9 +30,9 @@ from attnkit.serve.worker_process import WorkerError, WorkerGoneError, WorkerPro
 class Countdown:
     """``"word:n"`` is done after n steps as ``"WORD"``; ``"threads"`` at once, as the child's torch
     threads; ``"mapped:NAME"`` at once, as whether a library of that name is mapped in the child;
-    ``"boom"`` fails the step; a prompt (``.text``, ``.sink``) hears ``"<text>1"``, ``"<text>2"`` ...
-    one piece a step, and is done after ``seed`` steps with them joined. A step takes ``step_s``
-    seconds."""
+    ``"boom"`` fails the step; ``"crash"`` crashes the child (SIGSEGV); a prompt (``.text``, ``.sink``)
+    hears ``"<text>1"``, ``"<text>2"`` ... one piece a step, and is done after ``seed`` steps with them
+    joined. A step takes ``step_s`` seconds."""
 
     def __init__(self, step_s=0.0):
         self.left, self.step_s = {}, step_s
@@ -51,6 +51,10 @@ class Countdown:
         for key, x, _ in joining:
             if x == "boom":
                 raise ValueError("boom is not a sentence")
+            if x == "crash":  # a crash in native code: reading address 0
+                import ctypes
+
+                ctypes.string_at(0)
             if x == "threads":
                 self.left[key] = [str(torch.get_num_threads()), 1, None, None]
             elif isinstance(x, str) and x.startswith("mapped:"):  # whether a library is in this process
@@ -172,8 +176,22 @@ def test_a_failing_step_fails_the_iteration_and_ends_the_child(worker):
 def test_a_killed_child_fails_the_next_iteration_in_one_line(worker):
     worker.started()
     os.kill(worker.process.pid, signal.SIGKILL)
-    with pytest.raises(WorkerError, match=r"the worker process is gone \(exit code -9\)"):
+    with pytest.raises(WorkerError, match=r"the worker process is gone \(ended by SIGKILL\): "):
         worker.iterate([(1, "a:1", None)], set())
+
+
+def test_a_child_that_crashes_in_native_code_says_so_and_leaves_its_stack_on_standard_error(capfd):
+    worker = WorkerProcess(Countdown)  # started inside capfd: its standard error is the one captured
+    try:
+        worker.iterate([(1, "a:5", None)], set())
+        crashed = r"the worker process is gone \(ended by SIGSEGV \(a crash; its stack is in the server's log"
+        with pytest.raises(WorkerGoneError, match=crashed):
+            worker.iterate([(2, "crash", None)], set())
+    finally:
+        worker.close()
+    said = capfd.readouterr().err
+    assert "Fatal Python error: Segmentation fault" in said
+    assert "in iterate" in said and "_child" in said  # where it crashed, through the child's loop
 
 
 def test_a_child_that_cannot_load_its_model_says_why():
@@ -244,7 +262,7 @@ def test_the_batcher_answers_a_failed_process_and_goes_on_with_a_new_one():
             long = asyncio.ensure_future(batcher.submit(["a:1000000"], None, 1))
             await asyncio.sleep(0.3)
             os.kill(made[0].process.pid, signal.SIGKILL)
-            with pytest.raises(WorkerError, match="exit code -9"):
+            with pytest.raises(WorkerError, match=r"ended by SIGKILL"):
                 await long
             assert await batcher.submit(["b:2", "c:1"], None, 2) == ["B", "C"]  # a new child took over
             assert len(made) == 2 and not made[0].process.is_alive()

@@ -13,6 +13,7 @@ which steps serve, and the log says when they change, or why they could not be b
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing
 import signal
@@ -20,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from attnkit.serve.worker_process import exit_described
 
 LOG = logging.getLogger("uvicorn.error")
 
@@ -54,7 +57,7 @@ class StepsBuilding:
             said = self.connection.recv()
         except (EOFError, OSError):
             self.process.join()
-            said = f"the build process ended ({self.process.exitcode}) without a word"
+            said = f"the build process ended ({exit_described(self.process.exitcode)}) without a word"
         self.process.join()
         took = time.monotonic() - self.began
         if self.stopped:  # the server stops: nothing to say
@@ -82,6 +85,7 @@ def _child(connection: Any, build: Callable[[], Any]) -> None:
     """Build, then say None (built) or why not."""
     for number in (signal.SIGINT, signal.SIGTERM):  # the server ends its children itself
         signal.signal(number, signal.SIG_IGN)
+    faulthandler.enable()  # a crash in the compiler writes its Python stack to the server's log
     try:
         build()
     except Exception as error:

@@ -35,6 +35,7 @@ pipes close).
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import signal
 import time
@@ -179,7 +180,7 @@ class WorkerProcess:
         while not self.connection.poll(1.0):
             if not self.process.is_alive():
                 raise WorkerNotStartedError(
-                    f"the worker process exited ({self.process.exitcode}) as it started"
+                    f"the worker process ended ({exit_described(self.process.exitcode)}) as it started"
                 )
             if time.monotonic() - began > STARTED_WITHIN_S:
                 raise WorkerNotStartedError(f"the worker process did not start in {STARTED_WITHIN_S:g} s")
@@ -204,7 +205,7 @@ class WorkerProcess:
                 raise WorkerGoneError(f"{said} (it was stopped, deadlocked or swapping)")
             kind, payload = self.connection.recv()
         except (EOFError, OSError) as error:
-            gone = f"the worker process is gone ({self._exit()}): {error or 'pipe closed'}"
+            gone = f"the worker process is gone ({self._exit()}): {str(error) or 'its pipe closed'}"
             raise WorkerGoneError(gone) from None
         if kind == "failed":
             raise WorkerError(payload)
@@ -212,8 +213,27 @@ class WorkerProcess:
 
     def _exit(self) -> str:
         self.process.join(timeout=1)
-        code = self.process.exitcode
-        return "still running" if code is None else f"exit code {code}"
+        return exit_described(self.process.exitcode)
+
+
+def exit_described(code: int | None) -> str:
+    """How a child process ended, for an error: its exit code, or the signal that ended it (a negative
+    code: ``-11`` is SIGSEGV, a crash in native code, whose Python stack the child wrote to the server's
+    standard error)."""
+    if code is None:
+        return "still running"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    crashed = " (a crash; its stack is in the server's log)" if -code in _CRASHES else ""
+    return f"ended by {name}{crashed}"
+
+
+# the signals of a crash in native code, for which faulthandler writes the Python stack
+_CRASHES = {signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL}
 
 
 def _child(connection: Any, build: Callable[[], Any], news: Any) -> None:
@@ -222,6 +242,7 @@ def _child(connection: Any, build: Callable[[], Any], news: Any) -> None:
     pipe closes. A failed iteration is reported and ends the child (its batch is in no known state)."""
     for number in (signal.SIGINT, signal.SIGTERM):  # the server ends its children (module docstring)
         signal.signal(number, signal.SIG_IGN)
+    faulthandler.enable()  # a crash in native code writes each thread's Python stack to standard error
     try:
         batch = build()
     except Exception as error:

@@ -11,10 +11,12 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from filelock import FileLock, Timeout
 
 import attnkit
 from attnkit.cpu.linear import linear_precision
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 MAX_CACHE_BYTES = 2 * 2**30  # beyond this the least recently used steps go (each is 1-50 MB)
 MAX_CACHE_DAYS = 30  # a step unused for this long goes
+BUILD_WAIT_S = 900.0  # the longest a process waits for another's build of the same step before its own
 # What the step takes and returns, and how it computes it (trace.py); a new layout gets a new number,
 # so that a step cached by an earlier attnkit of the same version string is never called with inputs
 # it does not expect, nor gives other bits than this one's (6: the first step's encoder attends as sums;
@@ -81,10 +84,32 @@ def cached_steps(folder: Path | None = None) -> list[tuple[Path, int, float]]:
     return sorted(steps, key=lambda step: step[2])
 
 
+def build_once(package: Path, build: Callable[[], None]) -> None:
+    """``build()``, which writes ``package``, unless the package is there by the time no other process
+    builds it: a server's worker processes ask for the same steps as they start, and the same command
+    may run twice at once; each building them too cost each process a build's CPU and memory (20-70 s
+    a step) for the same file. Processes take turns on a lock file beside the package, and one that
+    waits longer than :data:`BUILD_WAIT_S` (its holder hung) builds anyway: packages are written
+    atomically, so two builds at once only waste work."""
+    lock = FileLock(str(package.with_suffix(".lock")))
+    try:
+        lock.acquire(timeout=BUILD_WAIT_S)
+        held = True
+    except Timeout:
+        held = False
+    try:
+        if not package.is_file():
+            build()
+    finally:
+        if held:
+            lock.release()
+
+
 def remove_step(package: Path) -> None:
-    """Delete a cached step: its package and its unpacked library (a process still running it keeps its
-    copy, which the system frees when the process lets go)."""
+    """Delete a cached step: its package, its unpacked library (a process still running it keeps its
+    copy, which the system frees when the process lets go) and its build's lock file."""
     package.unlink(missing_ok=True)
+    package.with_suffix(".lock").unlink(missing_ok=True)
     shutil.rmtree(package.with_suffix(".unpacked"), ignore_errors=True)
 
 
@@ -108,8 +133,13 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
 
 def _remove_abandoned(folder: Path, now: float) -> None:
     """Delete what builds and unpackings killed midway left (their work folders: ``tmp*`` of
-    ``build.build``, ``.*.unpacked.*`` of ``library``), once a day old: no build takes that long."""
+    ``build.build``, ``.*.unpacked.*`` of ``library``; the lock files of builds that wrote no package),
+    once a day old: no build takes that long."""
     for work in [*folder.glob("tmp*"), *folder.glob(".*.unpacked.*")] if folder.is_dir() else []:
         with contextlib.suppress(OSError):
             if work.is_dir() and now - work.stat().st_mtime > 86400:
                 shutil.rmtree(work, ignore_errors=True)
+    for lock in folder.glob("*.lock") if folder.is_dir() else []:
+        with contextlib.suppress(OSError):
+            if not lock.with_suffix(".pt2").exists() and now - lock.stat().st_mtime > 86400:
+                lock.unlink()

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from attnkit.cpu.compiled.build import FIRST_STEP, build, compilable, missing_compiler
-from attnkit.cpu.compiled.cache import cache_folder, cache_key, prune_cache
+from attnkit.cpu.compiled.cache import build_once, cache_folder, cache_key, prune_cache
 from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.cpu.compiled.trace import example, first_example
 
@@ -130,7 +130,7 @@ def compiled_step(
                 missing = missing_compiler()
                 if missing:
                     raise RuntimeError(missing)
-                build(model, beams, package, serial)
+                build_once(package, lambda: build(model, beams, package, serial))  # or another process's
             os.utime(package)  # used now: the cache keeps the most recently used steps
             prune_cache(keep=package)
             step = CompiledStep(package, copies=max(2, torch.get_num_threads()))  # one per stream
