@@ -65,8 +65,20 @@ class RuledOut:
     def applied(self, entries: Tensor, rows: Tensor, tokens: Tensor) -> Tensor:
         """``entries (..., E)`` of the rows ``rows (...)``, tokens ``tokens`` (broadcast to them), with
         those ruled out at ``-inf``."""
-        allowed = self.ever[tokens] & (~self.at_limit[rows][..., None] | self.end[tokens])
+        allowed = _allowed(self.ever[tokens], self.end[tokens], self.at_limit[rows][..., None])
         return entries.masked_fill(~allowed, float("-inf"))
+
+    def everywhere(self, logits: Tensor) -> Tensor:
+        """``logits (R, V)``, every entry ruled out at ``-inf`` (a vocabulary too small to rank by
+        blocks: the ranking reads every entry)."""
+        allowed = _allowed(self.ever, self.end, self.at_limit[:, None])  # (R, V)
+        return logits.masked_fill(~allowed, float("-inf"))
+
+
+def _allowed(ever: Tensor, end: Tensor, at_limit: Tensor) -> Tensor:
+    """The search's rule (``next_log_probs``), broadcast: a token ever generated, and in a row at its
+    length bound only ``</s>``."""
+    return ever & (~at_limit | end)
 
 
 def best_by_blocks(

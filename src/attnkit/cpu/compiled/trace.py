@@ -147,12 +147,10 @@ class RankedStep(CachedStep):
         log_sum = (logits - maximum[:, None]).exp().sum(-1).log()  # (R,)
         # the tokens ruled out as the search rules them out (decode/search.py next_log_probs), where the
         # ranking reads the logits
-        ever, only_end = allowed[0], allowed[1]  # (V,) each
-        found = best_by_blocks(
-            logits, scores, self.width, (maximum, log_sum), RuledOut(ever, only_end, at_limit)
-        )
+        ruled_out = RuledOut(ever=allowed[0], end=allowed[1], at_limit=at_limit)
+        found = best_by_blocks(logits, scores, self.width, (maximum, log_sum), ruled_out)
         if found is None:  # a vocabulary of few blocks: every log-probability, ranked as the search does
-            logits = logits.masked_fill(~ever | (at_limit[:, None] & ~only_end), float("-inf"))
+            logits = ruled_out.everywhere(logits)
             log_probs = (logits - maximum[:, None]) - log_sum[:, None]  # (R, V)
             found = best_continuations_by_top_k(log_probs, scores, self.width)
         return (*found, added)
