@@ -148,3 +148,19 @@ def test_a_run_whose_timing_chose_trains_as_one_told_that_precision(monkeypatch,
     assert weights["auto"].keys() == weights[chosen].keys()
     for name, tensor in weights["auto"].items():
         assert torch.equal(tensor, weights[chosen][name]), name
+
+
+def test_the_timing_and_the_training_make_the_first_epochs_batches_once(monkeypatch, tmp_path):
+    """The precision's timing batches epoch 0 for its step; the loop takes those batches rather than
+    making them again (for a large data set, seconds at every start), and makes the next epoch's."""
+    from attnkit.tasks.translation import TranslationTask
+
+    monkeypatch.setattr(precision, "matrix_units", lambda: _units(True))
+    made = []
+    epoch_batches = TranslationTask.epoch_batches
+    monkeypatch.setattr(TranslationTask, "epoch_batches",
+                        lambda task, epoch: made.append(epoch) or epoch_batches(task, epoch))  # fmt: skip
+    settings = [*TINY, "model.preset=tiny", "train.max_steps=99", "train.max_epochs=2"]  # (precision: auto)
+    trainer = Trainer(load_run_config(None, settings), tmp_path / "run", echo=lambda message: None)
+    trainer.fit()
+    assert made == [0, 1]

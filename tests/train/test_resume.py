@@ -13,6 +13,7 @@ SETTINGS = [
     "data.n_train=60", "data.n_valid=10", "train.max_tokens=300", "train.update_freq=2",
     "train.schedule=inverse_sqrt", "train.lr=0.003", "train.warmup=4", "train.eval_every=3",
     "train.label_smoothing=0.1", "train.clip_norm=1.0",
+    "train.precision=fp32",  # told, not timed: two runs timed apart may choose apart on a busy machine
 ]  # fmt: skip
 
 

@@ -105,6 +105,7 @@ class Trainer:
             self.tokenizer = self.task.tokenizer
             self.sharded = t.parallel == "fsdp" and self.world.size > 1  # else one process holds it all
             self.model, self.ddp = self._placed_model(config, resume_from, pretrained)
+            self.first_batches: list[Any] | None = None  # epoch 0's, where the timing below made them
             if measure:
                 self._choose_precision_by_timing()
             torch.manual_seed(t.seed + 1_000_003 * (self.world.rank + 1))  # dropout: a stream per process
@@ -155,7 +156,7 @@ class Trainer:
         batch faster (train/precision.py). The run goes on as if it had been told the precision chosen:
         the steps timed leave no gradients, and the model's buffers as they were (the dropout's
         generator is seeded afterwards)."""
-        batches = self.task.epoch_batches(0)
+        batches = self.first_batches = self.task.epoch_batches(0)  # (the loop takes them: made once)
         if not batches:
             return  # (the loop says why no step can be taken)
         batch = self.task.make_batch(batches[0]).to(self.device)
@@ -222,7 +223,9 @@ class Trainer:
     def _train_epoch(self) -> bool:
         """Continue the current epoch from ``state.position``; True when early stopping ends training."""
         t, state = self.config.train, self.state
-        batches = self.task.epoch_batches(state.epoch)
+        batches, self.first_batches = self.first_batches, None
+        if batches is None or state.epoch != 0:  # (epoch 0's, made for the precision's timing, once)
+            batches = self.task.epoch_batches(state.epoch)
         if len(batches) < self.world.size:  # no step could ever be taken: say so instead of looping
             raise AttnkitError(
                 f"the training data makes {len(batches)} batch(es) of at most "
