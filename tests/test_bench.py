@@ -225,6 +225,27 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
     assert scores[("attnkit", "1")] == scores[("ctranslate2", "1")] == scores[("hf-generate", "1")]
 
 
+def test_the_speculative_benchmark_times_drafts_beside_plain_greedy_and_ctranslate2(copy_run, copy_data):
+    """The copy task copies its source: drafts are taken (more than one token a step), and every output
+    is plain greedy's."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is beside")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "speculative.py"), "--ckpt", str(copy_run), "--src",
+         str(copy_data / "valid.src"), "--n", "20", "--batch", "2", "--rounds", "1", "--threads", "1",
+         "--ct2"],
+        capture_output=True, text=True, encoding="utf-8", timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    row = r"^(greedy(?:, source drafts)?|ctranslate2-\w+) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +(\d+)$"
+    rows = dict(re.findall(row, result.stdout, re.M))  # engine: its outputs that differ from greedy's
+    assert set(rows) == {"greedy", "greedy, source drafts", "ctranslate2-float32", "ctranslate2-int8"}
+    assert rows["greedy"] == rows["greedy, source drafts"] == "0", result.stdout
+    taken = re.search(
+        r"source drafts: ([\d.]+)% of (\d+) drafted tokens taken, ([\d.]+) tokens a row a step", result.stdout
+    )
+    assert float(taken[1]) > 0 and float(taken[3]) > 1.0, result.stdout
+
+
 def test_the_invariance_benchmark_counts_the_outputs_that_change_with_the_batch_for_every_engine(
     copy_run, copy_data
 ):

@@ -35,6 +35,7 @@ SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (tr
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
 DECODING_STEPS = ("auto", "compiled", "eager")  # what a translation's search steps with (decode.steps)
+SPECULATIVE = ("none", "source")  # what drafts a greedy translation checks (decode.speculative)
 # what a trained model's linear maps multiply in for inference (attnkit.loading.inference_precision)
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
@@ -219,6 +220,10 @@ class DecodeConfig:
     # kept in a cache), else built where the work repays it (a large input; a server, in the
     # background), else the model's own; compiled: built now if need be; eager: the model's own
     steps: str = "auto"
+    # greedy translation on a CPU: drafts checked several tokens a step (decode/speculative.py), the same
+    # output token for token; source: the source's own tokens where the output so far matches it (for
+    # tasks that copy); none: one token a step. With drafts the steps are the model's own (eager)
+    speculative: str = "none"
     # the linear maps' numbers for inference on a CPU, every command and the server: bf16 (on a CPU whose
     # bf16 products are fast: auto's choice there), int8 weights and inputs (--int8), or float32
     precision: str = "auto"
@@ -239,6 +244,7 @@ class DecodeConfig:
         require_one_of("decode.beam_stop", self.beam_stop, BEAM_STOPS)
         require_one_of("decode.precision", self.precision, INFERENCE_PRECISIONS)
         require_one_of("decode.steps", self.steps, DECODING_STEPS)
+        require_one_of("decode.speculative", self.speculative, SPECULATIVE)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"decode.top_p must be in (0, 1]; got {self.top_p!r}")
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -144,6 +144,25 @@ def test_decode_settings_change_for_translate_and_evaluate_without_retraining(tr
     )  # untouched
 
 
+def test_greedy_translation_with_source_drafts_gives_greedy_translations(trained, copy_data):
+    """The copy task copies its source, so drafts from it are taken: the same lines as plain greedy
+    search; a beam search takes no drafts and says so in one line."""
+    src = str(copy_data / "valid.src")
+    plain = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1"])
+    drafted = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1",
+                                  "decode.speculative=source"])  # fmt: skip
+    assert plain.exit_code == drafted.exit_code == 0, drafted.output
+    assert drafted.stdout == plain.stdout and any(plain.stdout.splitlines())
+    beam = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "decode.speculative=source"])
+    assert beam.exit_code == 0, beam.output
+    assert "decode.speculative=source checks drafts in greedy search alone" in beam.stderr
+    assert "(beam 2) takes none" in beam.stderr
+    compiled = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1",
+                                   "decode.speculative=source", "decode.steps=compiled"])  # fmt: skip
+    assert compiled.exit_code == 0 and compiled.stdout == plain.stdout, compiled.output
+    assert "checks drafts with the model's own steps, not compiled ones" in compiled.stderr
+
+
 def test_translate_writes_n_best_lists_with_the_line_of_each(trained, tmp_path, monkeypatch):
     """``--n-best 2``: 'LINE ||| TRANSLATION ||| SCORE' lines, LINE from 0 across the parts the input is
     read in, best first, the first the translation itself; none for an empty line."""

@@ -15,16 +15,43 @@ location features of an utterance's attention, would depend on the batch: in inf
 convolutions run one image at a time (:func:`each_alone`), a small cost next to the decoding that
 follows, and the location features, taken at every step, as products summed over each window
 (:func:`correlated`).
+
+A step that decodes several new positions of each row at once (speculative decoding's check of a
+draft, decode/speculative.py) must give each position the bits a step of one new token would: under
+:func:`each_query_alone`, attention attends each of those queries as that step would, to the keys
+up to its own position, one call each (``attnkit.cpu.attention``), while the linear maps, whose rows
+are summed alike in any number, take all the positions at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
 
 KEY_BUCKET = 8  # keys padded on the right are padded to a multiple of this many
+# whether the attention running in this thread or task attends its queries one at a time (see the
+# module docstring; a ContextVar: decoding streams run the same modules in several threads at once)
+_EACH_QUERY_ALONE: ContextVar[bool] = ContextVar("each_query_alone", default=False)
+
+
+@contextmanager
+def each_query_alone() -> Iterator[None]:
+    """While held, inference's attention attends each of a row's new queries as a step of that one
+    query would (see the module docstring)."""
+    token = _EACH_QUERY_ALONE.set(True)
+    try:
+        yield
+    finally:
+        _EACH_QUERY_ALONE.reset(token)
+
+
+def queries_alone() -> bool:
+    """Whether :func:`each_query_alone` is held here."""
+    return _EACH_QUERY_ALONE.get()
 
 
 def bucketed(lengths: Tensor) -> Tensor:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention.functional import fused
+from attnkit.attention.invariance import queries_alone
 from attnkit.attention.multihead import KVCache, MultiHeadAttention
 from attnkit.cpu.alone import MEMORY, PADDED, PAST, attend_as_alone, attend_prompts_as_alone
 from attnkit.cpu.dropout import dropout
@@ -107,6 +108,8 @@ class CPUMultiHeadAttention(MultiHeadAttention):
             return attend_as_sums(q, k, v, mask, scale), None
         if causal and q.size(-2) == 1 and mask is None:  # the last position sees every key: no mask
             causal = False
+        if q.size(-2) > 1 and queries_alone() and _KEYS.get() != PADDED and _inferring(q) and not causal:
+            return self._each_query_alone(q, k, v, mask), None
         if _inferring(q) and not causal and fused(q, **settings, need_weights=need_weights):
             scale = None if self.score == "scaled_dot" else 1.0
             out = attend_as_alone(q, k, v, mask, scale, _KEYS.get())
@@ -118,6 +121,34 @@ class CPUMultiHeadAttention(MultiHeadAttention):
             return super()._attend(q, k, v, mask, need_weights, causal)
         with torch.autocast("cpu", enabled=False):  # else autocast would cast them back to bf16
             return super()._attend(q.float(), k.float(), v.float(), mask, need_weights, causal)
+
+    def _each_query_alone(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Each of a row's ``T_q`` new queries attended as a step of that one query attends it
+        (``attention.invariance.each_query_alone``: speculative decoding's check of a draft). Over a
+        memory, each query becomes a row of its own beside its row's keys (one call: a step's products
+        sum each row alike however many rows they take, where several queries in one row would be
+        summed otherwise); over a decoder's past, one call per query, over the keys up to its position
+        laid out as that step holds them (one contiguous tensor; no mask where the step has none). ``q
+        (B, h, T_q, d_k)``, ``k`` and ``v (B, h, T_k, d_k)``, the new queries the last ``T_q`` positions
+        of a past; ``mask`` ``(B or 1, 1, T_q or 1, T_k)``. Returns ``(B, h, T_q, d_k)``."""
+        B, h, T_q, d_k = q.shape
+        T_k = k.size(-2)
+        if _KEYS.get() == MEMORY:
+            rows = q.transpose(1, 2).reshape(B * T_q, h, 1, d_k)  # query j of row b: row b·T_q + j
+            k, v = k.repeat_interleave(T_q, 0), v.repeat_interleave(T_q, 0)  # (B·T_q, h, T_k, d_k)
+            if mask is not None:  # each query's own: (B·T_q, 1, 1, T_k)
+                mask = mask.expand(B, 1, T_q, T_k).transpose(1, 2).reshape(B * T_q, 1, 1, T_k)
+            out, _ = self._attend(rows, k, v, mask)  # (B·T_q, h, 1, d_k)
+            return out.view(B, T_q, h, d_k).transpose(1, 2)
+        out = []
+        for j in range(T_q):
+            seen = T_k - T_q + j + 1  # the keys up to query j's position
+            k_j, v_j, mask_j = k[..., :seen, :].contiguous(), v[..., :seen, :].contiguous(), None
+            if mask is not None:
+                mask_j = mask[..., j : j + 1, :seen] if mask.size(-2) > 1 else mask[..., :seen]
+                mask_j = None if bool(mask_j.all()) else mask_j
+            out.append(self._attend(q[..., j : j + 1, :], k_j, v_j, mask_j)[0])  # (B, h, 1, d_k)
+        return torch.cat(out, dim=-2)
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         packing = active_packing()

@@ -173,11 +173,11 @@ def next_log_probs(
     """
     logits = decoding.next_logits(tokens)
     if not normalised:
-        return _only_allowed(logits, at_limit, specials)
+        return only_allowed(logits, at_limit, specials)
     log_probs = log_softmax_in_place(logits)  # on a CPU: see attnkit.cpu.search
     if log_probs is None:
         log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    return _only_allowed(log_probs, at_limit, specials)
+    return only_allowed(log_probs, at_limit, specials)
 
 
 def never_generated(specials: SpecialIds) -> list[int]:
@@ -185,7 +185,7 @@ def never_generated(specials: SpecialIds) -> list[int]:
     return sorted({specials.pad, specials.bos} - {specials.eos})
 
 
-def _only_allowed(scores: Tensor, at_limit: Tensor, specials: SpecialIds) -> Tensor:
+def only_allowed(scores: Tensor, at_limit: Tensor, specials: SpecialIds) -> Tensor:
     """``scores (N, V)`` with the tokens never generated, and every token but ``</s>`` in rows
     ``at_limit``, ruled out (``-inf``, in place)."""
     scores[:, never_generated(specials)] = float("-inf")

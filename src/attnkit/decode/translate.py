@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Literal, cast, overload
 
 import torch
 
@@ -14,6 +14,7 @@ from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
+from attnkit.decode.speculative import Checking, SourceDrafts, Speculation, speculative_greedy
 from attnkit.decode.starts import encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import device_of
@@ -24,11 +25,13 @@ from attnkit.models.seq2seq import EncoderDecoder
 class Reporting:
     """What a long translation tells as it goes: ``warn`` hears once how many inputs were cut to fit,
     ``progress`` how many more lines are done, batch by batch; ``first_line`` is the number ``warn``
-    gives ``texts[0]`` (the command line translates a large input a part at a time)."""
+    gives ``texts[0]`` (the command line translates a large input a part at a time); ``speculation``
+    counts what drafts did (``decode.speculative``)."""
 
     warn: Callable[[str], None] | None = None
     progress: Callable[[int], None] | None = None
     first_line: int = 1
+    speculation: Speculation | None = None
 
 
 @overload
@@ -120,13 +123,33 @@ def _hypotheses(
         reporting.progress(len(texts) - len(todo))  # the empty lines
     if not todo:
         return found
-    how = source_decoding(model, decode, search.beam_size, device, specials, reporting.warn, len(todo))
+    greedy = search.beam_size == 1 and not scored  # no scores wanted
+    drafted = greedy and decode.speculative == "source"  # checks drafts with the model's own steps
+    if decode.speculative != "none" and not greedy and reporting.warn is not None:
+        reporting.warn(
+            f"decode.speculative={decode.speculative} checks drafts in greedy search alone (a beam of 1, no "
+            f"scores); this search (beam {search.beam_size}{', scored' if scored else ''}) takes none"
+        )
+    steps = dataclasses.replace(decode, steps="eager") if drafted else decode
+    if drafted and decode.steps == "compiled" and reporting.warn is not None:
+        reporting.warn(
+            "decode.speculative=source checks drafts with the model's own steps, not compiled ones"
+        )
+    how = source_decoding(model, steps, search.beam_size, device, specials, reporting.warn, len(todo))
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
 
     @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
     def searched(chunk: list[int]) -> list[list[Hypothesis]]:
-        ready = ready_sources(model, [encoded[i] for i in chunk], how, specials, search, device)
-        if search.beam_size == 1 and not scored:  # greedy: no scores wanted
+        sources = [encoded[i] for i in chunk]
+        ready = ready_sources(model, sources, how, specials, search, device)
+        if drafted:
+            drafts = SourceDrafts([ids[:-1] for ids in sources])  # (without </s>)
+            checking = cast(Checking, ready.decoding)  # the model's own steps (eager)
+            outputs = speculative_greedy(
+                checking, ready.tokens, ready.limits, specials, drafts, reporting.speculation
+            )
+            return [[Hypothesis(ids, float("nan"))] for ids in outputs]
+        if greedy:
             outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
             return [[Hypothesis(ids, float("nan"))] for ids in outputs]
         return beam(ready.decoding, ready.tokens, ready.limits, specials, search)

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from attnkit.attention.invariance import KEY_BUCKET, bucketed
+from attnkit.attention.invariance import KEY_BUCKET, bucketed, each_query_alone
 from attnkit.attention.multihead import KVCache
 from attnkit.models.row_buffers import RowBuffers
 from attnkit.nn.pointer import PointerGenerator
@@ -91,6 +91,44 @@ class Seq2SeqDecoding:
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)`` -> logits of the next token ``(N, V)`` (log-probabilities with
         ``model.copy``). After a :meth:`merge`, each row's tokens are right-aligned (padding first)."""
+        hidden = self._decoded(tokens)[:, -1]  # (R, d_model)
+        return self._copied(self.model.generator(hidden), hidden)  # (R, V)
+
+    def checked_logits(self, tokens: Tensor, count: int) -> Tensor:
+        """The logits after each of the last ``count`` tokens of ``tokens (N, t)``, ``(N, count, V)``, the
+        cache holding all the others: speculative decoding's check of a draft (decode/speculative.py).
+        Each position's are the bits :meth:`next_logits` gives it a step at a time: the linear maps
+        take every position at once (their rows sum alike in any number), attention and the copy
+        mechanism each position as that step would (``attention.invariance.each_query_alone``). Every
+        position stays in the cache: :meth:`rewind` drops those of the draft not taken."""
+        if self.cache is None or tokens.size(1) - len(self.cache) != count:
+            raise ValueError(f"checking {count} positions needs a cache of all the tokens but those")
+        with each_query_alone():
+            hidden = self._decoded(tokens)  # (R, count, d_model)
+        logits = self.model.generator(hidden)  # (R, count, V)
+        if self.model.pointer is None:
+            return logits
+        return torch.stack(
+            [self._copied(logits[:, j].contiguous(), hidden[:, j].contiguous()) for j in range(count)], 1
+        )
+
+    def rewind(self, kept: Tensor, checked: int) -> None:
+        """Of the last ``checked`` cached positions (a :meth:`checked_logits` call's), keep the first
+        ``kept[r]`` of row r ``(R,)`` and forget the others (a draft's tokens the model did not take,
+        decode/speculative.py); rows that keep fewer are padded on the left, their first positions
+        noted (:attr:`first`), as a merge pads a shorter cache, so each row goes on at its own
+        position."""
+        assert self.cache is not None
+        ends = len(self.cache) - checked + kept  # (R,): where each row's positions end
+        for layer in self.cache.layers:
+            key, value = layer.self_attn.key, layer.self_attn.value  # (R, h, T, d_k)
+            layer.self_attn = KVCache(realigned(key, ends, 2, 0.0), realigned(value, ends, 2, 0.0))
+        shift = kept.max() - kept  # (R,): the padding added before each row
+        if bool(shift.any()):
+            self.first = self._firsts() + shift
+
+    def _decoded(self, tokens: Tensor) -> Tensor:
+        """The decoder's states ``(R, new, d_model)`` of the tokens not yet cached (all without a cache)."""
         new = tokens[:, len(self.cache) :] if self.cache is not None else tokens
         positions = tgt_mask = None
         if self.first is not None:  # rows at different positions: each its own, its padding hidden
@@ -99,10 +137,13 @@ class Seq2SeqDecoding:
             tgt_mask = (columns[None, None, :] >= self.first[:, None, None]) & (
                 columns[None, -new.size(1) :, None] >= columns[None, None, :]
             )  # (R, new, t): its own tokens, none after the query
-        hidden = self.model.decode(
+        return self.model.decode(
             self.memory, self.src_mask, new, tgt_mask, cache=self.cache, positions=positions
-        )[:, -1]  # (R, d_model)
-        logits = self.model.generator(hidden)  # (R, V)
+        )
+
+    def _copied(self, logits: Tensor, hidden: Tensor) -> Tensor:
+        """The next token's scores from ``logits (R, V)`` and ``hidden (R, d_model)``: the logits, or
+        with the copy mechanism its log-probabilities."""
         if self.model.pointer is None:
             return logits
         M = self.memory.size(0)  # the rows of one source are consecutive: (R, ·) -> (M, R / M, ·)
@@ -268,6 +309,23 @@ def stacked(first: Tensor, second: Tensor, dim: int, fill: float, left: bool = F
         return torch.cat([padding, x] if left else [x, padding], dim=dim)
 
     return torch.cat([padded(first), padded(second)])
+
+
+def realigned(x: Tensor, ends: Tensor, dim: int, fill: float) -> Tensor:
+    """Each row of ``x`` (rows along dim 0) up to ``ends[r]`` along ``dim`` (exclusive), right-aligned
+    at the width ``max(ends)``: rows that keep fewer are shifted right, ``fill`` before them (a
+    speculative step's rows after each kept a draft's tokens of its own: decode/speculative.py)."""
+    width = int(ends.max())
+    shift = width - ends  # (R,)
+    if not bool(shift.any()):
+        return x.narrow(dim, 0, width)
+    source = torch.arange(width, device=x.device)[None, :] - shift[:, None]  # (R, width): where from
+    shape = [1] * x.dim()
+    shape[0], shape[dim] = x.size(0), width
+    sizes = list(x.shape)
+    sizes[dim] = width
+    moved = x.gather(dim, source.clamp(min=0).view(shape).expand(sizes))
+    return moved.masked_fill_((source < 0).view(shape), fill)
 
 
 class CausalDecoding:

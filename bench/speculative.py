@@ -1,0 +1,179 @@
+"""Speculative decoding against plain greedy search: one checkpoint, the same sentences, the same process.
+
+The first ``--n`` lines of ``--src`` are translated greedily in groups of ``--batch`` sentences (1: each
+sentence alone, a single user's latency), in file order, with attnkit's plain greedy search (its own
+steps, ``decode.steps=eager``, and the compiled ones, ``--compiled``, where this machine has a compiler)
+and with drafts copied from the source (``decode.speculative=source``, which checks them with the
+model's own steps); with ``--ct2``, CTranslate2 (float32 and int8, same weights, greedy, the same
+groups, in a process of its own: its threads and torch's in one process slowed both threefold) beside.
+In each round every engine translates every group, one engine after another, ``--rounds`` rounds after
+an untimed one; per engine the median over rounds of each group's time is kept. Printed per engine: the
+latency per group (p50, p99), target tokens per second over all groups (attnkit's tokenizer counts the
+outputs), the ratio to plain greedy with the model's own steps, and for drafts the share of drafted
+tokens the model took and the tokens a row got a step; then how many outputs differ from plain greedy's (0
+for drafts: they are exact). Settings on every side: greedy, ``--threads`` threads, one group at a
+time, ``decode.precision`` ``--precision``; a summariser's sources cut as it was trained
+(``data.max_source_len``), as ``attnkit predict`` cuts them. ``--src`` is a text file, one source a line
+(``.gz`` too), or JSON Lines whose ``--field`` holds each source (a summariser's data).
+
+Run: ``python bench/speculative.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz --n 200
+--batch 1 [--compiled] [--ct2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from attnkit.config import with_decode_overrides
+from attnkit.data.readers import read_lines
+from attnkit.decode.speculative import Speculation
+from attnkit.decode.translate import Reporting, translate
+from attnkit.loading import load_for_inference
+
+
+def ct2_engines(ckpt: str, folder: Path, threads: int) -> dict[str, Callable[[list[str]], list[str]]]:
+    """CTranslate2's greedy search on the checkpoint's weights, float32 and int8."""
+    from attnkit.convert.export import export_ctranslate2
+    from attnkit.decode.ct2 import CTranslate2Translator
+
+    model, tokenizer, config = load_for_inference(ckpt, overrides=["decode.precision=fp32"])
+    engines = {}
+    for quantization in ("float32", "int8"):
+        kind = None if quantization == "float32" else quantization
+        out = export_ctranslate2(model, tokenizer, vars(config.decode), folder / quantization, kind)
+        settings = ["decode.streams=1", f"decode.batch_size={threads * 1000}"]
+        translator = CTranslate2Translator(Path(out), settings)
+        engines[f"ctranslate2-{quantization}"] = lambda texts, t=translator: t.translate(texts, beam_size=1)
+    return engines
+
+
+def timed_round(engines: dict[str, Callable[[list[str]], list[str]]], groups: list[list[str]]) -> dict:
+    """Every engine on every group, one engine after another: ``{engine: (seconds per group, outputs)}``."""
+    done = {}
+    for name, run in engines.items():
+        seconds, outputs = [], []
+        for group in groups:
+            began = time.perf_counter()
+            outputs += run(group)
+            seconds.append(time.perf_counter() - began)
+        done[name] = (seconds, outputs)
+    return done
+
+
+def _ct2_child(conn, ckpt: str, groups: list[list[str]], threads: int) -> None:
+    """In a process of its own (CTranslate2's threads and torch's in one process slowed both
+    threefold here): a round of CTranslate2's engines whenever asked; None ends it."""
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as folder:
+        engines = ct2_engines(ckpt, Path(folder), threads)
+        while conn.recv() is not None:
+            conn.send(timed_round(engines, groups))
+
+
+class _Peer:
+    """CTranslate2 in a process of its own (:func:`_ct2_child`), asked for a round at a time."""
+
+    def __init__(self, args, groups: list[list[str]]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_ct2_child, args=(child, args.ckpt, groups, args.threads))
+        self.process.start()
+
+    def round(self) -> dict:
+        self.conn.send(True)
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--field", help="--src is JSON Lines: the field that holds each source")
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--compiled", action="store_true", help="plain greedy with compiled steps too")
+    parser.add_argument("--ct2", action="store_true", help="CTranslate2 float32 and int8 beside")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer, config = load_for_inference(args.ckpt, overrides=[f"decode.precision={args.precision}"])
+    lines = read_lines(args.src)
+    texts = [json.loads(line)[args.field] for line in lines] if args.field else lines
+    texts = [" ".join(text.split()) for text in texts[: args.n]]  # (one line each)
+    groups = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
+    common = ["decode.beam_size=1", "decode.streams=1", f"decode.batch_size={args.batch}"]
+    settings = {"greedy": ["decode.steps=eager"], "greedy, source drafts": ["decode.speculative=source"]}
+    if args.compiled:
+        settings["greedy, compiled steps"] = ["decode.steps=compiled"]
+    counts = Speculation()
+    # a summariser reads its sources cut as in training (data.max_source_len), as its commands do
+    limit = config.data.source_limit if config.data.task == "summarise" else None
+    engines: dict[str, Callable[[list[str]], list[str]]] = {}
+    for name, changes in settings.items():
+        decode = with_decode_overrides(config.decode, common + changes)
+        reporting = Reporting(speculation=counts if "drafts" in name else None)
+        engines[name] = lambda group, d=decode, r=reporting: translate(
+            model, tokenizer, group, d, reporting=r, source_limit=limit
+        )
+    times: dict[str, list[list[float]]] = {}
+    outputs: dict[str, list[str]] = {}
+    if args.ct2 and not importlib.util.find_spec("ctranslate2"):
+        print("ctranslate2 is not installed: its rows are skipped")
+        args.ct2 = False
+    peer = _Peer(args, groups) if args.ct2 else None
+    try:
+        for round_ in range(args.rounds + 1):
+            if round_ == 1:
+                counts.__init__()  # the timed rounds' counts
+            done = timed_round(engines, groups)
+            if peer is not None:
+                done.update(peer.round())
+            for name, (seconds, out) in done.items():
+                if round_:
+                    for g, each in enumerate(seconds):
+                        times.setdefault(name, [[] for _ in groups])[g].append(each)
+                else:  # the untimed round's outputs are compared
+                    outputs[name] = out
+    finally:
+        if peer is not None:
+            peer.close()
+    plain = outputs["greedy"]
+    tokens = {name: sum(len(tokenizer.encode(o)) + 1 for o in outs) for name, outs in outputs.items()}
+    base = sum(statistics.median(t) for t in times["greedy"])
+    print(
+        f"{args.ckpt}: {len(texts)} sentences of {args.src} in groups of {args.batch}, greedy, "
+        f"{args.threads} threads, decode.precision={config.decode.precision}, {args.rounds} rounds"
+    )
+    print(f"{'engine':28} {'p50 ms':>8} {'p99 ms':>8} {'tokens/s':>9} {'x greedy':>9} {'differ':>7}")
+    for name in times:
+        each = sorted(statistics.median(t) for t in times[name])
+        total = sum(each)
+        p99 = each[min(len(each) - 1, round(0.99 * (len(each) - 1)))]
+        differ = sum(a != b for a, b in zip(outputs[name], plain, strict=True))
+        print(f"{name:28} {1000 * statistics.median(each):8.1f} {1000 * p99:8.1f} "
+              f"{tokens[name] / total:9.0f} {base / total:9.2f} {differ:7d}")  # fmt: skip
+    rounds = max(1, args.rounds)
+    print(
+        f"source drafts: {counts.acceptance:.1%} of {counts.proposed // rounds} drafted tokens taken, "
+        f"{counts.per_step:.2f} tokens a row a step"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Exact speculative decoding (Leviathan et al., 2023; Chen et al., 2023) of greedy search: a cheap draft
+proposes the next few tokens of each row, the model checks them all in one step, and each row keeps
+the drafted tokens the model would have chosen itself, then the model's own choice after them.
+
+Decoding one sentence on a CPU is bound by reading the weights once per token: a step of five new
+positions costs little more than a step of one. Where a draft is right, one step then yields several
+tokens; where it is wrong, the step still yields the model's own next token, as a plain step would.
+The output is **exactly** greedy search's (:func:`attnkit.decode.search.extend` with ``argmax``),
+token for token, because every checked position's logits are the bits a step of one token would give
+it (``Seq2SeqDecoding.checked_logits``: the linear maps sum each row alike however many rows they
+take, and attention attends each position's query as that step would; docs/invariance.md), and the
+choice at each position is the same ``argmax`` under the same rules (the length bound, the tokens
+never generated). The tests compare both searches token for token.
+
+The drafts here are the source's own tokens (``decode.speculative=source``; prompt lookup decoding,
+Saxena, 2023): where the last tokens written so far occur in the source, the tokens that follow them
+there are proposed. Tasks that copy (dates, names and numbers in a translation, summaries with the
+copy mechanism) take many; elsewhere few are proposed, and a row with none takes a plain step. Each
+row's draft grows by two tokens while the model takes all of it and shrinks by one when it does not
+(as HF's assisted generation adapts its draft); a row whose draft the model refuses outright drafts
+nothing for its next step, then for two, four, ... up to :data:`LONGEST_PAUSE` steps while refusals
+go on (:class:`Pace`), so where drafts are poor (a translation between languages, whose source shares
+little but names and numbers with it) nearly every step is a plain one.
+
+After a check, rows have kept different numbers of tokens: the caches and tokens of those that kept
+fewer are shifted right (``Seq2SeqDecoding.rewind``, ``realigned``), as continuous batching aligns
+rows that began at different steps, and each row goes on at its own position.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from attnkit.data.tokenizer import SpecialIds
+from attnkit.decode.search import Decoding, argmax, only_allowed, staying
+from attnkit.models.decoding import realigned
+
+# a row's draft length: at first, and at most (it grows by 2 while taken whole, shrinks by 1 otherwise)
+DRAFT_FIRST, DRAFT_MOST = 4, 10
+# the most steps a row drafts nothing for after its drafts were refused outright (see Pace)
+LONGEST_PAUSE = 16
+# the longest run of last tokens looked up in the source, then shorter runs down to the shortest (one
+# token matched too often by chance: a translation's "a" or "." drafted what followed them in the source)
+LONGEST_MATCH, SHORTEST_MATCH = 3, 2
+_ADDING = threading.Lock()  # (Speculation.add)
+
+
+class SourceDrafts:
+    """Drafts copied from each row's source (prompt lookup): the tokens that follow, in the source, the
+    first occurrence of the longest run (up to :data:`LONGEST_MATCH` tokens) of the row's last tokens
+    (nothing before the first token is written). ``sources``: each row's ids without ``</s>`` (a
+    draft that ends a row saves nothing: the step would choose ``</s>`` on its own) or padding, by
+    the row's number."""
+
+    def __init__(self, sources: list[list[int]]) -> None:
+        self.sources = sources
+
+    def propose(self, row: int, written: list[int], length: int) -> list[int]:
+        """Up to ``length`` tokens to follow ``written`` (the row's generated tokens so far)."""
+        source = self.sources[row]
+        if length <= 0:
+            return []
+        for n in range(min(LONGEST_MATCH, len(written)), SHORTEST_MATCH - 1, -1):
+            tail = written[-n:]
+            for i in range(len(source) - n):  # a match with at least one token after it
+                if source[i : i + n] == tail:
+                    return source[i + n : i + n + length]
+        return []
+
+
+class Checking(Decoding, Protocol):
+    """A decoding that checks drafts (``Seq2SeqDecoding``): the logits after each of the last ``count``
+    tokens in one step, each the bits of a step of one token, and the rewinding of the positions a
+    draft's refused tokens left in the cache."""
+
+    def checked_logits(self, tokens: Tensor, count: int) -> Tensor: ...
+
+    def rewind(self, kept: Tensor, checked: int) -> None: ...
+
+
+@dataclass
+class Pace:
+    """How long a row's next draft is (see the module docstring): ``length`` tokens, after ``pause``
+    steps without one; ``refused``: how many steps the last pause was (doubled at each refusal)."""
+
+    length: int = DRAFT_FIRST
+    pause: int = 0
+    refused: int = 0
+
+    def next(self, room: int) -> int:
+        """The next draft's length, within ``room`` tokens (0: a plain step)."""
+        if self.pause:
+            self.pause -= 1
+            return 0
+        return max(0, min(self.length, room))
+
+    def heard(self, proposed: int, taken: int) -> None:
+        """The model took ``taken`` of the ``proposed`` tokens."""
+        if not proposed:
+            return
+        if taken == proposed:
+            self.length, self.refused = min(DRAFT_MOST, self.length + 2), 0
+        elif taken:
+            self.length, self.refused = max(1, self.length - 1), 0
+        else:
+            self.length = max(1, self.length - 1)
+            self.refused = min(LONGEST_PAUSE, 2 * self.refused or 1)
+            self.pause = self.refused
+
+
+@dataclass
+class Speculation:
+    """What the drafts did: tokens proposed, tokens the model took, rows stepped (a step of n rows
+    counts n), tokens generated (``</s>`` included)."""
+
+    proposed: int = 0
+    taken: int = 0
+    steps: int = 0
+    generated: int = 0
+
+    def add(self, other: Speculation) -> None:
+        """Count ``other``'s too (searches in several threads add theirs to one count: one at a time)."""
+        with _ADDING:
+            for name in ("proposed", "taken", "steps", "generated"):
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def acceptance(self) -> float:
+        """The share of proposed tokens the model took."""
+        return self.taken / self.proposed if self.proposed else 0.0
+
+    @property
+    def per_step(self) -> float:
+        """Tokens a row generated a step (1.0 without drafts)."""
+        return self.generated / self.steps if self.steps else 0.0
+
+
+def speculative_greedy(
+    decoding: Checking,
+    tokens: Tensor,
+    limits: Tensor,
+    specials: SpecialIds,
+    drafts: SourceDrafts,
+    speculation: Speculation | None = None,
+) -> list[list[int]]:
+    """Greedy search after ``tokens (N, 1)`` (``<s>``), each row within its bound ``limits (N,)``, with
+    ``drafts`` checked at every step (see the module docstring): each row's generated ids without
+    ``</s>``, exactly as ``extend(decoding, tokens, limits, specials, argmax)`` gives them.
+    ``speculation`` counts what the drafts did."""
+    counts = Speculation()  # this search's (added to ``speculation`` at its end)
+    N, device = tokens.size(0), tokens.device
+    found: list[list[int]] = [[] for _ in range(N)]
+    rows = list(range(N))  # the rows still searched, in their order in the batch
+    written: list[list[int]] = [[] for _ in range(N)]  # each row's tokens so far
+    paces = [Pace() for _ in range(N)]  # each row's draft lengths
+    bounds = limits.tolist()
+    while rows:
+        # a draft may fill a row's room but for the model's own token after it
+        proposals = [
+            drafts.propose(r, written[r], paces[r].next(bounds[r] - len(written[r]) - 1)) for r in rows
+        ]
+        d = max(map(len, proposals))
+        if d:
+            drafted = [p + [specials.pad] * (d - len(p)) for p in proposals]
+            checked = torch.cat([tokens, torch.tensor(drafted, device=device)], dim=1)  # (n, t + d)
+            logits = decoding.checked_logits(checked, d + 1)  # (n, d + 1, V)
+        else:  # no row drafts: a plain step
+            logits = decoding.next_logits(tokens)[:, None]  # (n, 1, V)
+        # position j of row i is its step len(written) + j: at its bound, only </s> may follow
+        steps = torch.tensor([len(written[r]) for r in rows], device=device)[:, None] + torch.arange(d + 1)
+        at_limit = steps + 1 >= limits.new_tensor([bounds[r] for r in rows])[:, None]  # (n, d + 1)
+        V = logits.size(-1)
+        flat = only_allowed(logits.view(-1, V), at_limit.view(-1), specials)
+        choices = argmax(flat).view(-1, d + 1).tolist()  # (n, d + 1): the model's own choice at each
+        kept, ended = [], []
+        for i, (r, proposal) in enumerate(zip(rows, proposals, strict=True)):
+            taken = 0  # the draft's tokens the model would have chosen, in order
+            while taken < len(proposal) and proposal[taken] == choices[i][taken]:
+                taken += 1
+            new = choices[i][: taken + 1]  # ... and its own choice after them
+            if specials.eos in new:
+                new = new[: new.index(specials.eos) + 1]
+            written[r] += new
+            counts.proposed, counts.taken = counts.proposed + len(proposal), counts.taken + taken
+            counts.generated += len(new)
+            paces[r].heard(len(proposal), taken)
+            done = new[-1] == specials.eos or len(written[r]) >= bounds[r]
+            ended.append(done)
+            kept.append(len(new))
+            if done:
+                found[r] = [t for t in written[r] if t != specials.eos]
+        counts.steps += len(rows)
+        # each row's cache keeps the token it was given and the drafted ones it took; its tokens,
+        # those and its own choice after them
+        chosen = torch.tensor([written[r][-1] for r in rows], device=device)[:, None]
+        if d:
+            kept_t = torch.tensor(kept, device=device)
+            decoding.rewind(kept_t, d + 1)
+            tokens = realigned(checked, tokens.size(1) + kept_t - 1, 1, specials.pad)
+        tokens = torch.cat([tokens, chosen], 1)
+        if any(ended):
+            going = staying(ended)
+            rows = [rows[i] for i in going]
+            if rows:
+                index = torch.tensor(going, dtype=torch.long, device=device)
+                tokens = tokens[index][:, decoding.keep(index) or 0 :]
+    if speculation is not None:
+        speculation.add(counts)
+    return found

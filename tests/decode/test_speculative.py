@@ -1,0 +1,163 @@
+"""Speculative decoding is exact: greedy search with the source's tokens as drafts gives every sentence
+the tokens plain greedy search gives it, in every precision, alone and in batches whose rows take
+different numbers of drafted tokens; a checked position's logits are the bits of a step of one token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from attnkit import build_transformer
+from attnkit.config import load_run_config
+from attnkit.data.batching import pad
+from attnkit.data.synthetic import copy
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.search import Search, argmax, extend, starts_of
+from attnkit.decode.speculative import SourceDrafts, Speculation, speculative_greedy
+from attnkit.decode.translate import translate
+from attnkit.loading import ready_for_inference
+from attnkit.models.config import TransformerConfig
+
+PRECISIONS = ["fp32", "bf16", "int8"]
+MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def copying():
+    """A small random Transformer (wide enough that the linear maps take oneDNN's kernels and the
+    bf16 maps their blocks), its word tokenizer, and 24 sources of 1 to 12 digits."""
+    data = copy(400, seed=5, max_length=12)
+    tokenizer = Tokenizer.train("word", data.src)
+    torch.manual_seed(11)
+    model = build_transformer(TransformerConfig.from_preset("tiny", **MODEL), tokenizer.vocab_size)
+    return model.state_dict(), tokenizer, copy(24, seed=99, max_length=12).src
+
+
+def _ready(copying, precision: str, **changes):
+    """The model in ``precision``; ``changes`` to its config make another (random) model."""
+    state, tokenizer, _ = copying
+    torch.manual_seed(12)
+    config = TransformerConfig.from_preset("tiny", **{**MODEL, **changes})
+    model = build_transformer(config, tokenizer.vocab_size)
+    if not changes:
+        model.load_state_dict(state)
+    config = load_run_config(None, [f"decode.precision={precision}", "decode.steps=eager"])
+    return ready_for_inference(model, config), tokenizer, config
+
+
+class Foretold:
+    """Drafts that know greedy search's output (``outputs``, each row's, ``</s>`` last) and spoil one
+    token in ``spoiled`` at random: the model takes a random share of each draft, so rows keep
+    different numbers of tokens at every step."""
+
+    def __init__(self, outputs: list[list[int]], spoiled: int, seed: int) -> None:
+        self.outputs, self.spoiled, self.rng = outputs, spoiled, random.Random(seed)
+
+    def propose(self, row: int, written: list[int], length: int) -> list[int]:
+        draft = self.outputs[row][len(written) : len(written) + length]
+        return [_another(t) if self.rng.randrange(self.spoiled) == 0 else t for t in draft]
+
+
+def _another(token: int) -> int:
+    """A token of the vocabulary other than ``token`` (the copy task's has 13)."""
+    return token - 1 if token > 4 else token + 1
+
+
+def _searches(model, tokenizer, texts: list[str], drafts=None):
+    """Plain greedy search of ``texts`` as one batch, and speculative search with ``drafts`` (default:
+    the source's), with its counts."""
+    specials = tokenizer.specials
+    sources = [[*ids, specials.eos] for ids in tokenizer.encode_batch(texts)]
+    src = pad(sources, specials.pad, 8)
+    start, limits = starts_of(src, specials, Search(max_len_a=1.0, max_len_b=3))
+    with torch.no_grad():
+        plain = extend(model.decoding(src), start, limits, specials, argmax)
+        counts = Speculation()
+        drafts = SourceDrafts([ids[:-1] for ids in sources]) if drafts is None else drafts
+        drafted = speculative_greedy(model.decoding(src), start, limits, specials, drafts, counts)
+    return plain, drafted, counts
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_drafts_give_every_sentence_plain_greedy_searchs_tokens_alone_and_in_a_batch(copying, precision):
+    model, tokenizer, _ = _ready(copying, precision)
+    texts, eos = copying[2], tokenizer.specials.eos
+    plain, drafted, _ = _searches(model, tokenizer, texts)  # drafts from the source: mostly refused
+    assert drafted == plain
+    for spoiled in (2, 5, 1000):  # drafts right half of the time, most of the time, all the time
+        foretold = Foretold([[*ids, eos] for ids in plain], spoiled, seed=spoiled)
+        again, drafted, counts = _searches(model, tokenizer, texts, foretold)
+        assert again == plain and drafted == plain, spoiled
+        assert counts.per_step > {2: 1.2, 5: 1.8, 1000: 3}[spoiled], (spoiled, counts)
+        if spoiled == 1000:
+            assert counts.acceptance > 0.99
+    for text, expected in zip(texts[:6], plain[:6], strict=True):  # alone: the same
+        foretold = Foretold([[*expected, eos]], 3, seed=0)
+        assert _searches(model, tokenizer, [text], foretold)[:2] == ([expected], [expected])
+        assert _searches(model, tokenizer, [text])[1] == [expected]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_drafts_give_a_model_that_copies_plain_greedy_searchs_tokens(copying, precision):
+    """The copy mechanism (a pointer-generator over the source) takes each checked position as a step
+    would."""
+    model, tokenizer, _ = _ready(copying, precision, copy=True)
+    texts, eos = copying[2], tokenizer.specials.eos
+    plain, drafted, _ = _searches(model, tokenizer, texts)
+    assert drafted == plain
+    foretold = Foretold([[*ids, eos] for ids in plain], 3, seed=1)
+    assert _searches(model, tokenizer, texts, foretold)[1] == plain
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_checked_positions_logits_are_the_bits_of_a_step_of_one_token(copying, precision):
+    """Five positions checked at once against the same five stepped one at a time, for rows at
+    different positions (after a rewind that kept one, three and five of them)."""
+    model, tokenizer, _ = _ready(copying, precision)
+    specials = tokenizer.specials
+    sources = [[*tokenizer.encode(t), specials.eos] for t in ["1 2 3 4", "5 6 7 8 9 1 2", "3 3 4"]]
+    src = pad(sources, specials.pad, 8)
+    tokens = torch.tensor(
+        [[specials.bos, *s[:5]] for s in [[4, 5, 6, 7, 8], [6, 7, 8, 9, 5], [7, 7, 9, 4, 6]]]
+    )
+    with torch.no_grad():
+        checked = model.decoding(src)
+        logits = checked.checked_logits(tokens, 6)  # (3, 6, V)
+        stepped = model.decoding(src)
+        for j in range(6):
+            assert torch.equal(stepped.next_logits(tokens[:, : j + 1]), logits[:, j])
+        # rows keep 1, 3 and 5 of their new positions, then check two more each
+        checked.rewind(torch.tensor([1, 3, 5]), 6)
+        kept = [tokens[0, :2], tokens[1, :4], tokens[2, :6]]
+        more = torch.tensor([[9, 4], [4, 5], [5, 6]])
+        rows = torch.stack([torch.cat([torch.full((5 - len(k) + 1,), specials.pad), k]) for k in kept])
+        logits = checked.checked_logits(torch.cat([rows, more], 1), 3)  # (3, 3, V)
+    for i, k in enumerate(kept):
+        with torch.no_grad():
+            alone = model.decoding(src[i : i + 1])
+            for t in range(1, len(k)):  # its kept tokens but the last, a step at a time
+                alone.next_logits(k[None, :t])
+            for j in range(3):
+                step = torch.cat([k, more[i, :j]])[None]
+                assert torch.equal(alone.next_logits(step)[0], logits[i, j]), (i, j)
+
+
+def test_translate_with_source_drafts_gives_greedy_translations(copying):
+    model, tokenizer, config = _ready(copying, "bf16")
+    texts = [*copying[2][:10], "", "  "]
+    plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
+    config.decode.speculative = "source"
+    assert translate(model, tokenizer, texts, config.decode, beam_size=1) == plain
+
+
+def test_source_drafts_follow_the_first_match_of_the_longest_run_of_last_tokens():
+    drafts = SourceDrafts([[5, 6, 7, 8, 5, 6, 9, 2]])
+    assert drafts.propose(0, [], 3) == []  # nothing written: nothing to match
+    assert drafts.propose(0, [1, 5, 6], 2) == [7, 8]  # "5 6" first occurs at 0
+    assert drafts.propose(0, [8, 5, 6], 4) == [9, 2]  # "8 5 6" occurs at 3: what follows it
+    assert drafts.propose(0, [3, 3], 4) == []  # no match
+    assert drafts.propose(0, [1, 7], 4) == []  # one token matched: too weak a match
+    assert drafts.propose(0, [9, 2], 4) == []  # a match with nothing after it
+    assert drafts.propose(0, [5, 6], 0) == []
