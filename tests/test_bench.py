@@ -229,21 +229,24 @@ def test_the_speculative_benchmark_times_drafts_beside_plain_greedy_and_ctransla
     """The copy task copies its source: drafts are taken (more than one token a step), and every output
     is plain greedy's."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is beside")
-    result = subprocess.run(
-        [sys.executable, str(BENCH / "speculative.py"), "--ckpt", str(copy_run), "--src",
-         str(copy_data / "valid.src"), "--n", "20", "--batch", "2", "--rounds", "1", "--threads", "1",
-         "--ct2"],
-        capture_output=True, text=True, encoding="utf-8", timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    stdout = bench_output("speculative.py", "--ckpt", str(copy_run), "--src", str(copy_data / "valid.src"),
+                          "--n", "20", "--batch", "2", "--rounds", "1", "--threads", "1",
+                          "--ct2")  # fmt: skip
     row = r"^(greedy(?:, source drafts)?|ctranslate2-\w+) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +(\d+)$"
-    rows = dict(re.findall(row, result.stdout, re.M))  # engine: its outputs that differ from greedy's
+    rows = dict(re.findall(row, stdout, re.M))  # engine: its outputs that differ from greedy's
     assert set(rows) == {"greedy", "greedy, source drafts", "ctranslate2-float32", "ctranslate2-int8"}
-    assert rows["greedy"] == rows["greedy, source drafts"] == "0", result.stdout
-    taken = re.search(
-        r"source drafts: ([\d.]+)% of (\d+) drafted tokens taken, ([\d.]+) tokens a row a step", result.stdout
-    )
-    assert float(taken[1]) > 0 and float(taken[3]) > 1.0, result.stdout
+    assert rows["greedy"] == rows["greedy, source drafts"] == "0", stdout
+    taken = re.search(r"source drafts: ([\d.]+)% of (\d+) drafted tokens taken, ([\d.]+) tokens a row a step",
+                      stdout)  # fmt: skip
+    assert float(taken[1]) > 0 and float(taken[3]) > 1.0, stdout
+
+
+def bench_output(script: str, *arguments: str) -> str:
+    """What ``bench/script arguments`` prints, once it has ended well."""
+    result = subprocess.run([sys.executable, str(BENCH / script), *arguments], capture_output=True, text=True,
+                            encoding="utf-8", timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def test_the_invariance_benchmark_counts_the_outputs_that_change_with_the_batch_for_every_engine(
@@ -251,23 +254,17 @@ def test_the_invariance_benchmark_counts_the_outputs_that_change_with_the_batch_
 ):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is one of the peers")
     pytest.importorskip("transformers", reason="HF generate is one of the peers")
-    result = subprocess.run(
-        [sys.executable, str(BENCH / "invariance.py"), "--ckpt", str(copy_run), "--src",
-         str(copy_data / "valid.src"), "--lines", "12", "--batch", "5", "--beam", "3", "--steps", "eager",
-         "--bf16-one-product"],
-        capture_output=True, text=True, encoding="utf-8", timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    rows = re.findall(r"\| ([\w ,]+?) \| (\d+) of 24 \| \d+ of 12 \| [\d.]+ \| [\d.]+ \|", result.stdout)
+    stdout = bench_output("invariance.py", "--ckpt", str(copy_run), "--src", str(copy_data / "valid.src"),
+                          "--lines", "12", "--batch", "5", "--beam", "3", "--steps", "eager",
+                          "--bf16-one-product")  # fmt: skip
+    rows = re.findall(r"\| ([\w ,]+?) \| (\d+) of 24 \| \d+ of 12 \| [\d.]+ \| [\d.]+ \|", stdout)
     names = [name for name, _ in rows]
-    assert names[3:] == ["CTranslate2 float32", "CTranslate2 int8", "HF generate float32"], result.stdout
+    assert names[3:] == ["CTranslate2 float32", "CTranslate2 int8", "HF generate float32"], stdout
     # attnkit in each precision (bf16 is fp32 where this torch packs no bf16 weights): the same answers
     assert names[0] == "attnkit fp32" and names[2] == "attnkit int8" and names[1].startswith("attnkit")
-    assert [differ for _, differ in rows[:3]] == ["0", "0", "0"], result.stdout
+    assert [differ for _, differ in rows[:3]] == ["0", "0", "0"], stdout
     # and bf16 with one product per map, as before blocks of inputs, named for what this CPU's sums do
-    assert re.search(
-        r"\| attnkit bf16, one product per map \(rows summed [^|]+\) \| \d+ of 24 \|", result.stdout
-    )
+    assert re.search(r"\| attnkit bf16, one product per map \(rows summed [^|]+\) \| \d+ of 24 \|", stdout)
 
 
 def test_the_translation_speed_benchmark_compares_the_compiled_step_with_the_eager_one(
