@@ -139,8 +139,6 @@ def main() -> None:
     peer = _Peer(args, groups) if args.ct2 else None
     try:
         for round_ in range(args.rounds + 1):
-            if round_ == 1:
-                counts.__init__()  # the timed rounds' counts
             done = timed_round(engines, groups)
             if peer is not None:
                 done.update(peer.round())
@@ -168,7 +166,7 @@ def main() -> None:
         differ = sum(a != b for a, b in zip(outputs[name], plain, strict=True))
         print(f"{name:28} {1000 * statistics.median(each):8.1f} {1000 * p99:8.1f} "
               f"{tokens[name] / total:9.0f} {base / total:9.2f} {differ:7d}")  # fmt: skip
-    rounds = max(1, args.rounds)
+    rounds = args.rounds + 1  # counted in every round, the untimed one too (each drafts alike)
     print(
         f"source drafts: {counts.acceptance:.1%} of {counts.proposed // rounds} drafted tokens taken, "
         f"{counts.per_step:.2f} tokens a row a step"

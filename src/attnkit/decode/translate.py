@@ -142,17 +142,17 @@ def _hypotheses(
     def searched(chunk: list[int]) -> list[list[Hypothesis]]:
         sources = [encoded[i] for i in chunk]
         ready = ready_sources(model, sources, how, specials, search, device)
+        if not greedy:
+            return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
         if drafted:
             drafts = SourceDrafts([ids[:-1] for ids in sources])  # (without </s>)
             checking = cast(Checking, ready.decoding)  # the model's own steps (eager)
             outputs = speculative_greedy(
                 checking, ready.tokens, ready.limits, specials, drafts, reporting.speculation
             )
-            return [[Hypothesis(ids, float("nan"))] for ids in outputs]
-        if greedy:
+        else:
             outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
-            return [[Hypothesis(ids, float("nan"))] for ids in outputs]
-        return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
+        return [[Hypothesis(ids, float("nan"))] for ids in outputs]
 
     streams = stream_count(decode.streams, device, len(batches))
     with searching(model):
