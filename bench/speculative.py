@@ -3,14 +3,17 @@
 The first ``--n`` lines of ``--src`` are translated greedily in groups of ``--batch`` sentences (1: each
 sentence alone, a single user's latency), in file order, with attnkit's plain greedy search (its own
 steps, ``decode.steps=eager``, and the compiled ones, ``--compiled``, where this machine has a compiler)
-and with drafts copied from the source (``decode.speculative=source``, which checks them with the
-model's own steps); with ``--ct2``, CTranslate2 (float32 and int8, same weights, greedy, the same
-groups, in a process of its own: its threads and torch's in one process slowed both threefold) beside.
+and with drafts copied from the source (``decode.speculative=source``) and, where the checkpoint
+has one (``attnkit distill-draft``), the guesses of its one-layer draft decoder (``shallow``), both
+checked with the model's own steps; with ``--ct2``, CTranslate2 (float32 and int8, same weights,
+greedy, the same groups, in a process of its own: its threads and torch's in one process slowed both
+threefold) beside.
 In each round every engine translates every group, one engine after another, ``--rounds`` rounds after
 an untimed one; per engine the median over rounds of each group's time is kept. Printed per engine: the
 latency per group (p50, p99), target tokens per second over all groups (attnkit's tokenizer counts the
 outputs), the ratio to plain greedy with the model's own steps, and for drafts the share of drafted
-tokens the model took and the tokens a row got a step; then how many outputs differ from plain greedy's (0
+tokens the model took and the tokens a row got a step (and the draft's agreement with the model as
+``distill-draft`` measured it); then how many outputs differ from plain greedy's (0
 for drafts: they are exact). Settings on every side: greedy, ``--threads`` threads, one group at a
 time, ``decode.precision`` ``--precision``; a summariser's sources cut as it was trained
 (``data.max_source_len``), as ``attnkit predict`` cuts them. ``--src`` is a text file, one source a line
@@ -34,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from attnkit.checkpoint.draft_file import draft_about
+from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import with_decode_overrides
 from attnkit.data.readers import read_lines
 from attnkit.decode.speculative import Speculation
@@ -112,22 +117,27 @@ def main() -> None:
     parser.add_argument("--ct2", action="store_true", help="CTranslate2 float32 and int8 beside")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer, config = load_for_inference(args.ckpt, overrides=[f"decode.precision={args.precision}"])
+    about = draft_about(resolve_checkpoint(args.ckpt))  # {} where it has no draft decoder
+    loading = [f"decode.precision={args.precision}"] + (["decode.speculative=shallow"] if about else [])
+    model, tokenizer, config = load_for_inference(args.ckpt, overrides=loading)
     lines = read_lines(args.src)
     texts = [json.loads(line)[args.field] for line in lines] if args.field else lines
     texts = [" ".join(text.split()) for text in texts[: args.n]]  # (one line each)
     groups = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
     common = ["decode.beam_size=1", "decode.streams=1", f"decode.batch_size={args.batch}"]
-    settings = {"greedy": ["decode.steps=eager"], "greedy, source drafts": ["decode.speculative=source"]}
+    settings = {"greedy": ["decode.steps=eager", "decode.speculative=none"],
+                "greedy, source drafts": ["decode.speculative=source"]}  # fmt: skip
+    if about:
+        settings["greedy, shallow draft"] = ["decode.speculative=shallow"]
     if args.compiled:
-        settings["greedy, compiled steps"] = ["decode.steps=compiled"]
-    counts = Speculation()
+        settings["greedy, compiled steps"] = ["decode.steps=compiled", "decode.speculative=none"]
+    counts = {name: Speculation() for name in settings if "draft" in name}
     # a summariser reads its sources cut as in training (data.max_source_len), as its commands do
     limit = config.data.source_limit if config.data.task == "summarise" else None
     engines: dict[str, Callable[[list[str]], list[str]]] = {}
     for name, changes in settings.items():
         decode = with_decode_overrides(config.decode, common + changes)
-        reporting = Reporting(speculation=counts if "drafts" in name else None)
+        reporting = Reporting(speculation=counts.get(name))
         engines[name] = lambda group, d=decode, r=reporting: translate(
             model, tokenizer, group, d, reporting=r, source_limit=limit
         )
@@ -167,10 +177,13 @@ def main() -> None:
         print(f"{name:28} {1000 * statistics.median(each):8.1f} {1000 * p99:8.1f} "
               f"{tokens[name] / total:9.0f} {base / total:9.2f} {differ:7d}")  # fmt: skip
     rounds = args.rounds + 1  # counted in every round, the untimed one too (each drafts alike)
-    print(
-        f"source drafts: {counts.acceptance:.1%} of {counts.proposed // rounds} drafted tokens taken, "
-        f"{counts.per_step:.2f} tokens a row a step"
-    )
+    for name, count in counts.items():
+        print(
+            f"{name.split(', ')[1]}: {count.acceptance:.1%} of {count.proposed // rounds} drafted tokens "
+            f"taken, {count.per_step:.2f} tokens a row a step"
+        )
+    if about:
+        print(f"the draft decoder: {about}")
 
 
 if __name__ == "__main__":

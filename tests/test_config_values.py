@@ -45,7 +45,7 @@ BAD_VALUES = [
     ("decode.batch_size=0", r"decode\.batch_size must be >= 1; got 0"),
     ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
     ("decode.steps=fast", r"decode\.steps must be one of 'auto', 'compiled', 'eager'; got 'fast'"),
-    ("decode.speculative=shallow", r"decode\.speculative must be one of 'none', 'source'; got 'shallow'"),
+    ("decode.speculative=eagle", r"decode\.speculative must be one of 'none', 'source', 'shallow'; got"),
     ("decode.compile=maybe", r"'decode\.compile' must be true or false \(now decode\.steps\), got 'maybe'"),
     (
         "data.task=translate",

@@ -35,7 +35,7 @@ SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (tr
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
 DECODING_STEPS = ("auto", "compiled", "eager")  # what a translation's search steps with (decode.steps)
-SPECULATIVE = ("none", "source")  # what drafts a greedy translation checks (decode.speculative)
+SPECULATIVE = ("none", "source", "shallow")  # what drafts a greedy translation checks (decode.speculative)
 # what a trained model's linear maps multiply in for inference (attnkit.loading.inference_precision)
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
@@ -222,7 +222,8 @@ class DecodeConfig:
     steps: str = "auto"
     # greedy translation on a CPU: drafts checked several tokens a step (decode/speculative.py), the same
     # output token for token; source: the source's own tokens where the output so far matches it (for
-    # tasks that copy); none: one token a step. With drafts the steps are the model's own (eager)
+    # tasks that copy); shallow: the guesses of the checkpoint's one-layer draft decoder (made by
+    # attnkit distill-draft); none: one token a step. With drafts the steps are the model's own (eager)
     speculative: str = "none"
     # the linear maps' numbers for inference on a CPU, every command and the server: bf16 (on a CPU whose
     # bf16 products are fast: auto's choice there), int8 weights and inputs (--int8), or float32

@@ -1,8 +1,8 @@
 """Loading a model to work with: a checkpoint folder or run directory in, ``(model, tokenizer, run
-config)`` out, the model built for its tokenizer, in eval mode, with the CPU speed-ups applied in the
-precision ``decode.precision`` asks for. What every command, the server and fine-tuning load a model
-with; the trainer builds its model the same way (:func:`build_for_tokenizer`). The files themselves are
-``attnkit.checkpoint``'s.
+config)`` out, the model built for its tokenizer (with ``decode.speculative=shallow``, with its draft
+decoder), in eval mode, with the CPU speed-ups applied in the precision ``decode.precision`` asks
+for. What every command, the server and fine-tuning load a model with; the trainer builds its model
+the same way (:func:`build_for_tokenizer`). The files themselves are ``attnkit.checkpoint``'s.
 
 Precision (:func:`inference_precision`): the weights stay float32 as trained; what changes is the copy
 the linear maps multiply by. ``bf16``: a bf16 copy for the processor's bf16 units, inputs rounded to bf16
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.checkpoint.draft_file import attach_draft
 from attnkit.checkpoint.folder import load_model_weights, read_run_config, resolve_checkpoint
 from attnkit.config import RunConfig, with_decode_overrides
 from attnkit.cpu import pack_for_inference, quantize_int8, speed_up
@@ -26,6 +27,7 @@ from attnkit.cpu.precision import matrix_units
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, build_model
+from attnkit.models.seq2seq import EncoderDecoder
 
 
 def build_for_tokenizer(config: RunConfig, tokenizer: Tokenizer | None) -> torch.nn.Module:
@@ -103,6 +105,13 @@ def load_for_inference(
         )
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
+    if config.decode.speculative == "shallow":  # its draft decoder, made ready with it
+        if not isinstance(model, EncoderDecoder):
+            raise AttnkitError(
+                f"decode.speculative=shallow drafts for the encoder-decoder Transformer; {checkpoint} holds "
+                f"{a_model(config.model.arch)}"
+            )
+        attach_draft(model, checkpoint)
     return ready_for_inference(model, config, device, pack), tokenizer, config
 
 

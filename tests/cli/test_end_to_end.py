@@ -223,3 +223,24 @@ def test_translate_streams_translate_as_one_batch_at_a_time(trained, copy_data, 
     assert outputs["2"] == outputs["1"] and len(outputs["1"]) == 20
     result = runner.invoke(app, ["translate", "--ckpt", str(trained), "--streams", "-1"], input="1 2\n")
     assert result.exit_code == 2 and "--streams must be at least 0" in result.output
+
+
+def test_a_distilled_draft_decoder_gives_greedy_translations_in_fewer_steps(trained, copy_data):
+    """``distill-draft`` teaches the run's draft decoder from its training sources and saves it in the
+    checkpoint; greedy translation with it gives plain greedy search's lines. Without one, asking for
+    it is a one-line error naming the command that makes one."""
+    src = str(copy_data / "valid.src")
+    shallow = ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1", "decode.speculative=shallow"]
+    checkpoint = trained / (trained / "best").read_text(encoding="utf-8").strip()
+    one_line_error(runner.invoke(app, shallow), r"has no draft decoder .* attnkit distill-draft --ckpt")
+    made = runner.invoke(app, ["distill-draft", "--ckpt", str(trained), "--minutes", "0.05"])
+    assert made.exit_code == 0, made.output
+    found = re.search(
+        r"guesses ([\d.]+)% .* held-out tokens \(a copy of its first layer: ([\d.]+)%\)", made.stdout
+    )
+    assert found and float(found[1]) > float(found[2]), made.stdout
+    assert (checkpoint / "draft.safetensors").is_file()
+    plain = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1"])
+    drafted = runner.invoke(app, shallow)
+    assert plain.exit_code == drafted.exit_code == 0, drafted.output
+    assert drafted.stdout == plain.stdout and any(plain.stdout.splitlines())

@@ -1,5 +1,6 @@
-"""Speculative decoding is exact: greedy search with the source's tokens as drafts gives every sentence
-the tokens plain greedy search gives it, in every precision, alone and in batches whose rows take
+"""Speculative decoding is exact: greedy search with drafts (the source's tokens, a draft decoder's
+guesses, drafts that know the answer but for spoilt tokens) gives every sentence the tokens plain
+greedy search gives it, in every precision, alone and in batches whose rows take
 different numbers of drafted tokens; a checked position's logits are the bits of a step of one token."""
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from attnkit.config import load_run_config
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.drafts import ShallowDrafts, SourceDrafts
 from attnkit.decode.search import Search, argmax, extend, starts_of
-from attnkit.decode.speculative import SourceDrafts, Speculation, speculative_greedy
+from attnkit.decode.speculative import ROWS_DRAFTED, Speculation, speculative_greedy
 from attnkit.decode.translate import translate
+from attnkit.errors import AttnkitError
 from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
+from attnkit.models.decoding import Seq2SeqDecoding
+from attnkit.models.draft import ShallowDraft
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
@@ -35,14 +40,17 @@ def copying():
     return model.state_dict(), tokenizer, copy(24, seed=99, max_length=12).src
 
 
-def _ready(copying, precision: str, **changes):
-    """The model in ``precision``; ``changes`` to its config make another (random) model."""
+def _ready(copying, precision: str, draft: bool = False, seed: int = 12, **changes):
+    """The model in ``precision`` (with ``draft``, with a shallow draft decoder: a copy of its first
+    layer); ``changes`` to its config make another (random) model, drawn from ``seed``."""
     state, tokenizer, _ = copying
-    torch.manual_seed(12)
+    torch.manual_seed(seed)
     config = TransformerConfig.from_preset("tiny", **{**MODEL, **changes})
     model = build_transformer(config, tokenizer.vocab_size)
     if not changes:
         model.load_state_dict(state)
+    if draft:
+        model.draft = ShallowDraft(model)
     config = load_run_config(None, [f"decode.precision={precision}", "decode.steps=eager"])
     return ready_for_inference(model, config), tokenizer, config
 
@@ -55,9 +63,16 @@ class Foretold:
     def __init__(self, outputs: list[list[int]], spoiled: int, seed: int) -> None:
         self.outputs, self.spoiled, self.rng = outputs, spoiled, random.Random(seed)
 
-    def propose(self, row: int, written: list[int], length: int) -> list[int]:
-        draft = self.outputs[row][len(written) : len(written) + length]
-        return [_another(t) if self.rng.randrange(self.spoiled) == 0 else t for t in draft]
+    def propose(self, rows, written, lengths, tokens) -> list[list[int]]:
+        ahead = [self.outputs[r][len(written[r]) :] for r in rows]
+        drafts = [tokens[:n] for tokens, n in zip(ahead, lengths, strict=True)]
+        return [[_another(t) if self.rng.randrange(self.spoiled) == 0 else t for t in d] for d in drafts]
+
+    def checked(self, kept) -> None:
+        pass
+
+    def keep(self, index) -> None:
+        pass
 
 
 def _another(token: int) -> int:
@@ -65,9 +80,10 @@ def _another(token: int) -> int:
     return token - 1 if token > 4 else token + 1
 
 
-def _searches(model, tokenizer, texts: list[str], drafts=None):
+def _searches(model, tokenizer, texts: list[str], drafts=None, most_rows: int | None = None):
     """Plain greedy search of ``texts`` as one batch, and speculative search with ``drafts`` (default:
-    the source's), with its counts."""
+    the source's; "shallow": the model's draft decoder's), with its counts; every row drafts at every
+    step unless ``most_rows`` says how few must be left."""
     specials = tokenizer.specials
     sources = [[*ids, specials.eos] for ids in tokenizer.encode_batch(texts)]
     src = pad(sources, specials.pad, 8)
@@ -75,8 +91,14 @@ def _searches(model, tokenizer, texts: list[str], drafts=None):
     with torch.no_grad():
         plain = extend(model.decoding(src), start, limits, specials, argmax)
         counts = Speculation()
-        drafts = SourceDrafts([ids[:-1] for ids in sources]) if drafts is None else drafts
-        drafted = speculative_greedy(model.decoding(src), start, limits, specials, drafts, counts)
+        decoding = model.decoding(src)
+        if drafts == "shallow":
+            draft = Seq2SeqDecoding(model.draft, decoding.src, use_cache=True, memory=decoding.memory)
+            drafts = ShallowDrafts(draft, specials)
+        elif drafts is None:
+            drafts = SourceDrafts([ids[:-1] for ids in sources])
+        most_rows = len(texts) if most_rows is None else most_rows
+        drafted = speculative_greedy(decoding, start, limits, specials, drafts, counts, most_rows)
     return plain, drafted, counts
 
 
@@ -97,6 +119,41 @@ def test_drafts_give_every_sentence_plain_greedy_searchs_tokens_alone_and_in_a_b
         foretold = Foretold([[*expected, eos]], 3, seed=0)
         assert _searches(model, tokenizer, [text], foretold)[:2] == ([expected], [expected])
         assert _searches(model, tokenizer, [text])[1] == [expected]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_draft_decoders_guesses_give_plain_greedy_searchs_tokens(copying, precision):
+    """A shallow draft decoder's guesses, checked: plain greedy search's tokens whether the draft guesses
+    poorly (its one layer beside a model of two) or perfectly (a one-layer model's own layer: every
+    guess taken, rows keeping all their drafts and the draft reading its last guess at once)."""
+    texts = copying[2]
+    model, tokenizer, _ = _ready(copying, precision, draft=True)
+    plain, drafted, counts = _searches(model, tokenizer, texts, "shallow")
+    assert drafted == plain and counts.proposed
+    for text, expected in zip(texts[:4], plain[:4], strict=True):  # alone: the same
+        assert _searches(model, tokenizer, [text], "shallow")[1] == [expected]
+    model, tokenizer, _ = _ready(copying, precision, draft=True, seed=11, decoder_layers=1)
+    plain, drafted, counts = _searches(model, tokenizer, texts, "shallow")
+    assert drafted == plain
+    assert counts.acceptance == 1.0 and counts.per_step > 4, counts
+    model, tokenizer, _ = _ready(copying, precision, draft=True, copy=True)  # the copy mechanism
+    plain, drafted, counts = _searches(model, tokenizer, texts, "shallow")
+    assert drafted == plain and counts.proposed
+
+
+def test_a_batch_drafts_once_one_row_is_left(copying):
+    """By default (``ROWS_DRAFTED``) drafts are checked only where a single row is left: a batch's
+    longest sentence drafts once the others have ended, its tokens as plain greedy search's."""
+    model, tokenizer, _ = _ready(copying, "fp32", draft=True, seed=11, decoder_layers=1)
+    by_length = sorted(copying[2], key=lambda text: len(text.split()))
+    texts = [*by_length[:5], by_length[-1]]  # five short sentences and the longest
+    plain, every, counts_every = _searches(model, tokenizer, texts, "shallow")
+    _, last, counts_last = _searches(model, tokenizer, texts, "shallow", most_rows=ROWS_DRAFTED)
+    assert every == last == plain
+    assert 0 < counts_last.proposed < counts_every.proposed / 4, (counts_last, counts_every)
+    longest = max(range(len(texts)), key=lambda i: len(plain[i]))
+    alone = _searches(model, tokenizer, [texts[longest]], "shallow", most_rows=ROWS_DRAFTED)[2]
+    assert counts_last.proposed <= alone.proposed
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -144,20 +201,24 @@ def test_a_checked_positions_logits_are_the_bits_of_a_step_of_one_token(copying,
                 assert torch.equal(alone.next_logits(step)[0], logits[i, j]), (i, j)
 
 
-def test_translate_with_source_drafts_gives_greedy_translations(copying):
-    model, tokenizer, config = _ready(copying, "bf16")
+def test_translate_with_drafts_gives_greedy_translations(copying):
+    model, tokenizer, config = _ready(copying, "bf16", draft=True)
     texts = [*copying[2][:10], "", "  "]
     plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
-    config.decode.speculative = "source"
-    assert translate(model, tokenizer, texts, config.decode, beam_size=1) == plain
+    for speculative in ("source", "shallow"):
+        config.decode.speculative = speculative
+        assert translate(model, tokenizer, texts, config.decode, beam_size=1) == plain
+    model.draft = None
+    with pytest.raises(AttnkitError, match="needs the model's draft decoder, and this model has none"):
+        translate(model, tokenizer, texts, config.decode, beam_size=1)
 
 
 def test_source_drafts_follow_the_first_match_of_the_longest_run_of_last_tokens():
     drafts = SourceDrafts([[5, 6, 7, 8, 5, 6, 9, 2]])
-    assert drafts.propose(0, [], 3) == []  # nothing written: nothing to match
-    assert drafts.propose(0, [1, 5, 6], 2) == [7, 8]  # "5 6" first occurs at 0
-    assert drafts.propose(0, [8, 5, 6], 4) == [9, 2]  # "8 5 6" occurs at 3: what follows it
-    assert drafts.propose(0, [3, 3], 4) == []  # no match
-    assert drafts.propose(0, [1, 7], 4) == []  # one token matched: too weak a match
-    assert drafts.propose(0, [9, 2], 4) == []  # a match with nothing after it
-    assert drafts.propose(0, [5, 6], 0) == []
+    assert drafts.follow(0, [], 3) == []  # nothing written: nothing to match
+    assert drafts.follow(0, [1, 5, 6], 2) == [7, 8]  # "5 6" first occurs at 0
+    assert drafts.follow(0, [8, 5, 6], 4) == [9, 2]  # "8 5 6" occurs at 3: what follows it
+    assert drafts.follow(0, [3, 3], 4) == []  # no match
+    assert drafts.follow(0, [1, 7], 4) == []  # one token matched: too weak a match
+    assert drafts.follow(0, [9, 2], 4) == []  # a match with nothing after it
+    assert drafts.follow(0, [5, 6], 0) == []

@@ -21,5 +21,6 @@ The format, one concern per module (loading a model to work with is ``attnkit.lo
 - ``run_dir.py``: one training process per run directory, and an earlier run found or cleared there;
 - ``average.py``: the mean of several checkpoints' weights (the paper's §6.1);
 - ``ctranslate2_folder.py``: the other model folder attnkit writes, a CTranslate2 export;
+- ``draft_file.py``: a translation model's draft decoder, added to a complete checkpoint;
 - ``files.py``: a checkpoint's JSON and safetensors files read with one-line errors.
 """

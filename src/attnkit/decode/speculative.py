@@ -12,15 +12,13 @@ take, and attention attends each position's query as that step would; docs/invar
 choice at each position is the same ``argmax`` under the same rules (the length bound, the tokens
 never generated). The tests compare both searches token for token.
 
-The drafts here are the source's own tokens (``decode.speculative=source``; prompt lookup decoding,
-Saxena, 2023): where the last tokens written so far occur in the source, the tokens that follow them
-there are proposed. Tasks that copy (dates, names and numbers in a translation, summaries with the
-copy mechanism) take many; elsewhere few are proposed, and a row with none takes a plain step. Each
-row's draft grows by two tokens while the model takes all of it and shrinks by one when it does not
-(as HF's assisted generation adapts its draft); a row whose draft the model refuses outright drafts
-nothing for its next step, then for two, four, ... up to :data:`LONGEST_PAUSE` steps while refusals
-go on (:class:`Pace`), so where drafts are poor (a translation between languages, whose source shares
-little but names and numbers with it) nearly every step is a plain one.
+The drafts come from decode/drafts.py: the source's own tokens (``decode.speculative=source``,
+prompt lookup) or a one-layer draft decoder's guesses (``shallow``). Each row's draft grows by two
+tokens while the model takes all of it and shrinks by one when it does not (as HF's assisted
+generation adapts its draft); a row whose draft the model refuses outright drafts nothing for its
+next step, then for two, four, ... up to :data:`LONGEST_PAUSE` steps while refusals go on
+(:class:`Pace`), so where drafts are poor (source drafts for a translation between languages, which
+shares little but names and numbers with its source) nearly every step is a plain one.
 
 After a check, rows have kept different numbers of tokens: the caches and tokens of those that kept
 fewer are shifted right (``Seq2SeqDecoding.rewind``, ``realigned``), as continuous batching aligns
@@ -37,6 +35,7 @@ import torch
 from torch import Tensor
 
 from attnkit.data.tokenizer import SpecialIds
+from attnkit.decode.drafts import Drafts
 from attnkit.decode.search import Decoding, argmax, only_allowed, staying
 from attnkit.models.decoding import realigned
 
@@ -44,33 +43,12 @@ from attnkit.models.decoding import realigned
 DRAFT_FIRST, DRAFT_MOST = 4, 10
 # the most steps a row drafts nothing for after its drafts were refused outright (see Pace)
 LONGEST_PAUSE = 16
-# the longest run of last tokens looked up in the source, then shorter runs down to the shortest (one
-# token matched too often by chance: a translation's "a" or "." drafted what followed them in the source)
-LONGEST_MATCH, SHORTEST_MATCH = 3, 2
+# drafts are checked only in the steps where at most this many rows are left: a step of several rows
+# already shares each read of the weights among them, and rows that keep different numbers of tokens
+# then need their caches realigned and masked (a batch of 8 Multi30k sentences, all drafting with the
+# shallow draft: half plain greedy's tokens/s); a batch's last sentence drafts
+ROWS_DRAFTED = 1
 _ADDING = threading.Lock()  # (Speculation.add)
-
-
-class SourceDrafts:
-    """Drafts copied from each row's source (prompt lookup): the tokens that follow, in the source, the
-    first occurrence of the longest run (up to :data:`LONGEST_MATCH` tokens) of the row's last tokens
-    (nothing before the first token is written). ``sources``: each row's ids without ``</s>`` (a
-    draft that ends a row saves nothing: the step would choose ``</s>`` on its own) or padding, by
-    the row's number."""
-
-    def __init__(self, sources: list[list[int]]) -> None:
-        self.sources = sources
-
-    def propose(self, row: int, written: list[int], length: int) -> list[int]:
-        """Up to ``length`` tokens to follow ``written`` (the row's generated tokens so far)."""
-        source = self.sources[row]
-        if length <= 0:
-            return []
-        for n in range(min(LONGEST_MATCH, len(written)), SHORTEST_MATCH - 1, -1):
-            tail = written[-n:]
-            for i in range(len(source) - n):  # a match with at least one token after it
-                if source[i : i + n] == tail:
-                    return source[i + n : i + n + length]
-        return []
 
 
 class Checking(Decoding, Protocol):
@@ -145,13 +123,14 @@ def speculative_greedy(
     tokens: Tensor,
     limits: Tensor,
     specials: SpecialIds,
-    drafts: SourceDrafts,
+    drafts: Drafts,
     speculation: Speculation | None = None,
+    most_rows: int = ROWS_DRAFTED,
 ) -> list[list[int]]:
     """Greedy search after ``tokens (N, 1)`` (``<s>``), each row within its bound ``limits (N,)``, with
-    ``drafts`` checked at every step (see the module docstring): each row's generated ids without
-    ``</s>``, exactly as ``extend(decoding, tokens, limits, specials, argmax)`` gives them.
-    ``speculation`` counts what the drafts did."""
+    ``drafts`` checked at every step where at most ``most_rows`` rows are left (see the module
+    docstring): each row's generated ids without ``</s>``, exactly as ``extend(decoding, tokens,
+    limits, specials, argmax)`` gives them. ``speculation`` counts what the drafts did."""
     counts = Speculation()  # this search's (added to ``speculation`` at its end)
     N, device = tokens.size(0), tokens.device
     found: list[list[int]] = [[] for _ in range(N)]
@@ -161,9 +140,10 @@ def speculative_greedy(
     bounds = limits.tolist()
     while rows:
         # a draft may fill a row's room but for the model's own token after it
-        proposals = [
-            drafts.propose(r, written[r], paces[r].next(bounds[r] - len(written[r]) - 1)) for r in rows
+        lengths = [
+            paces[r].next(bounds[r] - len(written[r]) - 1) if len(rows) <= most_rows else 0 for r in rows
         ]
+        proposals = drafts.propose(rows, written, lengths, tokens)
         d = max(map(len, proposals))
         if d:
             drafted = [p + [specials.pad] * (d - len(p)) for p in proposals]
@@ -198,10 +178,11 @@ def speculative_greedy(
         # each row's cache keeps the token it was given and the drafted ones it took; its tokens,
         # those and its own choice after them
         chosen = torch.tensor([written[r][-1] for r in rows], device=device)[:, None]
+        kept_t = torch.tensor(kept, device=device)
         if d:
-            kept_t = torch.tensor(kept, device=device)
             decoding.rewind(kept_t, d + 1)
             tokens = realigned(checked, tokens.size(1) + kept_t - 1, 1, specials.pad)
+        drafts.checked(kept_t)
         tokens = torch.cat([tokens, chosen], 1)
         if any(ended):
             going = staying(ended)
@@ -209,6 +190,7 @@ def speculative_greedy(
             if rows:
                 index = torch.tensor(going, dtype=torch.long, device=device)
                 tokens = tokens[index][:, decoding.keep(index) or 0 :]
+                drafts.keep(index)
     if speculation is not None:
         speculation.add(counts)
     return found

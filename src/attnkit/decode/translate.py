@@ -11,13 +11,16 @@ import torch
 
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches
-from attnkit.data.tokenizer import Tokenizer
+from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.beams import beam
+from attnkit.decode.drafts import Drafts, ShallowDrafts, SourceDrafts
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
-from attnkit.decode.speculative import Checking, SourceDrafts, Speculation, speculative_greedy
+from attnkit.decode.speculative import Checking, Speculation, speculative_greedy
 from attnkit.decode.starts import encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
+from attnkit.errors import AttnkitError
 from attnkit.models import device_of
+from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.seq2seq import EncoderDecoder
 
 
@@ -124,7 +127,12 @@ def _hypotheses(
     if not todo:
         return found
     greedy = search.beam_size == 1 and not scored  # no scores wanted
-    drafted = greedy and decode.speculative == "source"  # checks drafts with the model's own steps
+    drafted = greedy and decode.speculative != "none"  # checks drafts with the model's own steps
+    if decode.speculative == "shallow" and model.draft is None:
+        raise AttnkitError(
+            "decode.speculative=shallow needs the model's draft decoder, and this model has none (make "
+            "one with: attnkit distill-draft --ckpt RUN)"
+        )
     if decode.speculative != "none" and not greedy and reporting.warn is not None:
         reporting.warn(
             f"decode.speculative={decode.speculative} checks drafts in greedy search alone (a beam of 1, no "
@@ -133,7 +141,8 @@ def _hypotheses(
     steps = dataclasses.replace(decode, steps="eager") if drafted else decode
     if drafted and decode.steps == "compiled" and reporting.warn is not None:
         reporting.warn(
-            "decode.speculative=source checks drafts with the model's own steps, not compiled ones"
+            f"decode.speculative={decode.speculative} checks drafts with the model's own steps, not "
+            "compiled ones"
         )
     how = source_decoding(model, steps, search.beam_size, device, specials, reporting.warn, len(todo))
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
@@ -145,7 +154,7 @@ def _hypotheses(
         if not greedy:
             return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
         if drafted:
-            drafts = SourceDrafts([ids[:-1] for ids in sources])  # (without </s>)
+            drafts = _drafts(model, decode.speculative, ready.decoding, sources, specials)
             checking = cast(Checking, ready.decoding)  # the model's own steps (eager)
             outputs = speculative_greedy(
                 checking, ready.tokens, ready.limits, specials, drafts, reporting.speculation
@@ -157,3 +166,19 @@ def _hypotheses(
     streams = stream_count(decode.streams, device, len(batches))
     with searching(model):
         return fill_by_batch(searched, batches, streams, found, reporting.progress)
+
+
+def _drafts(
+    model: EncoderDecoder,
+    speculative: str,
+    decoding: Seq2SeqDecoding,
+    sources: list[list[int]],
+    specials: SpecialIds,
+) -> Drafts:
+    """What drafts the search of ``sources`` (ids with ``</s>``) by ``decoding`` checks: their own
+    tokens, or the model's draft decoder's guesses over the same memory."""
+    if speculative == "source":
+        return SourceDrafts([ids[:-1] for ids in sources])  # (without </s>)
+    assert model.draft is not None
+    draft = Seq2SeqDecoding(model.draft, decoding.src, use_cache=True, memory=decoding.memory)
+    return ShallowDrafts(draft, specials)

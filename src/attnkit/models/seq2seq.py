@@ -84,6 +84,8 @@ class EncoderDecoder(nn.Module):
         self.generator = Generator(c.d_model, tgt_vocab, bias=c.output_bias)
         self.pointer = PointerGenerator(c.d_model) if c.copy else None
         self._init_weights()
+        # a shallow draft decoder for speculative decoding (models/draft.py), set where one is loaded
+        self.draft: nn.Module | None = None
 
     def _init_weights(self) -> None:
         """Xavier-uniform linear maps and zero biases (as fairseq and the Annotated Transformer); the
@@ -148,6 +150,7 @@ class EncoderDecoder(nn.Module):
         tgt_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         positions: Tensor | None = None,
+        decoder: Decoder | None = None,
     ) -> Tensor:
         """Decoder states ``(B, T, d_model)`` for target tokens ``tgt (B, T)``.
 
@@ -156,12 +159,13 @@ class EncoderDecoder(nn.Module):
         pass only the new tokens; they are placed after the positions already cached. ``positions (B,
         T)``: each token's position, where rows are at different ones (rows that joined a running batch
         at different steps: their caches are padded on the left, which ``tgt_mask`` then hides).
+        ``decoder``: another stack than the model's own (a shallow draft's, models/draft.py).
         """
         start = cache.positions() if cache is not None else 0
         if tgt_mask is None and tgt.size(1) > 1:  # one new token may see every position: no mask at all
             tgt_mask = causal_mask(tgt.size(1), start + tgt.size(1), device=tgt.device)
         x = self.tgt_pos(self.tgt_embed(tgt), start, positions)
-        return self.decoder(
+        return (self.decoder if decoder is None else decoder)(
             x if self.tgt_norm is None else self.tgt_norm(x), memory, src_mask, tgt_mask, cache
         )
 

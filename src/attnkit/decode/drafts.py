@@ -1,0 +1,154 @@
+"""Where speculative decoding's drafts come from (decode/speculative.py checks them).
+
+- :class:`SourceDrafts` (``decode.speculative=source``): each row's source, copied where the last
+  tokens written occur in it (prompt lookup decoding, Saxena, 2023). Free to make; right where the
+  output copies the input (dates, names and numbers, summaries with the copy mechanism).
+- :class:`ShallowDrafts` (``decode.speculative=shallow``): a one-layer draft decoder
+  (models/draft.py) that guesses the model's next tokens a step at a time, with a KV cache of its
+  own kept in step with the model's: it drafts from the model's tokens, and after each check forgets
+  the positions of the tokens the model did not take, as the model's cache does.
+
+A draft is a guess: it never changes the output, only how many steps the search takes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from attnkit.data.tokenizer import SpecialIds
+from attnkit.decode.search import never_generated
+from attnkit.models.decoding import Seq2SeqDecoding
+
+# a draft decoder's row stops drafting after a guess it gives less than this probability (HF's assisted
+# generation stops its assistant's drafts at 0.4 too): a doubtful guess is likely refused, and each
+# guess drafted costs a step of the draft
+CONFIDENT = 0.4
+# the longest run of last tokens looked up in the source, then shorter runs down to the shortest (one
+# token matched too often by chance: a translation's "a" or "." drafted what followed them in the source)
+LONGEST_MATCH, SHORTEST_MATCH = 3, 2
+
+
+class Drafts(Protocol):
+    """What proposes drafts to speculative greedy search, and hears what became of them."""
+
+    def propose(
+        self, rows: list[int], written: list[list[int]], lengths: list[int], tokens: Tensor
+    ) -> list[list[int]]:
+        """For each row still searched (``rows``, by their numbers, in their order in ``tokens (n, t)``,
+        the tokens so far with ``<s>`` first), up to ``lengths[i]`` tokens to follow ``written[r]``
+        (its generated tokens so far), never ``</s>``."""
+        ...
+
+    def checked(self, kept: Tensor) -> None:
+        """After a step: row i kept ``kept[i]`` of the positions it checked (its last token and the
+        drafted tokens the model took; 1 after a plain step)."""
+        ...
+
+    def keep(self, index: Tensor) -> None:
+        """Only rows ``index`` go on (the others have ended)."""
+        ...
+
+
+class SourceDrafts:
+    """Drafts copied from each row's source (prompt lookup): the tokens that follow, in the source, the
+    first occurrence of the longest run (up to :data:`LONGEST_MATCH` tokens) of the row's last tokens
+    (nothing before the first token is written). ``sources``: each row's ids without ``</s>`` (a
+    draft that ends a row saves nothing: the step would choose ``</s>`` on its own) or padding, by
+    the row's number."""
+
+    def __init__(self, sources: list[list[int]]) -> None:
+        self.sources = sources
+
+    def propose(
+        self, rows: list[int], written: list[list[int]], lengths: list[int], tokens: Tensor
+    ) -> list[list[int]]:
+        return [self.follow(r, written[r], length) for r, length in zip(rows, lengths, strict=True)]
+
+    def follow(self, row: int, written: list[int], length: int) -> list[int]:
+        """Up to ``length`` tokens to follow ``written`` (row ``row``'s generated tokens so far)."""
+        source = self.sources[row]
+        if length <= 0:
+            return []
+        for n in range(min(LONGEST_MATCH, len(written)), SHORTEST_MATCH - 1, -1):
+            tail = written[-n:]
+            for i in range(len(source) - n):  # a match with at least one token after it
+                if source[i : i + n] == tail:
+                    return source[i + n : i + n + length]
+        return []
+
+    def checked(self, kept: Tensor) -> None:
+        pass  # a source is the same at every step
+
+    def keep(self, index: Tensor) -> None:
+        pass  # rows are looked up by their numbers
+
+
+class ShallowDrafts:
+    """Drafts of a shallow draft decoder (models/draft.py) stepped by ``draft`` (a ``Seq2SeqDecoding``
+    of it over the model's memory): its greedy choices, a step at a time.
+
+    A row drafts up to its length, and stops at ``</s>`` or after a guess the draft gives less than
+    :data:`CONFIDENT` probability; the draft stops stepping when every row has stopped.
+
+    Its cache follows the model's. Drafting a row's next ``d`` tokens feeds the draft the row's
+    tokens not yet in its cache (the last one; more after plain steps, which the draft sits out) and
+    then its own first ``d - 1`` guesses: the model's check then holds those positions and one more,
+    the last guess. After the check each row keeps the positions of its last token and the guesses
+    the model took; where a row took them all, the draft first reads its last guess too (one more
+    step), so that the positions it keeps are the model's."""
+
+    def __init__(self, draft: Seq2SeqDecoding, specials: SpecialIds) -> None:
+        self.draft, self.specials = draft, specials
+        self.never = never_generated(specials)
+        self.fed: Tensor | None = None  # (n, t + d - 1): the tokens and guesses of the last drafting
+        self.last: Tensor | None = None  # (n, 1): each row's last guess, not yet read by the draft
+        self.drafted = 0  # how many positions the last drafting added to the draft's cache
+
+    def propose(
+        self, rows: list[int], written: list[list[int]], lengths: list[int], tokens: Tensor
+    ) -> list[list[int]]:
+        d = max(lengths)
+        if not d:
+            return [[] for _ in rows]
+        x = tokens  # (n, t)
+        guesses = []
+        wanted = torch.tensor(lengths, device=tokens.device)  # (n,)
+        going = wanted > 0  # (n,): the rows still drafting
+        counts = torch.zeros_like(wanted)  # (n,): each row's guesses so far
+        for j in range(d):
+            logits = self.draft.next_logits(x)  # (n, V)
+            logits[:, self.never] = float("-inf")  # as the model's choice rules them out
+            confidence, guess = logits.softmax(-1).max(-1)  # (n,) each
+            guesses.append(guess[:, None])
+            counts += going
+            # a row stops at its length, at </s>, or after a guess the draft doubts
+            going &= (j + 1 < wanted) & (guess != self.specials.eos) & (confidence >= CONFIDENT)
+            if not bool(going.any()):
+                break
+            x = torch.cat([x, guess[:, None]], 1)
+        # the draft's cache now holds as many positions past the model's as it took steps: the last
+        # token and the guesses but the last
+        self.fed, self.last, self.drafted = x, guesses[-1], len(guesses)
+        proposals = torch.cat(guesses, 1).tolist()  # (n, steps)
+        eos = self.specials.eos
+        return [_before_end(p[:count], eos) for p, count in zip(proposals, counts.tolist(), strict=True)]
+
+    def checked(self, kept: Tensor) -> None:
+        if self.fed is None or self.last is None:  # nothing drafted: the draft sat the step out
+            return
+        if int(kept.max()) > self.drafted:  # a row took every guess: the draft reads the last one too
+            self.draft.next_logits(torch.cat([self.fed, self.last], 1))
+            self.drafted += 1
+        self.draft.rewind(kept, self.drafted)
+        self.fed = self.last = None
+
+    def keep(self, index: Tensor) -> None:
+        self.draft.keep(index)
+
+
+def _before_end(tokens: list[int], eos: int) -> list[int]:
+    """``tokens`` up to the first ``</s>`` (a draft that ends the row saves nothing: see SourceDrafts)."""
+    return tokens[: tokens.index(eos)] if eos in tokens else tokens
