@@ -193,7 +193,7 @@ def serve(
     if engine == "ctranslate2":
         served, load = engine_model(ckpt, overrides, warn=note)
     else:
-        served, load = attnkit_model(ckpt, overrides)
+        served, load = attnkit_model(ckpt, overrides, warn=note)
     if batching == "continuous" and not served.steps_continuously:
         what = "CTranslate2's engine" if engine == "ctranslate2" else "this model"
         raise AttnkitError(f"--batching continuous: {what} has no running batch yet; use --batching batches")

@@ -29,16 +29,26 @@ ATTNKIT_MODELS: tuple[type[AttnkitModel], ...] = (
 )
 
 
-def attnkit_model(ckpt: Path, overrides: list[str]) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
+def attnkit_model(
+    ckpt: Path, overrides: list[str], warn: Callable[[str], None] | None = None
+) -> tuple[type[ServedModel], Callable[[], ServedModel]]:
     """The served class of a checkpoint (or run directory: its best), which names its endpoints, and how
     to load it (after the server starts); a wrong path, a bad decode setting, one given to a model that
-    does not decode, or an architecture nobody serves is a one-line error now."""
+    does not decode, or an architecture nobody serves is a one-line error now. ``warn`` hears that the
+    server checks no drafts (``decode.speculative``): it decodes without them."""
     from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
     from attnkit.loading import commands_for
 
     checkpoint = resolve_checkpoint(ckpt)
     config = read_run_config(checkpoint)
-    with_decode_overrides(config.decode, overrides)  # decode.beam_size=0, say
+    speculative = with_decode_overrides(config.decode, overrides).speculative  # decode.beam_size=0, say
+    if speculative != "none":
+        if warn is not None:
+            warn(
+                f"decode.speculative={speculative}: the server checks no drafts yet (its answers carry "
+                "scores, and its running batches step a token at a time); it decodes without them"
+            )
+        overrides = [*overrides, "decode.speculative=none"]
     arch = config.model.arch
     for served in ATTNKIT_MODELS:
         if arch not in served.architectures():
