@@ -281,7 +281,7 @@ def _draft_sources(config, src: Path | None) -> list[str]:
     if data.task == "parallel" and data.train:
         return read_lines(Path(data.dir) / data.train[0])
     if data.task == "summarise" and data.train:
-        return read_jsonl(Path(data.dir) / data.train[0], data.fields[0]).sources
+        return read_jsonl(Path(data.dir) / data.train[0], data.fields[0]).src
     raise AttnkitError(
         f"the run's data (data.task={data.task}) is not read from files: give --src FILE, sources one "
         "per line"
