@@ -97,8 +97,9 @@ class ShallowDrafts:
     tokens not yet in its cache (the last one; more after plain steps, which the draft sits out) and
     then its own first ``d - 1`` guesses: the model's check then holds those positions and one more,
     the last guess. After the check each row keeps the positions of its last token and the guesses
-    the model took; where a row took them all, the draft first reads its last guess too (one more
-    step), so that the positions it keeps are the model's."""
+    the model took. Where every row took them all, the draft reads its last guesses with its next
+    drafting (as it reads the tokens of the plain steps it sat out); where only some did, it reads
+    them now (one more step), so that every row keeps the model's positions."""
 
     def __init__(self, draft: Seq2SeqDecoding, specials: SpecialIds) -> None:
         self.draft, self.specials = draft, specials
@@ -139,7 +140,10 @@ class ShallowDrafts:
     def checked(self, kept: Tensor) -> None:
         if self.fed is None or self.last is None:  # nothing drafted: the draft sat the step out
             return
-        if int(kept.max()) > self.drafted:  # a row took every guess: the draft reads the last one too
+        took_all = kept > self.drafted  # (n,): rows that took every guess, the last one unread
+        if bool(took_all.all()):  # the draft reads it with its next drafting, as after a plain step
+            kept = kept - 1
+        elif bool(took_all.any()):  # the draft reads it now, so that every row keeps the model's positions
             self.draft.next_logits(torch.cat([self.fed, self.last], 1))
             self.drafted += 1
         self.draft.rewind(kept, self.drafted)

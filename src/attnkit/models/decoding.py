@@ -119,10 +119,10 @@ class Seq2SeqDecoding:
         noted (:attr:`first`), as a merge pads a shorter cache, so each row goes on at its own
         position."""
         assert self.cache is not None
-        ends = len(self.cache) - checked + kept  # (R,): where each row's positions end
+        realign = Realignment(len(self.cache) - checked + kept)  # where each row's positions end
         for layer in self.cache.layers:
             key, value = layer.self_attn.key, layer.self_attn.value  # (R, h, T, d_k)
-            layer.self_attn = KVCache(realigned(key, ends, 2, 0.0), realigned(value, ends, 2, 0.0))
+            layer.self_attn = KVCache(realign(key, 2, 0.0), realign(value, 2, 0.0))
         shift = kept.max() - kept  # (R,): the padding added before each row
         if bool(shift.any()):
             self.first = self._firsts() + shift
@@ -315,17 +315,29 @@ def realigned(x: Tensor, ends: Tensor, dim: int, fill: float) -> Tensor:
     """Each row of ``x`` (rows along dim 0) up to ``ends[r]`` along ``dim`` (exclusive), right-aligned
     at the width ``max(ends)``: rows that keep fewer are shifted right, ``fill`` before them (a
     speculative step's rows after each kept a draft's tokens of its own: decode/speculative.py)."""
-    width = int(ends.max())
-    shift = width - ends  # (R,)
-    if not bool(shift.any()):
-        return x.narrow(dim, 0, width)
-    source = torch.arange(width, device=x.device)[None, :] - shift[:, None]  # (R, width): where from
-    shape = [1] * x.dim()
-    shape[0], shape[dim] = x.size(0), width
-    sizes = list(x.shape)
-    sizes[dim] = width
-    moved = x.gather(dim, source.clamp(min=0).view(shape).expand(sizes))
-    return moved.masked_fill_((source < 0).view(shape), fill)
+    return Realignment(ends)(x, dim, fill)
+
+
+class Realignment:
+    """:func:`realigned` for several tensors of the same rows (every layer's keys and values): where
+    each position comes from is worked out once."""
+
+    def __init__(self, ends: Tensor) -> None:
+        self.width = int(ends.max())
+        shift = self.width - ends  # (R,)
+        self.moves = bool(shift.any())
+        # (R, width): where each position comes from (negative: before the row's first, filled)
+        self.source = torch.arange(self.width, device=ends.device)[None, :] - shift[:, None]
+
+    def __call__(self, x: Tensor, dim: int, fill: float) -> Tensor:
+        if not self.moves:
+            return x.narrow(dim, 0, self.width)
+        shape = [1] * x.dim()
+        shape[0], shape[dim] = x.size(0), self.width
+        sizes = list(x.shape)
+        sizes[dim] = self.width
+        moved = x.gather(dim, self.source.clamp(min=0).view(shape).expand(sizes))
+        return moved.masked_fill_((self.source < 0).view(shape), fill)
 
 
 class CausalDecoding:
