@@ -63,3 +63,17 @@ def test_open_own_never_opens_through_a_symbolic_link(tmp_path, mode):
     with open_own(tmp_path / "fresh", mode) as made:  # a plain file is made as open() makes it
         made.write(b"x" if "b" in mode else "x")
     assert (tmp_path / "fresh").read_text(encoding="utf-8") == "x"
+
+
+def test_a_file_written_by_name_replaces_its_path_whole_or_not_at_all(tmp_path):
+    """``atomic_path``: what the writer wrote becomes the file; a writer that fails leaves the old file
+    and no temporary one."""
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"old")
+    with pytest.raises(OSError), atomic.atomic_path(path) as temporary:
+        temporary.write_bytes(b"half")
+        raise OSError("disk full")
+    assert path.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["weights.bin"]
+    with atomic.atomic_path(path) as temporary:
+        temporary.write_bytes(b"new")
+    assert path.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["weights.bin"]

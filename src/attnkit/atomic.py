@@ -84,6 +84,27 @@ def atomic_writer(path: Path) -> Iterator[TextIO]:
     fsync_dir(path.parent)
 
 
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A hidden temporary file's name beside ``path``, for a writer that takes a name (safetensors'
+    ``save_file``): the file becomes ``path`` when the block ends (fsync'ed, given the usual
+    permissions, renamed), and an error (or Ctrl-C) inside the block leaves ``path`` as it was and no
+    temporary file behind."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    temporary = Path(name)
+    try:
+        yield temporary
+        with open(temporary, "rb") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    make_shareable(temporary)
+    os.replace(temporary, path)
+    fsync_dir(path.parent)
+
+
 def open_own(path: Path, mode: str, **options: object) -> IO:
     """``open(path, mode)`` for a file attnkit makes beside others (a lock, a partial download), never
     through a symbolic link: a link planted there in a shared run or data folder would have attnkit

@@ -86,7 +86,7 @@ def load_for_inference(
     checked before the model is built; ``decode.precision`` picks what the linear maps multiply in (see
     the module docstring), and the config returned holds the precision it resolved to. ``pack=False``:
     float32 weights as they are, without the copies that make inference faster (for a model loaded to
-    train further or to convert)."""
+    train further or to convert), and without a draft decoder."""
     device = torch.device(device)
     checkpoint = resolve_checkpoint(path, prefer)
     config = read_run_config(checkpoint)
@@ -105,7 +105,7 @@ def load_for_inference(
         )
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
-    if config.decode.speculative == "shallow":  # its draft decoder, made ready with it
+    if config.decode.speculative == "shallow" and pack:  # its draft decoder, made ready with it
         if not isinstance(model, EncoderDecoder):
             raise AttnkitError(
                 f"decode.speculative=shallow drafts for the encoder-decoder Transformer; {checkpoint} holds "

@@ -244,3 +244,17 @@ def test_a_distilled_draft_decoder_gives_greedy_translations_in_fewer_steps(trai
     drafted = runner.invoke(app, shallow)
     assert plain.exit_code == drafted.exit_code == 0, drafted.output
     assert drafted.stdout == plain.stdout and any(plain.stdout.splitlines())
+
+
+def test_a_run_asking_for_drafts_validates_without_them(copy_data, tmp_path):
+    """``decode.speculative=shallow`` in a training recipe: validation decodes without drafts (the
+    model has no draft decoder yet: one is distilled from the trained model)."""
+    config = tmp_path / "recipe.yaml"
+    config.write_text(
+        "data:\n  train: [train.src, train.tgt]\n  valid: [valid.src, valid.tgt]\n", encoding="utf-8"
+    )
+    run = str(tmp_path / "run")
+    result = runner.invoke(app, ["train", str(config), "--run-dir", run, "--data", str(copy_data), *TINY,
+                                 "--train.max_steps", "10", "decode.speculative=shallow"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert re.search(r"step 10 epoch \d+: .*bleu", result.output), result.output

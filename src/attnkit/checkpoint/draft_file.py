@@ -8,15 +8,13 @@ learnt from, how long, how often it agreed with the model) is kept in the file's
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from attnkit.atomic import fsync_dir, make_shareable
+from attnkit.atomic import atomic_path
 from attnkit.checkpoint.files import read_safetensors
 from attnkit.errors import AttnkitError
 from attnkit.models.draft import DRAFT_FILE, ShallowDraft
@@ -27,18 +25,8 @@ def write_draft(checkpoint: Path, draft: ShallowDraft, about: dict[str, str]) ->
     ``about``: what made it, kept as the file's metadata."""
     path = checkpoint / DRAFT_FILE
     weights = {name: tensor.detach().contiguous().cpu() for name, tensor in draft.state_dict().items()}
-    fd, temporary = tempfile.mkstemp(dir=checkpoint, prefix=f".{DRAFT_FILE}.")
-    os.close(fd)
-    try:
-        save_file(weights, temporary, metadata={"format": "pt", **about})
-        with open(temporary, "rb") as f:
-            os.fsync(f.fileno())
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    make_shareable(Path(temporary))
-    os.replace(temporary, path)
-    fsync_dir(checkpoint)
+    with atomic_path(path) as temporary:
+        save_file(weights, str(temporary), metadata={"format": "pt", **about})
     return path
 
 

@@ -63,8 +63,10 @@ class PreparedData:
 
 def while_training(config: RunConfig) -> DecodeConfig:
     """The run's decoding settings for validation during training, with the model's own steps: its
-    weights change between validations, so compiled ones (decode.steps) would never be used twice."""
-    return dataclasses.replace(config.decode, steps="eager")
+    weights change between validations, so compiled ones (decode.steps) would never be used twice; and
+    without drafts (decode.speculative): a draft decoder is distilled from the trained model, and drafts
+    change no output."""
+    return dataclasses.replace(config.decode, steps="eager", speculative="none")
 
 
 def _plus_one(lengths: np.ndarray) -> np.ndarray:
