@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 from torch import Tensor, nn
 
 from attnkit.models.seq2seq import EncoderDecoder, decoder_stack
@@ -80,16 +79,9 @@ class ShallowDraft(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """``src (B, S)``, ``tgt (B, T)`` -> the draft's logits ``(B, T, V)`` (with the copy mechanism its
-        log-probabilities), as ``EncoderDecoder.forward`` gives the model's: what distillation trains.
-        The encoder runs without gradients: the draft learns its layer alone."""
-        src_mask = self.source_mask(src)
-        with torch.no_grad():
-            memory = self.encode(src, src_mask)
-        hidden = self.decode(memory, src_mask, tgt)
-        logits = self.generator(hidden)
-        if self.pointer is None:
-            return logits
-        return self.pointer(logits, hidden, self.pointer.keys(memory), memory, src, src_mask)
+        log-probabilities): ``EncoderDecoder.forward`` through its one layer, what distillation trains
+        (with the model's weights frozen: the draft learns its layer alone)."""
+        return self.model(src, tgt, decoder=self.decoder)
 
 
 def _first_layer(weights: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -105,15 +105,16 @@ class EncoderDecoder(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         project: bool = True,
+        decoder: Decoder | None = None,
     ):
         """``src (B, S)``, ``tgt (B, T)`` (the shifted-right target) -> logits ``(B, T, tgt_vocab)``
         (with ``model.copy``: log-probabilities); ``project=False``: the decoder's states
         ``(B, T, d_model)``, for a loss that applies :attr:`output_layer` itself
-        (``attnkit.tasks.losses.projected_loss``)."""
+        (``attnkit.tasks.losses.projected_loss``); ``decoder``: as :meth:`decode`'s."""
         if src_mask is None:
             src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
-        hidden = self.decode(memory, src_mask, tgt, tgt_mask)
+        hidden = self.decode(memory, src_mask, tgt, tgt_mask, decoder=decoder)
         if not project:
             return hidden
         if self.pointer is None:

@@ -28,9 +28,11 @@ from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import Search, argmax, extend, starts_of
 from attnkit.models.draft import ShallowDraft
 from attnkit.models.seq2seq import EncoderDecoder
+from attnkit.train.schedules import constant, make_scheduler
 
 HELD_OUT = 200  # sources kept back to measure the draft's agreement with the model (of fewer: a quarter)
 POOL = 50  # batches drawn at a time, sorted by length within (less padding)
+WARMUP = 100  # steps of the learning rate's linear warm-up
 
 
 @dataclass
@@ -72,8 +74,9 @@ def distill_draft(
     draft = ShallowDraft(model)
     held_out = _translated(model, held, specials, search) if held else None
     before = agreement(draft, held_out, specials.pad) if held_out else (0.0, 0)
-    optimizer = torch.optim.Adam(draft.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
-    warmup = 100  # steps of a linearly rising rate: Adam's first steps are the noisiest
+    optimizer = torch.optim.Adam(draft.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    # a rate rising linearly over the first steps (Adam's noisiest), then constant
+    scheduler = make_scheduler(optimizer, lambda step: constant(step, lr, WARMUP))
     began, steps, sentences = time.perf_counter(), 0, 0
     rng = random.Random(seed + 1)
     while time.perf_counter() - began < minutes * 60:
@@ -84,12 +87,11 @@ def distill_draft(
             draft.train()
             scores = draft(src, tgt_in)  # (B, T, V)
             loss = _loss(scores, tgt_out, specials.pad, draft.pointer is not None)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * min(1.0, (steps + 1) / warmup)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
             optimizer.step()
+            scheduler.step()
             steps, sentences = steps + 1, sentences + len(batch)
             if progress is not None:
                 progress(len(batch))
