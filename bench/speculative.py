@@ -2,20 +2,23 @@
 
 The first ``--n`` lines of ``--src`` are translated greedily in groups of ``--batch`` sentences (1: each
 sentence alone, a single user's latency), in file order, with attnkit's plain greedy search (its own
-steps, ``decode.steps=eager``, and the compiled ones, ``--compiled``, where this machine has a compiler)
-and with drafts copied from the source (``decode.speculative=source``) and, where the checkpoint
-has one (``attnkit distill-draft``), the guesses of its one-layer draft decoder (``shallow``), both
-checked with the model's own steps; with ``--ct2``, CTranslate2 (float32 and int8, same weights,
+steps, ``decode.steps=eager``, and with ``--compiled`` the compiled ones, where this machine has a
+compiler) and with drafts copied from the source (``decode.speculative=source``) and, where the
+checkpoint has one (``attnkit distill-draft``), the guesses of its one-layer draft decoder
+(``shallow``), both checked with the same steps as the plain search beside them (with ``--compiled``,
+the draft decoder's steps compiled too); with ``--ct2``, CTranslate2 (float32 and int8, same weights,
 greedy, the same groups, in a process of its own: its threads and torch's in one process slowed both
 threefold) beside.
 In each round every engine translates every group, one engine after another, ``--rounds`` rounds after
 an untimed one; per engine the median over rounds of each group's time is kept. Printed per engine: the
 latency per group (p50, p99), target tokens per second over all groups (attnkit's tokenizer counts the
-outputs), the ratio to plain greedy with the model's own steps, and for drafts the share of drafted
-tokens the model took and the tokens a row got a step (and the draft's agreement with the model as
-``distill-draft`` measured it); then how many outputs differ from plain greedy's (0
-for drafts: they are exact). Settings on every side: greedy, ``--threads`` threads, one group at a
-time, ``decode.precision`` ``--precision``; a summariser's sources cut as it was trained
+outputs), the ratio to plain greedy with the model's own steps and to plain greedy with the same steps
+(``x plain``), how many outputs differ from the latter's (0 for drafts: they are exact; for the
+others, from plain greedy's with the model's own steps); then for
+drafts the share of drafted tokens the model took and the tokens a row got a step (and the draft's
+agreement with the model as ``distill-draft`` measured it). Settings on every side: greedy,
+``--threads`` threads, one group at a time, ``decode.precision`` ``--precision``; a summariser's
+sources cut as it was trained
 (``data.max_source_len``), as ``attnkit predict`` cuts them. ``--src`` is a text file, one source a line
 (``.gz`` too), or JSON Lines whose ``--field`` holds each source (a summariser's data).
 
@@ -125,12 +128,12 @@ def main() -> None:
     texts = [" ".join(text.split()) for text in texts[: args.n]]  # (one line each)
     groups = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
     common = ["decode.beam_size=1", "decode.streams=1", f"decode.batch_size={args.batch}"]
-    settings = {"greedy": ["decode.steps=eager", "decode.speculative=none"],
-                "greedy, source drafts": ["decode.speculative=source"]}  # fmt: skip
-    if about:
-        settings["greedy, shallow draft"] = ["decode.speculative=shallow"]
-    if args.compiled:
-        settings["greedy, compiled steps"] = ["decode.steps=compiled", "decode.speculative=none"]
+    settings: dict[str, list[str]] = {}
+    for steps in ["eager", "compiled"] if args.compiled else ["eager"]:
+        which = "" if steps == "eager" else ", compiled steps"
+        settings[f"greedy{which}"] = [f"decode.steps={steps}", "decode.speculative=none"]
+        for drafts, kind in [("source drafts", "source")] + ([("shallow draft", "shallow")] if about else []):
+            settings[f"greedy{which}, {drafts}"] = [f"decode.steps={steps}", f"decode.speculative={kind}"]
     counts = {name: Speculation() for name in settings if "draft" in name}
     # a summariser reads its sources cut as in training (data.max_source_len), as its commands do
     limit = config.data.source_limit if config.data.task == "summarise" else None
@@ -161,25 +164,28 @@ def main() -> None:
     finally:
         if peer is not None:
             peer.close()
-    plain = outputs["greedy"]
     tokens = {name: sum(len(tokenizer.encode(o)) + 1 for o in outs) for name, outs in outputs.items()}
     base = sum(statistics.median(t) for t in times["greedy"])
     print(
         f"{args.ckpt}: {len(texts)} sentences of {args.src} in groups of {args.batch}, greedy, "
         f"{args.threads} threads, decode.precision={config.decode.precision}, {args.rounds} rounds"
     )
-    print(f"{'engine':28} {'p50 ms':>8} {'p99 ms':>8} {'tokens/s':>9} {'x greedy':>9} {'differ':>7}")
+    print(f"{'engine':42} {'p50 ms':>8} {'p99 ms':>8} {'tokens/s':>9} {'x greedy':>9} {'x plain':>8} "
+          f"{'differ':>7}")  # fmt: skip
     for name in times:
         each = sorted(statistics.median(t) for t in times[name])
         total = sum(each)
         p99 = each[min(len(each) - 1, round(0.99 * (len(each) - 1)))]
-        differ = sum(a != b for a, b in zip(outputs[name], plain, strict=True))
-        print(f"{name:28} {1000 * statistics.median(each):8.1f} {1000 * p99:8.1f} "
-              f"{tokens[name] / total:9.0f} {base / total:9.2f} {differ:7d}")  # fmt: skip
+        same_steps = name.rsplit(", ", 1)[0] if "draft" in name else "greedy"  # its plain search
+        plain_total = sum(statistics.median(t) for t in times[same_steps])
+        differ = sum(a != b for a, b in zip(outputs[name], outputs[same_steps], strict=True))
+        p50 = statistics.median(each)
+        print(f"{name:42} {1000 * p50:8.1f} {1000 * p99:8.1f} {tokens[name] / total:9.0f} "
+              f"{base / total:9.2f} {plain_total / total:8.2f} {differ:7d}")  # fmt: skip
     rounds = args.rounds + 1  # counted in every round, the untimed one too (each drafts alike)
     for name, count in counts.items():
         print(
-            f"{name.split(', ')[1]}: {count.acceptance:.1%} of {count.proposed // rounds} drafted tokens "
+            f"{name}: {count.acceptance:.1%} of {count.proposed // rounds} drafted tokens "
             f"taken, {count.per_step:.2f} tokens a row a step"
         )
     if about:

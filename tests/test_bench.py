@@ -232,7 +232,7 @@ def test_the_speculative_benchmark_times_drafts_beside_plain_greedy_and_ctransla
     stdout = bench_output("speculative.py", "--ckpt", str(copy_run), "--src", str(copy_data / "valid.src"),
                           "--n", "20", "--batch", "2", "--rounds", "1", "--threads", "1",
                           "--ct2")  # fmt: skip
-    row = r"^(greedy(?:, source drafts)?|ctranslate2-\w+) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +(\d+)$"
+    row = r"^(greedy(?:, source drafts)?|ctranslate2-\w+) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +[\d.]+ +(\d+)$"
     rows = dict(re.findall(row, stdout, re.M))  # engine: its outputs that differ from greedy's
     assert set(rows) == {"greedy", "greedy, source drafts", "ctranslate2-float32", "ctranslate2-int8"}
     assert rows["greedy"] == rows["greedy, source drafts"] == "0", stdout

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from attnkit.attention.multihead import KVCache
-from attnkit.cpu.compiled.build import FIRST_STEP, compilable, missing_compiler
+from attnkit.cpu.compiled.build import CHECK_STEP, FIRST_STEP, compilable, missing_compiler
 from attnkit.cpu.compiled.cache import cache_folder
 from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.cpu.compiled.steps import all_built, compiled_step, to_build, weights_fingerprint
@@ -30,6 +30,7 @@ from attnkit.cpu.compiled.trace import history_dtype
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import never_generated
 from attnkit.models.decoding import Seq2SeqDecoding
+from attnkit.models.draft import ShallowDraft
 from attnkit.nn.transformer import DecoderCache
 
 if TYPE_CHECKING:
@@ -73,19 +74,26 @@ class History:
         return self.slots, self.buffer[self.start : self.start + len(self)]
 
     def extend(self, added: Tensor) -> None:
-        """Add the position a step computed, ``(2·layers, R, h, d_k)``: row r's in slot r."""
-        T, R = len(self), self.slots.size(0)
+        """Add the position a step computed, ``(2·layers, R, h, d_k)``, or the ``C`` positions a check
+        step computed, ``(2·layers, R, C, h, d_k)``: row r's in slot r."""
+        added = added if added.dim() == 5 else added[:, :, None]  # (2·layers, R, C, h, d_k)
+        T, R, C = len(self), self.slots.size(0), added.size(2)
         self._make_room(R)
-        if self.start + T == self.buffer.size(0):  # full: the positions no row reads go, or twice as many
-            if self.start:
+        while self.start + T + C > self.buffer.size(0):  # full: the positions no row reads go, or twice
+            if self.start:  # as many
                 self.buffer[:T] = self.buffer[self.start : self.start + T].clone()
                 self.start = 0
             else:
                 self.buffer = torch.cat([self.buffer, torch.empty_like(self.buffer)])
-        self.buffer[self.start + T, :, :R] = added
-        own = torch.arange(R, device=self.slots.device)[:, None]
-        self.slots = torch.cat([self.slots, own], dim=1)  # (R, T + 1)
-        self.used.append(R)
+        self.buffer[self.start + T : self.start + T + C, :, :R] = added.permute(2, 0, 1, 3, 4)
+        own = torch.arange(R, device=self.slots.device)[:, None].expand(R, C)
+        self.slots = torch.cat([self.slots, own], dim=1)  # (R, T + C)
+        self.used += [R] * C
+
+    def drop_last(self, count: int) -> None:
+        """Forget the last ``count`` positions of every row (a draft's tokens no row took)."""
+        if count:
+            self.slots, self.used = self.slots[:, :-count], self.used[:-count]
 
     def select(self, index: Tensor) -> None:
         """Keep rows ``index`` (in that order): beam search's reordering, or dropped rows."""
@@ -148,30 +156,35 @@ class CompiledDecoding(Seq2SeqDecoding):
     """``model.decoding(src)`` whose steps after the first, one new token per row at ``step``'s beam
     width, run the compiled step: greedy search's through :meth:`next_logits`, beam search's through
     :meth:`ranked` (its step ranks and returns no logits, so a beam-width decoding asked for logits
-    decodes them eagerly); every other step (the first, which also computes the cross-attention keys,
-    or another beam width) runs the model as usual."""
+    decodes them eagerly); with a ``check`` step, greedy search's steps of several new tokens per row
+    too (speculative decoding's checks, :meth:`checked_logits`, and a draft decoder's catching up);
+    every other step (the first, which also computes the cross-attention keys, or another beam width)
+    runs the model as usual."""
 
     def __init__(
         self,
-        model: EncoderDecoder,
+        model: EncoderDecoder | ShallowDraft,
         src: Tensor,
         use_cache: bool,
         step: CompiledStep,
         beams: int,
         first: tuple[CompiledStep, int] | None = None,
         dtype: torch.dtype | None = None,
+        check: CompiledStep | None = None,
+        memory: Tensor | None = None,
     ):
         """``first``: the compiled first step and the start token it decodes after each source, which
         then encodes the sources here, and decodes the start token with them (its logits kept for the
-        first :meth:`next_logits`); without it (or the cache) the model encodes them as usual.
-        ``dtype``: the history's (default: :func:`history_dtype` of the model, found now)."""
-        self.step, self.step_beams = step, beams
+        first :meth:`next_logits`); without it (or the cache) the model encodes them as usual, or takes
+        their ``memory`` (a draft decoder's, the model's). ``dtype``: the history's (default:
+        :func:`history_dtype` of the model, found now). ``check``: the compiled check step (greedy)."""
+        self.step, self.step_beams, self.check = step, beams, check
         self.history_dtype = dtype or history_dtype(model)
         self.history: History | None = None
         self.first_logits: Tensor | None = None  # (N, V): the first step's, computed with the memory
         self.allowed: tuple[SpecialIds, Tensor] | None = None  # the ranking step's tokens ruled out
         if first is None or not use_cache:
-            super().__init__(model, src, use_cache)
+            super().__init__(model, src, use_cache, memory=memory)
             return
         first_step, self.start_token = first
         start = torch.full((src.size(0), 1), self.start_token, dtype=src.dtype, device=src.device)
@@ -189,6 +202,9 @@ class CompiledDecoding(Seq2SeqDecoding):
             if tokens.shape == (logits.size(0), 1) and bool((tokens == self.start_token).all()):
                 return logits
             self.cache = self.model.new_cache()  # not the start token after each source: decode them
+        new = self._new_tokens(tokens)
+        if new > 1 and self.check is not None and self.step_beams == 1:  # several: the check step's last
+            return self.checked_logits(tokens, new)[:, -1]
         inputs = self._step_inputs(tokens) if self.step_beams == 1 else None  # (beam search's step ranks)
         if inputs is None:
             self._leave_history()
@@ -197,6 +213,41 @@ class CompiledDecoding(Seq2SeqDecoding):
         logits, added = self.step(new, *cached, *crossed)
         self.history.extend(added)  # type: ignore[union-attr]
         return logits
+
+    def checked_logits(self, tokens: Tensor, count: int) -> Tensor:
+        """As ``Seq2SeqDecoding.checked_logits``, in the compiled check step (one token: the plain
+        step; the start token: the first step's logits), where it takes this step; the same bits as
+        the compiled step gives each position a token at a time
+        (tests/decode/test_speculative_compiled.py)."""
+        if self.first_logits is not None and count == tokens.size(1):  # the start token: the first step's
+            head = self.next_logits(tokens[:, :1])[:, None]  # (R, 1, V)
+            return head if count == 1 else torch.cat([head, self.checked_logits(tokens, count - 1)], 1)
+        if count == 1:
+            return self.next_logits(tokens)[:, None]  # (R, 1, V)
+        inputs = self._step_inputs(tokens, count) if self.check is not None and self.step_beams == 1 else None
+        if inputs is None:
+            self._leave_history()
+            return super().checked_logits(tokens, count)
+        new, cached, crossed = inputs
+        logits, added = self.check(new, *cached, *crossed)  # (R, count, V)
+        self.history.extend(added)  # type: ignore[union-attr]
+        return logits
+
+    def rewind(self, kept: Tensor, checked: int) -> None:
+        """As ``Seq2SeqDecoding.rewind``: where every row keeps as many positions, the history forgets
+        the last (a step of one row, speculative decoding's usual); otherwise the rows are realigned in
+        the model's cache, and the next step makes the history anew."""
+        if self.history is not None and bool((kept == kept[0]).all()):
+            self.history.drop_last(checked - int(kept[0]))
+            return
+        self._leave_history()
+        super().rewind(kept, checked)
+
+    def _new_tokens(self, tokens: Tensor) -> int:
+        """How many of ``tokens (R, t)`` are not cached yet (all, without a cache)."""
+        if self.history is not None:
+            return tokens.size(1) - len(self.history)
+        return tokens.size(1) - (len(self.cache) if self.cache is not None else 0)
 
     def ranked(
         self, tokens: Tensor, at_limit: Tensor, specials: SpecialIds, scores: Tensor, width: int
@@ -222,14 +273,17 @@ class CompiledDecoding(Seq2SeqDecoding):
         self.history.extend(added)  # type: ignore[union-attr]
         return best, beam, token
 
-    def _step_inputs(self, tokens: Tensor) -> tuple[Tensor, tuple[Tensor, ...], list[Tensor]] | None:
-        """The compiled step's inputs for ``tokens``: the new tokens ``(R, 1)``; the slots, where each
-        row's own positions begin, the source mask and the history; the cross-attention's keys and
-        values. None where the step must run eagerly (not one new token, or another beam width)."""
-        if self.history is not None and len(self.history) != tokens.size(1) - 1:
-            self._leave_history()  # not one new token: the eager step, on the model's cache
+    def _step_inputs(
+        self, tokens: Tensor, count: int = 1
+    ) -> tuple[Tensor, tuple[Tensor, ...], list[Tensor]] | None:
+        """The compiled step's inputs for ``tokens``: the ``count`` new tokens ``(R, count)``; the slots,
+        where each row's own positions begin, the source mask and the history; the cross-attention's
+        keys and values. None where the step must run eagerly (not ``count`` new tokens, or another
+        beam width)."""
+        if self.history is not None and len(self.history) != tokens.size(1) - count:
+            self._leave_history()  # not as many new tokens: the eager step, on the model's cache
         if self.history is None:
-            cached = self.cache is not None and 0 < len(self.cache) == tokens.size(1) - 1
+            cached = self.cache is not None and 0 < len(self.cache) == tokens.size(1) - count
             if not (cached and self.beams == self.step_beams):
                 return None
             self.history = History(self.cache, self.history_dtype)
@@ -238,7 +292,7 @@ class CompiledDecoding(Seq2SeqDecoding):
         crossed += [layer.src_attn.value.contiguous() for layer in layers]
         slots, history = self.history.step_inputs()
         first = self._firsts()  # where each row's own positions begin
-        return tokens[:, -1:].contiguous(), (slots, first, self.src_mask.contiguous(), history), crossed
+        return tokens[:, -count:].contiguous(), (slots, first, self.src_mask.contiguous(), history), crossed
 
     def merge(self, other: Seq2SeqDecoding) -> None:
         """As ``Seq2SeqDecoding.merge``; with the history already made, ``other``'s keys and values go
@@ -287,21 +341,26 @@ class CompiledDecoding(Seq2SeqDecoding):
 
 
 def compiled_decoding(
-    model: EncoderDecoder,
+    model: EncoderDecoder | ShallowDraft,
     beams: int,
     warn: Callable[[str], None] | None = None,
     start_token: int | None = None,
     build: bool = True,
     serial: bool = True,
-) -> Callable[[Tensor, bool], Seq2SeqDecoding] | None:
+    checks: bool = False,
+) -> Callable[..., CompiledDecoding] | None:
     """What searches of ``model`` with ``beams`` rows per source decode with to take its compiled steps
-    (:func:`compiled_step`): ``decoding(src, use_cache)``, as ``model.decoding``; None where there is
-    no compiled step (the search then takes ``model.decoding``), or, without ``build``, where the steps
-    are not built yet. With ``start_token`` (``<s>``, which every search decodes first), the first
-    step, and the encoder with it, is compiled too. Steps are built with ``serial`` loops (for searches
-    on one thread each) or parallel ones (``decode.streams``: decode/streams.py's ``serial_steps``);
-    without ``build``, steps of either kind are taken."""
+    (:func:`compiled_step`): ``decoding(src, use_cache, memory=None)``, as ``model.decoding``; None
+    where there is no compiled step (the search then takes ``model.decoding``), or, without ``build``,
+    where the steps are not built yet. With ``start_token`` (``<s>``, which every search decodes
+    first), the first step, and the encoder with it, is compiled too; with ``checks`` (greedy search
+    that checks drafts, or a draft decoder), the check step of several tokens per row too, and without
+    it none are taken (a check in the model's own steps would not give the compiled step's bits).
+    Steps are built with ``serial`` loops (for searches on one thread each) or parallel ones
+    (``decode.streams``: decode/streams.py's ``serial_steps``); without ``build``, steps of either
+    kind are taken."""
     widths = [FIRST_STEP, beams] if start_token is not None else [beams]
+    widths += [CHECK_STEP] if checks else []
     # the weights' fingerprint, once (each call below would take it again); none for a model whose
     # steps cannot be compiled (they do not ask)
     fingerprint = weights_fingerprint(model) if compilable(model) else None
@@ -309,16 +368,23 @@ def compiled_decoding(
         return None
     building = to_build(model, widths, serial, fingerprint) if warn is not None and build else []
     if building and missing_compiler() is None:  # (else compiled_step says why not)
-        which = [f"the decoding step of beam {beams}"] * (beams in building)
+        whose = "the draft decoder's" if isinstance(model, ShallowDraft) else "the"
+        which = [f"{whose} decoding step of beam {beams}"] * (beams in building)
         which += ["the first step"] * (FIRST_STEP in building)
+        which += [f"{whose} check step of drafts"] * (CHECK_STEP in building)
         warn(f"decode.steps: compiling {' and '.join(which)} (about 20 s each, once; kept in "
              f"{cache_folder()}; attnkit cache clear deletes them)")  # fmt: skip
     step = compiled_step(model, beams, serial, warn, build, fingerprint)
-    if step is None:
+    check = compiled_step(model, CHECK_STEP, serial, warn, build, fingerprint) if checks and step else None
+    if step is None or (checks and check is None):
         return None
     first_step = None
     if start_token is not None:
         first_step = compiled_step(model, FIRST_STEP, serial, warn, build, fingerprint)
     first = (first_step, start_token) if first_step is not None else None
     dtype = history_dtype(model)  # (once: a walk of the model's modules)
-    return lambda src, use_cache=True: CompiledDecoding(model, src, use_cache, step, beams, first, dtype)
+
+    def decoding(src: Tensor, use_cache: bool = True, memory: Tensor | None = None) -> CompiledDecoding:
+        return CompiledDecoding(model, src, use_cache, step, beams, first, dtype, check, memory)
+
+    return decoding

@@ -38,6 +38,7 @@ from attnkit.decode.streams import serial_steps
 from attnkit.errors import AttnkitError
 from attnkit.models import evaluating
 from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.seq2seq import EncoderDecoder
 
 # decode.steps=auto builds compiled steps for an input of this many sentences: on 2 cores, building the
@@ -147,6 +148,9 @@ class SourceDecoding:
 
     decoding: Callable[[Tensor, bool], Decoding]
     compiled: bool
+    # where drafts are checked with the model's draft decoder: its decoding of the sources over the
+    # model's memory, ``draft(src, memory)`` (compiled steps where the model's are)
+    draft: Callable[[Tensor, Tensor], Seq2SeqDecoding] | None = None
 
     @property
     def bucket(self) -> int:
@@ -161,13 +165,16 @@ def source_decoding(
     specials: SpecialIds,
     warn: Callable[[str], None] | None = None,
     sentences: int = 0,
+    drafted: bool = False,
 ) -> SourceDecoding:
     """How sources searched with ``beam`` rows each are decoded (``decode.steps``): compiled steps on a
     CPU where they can be had (``warn`` hears why not, where not), the model's own otherwise. With
     ``auto``, compiled steps are built for an input of at least :data:`REPAYING_SENTENCES`
     ``sentences`` (the build's time, once, repaid by this input alone); a smaller one takes them where
-    they are built already (by an earlier large input, or a server)."""
-    compiled = None
+    they are built already (by an earlier large input, or a server). ``drafted``: greedy search checks
+    drafts (``decode.speculative``), so the steps include the check of several tokens, and the model's
+    draft decoder, where it has one, decodes with steps of its own."""
+    compiled = draft = None
     if decode.steps != "eager" and torch.device(device).type == "cpu":
         build = decode.steps == "compiled" or sentences >= REPAYING_SENTENCES
         missing = missing_compiler() if build and decode.steps == "auto" else None
@@ -177,8 +184,23 @@ def source_decoding(
         else:
             with evaluating(model):  # the steps are traced in eval mode
                 serial = serial_steps(decode.streams)
-                compiled = compiled_decoding(model, beam, warn, specials.bos, build, serial)
-    return SourceDecoding(compiled or model.decoding, compiled is not None)
+                compiled = compiled_decoding(model, beam, warn, specials.bos, build, serial, drafted)
+                if compiled is not None and drafted and model.draft is not None:
+                    draft = compiled_decoding(model.draft, 1, warn, None, build, serial, checks=True)
+    return SourceDecoding(compiled or model.decoding, compiled is not None, _drafting(model, drafted, draft))
+
+
+def _drafting(
+    model: EncoderDecoder, drafted: bool, compiled: Callable[..., Seq2SeqDecoding] | None
+) -> Callable[[Tensor, Tensor], Seq2SeqDecoding] | None:
+    """The draft decoder's decoding of sources over the model's memory (``SourceDecoding.draft``): its
+    ``compiled`` steps', or its own; None where there are no drafts of a draft decoder."""
+    draft = model.draft
+    if not drafted or draft is None:
+        return None
+    if compiled is not None:
+        return lambda src, memory: compiled(src, True, memory)
+    return lambda src, memory: Seq2SeqDecoding(draft, src, use_cache=True, memory=memory)
 
 
 def ready_sources(

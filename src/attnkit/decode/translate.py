@@ -16,7 +16,7 @@ from attnkit.decode.beams import beam
 from attnkit.decode.drafts import Drafts, ShallowDrafts, SourceDrafts
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
 from attnkit.decode.speculative import Checking, Speculation, speculative_greedy
-from attnkit.decode.starts import encode_sources, ready_sources, searching, source_decoding
+from attnkit.decode.starts import SourceDecoding, encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.errors import AttnkitError
 from attnkit.models import device_of
@@ -127,7 +127,7 @@ def _hypotheses(
     if not todo:
         return found
     greedy = search.beam_size == 1 and not scored  # no scores wanted
-    drafted = greedy and decode.speculative != "none"  # checks drafts with the model's own steps
+    drafted = greedy and decode.speculative != "none"  # checks drafts (compiled steps or the model's)
     if decode.speculative == "shallow" and model.draft is None:
         raise AttnkitError(
             "decode.speculative=shallow needs the model's draft decoder, and this model has none (make "
@@ -138,13 +138,8 @@ def _hypotheses(
             f"decode.speculative={decode.speculative} checks drafts in greedy search alone (a beam of 1, no "
             f"scores); this search (beam {search.beam_size}{', scored' if scored else ''}) takes none"
         )
-    steps = dataclasses.replace(decode, steps="eager") if drafted else decode
-    if drafted and decode.steps == "compiled" and reporting.warn is not None:
-        reporting.warn(
-            f"decode.speculative={decode.speculative} checks drafts with the model's own steps, not "
-            "compiled ones"
-        )
-    how = source_decoding(model, steps, search.beam_size, device, specials, reporting.warn, len(todo))
+    warn = reporting.warn
+    how = source_decoding(model, decode, search.beam_size, device, specials, warn, len(todo), drafted)
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
 
     @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
@@ -154,8 +149,8 @@ def _hypotheses(
         if not greedy:
             return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
         if drafted:
-            drafts = _drafts(model, decode.speculative, ready.decoding, sources, specials)
-            checking = cast(Checking, ready.decoding)  # the model's own steps (eager)
+            drafts = _drafts(decode.speculative, how, ready.decoding, sources, specials)
+            checking = cast(Checking, ready.decoding)  # (Seq2SeqDecoding, compiled or not)
             outputs = speculative_greedy(
                 checking, ready.tokens, ready.limits, specials, drafts, reporting.speculation
             )
@@ -169,16 +164,15 @@ def _hypotheses(
 
 
 def _drafts(
-    model: EncoderDecoder,
     speculative: str,
+    how: SourceDecoding,
     decoding: Seq2SeqDecoding,
     sources: list[list[int]],
     specials: SpecialIds,
 ) -> Drafts:
     """What drafts the search of ``sources`` (ids with ``</s>``) by ``decoding`` checks: their own
-    tokens, or the model's draft decoder's guesses over the same memory."""
+    tokens, or the model's draft decoder's guesses over the same memory (``how.draft``)."""
     if speculative == "source":
         return SourceDrafts([ids[:-1] for ids in sources])  # (without </s>)
-    assert model.draft is not None
-    draft = Seq2SeqDecoding(model.draft, decoding.src, use_cache=True, memory=decoding.memory)
-    return ShallowDrafts(draft, specials)
+    assert how.draft is not None
+    return ShallowDrafts(how.draft(decoding.src, decoding.memory), specials)

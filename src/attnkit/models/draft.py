@@ -77,6 +77,12 @@ class ShallowDraft(nn.Module):
     def generator(self, hidden: Tensor) -> Tensor:
         return self.model.generator(hidden)
 
+    def step_weights(self) -> dict[str, Tensor]:
+        """The weights its decoding steps read, by name: the model's it decodes through, and its layer's
+        (a compiled step of the draft freezes them all)."""
+        own = {f"draft.{name}": weight for name, weight in self.state_dict().items()}
+        return {**self.model.step_weights(), **own}
+
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """``src (B, S)``, ``tgt (B, T)`` -> the draft's logits ``(B, T, V)`` (with the copy mechanism its
         log-probabilities): ``EncoderDecoder.forward`` through its one layer, what distillation trains

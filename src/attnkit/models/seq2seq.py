@@ -87,6 +87,11 @@ class EncoderDecoder(nn.Module):
         # a shallow draft decoder for speculative decoding (models/draft.py), set where one is loaded
         self.draft: nn.Module | None = None
 
+    def step_weights(self) -> dict[str, Tensor]:
+        """The weights its decoding steps read, by name (a compiled step freezes them, and its key hashes
+        them): all but its draft decoder's, which decodes with steps of its own."""
+        return {name: w for name, w in self.state_dict().items() if not name.startswith("draft.")}
+
     def _init_weights(self) -> None:
         """Xavier-uniform linear maps and zero biases (as fairseq and the Annotated Transformer); the
         embeddings keep N(0, d_model^-0.5) from :class:`Embeddings`, and tying happens last."""

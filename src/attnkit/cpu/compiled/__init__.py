@@ -37,6 +37,10 @@ The search takes the steps through ``attnkit.decode.compiled``, the model's own 
 the encoder, the start token's decoding and the cross-attention's keys, one row per source; the same
 for every beam width) and the next (``CachedStep``: one new token per row, one library per beam
 width; for beam search ``RankedStep``, which ranks each source's continuations too and returns them in
-place of the logits). Models the trace cannot express stay eager (the copy mechanism, another device
-or dtype: :func:`~attnkit.cpu.compiled.build.compilable`).
+place of the logits). Greedy search that checks drafts (``decode.speculative``) takes a third,
+``CheckStep``: several new tokens per row, each position attended as the step of one token attends
+it, so each gets that step's bits; a shallow draft decoder (models/draft.py) has a step and a check
+step of its own, its weights and the model's it reads frozen into them. Models the trace cannot
+express stay eager (the copy mechanism, another device or dtype:
+:func:`~attnkit.cpu.compiled.build.compilable`).
 """

@@ -36,8 +36,9 @@ BUILD_WAIT_S = 900.0  # the longest a process waits for another's build of the s
 # 10: beam search's step ranks the continuations too; 11: cross-attention's query and memory maps, blocks
 # of in_proj, multiply in the precision of maps of their size, as the others do, not in float32;
 # 12: where bf16 products depend on the rows (AMX), a bf16 map of more than 256 inputs sums by blocks;
-# 13: beam search's step rules tokens out where its ranking reads the logits, not over all of them).
-STEP_LAYOUT = 13
+# 13: beam search's step rules tokens out where its ranking reads the logits, not over all of them;
+# 14: a step attends to its new positions' keys and values as the history holds them, in its dtype).
+STEP_LAYOUT = 14
 
 
 def cpu_capabilities() -> str:
@@ -55,7 +56,7 @@ def cache_key(model: EncoderDecoder, beams: int, serial: bool) -> str:
     linear maps multiply in, whether its loops are serial, its inputs' layout, torch's and attnkit's
     versions, and the processor it runs on."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(model.step_weights().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     settings = {"config": repr(model.config), "beams": beams, "linear": linear_precision(model),

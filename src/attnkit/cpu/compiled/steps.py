@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from attnkit.cpu.compiled.build import FIRST_STEP, build, compilable, missing_compiler
+from attnkit.cpu.compiled.build import build, compilable, missing_compiler, traced
 from attnkit.cpu.compiled.cache import build_once, cache_folder, cache_key, prune_cache
 from attnkit.cpu.compiled.library import CompiledStep
-from attnkit.cpu.compiled.trace import example, first_example
 
 if TYPE_CHECKING:
+    from attnkit.models.draft import ShallowDraft
     from attnkit.models.seq2seq import EncoderDecoder
 
 # Process-wide, as the libraries they load are: a step is compiled or loaded once, whichever search,
@@ -31,11 +31,12 @@ _KEYS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, bool], tuple]] = wea
 _KEYING = threading.Lock()  # (not the compile's lock: a key is wanted while another step compiles)
 
 
-def weights_fingerprint(model: nn.Module) -> tuple:
-    """Changes whenever a weight does (an optimizer step, loading other weights): every weight's address
-    and version (0.15 ms for a small Transformer's 91, a walk of its modules), so a search takes it once
-    and hands it to each function here that asks (``fingerprint``), and the helpers hand it down."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+def weights_fingerprint(model: EncoderDecoder | ShallowDraft) -> tuple:
+    """Changes whenever a weight its steps read does (an optimizer step, loading other weights): every
+    such weight's address and version (``step_weights``: a walk of its modules, under a millisecond for
+    a small Transformer), so a search takes it once and hands it to each function here that asks
+    (``fingerprint``), and the helpers hand it down."""
+    return tuple((w.data_ptr(), w._version) for w in model.step_weights().values())
 
 
 def step_package(model: EncoderDecoder, beams: int, serial: bool, fingerprint: tuple | None = None) -> Path:
@@ -134,7 +135,7 @@ def compiled_step(
             os.utime(package)  # used now: the cache keeps the most recently used steps
             prune_cache(keep=package)
             step = CompiledStep(package, copies=max(2, torch.get_num_threads()))  # one per stream
-            expected = len(first_example(model)[0] if beams == FIRST_STEP else example(model, beams)[0])
+            expected = len(traced(model, beams)[1])
             if step.inputs != expected:  # a step of another layout under this key (a development build
                 # that kept attnkit's version and the layout's number): called, it would abort the process
                 raise RuntimeError(

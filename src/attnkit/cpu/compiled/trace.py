@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
 class SlotHistory(KVCache):
     """A self-attention cache of ``T`` positions held as buffers ``(T, P, h, d_k)`` and ``slots (R, T)``
-    (see the module docstring); ``append`` returns every row's keys and values so far, ``(R, h, T + 1,
+    (see the module docstring); ``append`` returns every row's keys and values so far, ``(R, h, T + C,
     d_k)``, as an expression of the buffers that the compiler fuses into the attention reading them,
-    and keeps the new ones (``new_key``, ``new_value``: ``(R, h, 1, d_k)``)."""
+    and keeps the ``C`` new ones (``new_key``, ``new_value``: ``(R, h, C, d_k)``), rounded to the
+    buffers' dtype as the steps after read them."""
 
     def __init__(self, keys: Tensor, values: Tensor, slots: Tensor) -> None:
         super().__init__()
@@ -47,11 +48,15 @@ class SlotHistory(KVCache):
         return self.keys.size(0)
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        # the new positions' keys and values as the history holds them (bf16 in a bf16 model), which is
+        # how the steps after this one read them: so a check step's position reads the positions checked
+        # before it in the same step as a step of one token would (CheckStep), and its own alike
+        key, value = key.to(self.keys.dtype).to(key.dtype), value.to(self.values.dtype).to(value.dtype)
         self.new_key, self.new_value = key, value
         positions = torch.arange(self.keys.size(0), device=key.device)[None, :]  # (1, T)
         past_keys = self.keys[positions, self.slots].transpose(1, 2)  # (R, T, h, d_k) -> (R, h, T, d_k)
         past_values = self.values[positions, self.slots].transpose(1, 2)
-        keys = torch.cat([past_keys.to(key.dtype), key], dim=2)  # (R, h, T + 1, d_k)
+        keys = torch.cat([past_keys.to(key.dtype), key], dim=2)  # (R, h, T + C, d_k)
         return keys, torch.cat([past_values.to(value.dtype), value], dim=2)
 
 
@@ -95,6 +100,15 @@ class CachedStep(nn.Module):
     def forward(
         self, new: Tensor, slots: Tensor, first: Tensor, src_mask: Tensor, history: Tensor, *crossed: Tensor
     ) -> tuple[Tensor, Tensor]:
+        hidden, added = self.decoded(new, slots, first, src_mask, history, crossed)
+        return self.model.generator(hidden[:, -1]), added.squeeze(2)  # (R, V), (2n, R, h, d_k)
+
+    def decoded(
+        self, new: Tensor, slots: Tensor, first: Tensor, src_mask: Tensor, history: Tensor, crossed: tuple
+    ) -> tuple[Tensor, Tensor]:
+        """The decoder's states of the ``C`` new tokens ``new (R, C)``, ``(R, C, d_model)``, and their
+        positions' self-attention keys and values, ``(2·layers, R, C, h, d_k)``: each new position
+        attends to the row's own positions up to itself."""
         cache = self.model.new_cache()
         n = len(cache.layers)
         for i, layer in enumerate(cache.layers):
@@ -102,16 +116,34 @@ class CachedStep(nn.Module):
             layer.src_attn.hold(crossed[i], crossed[n + i])
         unused_memory = crossed[0]  # the cross-attention reads its cache, not the memory
         # each row's own positions: from ``first`` on (rows that joined later are padded before it)
-        T = slots.size(1)
-        positions = (T - first)[:, None]  # (R, 1): the new token's
-        own = torch.arange(T + 1, device=first.device)[None, None, :] >= first[:, None, None]  # (R, 1, T + 1)
+        T, C = slots.size(1), new.size(1)
+        columns = torch.arange(T + C, device=first.device)  # (T + C,)
+        positions = (T - first)[:, None] + columns[None, :C]  # (R, C): the new tokens'
+        own = columns[None, None, :] >= first[:, None, None]  # (R, 1, T + C)
+        if C > 1:  # (the check step's C is a symbol of at least 2, the plain step's 1) none after its query
+            own = own & (columns[None, :] <= T + columns[:C, None])[None]  # (R, C, T + C)
         with decoding_step():
             hidden = self.model.decode(unused_memory, src_mask, new, own, cache=cache, positions=positions)
-        hidden = hidden[:, -1]  # (R, d_model)
         kept = [layer.self_attn.new_key for layer in cache.layers]
         kept += [layer.self_attn.new_value for layer in cache.layers]
-        added = torch.stack([position.squeeze(2) for position in kept]).to(history.dtype)  # (2n, R, h, d_k)
-        return self.model.generator(hidden), added
+        # (2n, R, h, C, d_k) -> (2n, R, C, h, d_k)
+        added = torch.stack(kept).transpose(2, 3).to(history.dtype)
+        return hidden, added
+
+
+class CheckStep(CachedStep):
+    """:class:`CachedStep` of ``C >= 2`` new tokens per row: ``new (R, C)`` -> ``(logits (R, C, V), the
+    new positions' keys and values (2·layers, R, C, h, d_k))``, speculative decoding's check of a
+    draft (decode/speculative.py), or a draft decoder's catching up on tokens it sat out. Each new
+    position attends to the row's positions up to itself alone, as attention's sums
+    (``attnkit.cpu.attention.attend_as_sums``) mask the others with exact zeros, so each position's
+    logits are the bits :class:`CachedStep` gives it a token at a time (tests/cpu/test_compiled.py)."""
+
+    def forward(  # type: ignore[override]
+        self, new: Tensor, slots: Tensor, first: Tensor, src_mask: Tensor, history: Tensor, *crossed: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        hidden, added = self.decoded(new, slots, first, src_mask, history, crossed)
+        return self.model.generator(hidden), added  # (R, C, V)
 
 
 class RankedStep(CachedStep):
@@ -163,19 +195,20 @@ def history_dtype(model: nn.Module) -> torch.dtype:
     return torch.bfloat16 if linear_precision(model) == "bf16" else torch.float32
 
 
-def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tuple]:
+def example(model: EncoderDecoder, beams: int, checked: bool = False) -> tuple[tuple[Tensor, ...], tuple]:
     """Inputs to trace with (sizes all different, so that none is taken for another) and their
-    dynamic sizes: sources N, rows R = N·beams, buffer slots P, cached length T, source length."""
+    dynamic sizes: sources N, rows R = N·beams, buffer slots P, cached length T, source length; with
+    ``checked`` (:class:`CheckStep`, ``beams`` 1), the new tokens per row C too."""
     from torch.export import Dim
 
     c = model.config
-    n, h, d_k = c.decoder_layers, c.h, c.d_model // c.h
+    n, h, d_k = len(model.new_cache().layers), c.h, c.d_model // c.h  # (a draft decoder's: its own layers)
     sources, length, source_len = 6, 5, 9
     rows = sources * beams
     slots = rows + 11
     dtype = history_dtype(model)
     inputs = (
-        torch.randint(4, 20, (rows, 1)),
+        torch.randint(4, 20, (rows, 3 if checked else 1)),
         torch.randint(0, slots, (rows, length)),
         torch.randint(0, length, (rows,)),
         torch.ones(rows, 1, source_len, dtype=torch.bool),
@@ -191,7 +224,8 @@ def example(model: EncoderDecoder, beams: int) -> tuple[tuple[Tensor, ...], tupl
     # a cached length leaves room for the new position; a source has at most max_len tokens
     cached, source = Dim("cached", min=1, max=c.max_len - 1), Dim("source_len", min=1, max=c.max_len)
     history = {0: cached, 2: Dim("slots", min=1, max=4096 * beams)}
-    shapes = ({0: R}, {0: R, 1: cached}, {0: R}, {0: R, 2: source}, history)
+    new = {0: R, 1: Dim("checked", min=2, max=c.max_len - 1)} if checked else {0: R}
+    shapes = (new, {0: R, 1: cached}, {0: R}, {0: R, 2: source}, history)
     shapes += ({0: N}, {0: R}, None) if ranking else ()
     return inputs, (*shapes, tuple([{0: N, 2: source}] * (2 * n)))
 

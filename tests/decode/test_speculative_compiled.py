@@ -1,0 +1,149 @@
+"""Speculative decoding with compiled steps (``decode.steps=compiled``) is exact: the compiled check step
+gives each of several new positions the bits the compiled step gives it a token at a time (the start
+token's are the compiled first step's), for rows at different positions; and ``translate`` with
+drafts (the source's, a compiled draft decoder's) gives plain greedy search's translations with the
+same compiled steps."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from attnkit import build_transformer
+from attnkit.config import load_run_config
+from attnkit.cpu.compiled.library import CompiledStep
+from attnkit.data.batching import pad
+from attnkit.data.synthetic import copy
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.compiled import compiled_decoding
+from attnkit.decode.speculative import Speculation
+from attnkit.decode.translate import Reporting, translate
+from attnkit.loading import ready_for_inference
+from attnkit.models.config import TransformerConfig
+from attnkit.models.draft import ShallowDraft
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("c++") is None and shutil.which("g++") is None,
+        reason="compiling the steps needs a C++ compiler (apt-get install g++)",
+    ),
+    pytest.mark.slow,  # each compiles steps with a C++ compiler (the slow set)
+]
+
+MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache folder for the module's tests, so that each step is compiled once."""
+    folder = tmp_path_factory.mktemp("xdg_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def ready(cache):
+    """A small random Transformer in bf16 (wide enough for oneDNN's kernels and the bf16 maps' blocks)
+    with a shallow draft decoder, its word tokenizer and 16 sources of 1 to 12 digits."""
+    tokenizer = Tokenizer.train("word", copy(400, seed=5, max_length=12).src)
+    torch.manual_seed(11)
+    model = build_transformer(TransformerConfig.from_preset("tiny", **MODEL), tokenizer.vocab_size)
+    model.draft = ShallowDraft(model)
+    config = load_run_config(None, ["decode.precision=bf16", "decode.steps=compiled", "decode.batch_size=4"])
+    return ready_for_inference(model, config), tokenizer, config, copy(16, seed=99, max_length=12).src
+
+
+class _Counting:
+    """Counts the calls of compiled steps (to show the compiled path ran, not the eager one)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        run = CompiledStep.__call__
+
+        def counted(step, *tensors):
+            self.calls += 1
+            return run(step, *tensors)
+
+        monkeypatch.setattr(CompiledStep, "__call__", counted)
+
+
+def test_the_check_step_gives_each_position_the_compiled_steps_bits(ready, monkeypatch):
+    """The start token and five more checked at once against the same stepped one at a time; then,
+    after the rows kept one, three and five of them (realigned), two more each against each row's
+    own steps alone."""
+    model, tokenizer, _, _ = ready
+    specials = tokenizer.specials
+    make = compiled_decoding(model, 1, None, specials.bos, checks=True)
+    assert make is not None
+    sources = [[*tokenizer.encode(t), specials.eos] for t in ["1 2 3 4", "5 6 7 8 9 1 2", "3 3 4"]]
+    src = pad(sources, specials.pad, 1)
+    tokens = torch.tensor([[specials.bos, *s] for s in [[4, 5, 6, 7, 8], [6, 7, 8, 9, 5], [7, 7, 9, 4, 6]]])
+    counting = _Counting(monkeypatch)
+    with torch.no_grad():
+        checked = make(src)
+        logits = checked.checked_logits(tokens, 6)  # (3, 6, V): the first step's, then one check step
+        assert counting.calls == 2 and checked.history is not None
+        stepped = make(src)
+        for j in range(6):
+            assert torch.equal(stepped.next_logits(tokens[:, : j + 1]), logits[:, j]), j
+        assert counting.calls == 2 + 6
+        checked.rewind(torch.tensor([1, 3, 5]), 6)
+        kept = [tokens[0, :2], tokens[1, :4], tokens[2, :6]]
+        more = torch.tensor([[9, 4], [4, 5], [5, 6]])
+        rows = torch.stack([torch.cat([torch.full((5 - len(k) + 1,), specials.pad), k]) for k in kept])
+        logits = checked.checked_logits(torch.cat([rows, more], 1), 3)  # (3, 3, V)
+        assert counting.calls == 2 + 6 + 1
+        for i, k in enumerate(kept):
+            alone = make(src[i : i + 1, : len(sources[i])])
+            for t in range(1, len(k)):  # its kept tokens but the last, a step at a time
+                alone.next_logits(k[None, :t])
+            for j in range(3):
+                step = torch.cat([k, more[i, :j]])[None]
+                assert torch.equal(alone.next_logits(step)[0], logits[i, j]), (i, j)
+
+
+def test_a_row_that_keeps_its_draft_in_part_goes_on_in_the_history(ready, monkeypatch):
+    """One row (speculative decoding's usual): the history forgets the positions not taken, and the
+    next steps, compiled, give the bits of a search that never saw them."""
+    model, tokenizer, _, _ = ready
+    specials = tokenizer.specials
+    make = compiled_decoding(model, 1, None, specials.bos, checks=True)
+    src = torch.tensor([[*tokenizer.encode("5 6 7 8 9"), specials.eos]])
+    tokens = torch.tensor([[specials.bos, 6, 7, 8, 9, 5, 6]])
+    counting = _Counting(monkeypatch)
+    with torch.no_grad():
+        checked = make(src)
+        checked.checked_logits(tokens[:, :5], 5)  # <s> and four drafted tokens
+        checked.rewind(torch.tensor([2]), 5)  # kept <s> and the first
+        assert checked.history is not None and len(checked.history) == 2
+        wrong = torch.tensor([[specials.bos, 6, 4]])  # the model's own choice after them (say, 4)
+        logits = checked.checked_logits(torch.cat([wrong, tokens[:, 3:5]], 1), 3)
+        assert counting.calls == 3  # the first step, a check of four tokens, a check of three
+        stepped = make(src)
+        for j in range(2):
+            stepped.next_logits(tokens[:, : j + 1])
+        expected = [stepped.next_logits(torch.cat([wrong, tokens[:, 3 : 3 + j]], 1)) for j in range(3)]
+    assert counting.calls == 3 + 5  # the first step and four steps of one token
+    for j in range(3):
+        assert torch.equal(expected[j][0], logits[0, j]), j
+
+
+def test_translate_with_drafts_and_compiled_steps_gives_compiled_greedy_translations(ready, monkeypatch):
+    """Each kind of draft over the compiled steps (the draft decoder's compiled too): the translations
+    of plain greedy search with them, in batches of four (a batch's last row drafting)."""
+    model, tokenizer, config, texts = ready
+    warned: list[str] = []
+    plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
+    counting = _Counting(monkeypatch)
+    for speculative in ("source", "shallow"):
+        config.decode.speculative = speculative
+        speculation = Speculation()
+        reporting = Reporting(warn=warned.append, speculation=speculation)
+        assert translate(model, tokenizer, texts, config.decode, beam_size=1, reporting=reporting) == plain
+        # (a random model's outputs share too little with their sources for the source's drafts)
+        assert speculation.proposed or speculative == "source"
+    assert counting.calls and not [w for w in warned if "could not compile" in w], warned
+    assert any("draft decoder's" in w for w in warned), warned  # its steps were built too
