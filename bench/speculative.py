@@ -22,8 +22,13 @@ sources cut as it was trained
 (``data.max_source_len``), as ``attnkit predict`` cuts them. ``--src`` is a text file, one source a line
 (``.gz`` too), or JSON Lines whose ``--field`` holds each source (a summariser's data).
 
+With drafts, a batch drafts where drafted batches' tokens have cost less so far, and one in 16 the
+other way (``Economy``, decode/speculative.py): the rows with drafts show what a user gets, and the
+acceptance line counts the batches that drafted. ``--always`` drafts in every batch: what the drafts
+themselves cost and save.
+
 Run: ``python bench/speculative.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz --n 200
---batch 1 [--compiled] [--ct2]``
+--batch 1 [--compiled] [--ct2] [--always]``
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from attnkit.checkpoint.draft_file import draft_about
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import with_decode_overrides
 from attnkit.data.readers import read_lines
-from attnkit.decode.speculative import Speculation
+from attnkit.decode.speculative import Economy, Speculation
 from attnkit.decode.translate import Reporting, translate
 from attnkit.loading import load_for_inference
 
@@ -118,7 +123,11 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compiled", action="store_true", help="plain greedy with compiled steps too")
     parser.add_argument("--ct2", action="store_true", help="CTranslate2 float32 and int8 beside")
+    always = "check drafts in every batch: the drafts' own cost, not the economy's choice"
+    parser.add_argument("--always", action="store_true", help=always)
     args = parser.parse_args()
+    if args.always:  # every batch drafts (decode/speculative.py's Economy would choose by their costs)
+        Economy.drafting = lambda self: True  # type: ignore[method-assign]
     torch.set_num_threads(args.threads)
     about = draft_about(resolve_checkpoint(args.ckpt))  # {} where it has no draft decoder
     loading = [f"decode.precision={args.precision}"] + (["decode.speculative=shallow"] if about else [])

@@ -157,10 +157,7 @@ def test_greedy_translation_with_source_drafts_gives_greedy_translations(trained
     assert beam.exit_code == 0, beam.output
     assert "decode.speculative=source checks drafts in greedy search alone" in beam.stderr
     assert "(beam 2) takes none" in beam.stderr
-    compiled = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1",
-                                   "decode.speculative=source", "decode.steps=compiled"])  # fmt: skip
-    assert compiled.exit_code == 0 and compiled.stdout == plain.stdout, compiled.output
-    assert "checks drafts with the model's own steps, not compiled ones" in compiled.stderr
+    # (with compiled steps: tests/decode/test_speculative_compiled.py, in the slow set)
 
 
 def test_translate_writes_n_best_lists_with_the_line_of_each(trained, tmp_path, monkeypatch):

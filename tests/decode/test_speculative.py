@@ -17,8 +17,15 @@ from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.drafts import ShallowDrafts, SourceDrafts
 from attnkit.decode.search import Search, argmax, extend, starts_of
-from attnkit.decode.speculative import ROWS_DRAFTED, Speculation, speculative_greedy
-from attnkit.decode.translate import translate
+from attnkit.decode.speculative import (
+    EXPLORE_EVERY,
+    ROWS_DRAFTED,
+    Economy,
+    Speculation,
+    economy,
+    speculative_greedy,
+)
+from attnkit.decode.translate import Reporting, translate
 from attnkit.errors import AttnkitError
 from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
@@ -222,3 +229,46 @@ def test_source_drafts_follow_the_first_match_of_the_longest_run_of_last_tokens(
     assert drafts.follow(0, [1, 7], 4) == []  # one token matched: too weak a match
     assert drafts.follow(0, [9, 2], 4) == []  # a match with nothing after it
     assert drafts.follow(0, [5, 6], 0) == []
+
+
+def test_a_batch_drafts_where_drafted_tokens_have_cost_less_and_now_and_then_the_other_way():
+    """Economy: the first batch drafts, the second does not; then the cheaper way per token (by moving
+    sums: long batches weigh more), the other one batch in EXPLORE_EVERY, and a change of costs heard
+    in those turns the choice."""
+    paying = Economy()
+    assert paying.drafting() is True
+    paying.heard(True, 3.0, 10)  # 0.3 s a token with drafts
+    assert paying.drafting() is False
+    paying.heard(False, 2.0, 10)  # 0.2 s without
+    chosen = []
+    for _ in range(2 * EXPLORE_EVERY):
+        chosen.append(paying.drafting())
+        paying.heard(chosen[-1], 3.0 if chosen[-1] else 2.0, 10)
+    assert chosen.count(True) == 2 and chosen.count(False) == 2 * EXPLORE_EVERY - 2, chosen
+    for _ in range(3 * EXPLORE_EVERY):  # drafts get cheap (0.05 s a token): heard when explored, taken
+        drafting = paying.drafting()
+        paying.heard(drafting, 0.5 if drafting else 2.0, 10)
+    chosen = [paying.drafting() for _ in range(EXPLORE_EVERY)]
+    assert chosen.count(True) == EXPLORE_EVERY - 1, chosen
+    long_and_cheap = Economy()  # a long batch's cost per token outweighs a short one's
+    long_and_cheap.drafting(), long_and_cheap.heard(True, 1.0, 2)  # 0.5 s a token, 2 tokens
+    long_and_cheap.heard(True, 10.0, 100)  # 0.1 s a token, 100 tokens: (0.8 + 2.0) / (1.6 + 20) s
+    long_and_cheap.heard(False, 0.2, 1)  # 0.2 s a token without
+    assert long_and_cheap.drafting() is True
+
+
+def test_translate_decides_by_the_economy_and_gives_the_same_translations_either_way(copying):
+    """A model whose drafted batches have cost more searches plain (no token proposed), but every
+    EXPLORE_EVERY-th batch; the translations are greedy search's either way."""
+    model, tokenizer, config = _ready(copying, "fp32", draft=True)
+    texts = copying[2][:8]
+    config.decode.batch_size = 1
+    plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
+    config.decode.speculative = "shallow"
+    paying = economy(model, "shallow, eager steps")
+    paying.heard(True, 100.0, 1)  # drafts have cost 100 s a token, plain steps nothing
+    paying.heard(False, 0.0, 1)
+    counts = Speculation()
+    reporting = Reporting(speculation=counts)
+    got = translate(model, tokenizer, texts, config.decode, beam_size=1, reporting=reporting)
+    assert got == plain and counts.proposed == 0 and counts.steps == 0

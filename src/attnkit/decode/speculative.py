@@ -23,11 +23,19 @@ shares little but names and numbers with its source) nearly every step is a plai
 After a check, rows have kept different numbers of tokens: the caches and tokens of those that kept
 fewer are shifted right (``Seq2SeqDecoding.rewind``, ``realigned``), as continuous batching aligns
 rows that began at different steps, and each row goes on at its own position.
+
+Whether drafts pay depends on the model and the machine as much as on the drafts: a small model
+whose weights sit in the processor's cache pays for a check of four tokens nearly what four steps
+cost (docs/benchmarks.md). So each batch is timed, and :class:`Economy` keeps, per model and kind
+of drafts, the seconds a generated token took in recent batches searched with drafts and without;
+a batch drafts where that has been the cheaper, and one batch in :data:`EXPLORE_EVERY` searches the
+other way, so that the choice follows the costs as they change. Either way its output is the same.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +57,10 @@ LONGEST_PAUSE = 16
 # shallow draft: half plain greedy's tokens/s); a batch's last sentence drafts
 ROWS_DRAFTED = 1
 _ADDING = threading.Lock()  # (Speculation.add)
+# one batch in this many searches the way the costs so far did not choose (see the module docstring)
+EXPLORE_EVERY = 16
+# the weight of a batch's seconds and tokens in the moving sums Economy compares
+RECENT = 0.2
 
 
 class Checking(Decoding, Protocol):
@@ -116,6 +128,48 @@ class Speculation:
     def per_step(self) -> float:
         """Tokens a row generated a step (1.0 without drafts)."""
         return self.generated / self.steps if self.steps else 0.0
+
+
+class Economy:
+    """Whether a batch of one model's greedy search checks drafts of one kind (see the module
+    docstring): :meth:`drafting` says, :meth:`heard` is told what a batch took. The first batch
+    drafts, the second does not; then each batch takes the way whose tokens have cost less (moving
+    sums of seconds and tokens, so long batches weigh more), and every :data:`EXPLORE_EVERY`-th the
+    other. Searches in several threads share it: one at a time."""
+
+    def __init__(self) -> None:
+        self.spent: dict[bool, tuple[float, float]] = {}  # drafted or not: (seconds, tokens), moving sums
+        self.batches = 0
+        self.lock = threading.Lock()
+
+    def drafting(self) -> bool:
+        with self.lock:
+            self.batches += 1
+            if True not in self.spent or False not in self.spent:
+                return True not in self.spent
+            (seconds, tokens), (plain_seconds, plain_tokens) = self.spent[True], self.spent[False]
+            cheaper = seconds * plain_tokens < plain_seconds * tokens  # seconds a token, compared
+            return cheaper != (self.batches % EXPLORE_EVERY == 0)
+
+    def heard(self, drafted: bool, seconds: float, tokens: int) -> None:
+        """A batch searched with drafts (``drafted``) or without took ``seconds`` for ``tokens``."""
+        with self.lock:
+            before = self.spent.get(drafted)
+            if before is None:
+                self.spent[drafted] = (seconds, float(tokens))
+            else:
+                old = 1.0 - RECENT
+                self.spent[drafted] = (old * before[0] + RECENT * seconds, old * before[1] + RECENT * tokens)
+
+
+_ECONOMIES: weakref.WeakKeyDictionary[object, dict[str, Economy]] = weakref.WeakKeyDictionary()
+_FINDING = threading.Lock()
+
+
+def economy(model: object, drafts: str) -> Economy:
+    """The :class:`Economy` of ``model``'s greedy search with drafts of kind ``drafts``, for the process."""
+    with _FINDING:
+        return _ECONOMIES.setdefault(model, {}).setdefault(drafts, Economy())
 
 
 def speculative_greedy(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, cast, overload
@@ -15,7 +16,7 @@ from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.beams import beam
 from attnkit.decode.drafts import Drafts, ShallowDrafts, SourceDrafts
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
-from attnkit.decode.speculative import Checking, Speculation, speculative_greedy
+from attnkit.decode.speculative import Checking, Speculation, economy, speculative_greedy
 from attnkit.decode.starts import SourceDecoding, encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.errors import AttnkitError
@@ -141,6 +142,7 @@ def _hypotheses(
     warn = reporting.warn
     how = source_decoding(model, decode, search.beam_size, device, specials, warn, len(todo), drafted)
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
+    paying = economy(model, f"{decode.speculative}, {'compiled' if how.compiled else 'eager'} steps")
 
     @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
     def searched(chunk: list[int]) -> list[list[Hypothesis]]:
@@ -148,7 +150,9 @@ def _hypotheses(
         ready = ready_sources(model, sources, how, specials, search, device)
         if not greedy:
             return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
-        if drafted:
+        drafting = drafted and paying.drafting()  # (either way the same outputs)
+        began = time.perf_counter()
+        if drafting:
             drafts = _drafts(decode.speculative, how, ready.decoding, sources, specials)
             checking = cast(Checking, ready.decoding)  # (Seq2SeqDecoding, compiled or not)
             outputs = speculative_greedy(
@@ -156,6 +160,8 @@ def _hypotheses(
             )
         else:
             outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
+        if drafted:
+            paying.heard(drafting, time.perf_counter() - began, sum(len(ids) + 1 for ids in outputs))
         return [[Hypothesis(ids, float("nan"))] for ids in outputs]
 
     streams = stream_count(decode.streams, device, len(batches))
