@@ -27,6 +27,15 @@ def own_cache_folder(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = before
 
 
+@pytest.fixture(scope="module")
+def steps_cache(tmp_path_factory):
+    """One cache folder for a module's tests of compiled steps, so that each step is compiled once."""
+    folder = tmp_path_factory.mktemp("xdg_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder
+
+
 @pytest.fixture
 def two_threads():
     """torch on two threads for the test (decoding streams split them), its thread count restored after."""

@@ -2,8 +2,6 @@
 translates exactly as the eager step, is kept and loaded again, follows changed weights, and steps
 aside where it cannot work."""
 
-import shutil
-
 import pytest
 import torch
 
@@ -11,28 +9,16 @@ from attnkit import build_transformer
 from attnkit.config import DecodeConfig
 from attnkit.cpu.compiled import steps
 from attnkit.cpu.compiled.build import FIRST_STEP
-from attnkit.cpu.compiled.library import CompiledStep
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.translate import Reporting, translate
 from attnkit.models.config import TransformerConfig
+from tests.compiled_calls import NEEDS_COMPILER, CountingCalls
 
 pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("c++") is None and shutil.which("g++") is None,
-        reason="compiling the step needs a C++ compiler (apt-get install g++)",
-    ),
+    NEEDS_COMPILER,
     pytest.mark.slow,  # each compiles a step with a C++ compiler (the slow set)
 ]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One cache folder for the module's tests, so that each step is compiled once."""
-    folder = tmp_path_factory.mktemp("xdg_cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(folder))
-        yield folder
 
 
 @pytest.fixture(scope="module")
@@ -43,29 +29,17 @@ def model_and_tokenizer():
     return model.eval(), tokenizer
 
 
-class _Counting:
-    """Counts the compiled steps taken (to show the compiled path ran, not the eager one)."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        run = CompiledStep.__call__
-
-        def counted(step, *tensors):
-            self.calls += 1
-            return run(step, *tensors)
-
-        monkeypatch.setattr(CompiledStep, "__call__", counted)
-
-
 @pytest.mark.parametrize("beam", [3, 1], ids=["beam 3", "greedy"])
-def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_tokenizer, monkeypatch, beam):
+def test_the_compiled_step_translates_exactly_as_the_eager_one(
+    steps_cache, model_and_tokenizer, monkeypatch, beam
+):
     model, tokenizer = model_and_tokenizer
     texts = [*copy(40, seed=2, max_length=6).src, "", "1 2 3 4 5 6 7 8 9 1 2 3 4 5 6"]  # empty, long
     eager = DecodeConfig(
         batch_size=7, streams=1, steps="eager"
     )  # batches of different sizes; sentences leave them
     notes = []
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     for streams in (0, 2):  # a stream per thread (the default), or two: the steps of serial loops
         fast = DecodeConfig(batch_size=7, streams=streams, steps="compiled")
         expected = translate(model, tokenizer, texts, eager, beam_size=beam)
@@ -90,7 +64,7 @@ def test_the_compiled_step_translates_exactly_as_the_eager_one(cache, model_and_
 
 
 def test_a_compiled_step_is_kept_and_loaded_again_until_the_weights_change(
-    cache, model_and_tokenizer, monkeypatch
+    steps_cache, model_and_tokenizer, monkeypatch
 ):
     model, tokenizer = model_and_tokenizer
     twin = build_transformer(model.config, tokenizer.vocab_size).eval()
@@ -121,7 +95,7 @@ def test_a_compiled_step_is_kept_and_loaded_again_until_the_weights_change(
 
 
 def test_a_search_that_does_not_build_takes_the_steps_built_with_the_other_loops(
-    cache, model_and_tokenizer, monkeypatch
+    steps_cache, model_and_tokenizer, monkeypatch
 ):
     """``decode.steps=auto`` on a small input builds nothing and takes the steps that are there, whatever
     their loops: one stream (whose own steps' loops share the threads) takes those built for batches
@@ -131,7 +105,7 @@ def test_a_search_that_does_not_build_takes_the_steps_built_with_the_other_loops
     built = []
     build = steps.build
     monkeypatch.setattr(steps, "build", lambda *args: built.append(args) or build(*args))
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     side_by_side = translate(model, tokenizer, texts, DecodeConfig(steps="compiled"), beam_size=3)
     calls = counting.calls
     one_stream = translate(model, tokenizer, texts, DecodeConfig(streams=1), beam_size=3)  # (auto)
@@ -139,7 +113,9 @@ def test_a_search_that_does_not_build_takes_the_steps_built_with_the_other_loops
     assert built == []  # (an earlier test built the default's)
 
 
-def test_a_search_walks_the_weights_once_to_find_its_compiled_steps(cache, model_and_tokenizer, monkeypatch):
+def test_a_search_walks_the_weights_once_to_find_its_compiled_steps(
+    steps_cache, model_and_tokenizer, monkeypatch
+):
     """Finding a search's steps asks whether they are built and for the first step and the beam's: the
     weights' fingerprint (a walk of every module, 0.2 ms) is taken once for all of them, not once each
     (a one-sentence ``attnkit translate`` with the default ``decode.steps=auto`` took it three times)."""
@@ -152,7 +128,7 @@ def test_a_search_walks_the_weights_once_to_find_its_compiled_steps(cache, model
     monkeypatch.setattr(steps, "weights_fingerprint", counted)
     monkeypatch.setattr(compiled, "weights_fingerprint", counted)
     texts = copy(3, seed=12, max_length=6).src
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     for setting in ("compiled", "auto"):
         translate(model, tokenizer, texts[:1], DecodeConfig(steps=setting), beam_size=3)  # (built once)
         taken.clear()
@@ -168,7 +144,7 @@ def _kernels(model, beams: int, serial: bool) -> str:
     return "".join(path.read_text(encoding="utf-8") for path in unpacked.rglob("*.kernel.cpp"))
 
 
-def test_a_step_is_built_with_the_loops_its_streams_run(cache, model_and_tokenizer):
+def test_a_step_is_built_with_the_loops_its_streams_run(steps_cache, model_and_tokenizer):
     """The steps' loops follow ``decode.streams``, not the threads of the process that happens to build
     them: serial for a stream per thread (the default), OpenMP loops that take the caller's threads for
     one stream on every thread; and the two give the same translations, bit for bit."""
@@ -196,7 +172,7 @@ def test_a_step_is_built_with_the_loops_its_streams_run(cache, model_and_tokeniz
 
 
 def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
-    cache, model_and_tokenizer, monkeypatch
+    steps_cache, model_and_tokenizer, monkeypatch
 ):
     model, tokenizer = model_and_tokenizer
     texts = copy(10, seed=4, max_length=6).src
@@ -236,7 +212,7 @@ def test_where_the_step_cannot_be_compiled_translation_goes_on_and_says_so(
 
 
 def test_a_running_batch_takes_the_compiled_steps_and_gives_each_source_its_translation(
-    cache, model_and_tokenizer, monkeypatch
+    steps_cache, model_and_tokenizer, monkeypatch
 ):
     """Continuous batching (decode/continuous.py) with compiled steps: sources that join the compiled
     step's history at later steps get the eager ``translate``'s translation of them, with its scores."""
@@ -246,7 +222,7 @@ def test_a_running_batch_takes_the_compiled_steps_and_gives_each_source_its_tran
     model, tokenizer = model_and_tokenizer
     texts = copy(24, seed=8, max_length=6).src
     eager = DecodeConfig(batch_size=64, streams=1, steps="eager")
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     running = RunningTranslations(model, tokenizer, DecodeConfig(batch_size=64, steps="compiled"))
     waiting = [(n, text, BeamSettings(3, 2) if n % 2 else BeamSettings(1, 1)) for n, text in enumerate(texts)]
     done = {}
@@ -262,7 +238,7 @@ def test_a_running_batch_takes_the_compiled_steps_and_gives_each_source_its_tran
 
 
 def test_auto_takes_compiled_steps_where_built_and_builds_them_for_a_large_input(
-    cache, model_and_tokenizer, monkeypatch
+    steps_cache, model_and_tokenizer, monkeypatch
 ):
     """``decode.steps=auto`` (the default): a small input takes the model's own steps while no compiled
     ones are built, and builds none; an input of ``REPAYING_SENTENCES`` builds them, saying so in one
@@ -273,7 +249,7 @@ def test_auto_takes_compiled_steps_where_built_and_builds_them_for_a_large_input
     model, tokenizer = model_and_tokenizer
     texts = copy(12, seed=9, max_length=6).src
     expected = translate(model, tokenizer, texts, DecodeConfig(streams=1, steps="eager"), beam_size=4)
-    counting, notes, auto = _Counting(monkeypatch), [], DecodeConfig(streams=1)
+    counting, notes, auto = CountingCalls(monkeypatch), [], DecodeConfig(streams=1)
     reporting = Reporting(warn=notes.append)
     assert translate(model, tokenizer, texts, auto, beam_size=4, reporting=reporting) == expected
     assert counting.calls == 0 and notes == []  # not built for beam 4, and not worth building for 12
@@ -287,7 +263,7 @@ def test_auto_takes_compiled_steps_where_built_and_builds_them_for_a_large_input
 
 
 def test_a_running_batch_takes_compiled_steps_once_they_are_built_beside_it(
-    cache, model_and_tokenizer, monkeypatch
+    steps_cache, model_and_tokenizer, monkeypatch
 ):
     """A server's running batch with ``decode.steps=auto`` (serve/building.py builds the steps in another
     process meanwhile): the sources that join once the compiled steps are in the cache take them, in a
@@ -301,7 +277,7 @@ def test_a_running_batch_takes_compiled_steps_once_they_are_built_beside_it(
     model, tokenizer = model_and_tokenizer
     texts = copy(16, seed=10, max_length=6).src
     settings = BeamSettings(5, 1)
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     running = RunningTranslations(model, tokenizer, DecodeConfig(streams=1))
     done, batches = {}, set()
     for n, text in enumerate(texts):
@@ -325,7 +301,7 @@ def test_a_running_batch_takes_compiled_steps_once_they_are_built_beside_it(
     assert [score for _, score, _ in found] == pytest.approx([score for _, score, _ in expected], abs=1e-5)
 
 
-def test_beam_searchs_compiled_step_ranks_by_blocks_as_the_search_does(cache, monkeypatch):
+def test_beam_searchs_compiled_step_ranks_by_blocks_as_the_search_does(steps_cache, monkeypatch):
     """Beam search's compiled step ranks each source's continuations itself (trace.RankedStep: the
     log-softmax applied only to the entries the blockwise ranking reads), where the search would rank
     the step's logits: the same hypotheses as the model's own steps, a vocabulary of 1,700 tokens (26
@@ -354,7 +330,7 @@ def test_beam_searchs_compiled_step_ranks_by_blocks_as_the_search_does(cache, mo
     ranked = []
     rank = searching.rank_continuations
     monkeypatch.setattr(searching, "rank_continuations", lambda *args: ranked.append(1) or rank(*args))
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     found = beam_search(model, src, ids, search, decoding=decoding)
     assert [[h.tokens for h in hs] for hs in found] == [[h.tokens for h in hs] for hs in expected]
     for got, want in zip(found, expected, strict=True):
@@ -366,7 +342,7 @@ def test_beam_searchs_compiled_step_ranks_by_blocks_as_the_search_does(cache, mo
         assert [(h.tokens, h.score) for h in alone[0]] == [(h.tokens, h.score) for h in found[i]]
 
 
-def test_a_cached_step_of_another_layout_is_refused_with_a_line_not_called(cache, model_and_tokenizer):
+def test_a_cached_step_of_another_layout_is_refused_with_a_line_not_called(steps_cache, model_and_tokenizer):
     """A package under a step's key that takes other inputs (built by a development attnkit that kept
     the version and the layout's number) would abort the process when called: it is refused as it
     loads, with one line that says how to clear it, and the search decodes with the model's own steps."""

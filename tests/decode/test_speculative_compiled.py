@@ -2,10 +2,11 @@
 gives each of several new positions the bits the compiled step gives it a token at a time (the start
 token's are the compiled first step's), for rows at different positions; and ``translate`` with
 drafts (the source's, a compiled draft decoder's) gives plain greedy search's translations with the
-same compiled steps."""
+same compiled steps, ``decode.steps=auto`` building the check step where the others are built."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -13,22 +14,22 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.config import load_run_config
-from attnkit.cpu.compiled.library import CompiledStep
+from attnkit.cpu.compiled.build import CHECK_STEP
+from attnkit.cpu.compiled.steps import step_package
 from attnkit.data.batching import pad
-from attnkit.data.synthetic import copy
+from attnkit.data.synthetic import copy as copy_task
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.speculative import Speculation
+from attnkit.decode.streams import serial_steps
 from attnkit.decode.translate import Reporting, translate
 from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
 from attnkit.models.draft import ShallowDraft
+from tests.compiled_calls import NEEDS_COMPILER, CountingCalls
 
 pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("c++") is None and shutil.which("g++") is None,
-        reason="compiling the steps needs a C++ compiler (apt-get install g++)",
-    ),
+    NEEDS_COMPILER,
     pytest.mark.slow,  # each compiles steps with a C++ compiler (the slow set)
 ]
 
@@ -36,38 +37,20 @@ MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_lay
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One cache folder for the module's tests, so that each step is compiled once."""
-    folder = tmp_path_factory.mktemp("xdg_cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(folder))
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def ready(cache):
+def ready(steps_cache):
     """A small random Transformer in bf16 (wide enough for oneDNN's kernels and the bf16 maps' blocks)
     with a shallow draft decoder, its word tokenizer and 16 sources of 1 to 12 digits."""
-    tokenizer = Tokenizer.train("word", copy(400, seed=5, max_length=12).src)
+    tokenizer = Tokenizer.train("word", copy_task(400, seed=5, max_length=12).src)
+    config = load_run_config(None, ["decode.precision=bf16", "decode.steps=compiled", "decode.batch_size=4"])
+    return _model(tokenizer, config), tokenizer, config, copy_task(16, seed=99, max_length=12).src
+
+
+def _model(tokenizer, config):
+    """The model of :func:`ready` (drawn from the same seed: the same weights each time)."""
     torch.manual_seed(11)
     model = build_transformer(TransformerConfig.from_preset("tiny", **MODEL), tokenizer.vocab_size)
     model.draft = ShallowDraft(model)
-    config = load_run_config(None, ["decode.precision=bf16", "decode.steps=compiled", "decode.batch_size=4"])
-    return ready_for_inference(model, config), tokenizer, config, copy(16, seed=99, max_length=12).src
-
-
-class _Counting:
-    """Counts the calls of compiled steps (to show the compiled path ran, not the eager one)."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        run = CompiledStep.__call__
-
-        def counted(step, *tensors):
-            self.calls += 1
-            return run(step, *tensors)
-
-        monkeypatch.setattr(CompiledStep, "__call__", counted)
+    return ready_for_inference(model, config)
 
 
 def test_the_check_step_gives_each_position_the_compiled_steps_bits(ready, monkeypatch):
@@ -81,7 +64,7 @@ def test_the_check_step_gives_each_position_the_compiled_steps_bits(ready, monke
     sources = [[*tokenizer.encode(t), specials.eos] for t in ["1 2 3 4", "5 6 7 8 9 1 2", "3 3 4"]]
     src = pad(sources, specials.pad, 1)
     tokens = torch.tensor([[specials.bos, *s] for s in [[4, 5, 6, 7, 8], [6, 7, 8, 9, 5], [7, 7, 9, 4, 6]]])
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     with torch.no_grad():
         checked = make(src)
         logits = checked.checked_logits(tokens, 6)  # (3, 6, V): the first step's, then one check step
@@ -113,7 +96,7 @@ def test_a_row_that_keeps_its_draft_in_part_goes_on_in_the_history(ready, monkey
     make = compiled_decoding(model, 1, None, specials.bos, checks=True)
     src = torch.tensor([[*tokenizer.encode("5 6 7 8 9"), specials.eos]])
     tokens = torch.tensor([[specials.bos, 6, 7, 8, 9, 5, 6]])
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     with torch.no_grad():
         checked = make(src)
         checked.checked_logits(tokens[:, :5], 5)  # <s> and four drafted tokens
@@ -137,7 +120,7 @@ def test_translate_with_drafts_and_compiled_steps_gives_compiled_greedy_translat
     model, tokenizer, config, texts = ready
     warned: list[str] = []
     plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
-    counting = _Counting(monkeypatch)
+    counting = CountingCalls(monkeypatch)
     for speculative in ("source", "shallow"):
         config.decode.speculative = speculative
         speculation = Speculation()
@@ -147,3 +130,24 @@ def test_translate_with_drafts_and_compiled_steps_gives_compiled_greedy_translat
         assert speculation.proposed or speculative == "source"
     assert counting.calls and not [w for w in warned if "could not compile" in w], warned
     assert any("draft decoder's" in w for w in warned), warned  # its steps were built too
+
+
+def test_auto_builds_the_check_step_where_the_plain_steps_are_built(ready):
+    """``decode.steps=auto`` takes compiled steps where they are built: a greedy search with drafts
+    then builds the check step it lacks (a check with the model's own steps would not give the bits
+    of the compiled steps a search without drafts takes), and translates as plain greedy search."""
+    model, tokenizer, config, texts = ready
+    compiled = dataclasses.replace(config.decode, speculative="none")
+    plain = translate(model, tokenizer, texts, compiled, beam_size=1)
+    drafted = dataclasses.replace(compiled, speculative="source")  # every step built (by the tests above)
+    assert translate(model, tokenizer, texts, drafted, beam_size=1) == plain
+    twin = _model(tokenizer, config)  # the same weights: the same steps in the cache, none loaded yet
+    check = step_package(twin, CHECK_STEP, serial_steps(config.decode.streams))
+    assert check.is_file()
+    check.unlink()
+    shutil.rmtree(check.with_suffix(".unpacked"), ignore_errors=True)
+    auto = dataclasses.replace(compiled, steps="auto", speculative="source")
+    warned: list[str] = []
+    got = translate(twin, tokenizer, texts, auto, beam_size=1, reporting=Reporting(warn=warned.append))
+    assert got == plain
+    assert check.is_file() and any("check step of drafts" in w for w in warned), warned

@@ -4,7 +4,9 @@
 swapped: the steps after the first, one new token per row at the step's beam width, run the compiled
 step; every other step runs the model as usual. The model knows nothing of it. Beam search's compiled
 step ranks the continuations too (``ranked``, which ``decode/search.py``'s ``best_continuations``
-asks first): the search reads each source's best 2K rather than every row's logits.
+asks first): the search reads each source's best 2K rather than every row's logits. Greedy search
+that checks drafts (decode/speculative.py) takes a compiled check step too, for steps of several new
+tokens a row (``checked_logits``, ``rewind``), as does a shallow draft decoder's decoding.
 
 From the first compiled step on, the self-attention's keys and values live in a :class:`History`
 (buffers of one position per row and slots saying whose, as the compiled step reads them: see
@@ -203,8 +205,8 @@ class CompiledDecoding(Seq2SeqDecoding):
                 return logits
             self.cache = self.model.new_cache()  # not the start token after each source: decode them
         new = self._new_tokens(tokens)
-        if new > 1 and self.check is not None and self.step_beams == 1:  # several: the check step's last
-            return self.checked_logits(tokens, new)[:, -1]
+        if new > 1 and self.check is not None and self.step_beams == 1 and self.cache is not None:
+            return self.checked_logits(tokens, new)[:, -1]  # several new tokens: the check step's last
         inputs = self._step_inputs(tokens) if self.step_beams == 1 else None  # (beam search's step ranks)
         if inputs is None:
             self._leave_history()
@@ -355,7 +357,8 @@ def compiled_decoding(
     where the steps are not built yet. With ``start_token`` (``<s>``, which every search decodes
     first), the first step, and the encoder with it, is compiled too; with ``checks`` (greedy search
     that checks drafts, or a draft decoder), the check step of several tokens per row too, and without
-    it none are taken (a check in the model's own steps would not give the compiled step's bits).
+    it none are taken (a check in the model's own steps would not give the compiled step's bits):
+    without ``build`` too, where the others are built.
     Steps are built with ``serial`` loops (for searches on one thread each) or parallel ones
     (``decode.streams``: decode/streams.py's ``serial_steps``); without ``build``, steps of either
     kind are taken."""
@@ -365,7 +368,11 @@ def compiled_decoding(
     # steps cannot be compiled (they do not ask)
     fingerprint = weights_fingerprint(model) if compilable(model) else None
     if not build and not all_built(model, widths, fingerprint):
-        return None
+        if not (checks and all_built(model, widths[:-1], fingerprint)):
+            return None
+        # the plain steps are built, and a plain search would take them: the check step is built too,
+        # so that drafts are checked with the bits of the steps a search without them takes
+        build = True
     building = to_build(model, widths, serial, fingerprint) if warn is not None and build else []
     if building and missing_compiler() is None:  # (else compiled_step says why not)
         whose = "the draft decoder's" if isinstance(model, ShallowDraft) else "the"
