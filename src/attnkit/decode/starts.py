@@ -195,8 +195,8 @@ def _drafting(
 ) -> Callable[[Tensor, Tensor], Seq2SeqDecoding] | None:
     """The draft decoder's decoding of sources over the model's memory (``SourceDecoding.draft``): its
     ``compiled`` steps', or its own; None where there are no drafts of a draft decoder."""
-    draft = model.draft
-    if not drafted or draft is None:
+    draft = getattr(model, "draft", None) if drafted else None  # (the RNN models have none)
+    if draft is None:
         return None
     if compiled is not None:
         return lambda src, memory: compiled(src, True, memory)

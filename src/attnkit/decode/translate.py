@@ -142,7 +142,8 @@ def _hypotheses(
     warn = reporting.warn
     how = source_decoding(model, decode, search.beam_size, device, specials, warn, len(todo), drafted)
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
-    paying = economy(model, f"{decode.speculative}, {'compiled' if how.compiled else 'eager'} steps")
+    steps = "compiled" if how.compiled else "eager"
+    paying = economy(model, f"{decode.speculative}, {steps} steps") if drafted else None
 
     @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
     def searched(chunk: list[int]) -> list[list[Hypothesis]]:
@@ -150,7 +151,7 @@ def _hypotheses(
         ready = ready_sources(model, sources, how, specials, search, device)
         if not greedy:
             return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
-        drafting = drafted and paying.drafting()  # (either way the same outputs)
+        drafting = paying is not None and paying.drafting()  # (either way the same outputs)
         began = time.perf_counter()
         if drafting:
             drafts = _drafts(decode.speculative, how, ready.decoding, sources, specials)
@@ -160,7 +161,7 @@ def _hypotheses(
             )
         else:
             outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
-        if drafted:
+        if paying is not None:
             paying.heard(drafting, time.perf_counter() - began, sum(len(ids) + 1 for ids in outputs))
         return [[Hypothesis(ids, float("nan"))] for ids in outputs]
 

@@ -1,7 +1,7 @@
 """The decoding steps as ``torch.export`` traces them: :class:`FirstStep`, the model's own ``encode``
 and first ``decode`` (the start token after each source), and :class:`CachedStep`, its ``decode`` of
-one new token per row with its KV cache rebuilt from tensors; and example inputs whose sizes are
-symbols.
+one new token per row with its KV cache rebuilt from tensors (:class:`CheckStep`: of several, a
+draft's check); and example inputs whose sizes are symbols.
 
 The self-attention's past keys and values come in as one tensor, ``history (T, 2·layers, P, h, d_k)``
 (position t of every row at ``[t]``: layer i's keys at ``[t, i]``, its values at ``[t, layers + i]``),
@@ -136,8 +136,10 @@ class CheckStep(CachedStep):
     new positions' keys and values (2·layers, R, C, h, d_k))``, speculative decoding's check of a
     draft (decode/speculative.py), or a draft decoder's catching up on tokens it sat out. Each new
     position attends to the row's positions up to itself alone, as attention's sums
-    (``attnkit.cpu.attention.attend_as_sums``) mask the others with exact zeros, so each position's
-    logits are the bits :class:`CachedStep` gives it a token at a time (tests/cpu/test_compiled.py)."""
+    (``attnkit.cpu.attention.attend_as_sums``) mask the others with exact zeros, and reads the new
+    positions before it rounded as the history holds them (:class:`SlotHistory`), so each position's
+    logits are the bits :class:`CachedStep` gives it a token at a time
+    (tests/decode/test_speculative_compiled.py)."""
 
     def forward(  # type: ignore[override]
         self, new: Tensor, slots: Tensor, first: Tensor, src_mask: Tensor, history: Tensor, *crossed: Tensor
