@@ -223,7 +223,9 @@ class DecodeConfig:
     # greedy translation on a CPU: drafts checked several tokens a step (decode/speculative.py), the same
     # output token for token; source: the source's own tokens where the output so far matches it (for
     # tasks that copy); shallow: the guesses of the checkpoint's one-layer draft decoder (made by
-    # attnkit distill-draft); none: one token a step. With drafts the steps are the model's own (eager)
+    # attnkit distill-draft); none: one token a step. The steps are decode.steps' (compiled ones check
+    # drafts with a compiled step of their own); a batch drafts where drafted batches' tokens have cost
+    # less so far (decode/speculative.py's Economy)
     speculative: str = "none"
     # the linear maps' numbers for inference on a CPU, every command and the server: bf16 (on a CPU whose
     # bf16 products are fast: auto's choice there), int8 weights and inputs (--int8), or float32
