@@ -227,11 +227,12 @@ def test_the_translation_speed_benchmark_runs_every_engine_on_one_checkpoint(cop
 
 def test_the_speculative_benchmark_times_drafts_beside_plain_greedy_and_ctranslate2(copy_run, copy_data):
     """The copy task copies its source: drafts are taken (more than one token a step), and every output
-    is plain greedy's."""
+    is plain greedy's. Every batch drafts (``--always``): the economy's choice, by the batches' times,
+    would draft in as few as one batch of these ten, which might end both its rows at once."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is beside")
     stdout = bench_output("speculative.py", "--ckpt", str(copy_run), "--src", str(copy_data / "valid.src"),
                           "--n", "20", "--batch", "2", "--rounds", "1", "--threads", "1",
-                          "--ct2")  # fmt: skip
+                          "--ct2", "--always")  # fmt: skip
     row = r"^(greedy(?:, source drafts)?|ctranslate2-\w+) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +[\d.]+ +(\d+)$"
     rows = dict(re.findall(row, stdout, re.M))  # engine: its outputs that differ from greedy's
     assert set(rows) == {"greedy", "greedy, source drafts", "ctranslate2-float32", "ctranslate2-int8"}
