@@ -27,8 +27,15 @@ other way (``Economy``, decode/speculative.py): the rows with drafts show what a
 acceptance line counts the batches that drafted. ``--always`` drafts in every batch: what the drafts
 themselves cost and save.
 
+A decoder-only checkpoint (GPT) continues prompts instead, greedily (``decode.temperature=0``),
+``--new-tokens`` tokens each at most, with ``attnkit generate``'s plain greedy generation and with drafts
+copied from each prompt and the text so far (``decode.speculative=source``); ``--prompt-chars K`` cuts
+the file's last ``n·K`` characters into ``n`` prompts of ``K`` characters (tiny Shakespeare: the end of
+``input.txt``, the recipe's validation text), else each of its first ``n`` lines is a prompt.
+
 Run: ``python bench/speculative.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz --n 200
---batch 1 [--compiled] [--ct2] [--always]``
+--batch 1 [--compiled] [--ct2] [--always]``; a GPT: ``python bench/speculative.py --ckpt runs/shakespeare
+--src data/tinyshakespeare/input.txt --prompt-chars 64 --n 50``
 """
 
 from __future__ import annotations
@@ -49,9 +56,11 @@ from attnkit.checkpoint.draft_file import draft_about
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import with_decode_overrides
 from attnkit.data.readers import read_lines
+from attnkit.decode.generate import generate
 from attnkit.decode.speculative import Economy, Speculation
 from attnkit.decode.translate import Reporting, translate
 from attnkit.loading import load_for_inference
+from attnkit.models.decoder_only import DecoderModel
 
 
 def ct2_engines(ckpt: str, folder: Path, threads: int) -> dict[str, Callable[[list[str]], list[str]]]:
@@ -125,6 +134,8 @@ def main() -> None:
     parser.add_argument("--ct2", action="store_true", help="CTranslate2 float32 and int8 beside")
     always = "check drafts in every batch: the drafts' own cost, not the economy's choice"
     parser.add_argument("--always", action="store_true", help=always)
+    parser.add_argument("--new-tokens", type=int, default=100, help="a GPT's tokens per prompt, at most")
+    parser.add_argument("--prompt-chars", type=int, help="a GPT's prompts: pieces of the file's end")
     args = parser.parse_args()
     if args.always:  # every batch drafts (decode/speculative.py's Economy would choose by their costs)
         Economy.drafting = lambda self: True  # type: ignore[method-assign]
@@ -132,13 +143,14 @@ def main() -> None:
     about = draft_about(resolve_checkpoint(args.ckpt))  # {} where it has no draft decoder
     loading = [f"decode.precision={args.precision}"] + (["decode.speculative=shallow"] if about else [])
     model, tokenizer, config = load_for_inference(args.ckpt, overrides=loading)
-    lines = read_lines(args.src)
-    texts = [json.loads(line)[args.field] for line in lines] if args.field else lines
-    texts = [" ".join(text.split()) for text in texts[: args.n]]  # (one line each)
+    continues = isinstance(model, DecoderModel)  # a GPT continues prompts (generate)
+    texts = _prompts(args) if continues else _sources(args)
     groups = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
     common = ["decode.beam_size=1", "decode.streams=1", f"decode.batch_size={args.batch}"]
+    if continues:
+        common += ["decode.temperature=0", f"decode.max_new_tokens={args.new_tokens}"]
     settings: dict[str, list[str]] = {}
-    for steps in ["eager", "compiled"] if args.compiled else ["eager"]:
+    for steps in ["eager", "compiled"] if args.compiled and not continues else ["eager"]:
         which = "" if steps == "eager" else ", compiled steps"
         settings[f"greedy{which}"] = [f"decode.steps={steps}", "decode.speculative=none"]
         for drafts, kind in [("source drafts", "source")] + ([("shallow draft", "shallow")] if about else []):
@@ -149,12 +161,21 @@ def main() -> None:
     engines: dict[str, Callable[[list[str]], list[str]]] = {}
     for name, changes in settings.items():
         decode = with_decode_overrides(config.decode, common + changes)
+        if continues:
+            counted = counts.get(name)
+            engines[name] = lambda group, d=decode, c=counted: generate(
+                model, tokenizer, group, d, speculation=c
+            )
+            continue
         reporting = Reporting(speculation=counts.get(name))
         engines[name] = lambda group, d=decode, r=reporting: translate(
             model, tokenizer, group, d, reporting=r, source_limit=limit
         )
     times: dict[str, list[list[float]]] = {}
     outputs: dict[str, list[str]] = {}
+    if args.ct2 and continues:
+        print("the CTranslate2 rows are a translator's: skipped for a GPT")
+        args.ct2 = False
     if args.ct2 and not importlib.util.find_spec("ctranslate2"):
         print("ctranslate2 is not installed: its rows are skipped")
         args.ct2 = False
@@ -173,10 +194,12 @@ def main() -> None:
     finally:
         if peer is not None:
             peer.close()
-    tokens = {name: sum(len(tokenizer.encode(o)) + 1 for o in outs) for name, outs in outputs.items()}
+    ended = 0 if continues else 1  # (a translation's </s>; a continuation stops at its length, mostly)
+    tokens = {name: sum(len(tokenizer.encode(o)) + ended for o in outs) for name, outs in outputs.items()}
     base = sum(statistics.median(t) for t in times["greedy"])
+    what = f"prompts, up to {args.new_tokens} new tokens each" if continues else "sentences"
     print(
-        f"{args.ckpt}: {len(texts)} sentences of {args.src} in groups of {args.batch}, greedy, "
+        f"{args.ckpt}: {len(texts)} {what} of {args.src} in groups of {args.batch}, greedy, "
         f"{args.threads} threads, decode.precision={config.decode.precision}, {args.rounds} rounds"
     )
     print(f"{'engine':42} {'p50 ms':>8} {'p99 ms':>8} {'tokens/s':>9} {'x greedy':>9} {'x plain':>8} "
@@ -199,6 +222,23 @@ def main() -> None:
         )
     if about:
         print(f"the draft decoder: {about}")
+
+
+def _sources(args) -> list[str]:
+    """The first ``--n`` sources of ``--src``, one a line (its ``--field`` of JSON Lines)."""
+    lines = read_lines(args.src)
+    texts = [json.loads(line)[args.field] for line in lines] if args.field else lines
+    return [" ".join(text.split()) for text in texts[: args.n]]  # (one line each)
+
+
+def _prompts(args) -> list[str]:
+    """A GPT's ``--n`` prompts: pieces of ``--prompt-chars`` characters of the file's end, or its first
+    lines."""
+    if args.prompt_chars is None:
+        return [line for line in read_lines(args.src) if line.strip()][: args.n]
+    text = Path(args.src).read_text(encoding="utf-8")
+    end = text[len(text) - args.n * args.prompt_chars :]
+    return [end[i : i + args.prompt_chars] for i in range(0, len(end), args.prompt_chars)]
 
 
 if __name__ == "__main__":

@@ -220,12 +220,13 @@ class DecodeConfig:
     # kept in a cache), else built where the work repays it (a large input; a server, in the
     # background), else the model's own; compiled: built now if need be; eager: the model's own
     steps: str = "auto"
-    # greedy translation on a CPU: drafts checked several tokens a step (decode/speculative.py), the same
-    # output token for token; source: the source's own tokens where the output so far matches it (for
-    # tasks that copy); shallow: the guesses of the checkpoint's one-layer draft decoder (made by
-    # attnkit distill-draft); none: one token a step. The steps are decode.steps' (compiled ones check
-    # drafts with a compiled step of their own); a batch drafts where drafted batches' tokens have cost
-    # less so far (decode/speculative.py's Economy)
+    # greedy translation and greedy generation (temperature 0) on a CPU: drafts checked several tokens a
+    # step (decode/speculative.py), the same output token for token; source: the source's own tokens
+    # where the output so far matches it (for tasks that copy; a decoder's prompt and text so far);
+    # shallow: the guesses of the checkpoint's one-layer draft decoder (made by attnkit distill-draft;
+    # translation); none: one token a step. The steps are decode.steps' (compiled ones check drafts
+    # with a compiled step of their own); a batch drafts where drafted batches' tokens have cost less
+    # so far (decode/speculative.py's Economy)
     speculative: str = "none"
     # the linear maps' numbers for inference on a CPU, every command and the server: bf16 (on a CPU whose
     # bf16 products are fast: auto's choice there), int8 weights and inputs (--int8), or float32

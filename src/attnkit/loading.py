@@ -27,6 +27,7 @@ from attnkit.cpu.precision import matrix_units
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, build_model
+from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 
 
@@ -106,10 +107,10 @@ def load_for_inference(
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
     if config.decode.speculative == "shallow" and pack:  # its draft decoder, made ready with it
-        if not isinstance(model, EncoderDecoder):
+        if not isinstance(model, (EncoderDecoder, DecoderModel)):
             raise AttnkitError(
-                f"decode.speculative=shallow drafts for the encoder-decoder Transformer; {checkpoint} holds "
-                f"{a_model(config.model.arch)}"
+                "decode.speculative=shallow drafts for the encoder-decoder Transformer and GPT; "
+                f"{checkpoint} holds {a_model(config.model.arch)}"
             )
         attach_draft(model, checkpoint)
     return ready_for_inference(model, config, device, pack), tokenizer, config

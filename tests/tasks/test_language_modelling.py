@@ -162,6 +162,42 @@ def test_train_then_generate_from_the_command_line(text_dir, tmp_path):
     assert [json.loads(line) for line in result.stdout.splitlines()] == rows  # - is stdin and stdout
 
 
+def test_a_gpts_distilled_draft_and_drafts_from_its_context_give_greedy_generations_text(text_dir, tmp_path):
+    """``distill-draft`` teaches a GPT run's one-layer draft from its training text and saves it in the
+    checkpoint; greedy generation with its guesses, or with drafts copied from the prompt and the text
+    so far, writes plain greedy generation's text. Asking for the draft before it exists is a one-line
+    error naming the command that makes one."""
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
+                                 "train.max_steps=40"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    greedy = [
+        "generate",
+        "--ckpt",
+        str(run),
+        "--prompt",
+        "line 7:",
+        "--max-new-tokens",
+        "40",
+        "--temperature",
+        "0",
+    ]
+    one_line_error(runner.invoke(app, [*greedy, "decode.speculative=shallow"]),
+                   r"has no draft decoder .* attnkit distill-draft --ckpt")  # fmt: skip
+    made = runner.invoke(app, ["distill-draft", "--ckpt", str(run), "--minutes", "0.05"])
+    assert made.exit_code == 0, made.output
+    found = re.search(r"guesses ([\d.]+)% .* held-out tokens \(a copy of its first layer: ([\d.]+)%\); "
+                      r"learnt from [\d,]+ continuations", made.stdout)  # fmt: skip
+    assert found and float(found[1]) > float(found[2]), made.stdout
+    assert (resolve_checkpoint(run) / "draft.safetensors").is_file()
+    plain = runner.invoke(app, greedy)
+    assert plain.exit_code == 0 and len(plain.stdout) > len("line 7:") + 20, plain.output
+    for drafts in ("shallow", "source"):
+        drafted = runner.invoke(app, [*greedy, f"decode.speculative={drafts}"])
+        assert drafted.exit_code == 0, drafted.output
+        assert drafted.stdout == plain.stdout, drafts
+
+
 def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy_data):
     run = tmp_path / "run"
     assert runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,

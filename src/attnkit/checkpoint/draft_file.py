@@ -1,4 +1,5 @@
-"""A checkpoint's draft decoder (models/draft.py): ``draft.safetensors`` beside ``model.safetensors``.
+"""A checkpoint's draft decoder (models/draft.py: a translation model's or a GPT's):
+``draft.safetensors`` beside ``model.safetensors``.
 
 ``attnkit distill-draft`` adds it to a checkpoint folder that is already complete, so it is written
 the way every attnkit file is (atomic.py): under a hidden name, fsync'ed, then renamed into place,
@@ -17,10 +18,10 @@ from torch import nn
 from attnkit.atomic import atomic_path
 from attnkit.checkpoint.files import read_safetensors
 from attnkit.errors import AttnkitError
-from attnkit.models.draft import DRAFT_FILE, ShallowDraft
+from attnkit.models.draft import DRAFT_FILE, ShallowCausalDraft, ShallowDraft, draft_for
 
 
-def write_draft(checkpoint: Path, draft: ShallowDraft, about: dict[str, str]) -> Path:
+def write_draft(checkpoint: Path, draft: ShallowDraft | ShallowCausalDraft, about: dict[str, str]) -> Path:
     """Save ``draft``'s weights (its one layer's) into ``checkpoint``, replacing any draft there;
     ``about``: what made it, kept as the file's metadata."""
     path = checkpoint / DRAFT_FILE
@@ -39,7 +40,7 @@ def draft_about(checkpoint: Path) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
-def attach_draft(model: nn.Module, checkpoint: Path) -> ShallowDraft:
+def attach_draft(model: nn.Module, checkpoint: Path) -> ShallowDraft | ShallowCausalDraft:
     """``model.draft``: the draft decoder saved in ``checkpoint``; a one-line error where there is none
     (naming the command that makes one) or it does not fit the model."""
     path = checkpoint / DRAFT_FILE
@@ -48,7 +49,7 @@ def attach_draft(model: nn.Module, checkpoint: Path) -> ShallowDraft:
             f"{checkpoint} has no draft decoder ({DRAFT_FILE}) for decode.speculative=shallow; make one "
             f"with: attnkit distill-draft --ckpt {checkpoint}"
         )
-    draft = ShallowDraft(model)  # type: ignore[arg-type]
+    draft = draft_for(model)
     weights = read_safetensors(path)
     expected = draft.state_dict()
     if set(weights) != set(expected) or any(weights[n].shape != expected[n].shape for n in expected):

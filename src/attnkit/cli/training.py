@@ -212,46 +212,39 @@ def distill_draft(
         Path | None,
         typer.Option(
             help="Sources to learn from, one per line (default: the run's training sources, "
-            "data.train's first file, or a summariser's JSON Lines)."
+            "data.train's first file, or a summariser's JSON Lines); a GPT's: a text to cut prompts from "
+            "(default: its training text)."
         ),
     ] = None,
     minutes: Annotated[float, typer.Option(help="How long to train the draft for.")] = 5.0,
-    batch_size: Annotated[int, typer.Option(help="Sources a step.")] = 64,
+    batch_size: Annotated[int, typer.Option(help="Sources (a GPT's prompts) a step.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of the draft's order of sources and dropout.")] = 1,
 ) -> None:
-    """Teach a translation model's one-layer draft decoder to guess its greedy translations, and save it
-    in the checkpoint (draft.safetensors) for decode.speculative=shallow.
+    """Teach a translation model's (or a GPT's) one-layer draft decoder to guess its greedy outputs, and
+    save it in the checkpoint (draft.safetensors) for decode.speculative=shallow.
 
     The draft shares the model's encoder, embeddings and output layer and learns its one layer from
-    the model's own greedy translations of the sources (sequence-level distillation), for --minutes.
-    It says how often the draft guesses the model's next token on 200 held-out sources, before and
+    the model's own greedy translations of the sources (sequence-level distillation), for --minutes;
+    a GPT's, from prompts cut from a text and the model's greedy continuations of them. It says how
+    often the draft guesses the model's next token on 200 held-out sources (prompts), before and
     after: the higher, the more tokens a speculative step takes. A draft changes no output, only the
-    time it takes (translate, evaluate with decode.speculative=shallow)."""
+    time it takes (translate, evaluate, generate --temperature 0 with decode.speculative=shallow)."""
     from attnkit.checkpoint.draft_file import write_draft
     from attnkit.checkpoint.folder import resolve_checkpoint
     from attnkit.cli.shared import progress_bar
-    from attnkit.decode.search import Search
-    from attnkit.decode.starts import encode_sources
     from attnkit.loading import load_for_inference
-    from attnkit.models.config import TransformerConfig
-    from attnkit.tasks import task_of
-    from attnkit.train.distill_draft import distill_draft as distilled
+    from attnkit.models.config import DecoderModelConfig, TransformerConfig
 
     at_least("--minutes", minutes, 0.01)
     at_least("--batch-size", batch_size, 1)
     checkpoint = resolve_checkpoint(ckpt)
-    model, tokenizer, config = load_for_inference(checkpoint, "cpu", arch=TransformerConfig.ARCH, pack=False)
-    texts = [text for text in _draft_sources(config, src) if text.strip()]
-    if len(texts) < 2:
-        raise AttnkitError(f"{src or 'the run’s training sources'}: too few sentences to learn a draft from")
-    limit = config.data.source_limit if task_of(config).cuts_sources else None  # as in training
-    sources = encode_sources(tokenizer, texts, model.config.max_len, limit)
-    search = Search.of(config.decode, beam_size=1, max_output_len=model.config.max_len)
+    arch = (TransformerConfig.ARCH, DecoderModelConfig.ARCH)
+    model, tokenizer, config = load_for_inference(checkpoint, "cpu", arch=arch, pack=False)
     with progress_bar() as bar:
-        made = distilled(
-            model, sources, tokenizer.specials, search, minutes=minutes, batch_size=batch_size, seed=seed,
-            progress=bar.update,
-        )  # fmt: skip
+        if config.model.arch == DecoderModelConfig.ARCH:
+            made = _distilled_for_gpt(model, tokenizer, config, src, minutes, batch_size, seed, bar.update)
+        else:
+            made = _distilled(model, tokenizer, config, src, minutes, batch_size, seed, bar.update)
     about = {
         "made_by": "attnkit distill-draft",
         "sentences": str(made.sentences),
@@ -265,9 +258,50 @@ def distill_draft(
         if made.held_out_tokens
         else ""
     )
+    learnt = "continuations" if config.model.arch == DecoderModelConfig.ARCH else "translations"
     typer.echo(
-        f"draft decoder saved to {path}: {agreed}learnt from {made.sentences:,} translations in "
+        f"draft decoder saved to {path}: {agreed}learnt from {made.sentences:,} {learnt} in "
         f"{made.steps:,} steps, {made.seconds / 60:.1f} min"
+    )
+
+
+def _distilled(
+    model, tokenizer, config, src: Path | None, minutes: float, batch_size: int, seed: int, progress
+):
+    """A translation model's draft, taught on the greedy translations of ``src``'s lines or the run's
+    training sources."""
+    from attnkit.decode.search import Search
+    from attnkit.decode.starts import encode_sources
+    from attnkit.tasks import task_of
+    from attnkit.train.distill_draft import distill_draft
+
+    texts = [text for text in _draft_sources(config, src) if text.strip()]
+    if len(texts) < 2:
+        raise AttnkitError(f"{src or 'the run’s training sources'}: too few sentences to learn a draft from")
+    limit = config.data.source_limit if task_of(config).cuts_sources else None  # as in training
+    sources = encode_sources(tokenizer, texts, model.config.max_len, limit)
+    search = Search.of(config.decode, beam_size=1, max_output_len=model.config.max_len)
+    return distill_draft(
+        model, sources, tokenizer.specials, search, minutes=minutes, batch_size=batch_size, seed=seed,
+        progress=progress,
+    )  # fmt: skip
+
+
+def _distilled_for_gpt(model, tokenizer, config, src: Path | None, minutes, batch_size, seed, progress):
+    """A GPT's draft, taught on prompts cut from ``src``'s text or the run's training text."""
+    from attnkit.data.readers import read_text
+    from attnkit.train.distill_draft import distill_causal_draft
+
+    if src is None and not config.data.train:
+        raise AttnkitError("the run names no training text (data.train): give --src FILE, a text")
+    text = read_text(src if src is not None else Path(config.data.dir) / config.data.train[0])
+    ids = tokenizer.encode(text)
+    needed = 2 * model.config.max_len
+    if len(ids) < needed:
+        what = src or "the run’s training text"
+        raise AttnkitError(f"{what}: {len(ids)} tokens, too few to learn a draft from (at least {needed})")
+    return distill_causal_draft(
+        model, ids, tokenizer.specials, minutes=minutes, batch_size=batch_size, seed=seed, progress=progress
     )
 
 

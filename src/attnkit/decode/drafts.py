@@ -3,10 +3,12 @@
 - :class:`SourceDrafts` (``decode.speculative=source``): each row's source, copied where the last
   tokens written occur in it (prompt lookup decoding, Saxena, 2023). Free to make; right where the
   output copies the input (dates, names and numbers, summaries with the copy mechanism).
-- :class:`ShallowDrafts` (``decode.speculative=shallow``): a one-layer draft decoder
-  (models/draft.py) that guesses the model's next tokens a step at a time, with a KV cache of its
-  own kept in step with the model's: it drafts from the model's tokens, and after each check forgets
-  the positions of the tokens the model did not take, as the model's cache does.
+- :class:`ContextDrafts` (``decode.speculative=source`` for a decoder-only model): the prompt and the
+  text written so far, looked up alike.
+- :class:`ShallowDrafts` (``decode.speculative=shallow``): a one-layer draft decoder (models/draft.py,
+  a translation model's or a GPT's) that guesses the model's next tokens a step at a time, with a KV
+  cache of its own kept in step with the model's: it drafts from the model's tokens, and after each
+  check forgets the positions of the tokens the model did not take, as the model's cache does.
 
 A draft is a guess: it never changes the output, only how many steps the search takes.
 """
@@ -29,6 +31,11 @@ CONFIDENT = 0.4
 # the longest run of last tokens looked up in the source, then shorter runs down to the shortest (one
 # token matched too often by chance: a translation's "a" or "." drafted what followed them in the source)
 LONGEST_MATCH, SHORTEST_MATCH = 3, 2
+# a vocabulary of at most this many entries holds characters (or bytes): a run of two or three of them
+# matches by chance, so a decoder's context drafts look up runs of 6 down to 3 of them (a character-level
+# tiny Shakespeare GPT, greedy, 30 prompts: 1.28x plain greedy's tokens/s, where runs of 3 down to 2 gave
+# 1.11x; bench/speculative.py)
+CHARACTERS, CHARACTER_MATCH = 256, (6, 3)
 
 
 class Drafts(Protocol):
@@ -86,9 +93,41 @@ class SourceDrafts:
         pass  # rows are looked up by their numbers
 
 
+class ContextDrafts(SourceDrafts):
+    """A decoder's drafts copied from each row's context, its prompt and what it has written so far
+    (prompt lookup as HF's ``generate`` does it, over the whole input): the tokens that follow the
+    latest earlier occurrence of the longest run (up to ``longest`` tokens, down to ``shortest``) of
+    the context's last tokens. A continuation repeats its prompt's names and phrases, and a greedy one
+    its own lines. ``sources``: each row's prompt ids, by the row's number."""
+
+    def __init__(
+        self, sources: list[list[int]], longest: int = LONGEST_MATCH, shortest: int = SHORTEST_MATCH
+    ) -> None:
+        super().__init__(sources)
+        self.longest, self.shortest = longest, shortest
+
+    @classmethod
+    def for_vocabulary(cls, sources: list[list[int]], vocab_size: int) -> ContextDrafts:
+        """Drafts from ``sources`` matching runs as long as a vocabulary of ``vocab_size`` needs (see
+        :data:`CHARACTERS`)."""
+        return cls(sources, *CHARACTER_MATCH) if vocab_size <= CHARACTERS else cls(sources)
+
+    def follow(self, row: int, written: list[int], length: int) -> list[int]:
+        if length <= 0:
+            return []
+        context = self.sources[row] + written
+        for n in range(min(self.longest, len(context) - 1), self.shortest - 1, -1):
+            tail = context[-n:]
+            for i in range(len(context) - n - 1, -1, -1):  # the latest, with a token after it
+                if context[i : i + n] == tail:
+                    return context[i + n : i + n + length]
+        return []
+
+
 class ShallowDrafts:
     """Drafts of a shallow draft decoder (models/draft.py) stepped by ``draft`` (a ``Seq2SeqDecoding``
-    of it over the model's memory): its greedy choices, a step at a time.
+    of it over the model's memory, or a GPT draft's ``CausalDecoding`` over the same left-padded
+    prompts): its greedy choices, a step at a time.
 
     A row drafts up to its length, and stops at ``</s>`` or after a guess the draft gives less than
     :data:`CONFIDENT` probability; the draft stops stepping when every row has stopped.

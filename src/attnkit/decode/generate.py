@@ -15,8 +15,10 @@ costs time linear in their length at each step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -24,11 +26,16 @@ from torch import Tensor
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.drafts import ContextDrafts, Drafts, ShallowDrafts
 from attnkit.decode.search import extend
+from attnkit.decode.speculative import Economy, Speculation, economy, speculative_greedy
 from attnkit.decode.starts import encode_prompts, prompt_sampler, ready_prompts, searching
 from attnkit.decode.streams import fill_by_batch, stream_count
+from attnkit.errors import AttnkitError
 from attnkit.models import device_of
 from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.decoding import CausalDecoding
+from attnkit.models.draft import ShallowCausalDraft
 
 OnText = Callable[[int, str], None]
 
@@ -55,13 +62,20 @@ def generate(
     progress: Callable[[int], None] | None = None,
     first: int = 0,
     seeds: list[int] | None = None,
+    speculation: Speculation | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> list[str]:
     """The continuation of each prompt (without the prompt itself). ``progress`` hears how many more
     prompts are done, batch by batch; ``first`` is the number of ``prompts[0]`` among all the prompts
     (from 0), for its seed (``decode.seed + first``, and so on) and the errors' prompt numbers, when a
     long list is continued a part at a time. ``seeds``: each prompt's own seed instead (a server's
     requests, each with the seed its client chose, whatever the batch). ``listening``: see the module
-    docstring."""
+    docstring. Greedy generation (``decode.temperature=0``) with ``decode.speculative=source``
+    checks drafts copied from each prompt and its text so far, with ``shallow`` the guesses of the
+    model's draft decoder (decode/speculative.py: the same texts, in fewer steps where the drafts are
+    right; ``speculation`` counts what they did), where they have paid so far (``Economy``); ``warn``
+    hears why a setting takes none."""
+    paying = _economy(model, decode, warn)
     encoded = encode_prompts(tokenizer, prompts, model.config.max_len, first)
     device = device_of(model)  # the prompts go where the model is
     seeds = seeds or [decode.seed + first + i for i in range(len(prompts))]
@@ -73,7 +87,9 @@ def generate(
     def continue_batch(rows: list[int]) -> list[str]:
         prompts = [encoded[i] for i in rows]
         stream = TextStream(tokenizer, decode.stop, rows, listening.on_text, listening.wanted)
-        return _generate_batch(model, tokenizer, prompts, [seeds[i] for i in rows], decode, device, stream)
+        drafts = _Drafting(paying, speculation) if paying is not None else None
+        own_seeds = [seeds[i] for i in rows]
+        return _generate_batch(model, tokenizer, prompts, own_seeds, decode, device, stream, drafts)
 
     with searching(model):
         return fill_by_batch(continue_batch, batches, streams, outputs, progress)
@@ -88,13 +104,74 @@ def _generate_batch(
     decode: DecodeConfig,
     device: torch.device | str,
     stream: TextStream,
+    drafting: _Drafting | None = None,
 ) -> list[str]:
     """Continue one batch of encoded prompts; ``seeds`` are their generators' seeds, ``stream`` decodes
-    the rows as they grow."""
+    the rows as they grow; with ``drafting``, greedy generation checks drafts where they pay."""
     ready = ready_prompts(model, prompts, tokenizer.specials.pad, decode, device)
-    choose = prompt_sampler([torch.Generator(device).manual_seed(seed) for seed in seeds], decode)
-    generated = extend(ready.decoding, ready.tokens, ready.limits, tokenizer.specials, choose, stream.observe)
+    specials = tokenizer.specials
+    drafted = drafting is not None and drafting.paying.drafting()  # (either way the same texts)
+    began = time.perf_counter()
+    if drafted:
+        assert drafting is not None
+        checking = cast(CausalDecoding, ready.decoding)
+        drafts = _drafts(model, decode, prompts, checking.prompt_valid, tokenizer)
+        observe = stream.observe if stream.watching else None
+        generated = speculative_greedy(
+            checking, ready.tokens, ready.limits, specials, drafts, drafting.speculation,
+            normalised=True, observe=observe,
+        )  # fmt: skip
+    else:
+        choose = prompt_sampler([torch.Generator(device).manual_seed(seed) for seed in seeds], decode)
+        generated = extend(ready.decoding, ready.tokens, ready.limits, specials, choose, stream.observe)
+    if drafting is not None:
+        drafting.paying.heard(drafted, time.perf_counter() - began, sum(len(ids) + 1 for ids in generated))
     return [stream.finish(row, ids) for row, ids in enumerate(generated)]
+
+
+def _drafts(
+    model: DecoderModel,
+    decode: DecodeConfig,
+    prompts: list[list[int]],
+    valid: Tensor,
+    tokenizer: Tokenizer,
+) -> Drafts:
+    """What greedy generation of ``prompts`` checks: drafts copied from each prompt and its text so far,
+    or the guesses of the model's draft decoder, stepped over the same left-padded prompts (``valid (N,
+    P)``: their real tokens)."""
+    if decode.speculative == "source":
+        return ContextDrafts.for_vocabulary(prompts, tokenizer.vocab_size)
+    draft = cast(ShallowCausalDraft, model.draft)
+    return ShallowDrafts(draft.decoding(valid), tokenizer.specials)
+
+
+@dataclass(frozen=True)
+class _Drafting:
+    """Greedy generation's drafts: where they pay (``paying``), and the count of what they did."""
+
+    paying: Economy
+    speculation: Speculation | None
+
+
+def _economy(model: DecoderModel, decode: DecodeConfig, warn: Callable[[str], None] | None) -> Economy | None:
+    """Whether generation with ``decode`` checks drafts: the :class:`Economy` that chooses batch by batch
+    where it may, else None (no drafts asked for, or a setting that takes none: said to ``warn``)."""
+    if decode.speculative == "none":
+        return None
+    if decode.speculative == "shallow" and getattr(model, "draft", None) is None:
+        raise AttnkitError(
+            "decode.speculative=shallow needs the model's draft decoder, and this model has none (make one "
+            "with: attnkit distill-draft --ckpt RUN; or decode.speculative=source drafts from each prompt "
+            "and its text so far)"
+        )
+    if decode.temperature != 0:
+        if warn is not None:
+            warn(
+                f"decode.speculative={decode.speculative} checks drafts in greedy generation alone "
+                f"(decode.temperature=0); this one samples at {decode.temperature:g} and takes none"
+            )
+        return None
+    return economy(model, f"{decode.speculative}, eager steps")
 
 
 class TextStream:

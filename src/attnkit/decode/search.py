@@ -172,12 +172,15 @@ def next_log_probs(
     compares a row's entries (greedy search's argmax) needs, one pass over ``(N, V)`` cheaper.
     """
     logits = decoding.next_logits(tokens)
-    if not normalised:
-        return only_allowed(logits, at_limit, specials)
+    return only_allowed(log_probs_of(logits) if normalised else logits, at_limit, specials)
+
+
+def log_probs_of(logits: Tensor) -> Tensor:
+    """``logits (N, V)``' log-softmax over each row, in float32 at least (in place where it can be)."""
     log_probs = log_softmax_in_place(logits)  # on a CPU: see attnkit.cpu.search
     if log_probs is None:
         log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    return only_allowed(log_probs, at_limit, specials)
+    return log_probs
 
 
 def never_generated(specials: SpecialIds) -> list[int]:

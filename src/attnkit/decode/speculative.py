@@ -13,7 +13,10 @@ choice at each position is the same ``argmax`` under the same rules (the length 
 never generated). The tests compare both searches token for token.
 
 The drafts come from decode/drafts.py: the source's own tokens (``decode.speculative=source``,
-prompt lookup) or a one-layer draft decoder's guesses (``shallow``). Each row's draft grows by two
+prompt lookup; a decoder's prompt and text so far) or a one-layer draft decoder's guesses (``shallow``).
+A decoder-only model's greedy generation (decode/generate.py) checks them alike, through
+``CausalDecoding``'s ``checked_logits`` and ``rewind``, its stop strings and streaming observed after
+each step as ``extend`` observes them. Each row's draft grows by two
 tokens while the model takes all of it and shrinks by one when it does not (as HF's assisted
 generation adapts its draft); a row whose draft the model refuses outright drafts nothing for its
 next step, then for two, four, ... up to :data:`LONGEST_PAUSE` steps while refusals go on
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,7 +48,7 @@ from torch import Tensor
 
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.drafts import Drafts
-from attnkit.decode.search import Decoding, argmax, only_allowed, staying
+from attnkit.decode.search import Decoding, argmax, log_probs_of, only_allowed, staying
 from attnkit.models.decoding import realigned
 
 # a row's draft length: at first, and at most (it grows by 2 while taken whole, shrinks by 1 otherwise)
@@ -180,11 +184,21 @@ def speculative_greedy(
     drafts: Drafts,
     speculation: Speculation | None = None,
     most_rows: int = ROWS_DRAFTED,
+    *,
+    normalised: bool = False,
+    observe: Callable[[Tensor], Tensor | None] | None = None,
 ) -> list[list[int]]:
-    """Greedy search after ``tokens (N, 1)`` (``<s>``), each row within its bound ``limits (N,)``, with
-    ``drafts`` checked at every step where at most ``most_rows`` rows are left (see the module
-    docstring): each row's generated ids without ``</s>``, exactly as ``extend(decoding, tokens,
-    limits, specials, argmax)`` gives them. ``speculation`` counts what the drafts did."""
+    """Greedy search after ``tokens (N, t)`` (``<s>``, or left-padded prompts), each row within its bound
+    ``limits (N,)``, with ``drafts`` checked at every step where at most ``most_rows`` rows are left
+    (see the module docstring): each row's generated ids without ``</s>``, exactly as ``extend(decoding,
+    tokens, limits, specials, choose, observe)`` gives them, ``choose`` taking each row's most probable
+    token: by its logits (translate's :func:`~attnkit.decode.search.argmax`), or with ``normalised`` by
+    its log-probabilities (generate's greedy sampler, which ranks them: rounded, two logits may tie).
+    ``observe`` (generate's stop strings and streaming, as ``extend`` calls it) sees every row's tokens
+    after each step; a row it ends may have taken tokens past its stop string in that step, which the
+    text cut at the stop string drops. A prompt's first step reads the whole prompt, and checks no
+    draft (its positions would not be the bits of the prompt's own step). ``speculation`` counts what
+    the drafts did."""
     counts = Speculation()  # this search's (added to ``speculation`` at its end)
     N, device = tokens.size(0), tokens.device
     found: list[list[int]] = [[] for _ in range(N)]
@@ -192,11 +206,12 @@ def speculative_greedy(
     written: list[list[int]] = [[] for _ in range(N)]  # each row's tokens so far
     paces = [Pace() for _ in range(N)]  # each row's draft lengths
     bounds = limits.tolist()
+    prompted = tokens.size(1) > 1  # the first step reads a prompt: a plain step
     while rows:
         # a draft may fill a row's room but for the model's own token after it
-        lengths = [
-            paces[r].next(bounds[r] - len(written[r]) - 1) if len(rows) <= most_rows else 0 for r in rows
-        ]
+        drafting = len(rows) <= most_rows and not prompted
+        lengths = [paces[r].next(bounds[r] - len(written[r]) - 1) if drafting else 0 for r in rows]
+        prompted = False
         proposals = drafts.propose(rows, written, lengths, tokens)
         d = max(map(len, proposals))
         if d:
@@ -209,7 +224,8 @@ def speculative_greedy(
         steps = torch.tensor([len(written[r]) for r in rows], device=device)[:, None] + torch.arange(d + 1)
         at_limit = steps + 1 >= limits.new_tensor([bounds[r] for r in rows])[:, None]  # (n, d + 1)
         V = logits.size(-1)
-        flat = only_allowed(logits.view(-1, V), at_limit.view(-1), specials)
+        flat = logits.view(-1, V)
+        flat = only_allowed(log_probs_of(flat) if normalised else flat, at_limit.view(-1), specials)
         choices = argmax(flat).view(-1, d + 1).tolist()  # (n, d + 1): the model's own choice at each
         kept, ended = [], []
         for i, (r, proposal) in enumerate(zip(rows, proposals, strict=True)):
@@ -228,6 +244,8 @@ def speculative_greedy(
             kept.append(len(new))
             if done:
                 found[r] = [t for t in written[r] if t != specials.eos]
+        if observe is not None:
+            _stopped(observe, written, rows, ended, found, specials)
         counts.steps += len(rows)
         # each row's cache keeps the token it was given and the drafted ones it took; its tokens,
         # those and its own choice after them
@@ -248,3 +266,25 @@ def speculative_greedy(
     if speculation is not None:
         speculation.add(counts)
     return found
+
+
+def _stopped(
+    observe: Callable[[Tensor], Tensor | None],
+    written: list[list[int]],
+    rows: list[int],
+    ended: list[bool],
+    found: list[list[int]],
+    specials: SpecialIds,
+) -> None:
+    """Tell ``observe`` every row's tokens so far, ``(N, steps)`` padded after each row's (as ``extend``
+    tells it), and end the rows still searched that it ends: ``ended[i]`` of row ``rows[i]``, and its
+    tokens found."""
+    width = max(map(len, written))
+    generated = torch.tensor([ids + [specials.pad] * (width - len(ids)) for ids in written])
+    stops = observe(generated)
+    if stops is None:
+        return
+    for i, r in enumerate(rows):
+        if not ended[i] and bool(stops[r]):
+            ended[i] = True
+            found[r] = [t for t in written[r] if t != specials.eos]

@@ -42,6 +42,8 @@ class DecoderModel(nn.Module):
         )
         self.generator = Generator(c.d_model, vocab_size, bias=c.output_bias)
         self._init_weights()
+        # a shallow draft decoder for speculative decoding (models/draft.py), set where one is loaded
+        self.draft: nn.Module | None = None
 
     def _init_weights(self) -> None:
         """GPT-2's initialisation: N(0, 0.02) weights, zero biases, and the projections that write into
@@ -66,6 +68,7 @@ class DecoderModel(nn.Module):
         positions: Tensor | None = None,
         caches: list[KVCache] | None = None,
         project: bool = True,
+        decoder: Encoder | None = None,
     ) -> Tensor:
         """Next-token logits ``(B, T, V)`` for ``ids (B, T)``.
 
@@ -73,15 +76,17 @@ class DecoderModel(nn.Module):
         ``positions (B, T)`` gives each token's position (default ``start .. start+T-1``); with
         ``caches`` (from :meth:`new_caches`) pass only the new tokens, after those already cached.
         ``project=False`` returns the final states ``(B, T, d_model)`` instead, for a loss that applies
-        :attr:`output_layer` itself (``attnkit.tasks.losses.projected_loss``).
+        :attr:`output_layer` itself (``attnkit.tasks.losses.projected_loss``). ``decoder``: another stack
+        than the model's own (a shallow draft's, models/draft.py).
         """
+        decoder = decoder or self.decoder
         start = len(caches[0]) if caches else 0
         x = self.positions(self.embed(ids), start, positions)
         if key_valid is None:  # no padding: the fused kernels' own causal masking, no mask tensor
-            hidden = self.decoder(x, None, caches, causal=True)
+            hidden = decoder(x, None, caches, causal=True)
         else:
             mask = causal_mask(ids.size(1), start + ids.size(1), device=ids.device) & key_valid.unsqueeze(-2)
-            hidden = self.decoder(x, mask, caches)  # mask: (B, T, T_all)
+            hidden = decoder(x, mask, caches)  # mask: (B, T, T_all)
         return self.generator(hidden) if project else hidden
 
     @property

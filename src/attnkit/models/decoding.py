@@ -358,6 +358,32 @@ class CausalDecoding:
         logits = self.model(tokens[:, seen:], valid, positions[:, seen:], self.caches)
         return logits[:, -1]
 
+    def checked_logits(self, tokens: Tensor, count: int) -> Tensor:
+        """The logits after each of the last ``count`` tokens of ``tokens (N, t)``, ``(N, count, V)``, the
+        cache holding all the others (a draft's check: decode/speculative.py), each position's the bits
+        :meth:`next_logits` gives it a step at a time (attention takes each query as that step would:
+        ``Seq2SeqDecoding.checked_logits``). Every position stays in the cache (:meth:`rewind`)."""
+        seen = len(self.caches[0]) if self.caches else 0
+        # (an empty cache: a prompt of one token, checked with its drafts: it is stepped as one query)
+        if not self.caches or tokens.size(1) - seen != count:
+            raise ValueError(f"checking {count} positions needs a cache of all the tokens but those")
+        valid = self._valid(tokens.size(1))  # (N, t)
+        positions = (valid.cumsum(-1) - 1).clamp(min=0)
+        with each_query_alone():
+            return self.model(tokens[:, seen:], valid, positions[:, seen:], self.caches)  # (N, count, V)
+
+    def rewind(self, kept: Tensor, checked: int) -> None:
+        """Of the last ``checked`` cached positions, keep the first ``kept[r]`` of row r ``(R,)`` (as
+        ``Seq2SeqDecoding.rewind``): rows that keep fewer are padded on the left, padding that takes
+        no position and is masked, as a shorter prompt's is."""
+        assert self.caches
+        cached = len(self.caches[0])
+        realign = Realignment(cached - checked + kept)  # where each row's positions end
+        self.prompt_valid = realign(self._valid(cached), 1, False)  # (N, cached'): its real tokens
+        for i, cache in enumerate(self.caches):
+            self.caches[i] = KVCache(realign(cache.key, 2, 0.0), realign(cache.value, 2, 0.0))
+        self.merged = self.merged or realign.moves  # (keep then drops the padding no row needs)
+
     def reorder(self, index: Tensor) -> None:
         self.prompt_valid = self.prompt_valid.index_select(0, index)
         for cache in self.caches or []:

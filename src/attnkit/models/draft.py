@@ -16,6 +16,10 @@ It starts as a copy of the model's first decoder layer (which reads the embeddin
 does) and learns to predict the model's own greedy outputs (sequence-level distillation, Kim & Rush,
 2016: ``attnkit distill-draft``, train/distill_draft.py). A draft never changes the output, only how
 many steps it takes (decode/speculative.py).
+
+A GPT's draft (:class:`ShallowCausalDraft`) is alike: one layer of the model's own shape between its
+embeddings and positions and its output layer (and final LayerNorm), starting as a copy of its first
+layer.
 """
 
 from __future__ import annotations
@@ -24,9 +28,13 @@ import dataclasses
 
 from torch import Tensor, nn
 
+from attnkit.attention.multihead import KVCache
+from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.decoding import CausalDecoding
+from attnkit.models.layers import encoder_layer
 from attnkit.models.seq2seq import EncoderDecoder, decoder_stack
 from attnkit.nn.pointer import PointerGenerator
-from attnkit.nn.transformer import Decoder, DecoderCache
+from attnkit.nn.transformer import Decoder, DecoderCache, Encoder
 
 DRAFT_FILE = "draft.safetensors"  # beside model.safetensors in a checkpoint folder
 
@@ -88,6 +96,54 @@ class ShallowDraft(nn.Module):
         log-probabilities): ``EncoderDecoder.forward`` through its one layer, what distillation trains
         (with the model's weights frozen: the draft learns its layer alone)."""
         return self.model(src, tgt, decoder=self.decoder)
+
+
+class ShallowCausalDraft(nn.Module):
+    """A GPT's draft (``CausalModel``, so that ``CausalDecoding`` steps it like the model): the model's
+    embeddings, positions and output layer, one layer of its own (its only parameters: the model is
+    held, not owned)."""
+
+    def __init__(self, model: DecoderModel) -> None:
+        super().__init__()
+        config = dataclasses.replace(model.config, layers=1)
+        self.decoder = Encoder(
+            [encoder_layer(config)], config.d_model, config.norm_first, config.layer_norm_eps
+        )
+        self.decoder.load_state_dict(_first_layer(model.decoder.state_dict()))
+        self._model = (model,)  # a tuple: not a submodule, so neither its weights nor its modes
+        self.config = model.config
+
+    @property
+    def model(self) -> DecoderModel:
+        return self._model[0]
+
+    def forward(
+        self,
+        ids: Tensor,
+        key_valid: Tensor | None = None,
+        positions: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        project: bool = True,
+    ) -> Tensor:
+        """The draft's logits ``(B, T, V)``: ``DecoderModel.forward`` through its one layer (what
+        distillation trains, the model's weights frozen, and what its decoding steps)."""
+        return self.model(ids, key_valid, positions, caches, project, decoder=self.decoder)
+
+    def new_caches(self) -> list[KVCache]:
+        return [KVCache()]
+
+    def decoding(self, prompt_valid: Tensor, use_cache: bool = True) -> CausalDecoding:
+        """Step-by-step decoding after left-padded prompts, as ``DecoderModel.decoding``."""
+        return CausalDecoding(self, prompt_valid, use_cache)
+
+
+def draft_for(model: nn.Module) -> ShallowDraft | ShallowCausalDraft:
+    """A new draft for ``model`` (a copy of its first layer): an encoder-decoder's or a GPT's."""
+    if isinstance(model, DecoderModel):
+        return ShallowCausalDraft(model)
+    if isinstance(model, EncoderDecoder):
+        return ShallowDraft(model)
+    raise TypeError(f"no draft decoder for a {type(model).__name__}")
 
 
 def _first_layer(weights: dict[str, Tensor]) -> dict[str, Tensor]:

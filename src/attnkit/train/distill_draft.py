@@ -10,6 +10,10 @@ It runs against a clock (``minutes``) rather than for a number of epochs: on a C
 translations cost as much as the training steps, and a few minutes take a draft most of the way.
 Some sources are held out, and the share of their tokens the draft guesses right (its *agreement*
 with the model, what a check would take of a one-token draft) is measured before and after.
+
+A GPT's draft (:func:`distill_causal_draft`) learns alike from prompts cut from a text, each followed
+by the model's greedy continuation of it: at every position of prompt and continuation, the model's
+own most probable next token is the draft's target.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from torch import Tensor
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.search import Search, argmax, extend, starts_of
-from attnkit.models.draft import ShallowDraft
+from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.draft import ShallowCausalDraft, ShallowDraft
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.train.schedules import constant, make_scheduler
 
@@ -38,9 +43,10 @@ WARMUP = 100  # steps of the learning rate's linear warm-up
 @dataclass
 class Distilled:
     """What distillation made: the draft, how often it agreed with the model on the held-out sources'
-    greedy translations before and after, over how many tokens, and what it learnt from."""
+    greedy translations (a GPT's: held-out prompts' continuations) before and after, over how many
+    tokens, and what it learnt from."""
 
-    draft: ShallowDraft
+    draft: ShallowDraft | ShallowCausalDraft
     agreement_before: float
     agreement_after: float
     held_out_tokens: int
@@ -148,3 +154,87 @@ def agreement(
     real = tgt_out != pad_id
     count = int(real.sum())
     return float((guesses.eq(tgt_out) & real).sum()) / max(count, 1), count
+
+
+def distill_causal_draft(
+    model: DecoderModel,
+    text: list[int],
+    specials: SpecialIds,
+    *,
+    minutes: float,
+    batch_size: int = 64,
+    lr: float = 5e-4,
+    seed: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> Distilled:
+    """A draft for the GPT ``model`` (float32, as trained), taught for ``minutes`` on prompts cut at random
+    from the tokens ``text`` (the first nine tenths; :data:`HELD_OUT` prompts of the last tenth, or fewer,
+    measure its agreement), each of half the model's context, continued greedily by the model for the
+    other half. ``progress`` hears how many prompts each step learnt from."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    context = model.config.max_len
+    length = max(1, context // 2)  # a prompt's tokens; the continuation fills the rest of the context
+    split = len(text) * 9 // 10
+    if split < length + 1:
+        raise ValueError(f"a text of {len(text)} tokens is too short for prompts of {length}")
+    held_starts = [rng.randrange(split, max(split + 1, len(text) - length)) for _ in range(HELD_OUT)]
+    held = [text[i : i + length] for i in held_starts if len(text[i : i + length]) == length]
+    model.eval().requires_grad_(False)
+    draft = ShallowCausalDraft(model)
+    held_out = _continued(model, held, specials, context) if held else None
+    before = causal_agreement(draft, held_out) if held_out else (0.0, 0)
+    optimizer = torch.optim.Adam(draft.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = make_scheduler(optimizer, lambda step: constant(step, lr, WARMUP))
+    began, steps, prompts = time.perf_counter(), 0, 0
+    while time.perf_counter() - began < minutes * 60:
+        starts = [rng.randrange(0, split - length + 1) for _ in range(batch_size)]
+        sequences, targets, _ = _continued(model, [text[i : i + length] for i in starts], specials, context)
+        draft.train()
+        logits = draft(sequences)  # (B, T, V)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        steps, prompts = steps + 1, prompts + batch_size
+        if progress is not None:
+            progress(batch_size)
+    draft.eval()
+    after = causal_agreement(draft, held_out) if held_out else (0.0, 0)
+    return Distilled(draft, before[0], after[0], after[1], prompts, steps, time.perf_counter() - began)
+
+
+@torch.no_grad()
+def _continued(
+    model: DecoderModel, prompts: list[list[int]], specials: SpecialIds, context: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``prompts`` (as many tokens each) followed by the model's greedy continuations, to fill the
+    ``context``, ``(B, T)`` (padded after a continuation that ended); the model's most probable next
+    token at each position, ``-1`` at the padding; and which positions predict the continuation."""
+    tokens = torch.tensor(prompts)  # (B, P)
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    limits = torch.full((len(prompts),), context - tokens.size(1))
+    continuations = extend(model.decoding(valid), tokens, limits, specials, argmax)
+    sequences = pad([p + c for p, c in zip(prompts, continuations, strict=True)], specials.pad)  # (B, T)
+    real = torch.tensor([[True] * (len(p) + len(c)) + [False] * (sequences.size(1) - len(p) - len(c))
+                         for p, c in zip(prompts, continuations, strict=True)])  # fmt: skip
+    model.eval()
+    targets = model(sequences).argmax(-1).masked_fill(~real, -1)  # (B, T): right-padded, so no mask
+    continuing = real.clone()
+    continuing[:, : tokens.size(1) - 1] = False  # from the prompt's last token on
+    return sequences, targets, continuing
+
+
+@torch.no_grad()
+def causal_agreement(
+    draft: ShallowCausalDraft, continued: tuple[Tensor, Tensor, Tensor]
+) -> tuple[float, int]:
+    """The share of the positions that predict the model's continuations (as :func:`_continued` gives
+    them) where the draft's most probable next token is the model's; and how many positions."""
+    sequences, targets, continuing = continued
+    draft.eval()
+    guesses = draft(sequences).argmax(-1)  # (B, T)
+    count = int(continuing.sum())
+    return float((guesses.eq(targets) & continuing).sum()) / max(count, 1), count

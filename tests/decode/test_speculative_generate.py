@@ -1,0 +1,230 @@
+"""Speculative decoding of a decoder-only model is exact: greedy generation with drafts (copied from the
+prompt and the text so far, or drafts that know the answer but for spoilt tokens) gives every prompt
+the text plain greedy generation gives it, in every precision, alone and in batches whose rows take
+different numbers of drafted tokens, with stop strings and streaming; a checked position's logits are
+the bits of a step of one token, after a rewind too."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from attnkit.config import DecodeConfig, load_run_config
+from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.drafts import ContextDrafts, ShallowDrafts
+from attnkit.decode.generate import Listening, generate
+from attnkit.decode.search import extend
+from attnkit.decode.speculative import Speculation, economy, speculative_greedy
+from attnkit.decode.starts import prompt_sampler, ready_prompts
+from attnkit.errors import AttnkitError
+from attnkit.loading import ready_for_inference
+from attnkit.models import build_model, from_preset
+from attnkit.models.draft import ShallowCausalDraft
+
+PRECISIONS = ["fp32", "bf16", "int8"]
+TEXT = ["to be or not to be, that is the question", "all the world's a stage", "now is the winter"]
+PROMPTS = ["to be", "a", "now is the win", "the question", "all the world", "xy"]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A small GPT (wide enough that the linear maps take oneDNN's kernels and the bf16 maps their
+    blocks), trained for a moment on TEXT so that its greedy continuations repeat what it read: drafts
+    copied from the context are then often right. Its weights and its tokenizer."""
+    tokenizer = Tokenizer.train("char", TEXT)
+    torch.manual_seed(0)
+    config = from_preset("tiny-decoder", d_model=256, d_ff=512, h=4, max_len=64)
+    model = build_model(config, tokenizer.vocab_size)
+    stream = torch.tensor(tokenizer.encode(" / ".join(TEXT * 3)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(60):
+        starts = torch.randint(0, len(stream) - 33, (16,))
+        block = torch.stack([stream[s : s + 33] for s in starts])  # (16, 33)
+        loss = torch.nn.functional.cross_entropy(model(block[:, :-1]).transpose(1, 2), block[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return config, model.state_dict(), tokenizer
+
+
+def _ready(trained, precision: str, draft: bool = False, **changes):
+    """The model in ``precision``, as ``attnkit generate`` runs it (with ``draft``, with a shallow draft
+    decoder: a copy of its first layer); ``changes`` to its config make another (random) model."""
+    config, state, tokenizer = trained
+    torch.manual_seed(12)
+    model = build_model(dataclasses.replace(config, **changes), tokenizer.vocab_size)
+    if not changes:
+        model.load_state_dict(state)
+    if draft:
+        model.draft = ShallowCausalDraft(model)
+    run = load_run_config(None, [f"decode.precision={precision}"])
+    return ready_for_inference(model, run), tokenizer
+
+
+def _decode(**settings) -> DecodeConfig:
+    return DecodeConfig(**{"max_new_tokens": 30, "temperature": 0.0, "batch_size": 8, **settings})
+
+
+class Foretold:
+    """Drafts that know plain greedy generation's tokens (``outputs``, each row's, ``</s>`` last where
+    it ended) and spoil one token in ``spoiled`` at random: rows keep different numbers of tokens."""
+
+    def __init__(self, outputs: list[list[int]], spoiled: int, seed: int) -> None:
+        self.outputs, self.spoiled, self.rng = outputs, spoiled, random.Random(seed)
+
+    def propose(self, rows, written, lengths, tokens) -> list[list[int]]:
+        ahead = [self.outputs[r][len(written[r]) :] for r in rows]
+        drafts = [tokens[:n] for tokens, n in zip(ahead, lengths, strict=True)]
+        return [[_another(t) if self.rng.randrange(self.spoiled) == 0 else t for t in d] for d in drafts]
+
+    def checked(self, kept) -> None:
+        pass
+
+    def keep(self, index) -> None:
+        pass
+
+
+def _another(token: int) -> int:
+    """A character of the vocabulary other than ``token``."""
+    return token - 1 if token > 4 else token + 1
+
+
+def _both(model, tokenizer, prompts: list[str], drafts=None, observe=None):
+    """Plain greedy generation of ``prompts`` as one batch (``extend`` with generate's greedy sampler)
+    and speculative generation with ``drafts`` (default: copied from the context; "shallow": the
+    model's draft decoder's guesses) checked at every step, with its counts."""
+    decode, pad = _decode(), tokenizer.specials.pad
+    encoded = tokenizer.encode_batch(prompts)
+    with torch.no_grad():
+        ready = ready_prompts(model, encoded, pad, decode, "cpu")
+        choose = prompt_sampler([torch.Generator() for _ in prompts], decode)  # greedy: takes none
+        plain = extend(ready.decoding, ready.tokens, ready.limits, tokenizer.specials, choose, observe)
+        ready = ready_prompts(model, encoded, pad, decode, "cpu")
+        if drafts == "shallow":
+            drafts = ShallowDrafts(model.draft.decoding(ready.decoding.prompt_valid), tokenizer.specials)
+        counts = Speculation()
+        drafted = speculative_greedy(
+            ready.decoding, ready.tokens, ready.limits, tokenizer.specials, drafts or ContextDrafts(encoded),
+            counts, most_rows=len(prompts), normalised=True, observe=observe,
+        )  # fmt: skip
+    return plain, drafted, counts
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_checked_positions_logits_are_the_bits_of_a_step_of_one_token(trained, precision):
+    """Five positions checked at once after left-padded prompts against the same five stepped one at a
+    time; then, after a rewind that kept one, three and five of them, two more checked against each
+    row's tokens stepped alone."""
+    model, tokenizer = _ready(trained, precision)
+    encoded = tokenizer.encode_batch(["to be or", "a", "now is the w"])
+    more = torch.tensor([tokenizer.encode(t) for t in ["not t", "ll th", "inter"]])  # (3, 5)
+    with torch.no_grad():
+        ready = ready_prompts(model, encoded, tokenizer.specials.pad, _decode(), "cpu")
+        checked, prompts = ready.decoding, ready.tokens
+        stepped = ready_prompts(model, encoded, tokenizer.specials.pad, _decode(), "cpu").decoding
+        checked.next_logits(prompts)
+        logits = checked.checked_logits(torch.cat([prompts, more], 1), 5)  # (3, 5, V)
+        stepped.next_logits(prompts)
+        for j in range(5):
+            assert torch.equal(stepped.next_logits(torch.cat([prompts, more[:, : j + 1]], 1)), logits[:, j])
+        checked.rewind(torch.tensor([1, 3, 5]), 5)
+        kept = [torch.cat([torch.tensor(p), m[:k]]) for p, m, k in zip(encoded, more, [1, 3, 5], strict=True)]
+        width = max(map(len, kept))
+        rows = torch.stack(
+            [torch.cat([torch.full((width - len(k),), tokenizer.specials.pad), k]) for k in kept]
+        )
+        two = torch.tensor(tokenizer.encode_batch(["ab", "de", "wh"]))
+        logits = checked.checked_logits(torch.cat([rows, two], 1), 2)  # (3, 2, V)
+        for i, k in enumerate(kept):
+            alone = ready_prompts(model, [encoded[i]], tokenizer.specials.pad, _decode(), "cpu").decoding
+            alone.next_logits(torch.tensor([encoded[i]]))
+            for t in range(len(encoded[i]) + 1, len(k) + 1):  # its kept tokens, a step at a time
+                alone.next_logits(k[None, :t])
+            for j in range(2):
+                step = torch.cat([k, two[i, : j + 1]])[None]
+                assert torch.equal(alone.next_logits(step)[0], logits[i, j]), (i, j)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_drafts_give_every_prompt_plain_greedy_generations_tokens_alone_and_in_a_batch(trained, precision):
+    model, tokenizer = _ready(trained, precision)
+    plain, drafted, counts = _both(model, tokenizer, PROMPTS)  # copied from the context
+    assert drafted == plain and counts.taken > 0, counts
+    eos = tokenizer.specials.eos
+    for spoiled in (2, 1000):  # drafts right half of the time, all the time
+        foretold = Foretold([[*ids, eos] for ids in plain], spoiled, seed=spoiled)
+        again, drafted, counts = _both(model, tokenizer, PROMPTS, foretold)
+        assert again == plain and drafted == plain, spoiled
+        assert counts.per_step > {2: 1.2, 1000: 3}[spoiled], (spoiled, counts)
+    for prompt, expected in zip(PROMPTS[:3], plain[:3], strict=True):  # alone: the same
+        assert _both(model, tokenizer, [prompt])[1] == [expected]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_draft_decoders_guesses_give_plain_greedy_generations_tokens(trained, precision):
+    """A GPT's one-layer draft's guesses, checked: plain greedy generation's tokens whether the draft
+    guesses poorly (the first of two layers) or perfectly (a one-layer model's own layer: every guess
+    taken, rows keeping all their drafts and the draft reading its last guess at once), with a prompt
+    of one token among them (checked with the first drafts, its cache empty)."""
+    model, tokenizer = _ready(trained, precision, draft=True)
+    plain, drafted, counts = _both(model, tokenizer, PROMPTS, "shallow")
+    assert drafted == plain and counts.proposed
+    for prompt, expected in zip(PROMPTS[:3], plain[:3], strict=True):  # alone: the same
+        assert _both(model, tokenizer, [prompt], "shallow")[1] == [expected]
+    model, tokenizer = _ready(trained, precision, draft=True, layers=1)
+    plain, drafted, counts = _both(model, tokenizer, PROMPTS, "shallow")
+    assert drafted == plain
+    assert counts.acceptance == 1.0 and counts.per_step > 1.5, counts  # (doubtful guesses end drafts)
+
+
+def test_generate_with_drafts_gives_greedy_texts_with_stop_strings_and_streaming(trained):
+    """``generate`` with ``decode.speculative=source``: the texts of plain greedy generation, also where
+    a stop string ends them and where they are streamed (the pieces add up to the same texts)."""
+    model, tokenizer = _ready(trained, "bf16")
+    paying = economy(model, "source, eager steps")
+    paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every batch drafts (but the 16th)
+    paying.heard(False, 100.0, 1)
+    pieces: dict[int, str] = {}
+    listening = Listening(on_text=lambda i, piece: pieces.update({i: pieces.get(i, "") + piece}))
+    for settings in ({"batch_size": 1}, {"stop": ["e "], "batch_size": 1}, {"stop": ["the"]}):
+        plain = generate(model, tokenizer, PROMPTS, _decode(**settings))
+        counts = Speculation()
+        drafted = _decode(**settings, speculative="source")
+        assert generate(model, tokenizer, PROMPTS, drafted, speculation=counts) == plain, settings
+        assert counts.proposed > 0 or settings.get("batch_size") != 1  # (a batch drafts its last row)
+        pieces.clear()
+        assert generate(model, tokenizer, PROMPTS[:1], drafted, listening=listening) == plain[:1]
+        assert pieces[0] == plain[0]
+
+
+def test_a_decoders_drafts_only_where_they_can_be_checked(trained):
+    model, tokenizer = _ready(trained, "fp32")
+    warned: list[str] = []
+    sampled = _decode(speculative="source", temperature=0.8, seed=3)
+    assert generate(model, tokenizer, PROMPTS, sampled, warn=warned.append) == generate(
+        model, tokenizer, PROMPTS, _decode(temperature=0.8, seed=3)
+    )
+    assert "greedy generation alone" in warned[0]
+    with pytest.raises(AttnkitError, match="needs the model's draft decoder, and this model has none"):
+        generate(model, tokenizer, PROMPTS, _decode(speculative="shallow"))
+    model, tokenizer = _ready(trained, "fp32", draft=True)
+    plain = generate(model, tokenizer, PROMPTS, _decode(batch_size=1))
+    counts = Speculation()
+    assert (
+        generate(model, tokenizer, PROMPTS, _decode(batch_size=1, speculative="shallow"), speculation=counts)
+        == plain
+    )
+    assert counts.proposed > 0
+
+
+def test_context_drafts_follow_the_latest_match_of_the_longest_run_of_last_tokens():
+    drafts = ContextDrafts([[5, 6, 7, 8, 5, 6, 9, 2]])
+    assert drafts.follow(0, [], 3) == []  # the prompt's own last tokens, "6 9 2" and "9 2": not before
+    assert drafts.follow(0, [5, 6], 2) == [9, 2]  # "5 6" last occurs at 4, before the tail
+    assert drafts.follow(0, [8, 5, 6], 4) == [9, 2, 8, 5]  # "8 5 6": at 3, then the written tokens
+    assert drafts.follow(0, [3, 3], 4) == []  # no match
+    assert drafts.follow(0, [5, 6], 0) == []
+    assert ContextDrafts([[1, 2, 1, 2, 1, 2]], longest=2).follow(0, [], 3) == [1, 2]
