@@ -242,6 +242,34 @@ def test_the_speculative_benchmark_times_drafts_beside_plain_greedy_and_ctransla
     assert float(taken[1]) > 0 and float(taken[3]) > 1.0, stdout
 
 
+def test_the_speculative_benchmark_continues_a_gpts_prompts_with_its_drafts(tmp_path):
+    """A GPT run (and its distilled draft): prompts cut from the file's end, continued greedily with and
+    without drafts from the context and the draft's guesses, every text plain greedy's."""
+    from typer.testing import CliRunner
+
+    from attnkit.cli import app
+
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    run = str(tmp_path / "run")
+    tiny = ["model.arch=decoder", "model.preset=tiny-decoder", "model.max_len=32", "data.train=[text.txt]",
+            "data.tokenizer=char", "train.max_tokens=256", "train.max_steps=30",
+            "train.eval_every=30"]  # fmt: skip
+    runner = CliRunner()
+    trained = runner.invoke(app, ["train", "--run-dir", run, "--data", str(tmp_path), *tiny])
+    assert trained.exit_code == 0, trained.output
+    made = runner.invoke(app, ["distill-draft", "--ckpt", run, "--minutes", "0.03"])
+    assert made.exit_code == 0, made.output
+    stdout = bench_output("speculative.py", "--ckpt", run, "--src", str(tmp_path / "text.txt"),
+                          "--prompt-chars", "12", "--n", "4", "--rounds", "1", "--threads", "1",
+                          "--new-tokens", "16", "--always")  # fmt: skip
+    assert "4 prompts, up to 16 new tokens each" in stdout, stdout
+    row = r"^(greedy(?:, source drafts|, shallow draft)?) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +[\d.]+ +(\d+)$"
+    rows = dict(re.findall(row, stdout, re.M))
+    assert rows == {"greedy": "0", "greedy, source drafts": "0", "greedy, shallow draft": "0"}, stdout
+    assert re.search(r"shallow draft: [\d.]+% of [1-9]\d* drafted tokens taken", stdout), stdout
+
+
 def bench_output(script: str, *arguments: str) -> str:
     """What ``bench/script arguments`` prints, once it has ended well."""
     result = subprocess.run([sys.executable, str(BENCH / script), *arguments], capture_output=True, text=True,
