@@ -5,8 +5,6 @@ different numbers of drafted tokens; a checked position's logits are the bits of
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -31,6 +29,7 @@ from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
 from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.draft import ShallowDraft
+from tests.decode.drafting import Foretold
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
@@ -60,31 +59,6 @@ def _ready(copying, precision: str, draft: bool = False, seed: int = 12, **chang
         model.draft = ShallowDraft(model)
     config = load_run_config(None, [f"decode.precision={precision}", "decode.steps=eager"])
     return ready_for_inference(model, config), tokenizer, config
-
-
-class Foretold:
-    """Drafts that know greedy search's output (``outputs``, each row's, ``</s>`` last) and spoil one
-    token in ``spoiled`` at random: the model takes a random share of each draft, so rows keep
-    different numbers of tokens at every step."""
-
-    def __init__(self, outputs: list[list[int]], spoiled: int, seed: int) -> None:
-        self.outputs, self.spoiled, self.rng = outputs, spoiled, random.Random(seed)
-
-    def propose(self, rows, written, lengths, tokens) -> list[list[int]]:
-        ahead = [self.outputs[r][len(written[r]) :] for r in rows]
-        drafts = [tokens[:n] for tokens, n in zip(ahead, lengths, strict=True)]
-        return [[_another(t) if self.rng.randrange(self.spoiled) == 0 else t for t in d] for d in drafts]
-
-    def checked(self, kept) -> None:
-        pass
-
-    def keep(self, index) -> None:
-        pass
-
-
-def _another(token: int) -> int:
-    """A token of the vocabulary other than ``token`` (the copy task's has 13)."""
-    return token - 1 if token > 4 else token + 1
 
 
 def _searches(model, tokenizer, texts: list[str], drafts=None, most_rows: int | None = None):

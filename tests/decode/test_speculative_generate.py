@@ -7,7 +7,6 @@ the bits of a step of one token, after a rewind too."""
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from attnkit.errors import AttnkitError
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, from_preset
 from attnkit.models.draft import ShallowCausalDraft
+from tests.decode.drafting import Foretold, trained_on
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 TEXT = ["to be or not to be, that is the question", "all the world's a stage", "now is the winter"]
@@ -37,16 +37,7 @@ def trained():
     tokenizer = Tokenizer.train("char", TEXT)
     torch.manual_seed(0)
     config = from_preset("tiny-decoder", d_model=256, d_ff=512, h=4, max_len=64)
-    model = build_model(config, tokenizer.vocab_size)
-    stream = torch.tensor(tokenizer.encode(" / ".join(TEXT * 3)))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for _ in range(60):
-        starts = torch.randint(0, len(stream) - 33, (16,))
-        block = torch.stack([stream[s : s + 33] for s in starts])  # (16, 33)
-        loss = torch.nn.functional.cross_entropy(model(block[:, :-1]).transpose(1, 2), block[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    model = trained_on(build_model(config, tokenizer.vocab_size), tokenizer, " / ".join(TEXT * 3), 60, 1e-3)
     return config, model.state_dict(), tokenizer
 
 
@@ -66,30 +57,6 @@ def _ready(trained, precision: str, draft: bool = False, **changes):
 
 def _decode(**settings) -> DecodeConfig:
     return DecodeConfig(**{"max_new_tokens": 30, "temperature": 0.0, "batch_size": 8, **settings})
-
-
-class Foretold:
-    """Drafts that know plain greedy generation's tokens (``outputs``, each row's, ``</s>`` last where
-    it ended) and spoil one token in ``spoiled`` at random: rows keep different numbers of tokens."""
-
-    def __init__(self, outputs: list[list[int]], spoiled: int, seed: int) -> None:
-        self.outputs, self.spoiled, self.rng = outputs, spoiled, random.Random(seed)
-
-    def propose(self, rows, written, lengths, tokens) -> list[list[int]]:
-        ahead = [self.outputs[r][len(written[r]) :] for r in rows]
-        drafts = [tokens[:n] for tokens, n in zip(ahead, lengths, strict=True)]
-        return [[_another(t) if self.rng.randrange(self.spoiled) == 0 else t for t in d] for d in drafts]
-
-    def checked(self, kept) -> None:
-        pass
-
-    def keep(self, index) -> None:
-        pass
-
-
-def _another(token: int) -> int:
-    """A character of the vocabulary other than ``token``."""
-    return token - 1 if token > 4 else token + 1
 
 
 def _both(model, tokenizer, prompts: list[str], drafts=None, observe=None):

@@ -39,19 +39,29 @@ from attnkit.nn.transformer import Decoder, DecoderCache, Encoder
 DRAFT_FILE = "draft.safetensors"  # beside model.safetensors in a checkpoint folder
 
 
-class ShallowDraft(nn.Module):
+class _Held(nn.Module):
+    """A draft's one layer, ``decoder`` (a stack of one, built as ``model``'s and starting as a copy of
+    its first layer), beside the model it drafts for: held, not owned (a tuple is not a submodule, so
+    neither the model's weights nor its modes are the draft's; ``state_dict`` has ``decoder.*``
+    only)."""
+
+    def __init__(self, model: nn.Module, decoder: nn.Module) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.decoder.load_state_dict(_first_layer(model.decoder.state_dict()))
+        self._model = (model,)
+        self.config = model.config
+
+
+class ShallowDraft(_Held):
     """One decoder layer that decodes as ``model`` does (``EncoderDecoderModel``, so that
     ``Seq2SeqDecoding`` steps it like the model): the model's memory, embeddings and generator, its own
-    layer. Its parameters are the layer's alone: the model is held, not owned (``state_dict`` has
-    ``decoder.*`` only)."""
+    layer."""
+
+    decoder: Decoder
 
     def __init__(self, model: EncoderDecoder) -> None:
-        super().__init__()
-        config = dataclasses.replace(model.config, decoder_layers=1)
-        self.decoder: Decoder = decoder_stack(config)
-        self.decoder.load_state_dict(_first_layer(model.decoder.state_dict()))
-        self._model = (model,)  # a tuple: not a submodule, so neither its weights nor its modes
-        self.config = model.config
+        super().__init__(model, decoder_stack(dataclasses.replace(model.config, decoder_layers=1)))
 
     @property
     def model(self) -> EncoderDecoder:
@@ -98,20 +108,15 @@ class ShallowDraft(nn.Module):
         return self.model(src, tgt, decoder=self.decoder)
 
 
-class ShallowCausalDraft(nn.Module):
+class ShallowCausalDraft(_Held):
     """A GPT's draft (``CausalModel``, so that ``CausalDecoding`` steps it like the model): the model's
-    embeddings, positions and output layer, one layer of its own (its only parameters: the model is
-    held, not owned)."""
+    embeddings, positions and output layer, one layer of its own."""
+
+    decoder: Encoder
 
     def __init__(self, model: DecoderModel) -> None:
-        super().__init__()
-        config = dataclasses.replace(model.config, layers=1)
-        self.decoder = Encoder(
-            [encoder_layer(config)], config.d_model, config.norm_first, config.layer_norm_eps
-        )
-        self.decoder.load_state_dict(_first_layer(model.decoder.state_dict()))
-        self._model = (model,)  # a tuple: not a submodule, so neither its weights nor its modes
-        self.config = model.config
+        c = model.config
+        super().__init__(model, Encoder([encoder_layer(c)], c.d_model, c.norm_first, c.layer_norm_eps))
 
     @property
     def model(self) -> DecoderModel:

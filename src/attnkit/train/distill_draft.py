@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import SpecialIds
@@ -80,31 +80,55 @@ def distill_draft(
     draft = ShallowDraft(model)
     held_out = _translated(model, held, specials, search) if held else None
     before = agreement(draft, held_out, specials.pad) if held_out else (0.0, 0)
-    optimizer = torch.optim.Adam(draft.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    # a rate rising linearly over the first steps (Adam's noisiest), then constant
-    scheduler = make_scheduler(optimizer, lambda step: constant(step, lr, WARMUP))
-    began, steps, sentences = time.perf_counter(), 0, 0
     rng = random.Random(seed + 1)
-    while time.perf_counter() - began < minutes * 60:
-        for batch in _batches(learn, batch_size, rng):
-            if time.perf_counter() - began >= minutes * 60:
-                break
-            src, tgt_in, tgt_out = _translated(model, batch, specials, search)
-            draft.train()
-            scores = draft(src, tgt_in)  # (B, T, V)
-            loss = _loss(scores, tgt_out, specials.pad, draft.pointer is not None)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            steps, sentences = steps + 1, sentences + len(batch)
-            if progress is not None:
-                progress(len(batch))
-    draft.eval()
+    batches = _endless(learn, batch_size, rng)
+
+    def lesson() -> tuple[Tensor, int]:
+        batch = next(batches)
+        src, tgt_in, tgt_out = _translated(model, batch, specials, search)
+        scores = draft(src, tgt_in)  # (B, T, V)
+        return _loss(scores, tgt_out, specials.pad, draft.pointer is not None), len(batch)
+
+    steps, sentences, seconds = _learn(draft, lesson, minutes, lr, progress)
     after = agreement(draft, held_out, specials.pad) if held_out else (0.0, 0)
-    seconds = time.perf_counter() - began
     return Distilled(draft, before[0], after[0], after[1], sentences, steps, seconds)
+
+
+def _learn(
+    draft: nn.Module,
+    lesson: Callable[[], tuple[Tensor, int]],
+    minutes: float,
+    lr: float,
+    progress: Callable[[int], None] | None,
+) -> tuple[int, int, float]:
+    """Train ``draft`` for ``minutes`` (Adam, its rate rising linearly over the first :data:`WARMUP`
+    steps, Adam's noisiest, then constant at ``lr``; gradients clipped at 1): each step's ``lesson()``
+    gives its loss and how many sources (prompts) it learnt from, which ``progress`` hears. Returns
+    the steps, the sources and the seconds; the draft is left in eval mode."""
+    optimizer = torch.optim.Adam(draft.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = make_scheduler(optimizer, lambda step: constant(step, lr, WARMUP))
+    began, steps, sources = time.perf_counter(), 0, 0
+    while time.perf_counter() - began < minutes * 60:
+        draft.train()
+        loss, count = lesson()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        steps, sources = steps + 1, sources + count
+        if progress is not None:
+            progress(count)
+    draft.eval()
+    return steps, sources, time.perf_counter() - began
+
+
+def _endless(sources: list[list[int]], size: int, rng: random.Random) -> Iterator[list[list[int]]]:
+    """:func:`_batches` of ``sources``, epoch after epoch."""
+    if not sources:
+        raise ValueError("no sources to learn a draft from")
+    while True:
+        yield from _batches(sources, size, rng)
 
 
 def _batches(sources: list[list[int]], size: int, rng: random.Random):
@@ -184,26 +208,17 @@ def distill_causal_draft(
     draft = ShallowCausalDraft(model)
     held_out = _continued(model, held, specials, context) if held else None
     before = causal_agreement(draft, held_out) if held_out else (0.0, 0)
-    optimizer = torch.optim.Adam(draft.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    scheduler = make_scheduler(optimizer, lambda step: constant(step, lr, WARMUP))
-    began, steps, prompts = time.perf_counter(), 0, 0
-    while time.perf_counter() - began < minutes * 60:
+
+    def lesson() -> tuple[Tensor, int]:
         starts = [rng.randrange(0, split - length + 1) for _ in range(batch_size)]
         sequences, targets, _ = _continued(model, [text[i : i + length] for i in starts], specials, context)
-        draft.train()
         logits = draft(sequences)  # (B, T, V)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        steps, prompts = steps + 1, prompts + batch_size
-        if progress is not None:
-            progress(batch_size)
-    draft.eval()
+        return loss, batch_size
+
+    steps, prompts, seconds = _learn(draft, lesson, minutes, lr, progress)
     after = causal_agreement(draft, held_out) if held_out else (0.0, 0)
-    return Distilled(draft, before[0], after[0], after[1], prompts, steps, time.perf_counter() - began)
+    return Distilled(draft, before[0], after[0], after[1], prompts, steps, seconds)
 
 
 @torch.no_grad()
