@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -240,11 +241,13 @@ def distill_draft(
     checkpoint = resolve_checkpoint(ckpt)
     arch = (TransformerConfig.ARCH, DecoderModelConfig.ARCH)
     model, tokenizer, config = load_for_inference(checkpoint, "cpu", arch=arch, pack=False)
+    # what it learns from, read (and refused in one line) before the progress bar starts
+    if config.model.arch == DecoderModelConfig.ARCH:
+        teach = _teaching_gpt(model, tokenizer, config, src, minutes, batch_size, seed)
+    else:
+        teach = _teaching(model, tokenizer, config, src, minutes, batch_size, seed)
     with progress_bar() as bar:
-        if config.model.arch == DecoderModelConfig.ARCH:
-            made = _distilled_for_gpt(model, tokenizer, config, src, minutes, batch_size, seed, bar.update)
-        else:
-            made = _distilled(model, tokenizer, config, src, minutes, batch_size, seed, bar.update)
+        made = teach(bar.update)
     about = {
         "made_by": "attnkit distill-draft",
         "sentences": str(made.sentences),
@@ -265,11 +268,9 @@ def distill_draft(
     )
 
 
-def _distilled(
-    model, tokenizer, config, src: Path | None, minutes: float, batch_size: int, seed: int, progress
-):
-    """A translation model's draft, taught on the greedy translations of ``src``'s lines or the run's
-    training sources."""
+def _teaching(model, tokenizer, config, src: Path | None, minutes, batch_size, seed) -> Callable:
+    """How a translation model's draft is taught, ``teach(progress)``: on the greedy translations of
+    ``src``'s lines or the run's training sources."""
     from attnkit.decode.search import Search
     from attnkit.decode.starts import encode_sources
     from attnkit.tasks import task_of
@@ -281,14 +282,15 @@ def _distilled(
     limit = config.data.source_limit if task_of(config).cuts_sources else None  # as in training
     sources = encode_sources(tokenizer, texts, model.config.max_len, limit)
     search = Search.of(config.decode, beam_size=1, max_output_len=model.config.max_len)
-    return distill_draft(
+    return lambda progress: distill_draft(
         model, sources, tokenizer.specials, search, minutes=minutes, batch_size=batch_size, seed=seed,
         progress=progress,
     )  # fmt: skip
 
 
-def _distilled_for_gpt(model, tokenizer, config, src: Path | None, minutes, batch_size, seed, progress):
-    """A GPT's draft, taught on prompts cut from ``src``'s text or the run's training text."""
+def _teaching_gpt(model, tokenizer, config, src: Path | None, minutes, batch_size, seed) -> Callable:
+    """How a GPT's draft is taught, ``teach(progress)``: on prompts cut from ``src``'s text or the run's
+    training text."""
     from attnkit.data.readers import read_text
     from attnkit.train.distill_draft import distill_causal_draft
 
@@ -300,7 +302,7 @@ def _distilled_for_gpt(model, tokenizer, config, src: Path | None, minutes, batc
     if len(ids) < needed:
         what = src or "the run’s training text"
         raise AttnkitError(f"{what}: {len(ids)} tokens, too few to learn a draft from (at least {needed})")
-    return distill_causal_draft(
+    return lambda progress: distill_causal_draft(
         model, ids, tokenizer.specials, minutes=minutes, batch_size=batch_size, seed=seed, progress=progress
     )
 

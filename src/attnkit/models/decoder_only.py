@@ -79,7 +79,7 @@ class DecoderModel(nn.Module):
         :attr:`output_layer` itself (``attnkit.tasks.losses.projected_loss``). ``decoder``: another stack
         than the model's own (a shallow draft's, models/draft.py).
         """
-        decoder = decoder or self.decoder
+        decoder = self.decoder if decoder is None else decoder
         start = len(caches[0]) if caches else 0
         x = self.positions(self.embed(ids), start, positions)
         if key_valid is None:  # no padding: the fused kernels' own causal masking, no mask tensor
