@@ -55,7 +55,7 @@ import torch
 from attnkit.checkpoint.draft_file import draft_about
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.config import with_decode_overrides
-from attnkit.data.readers import read_lines
+from attnkit.data.readers import read_lines, read_text
 from attnkit.decode.generate import generate
 from attnkit.decode.speculative import Economy, Speculation
 from attnkit.decode.translate import Reporting, translate
@@ -236,7 +236,7 @@ def _prompts(args) -> list[str]:
     lines."""
     if args.prompt_chars is None:
         return [line for line in read_lines(args.src) if line.strip()][: args.n]
-    text = Path(args.src).read_text(encoding="utf-8")
+    text = read_text(args.src)
     end = text[len(text) - args.n * args.prompt_chars :]
     return [end[i : i + args.prompt_chars] for i in range(0, len(end), args.prompt_chars)]
 

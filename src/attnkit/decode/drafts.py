@@ -61,13 +61,16 @@ class Drafts(Protocol):
 
 class SourceDrafts:
     """Drafts copied from each row's source (prompt lookup): the tokens that follow, in the source, the
-    first occurrence of the longest run (up to :data:`LONGEST_MATCH` tokens) of the row's last tokens
+    first occurrence of the longest run (``longest`` tokens down to ``shortest``: :data:`LONGEST_MATCH`,
+    :data:`SHORTEST_MATCH`) of the row's last tokens
     (nothing before the first token is written). ``sources``: each row's ids without ``</s>`` (a
     draft that ends a row saves nothing: the step would choose ``</s>`` on its own) or padding, by
     the row's number."""
 
-    def __init__(self, sources: list[list[int]]) -> None:
-        self.sources = sources
+    def __init__(
+        self, sources: list[list[int]], longest: int = LONGEST_MATCH, shortest: int = SHORTEST_MATCH
+    ) -> None:
+        self.sources, self.longest, self.shortest = sources, longest, shortest
 
     def propose(
         self, rows: list[int], written: list[list[int]], lengths: list[int], tokens: Tensor
@@ -79,11 +82,10 @@ class SourceDrafts:
         source = self.sources[row]
         if length <= 0:
             return []
-        for n in range(min(LONGEST_MATCH, len(written)), SHORTEST_MATCH - 1, -1):
-            tail = written[-n:]
-            for i in range(len(source) - n):  # a match with at least one token after it
-                if source[i : i + n] == tail:
-                    return source[i + n : i + n + length]
+        for n in range(min(self.longest, len(written)), self.shortest - 1, -1):
+            found = _after(source, written[-n:], range(len(source) - n), length)  # the first match
+            if found is not None:
+                return found
         return []
 
     def checked(self, kept: Tensor) -> None:
@@ -100,12 +102,6 @@ class ContextDrafts(SourceDrafts):
     the context's last tokens. A continuation repeats its prompt's names and phrases, and a greedy one
     its own lines. ``sources``: each row's prompt ids, by the row's number."""
 
-    def __init__(
-        self, sources: list[list[int]], longest: int = LONGEST_MATCH, shortest: int = SHORTEST_MATCH
-    ) -> None:
-        super().__init__(sources)
-        self.longest, self.shortest = longest, shortest
-
     @classmethod
     def for_vocabulary(cls, sources: list[list[int]], vocab_size: int) -> ContextDrafts:
         """Drafts from ``sources`` matching runs as long as a vocabulary of ``vocab_size`` needs (see
@@ -117,10 +113,9 @@ class ContextDrafts(SourceDrafts):
             return []
         context = self.sources[row] + written
         for n in range(min(self.longest, len(context) - 1), self.shortest - 1, -1):
-            tail = context[-n:]
-            for i in range(len(context) - n - 1, -1, -1):  # the latest, with a token after it
-                if context[i : i + n] == tail:
-                    return context[i + n : i + n + length]
+            found = _after(context, context[-n:], range(len(context) - n - 1, -1, -1), length)  # the latest
+            if found is not None:
+                return found
         return []
 
 
@@ -190,6 +185,16 @@ class ShallowDrafts:
 
     def keep(self, index: Tensor) -> None:
         self.draft.keep(index)
+
+
+def _after(text: list[int], run: list[int], places: range, length: int) -> list[int] | None:
+    """Up to ``length`` tokens that follow ``run`` in ``text`` at the first of ``places`` (where a match
+    has at least one token after it) that holds it; None where none does."""
+    n = len(run)
+    for i in places:
+        if text[i : i + n] == run:
+            return text[i + n : i + n + length]
+    return None
 
 
 def _before_end(tokens: list[int], eos: int) -> list[int]:

@@ -158,7 +158,7 @@ def _economy(model: DecoderModel, decode: DecodeConfig, warn: Callable[[str], No
     where it may, else None (no drafts asked for, or a setting that takes none: said to ``warn``)."""
     if decode.speculative == "none":
         return None
-    if decode.speculative == "shallow" and getattr(model, "draft", None) is None:
+    if decode.speculative == "shallow" and model.draft is None:
         raise AttnkitError(
             "decode.speculative=shallow needs the model's draft decoder, and this model has none (make one "
             "with: attnkit distill-draft --ckpt RUN; or decode.speculative=source drafts from each prompt "

@@ -352,11 +352,7 @@ class CausalDecoding:
 
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (N, t)``, the left-padded prompt followed by what was generated -> ``(N, V)``."""
-        valid = self._valid(tokens.size(1))  # (N, t)
-        positions = (valid.cumsum(-1) - 1).clamp(min=0)  # padding takes no position
-        seen = len(self.caches[0]) if self.caches else 0
-        logits = self.model(tokens[:, seen:], valid, positions[:, seen:], self.caches)
-        return logits[:, -1]
+        return self._uncached_logits(tokens)[:, -1]
 
     def checked_logits(self, tokens: Tensor, count: int) -> Tensor:
         """The logits after each of the last ``count`` tokens of ``tokens (N, t)``, ``(N, count, V)``, the
@@ -367,10 +363,16 @@ class CausalDecoding:
         # (an empty cache: a prompt of one token, checked with its drafts: it is stepped as one query)
         if not self.caches or tokens.size(1) - seen != count:
             raise ValueError(f"checking {count} positions needs a cache of all the tokens but those")
-        valid = self._valid(tokens.size(1))  # (N, t)
-        positions = (valid.cumsum(-1) - 1).clamp(min=0)
         with each_query_alone():
-            return self.model(tokens[:, seen:], valid, positions[:, seen:], self.caches)  # (N, count, V)
+            return self._uncached_logits(tokens)  # (N, count, V)
+
+    def _uncached_logits(self, tokens: Tensor) -> Tensor:
+        """The logits after each of the tokens of ``tokens (N, t)`` not yet cached (all without a cache),
+        ``(N, new, V)``."""
+        valid = self._valid(tokens.size(1))  # (N, t)
+        positions = (valid.cumsum(-1) - 1).clamp(min=0)  # padding takes no position
+        seen = len(self.caches[0]) if self.caches else 0
+        return self.model(tokens[:, seen:], valid, positions[:, seen:], self.caches)
 
     def rewind(self, kept: Tensor, checked: int) -> None:
         """Of the last ``checked`` cached positions, keep the first ``kept[r]`` of row r ``(R,)`` (as

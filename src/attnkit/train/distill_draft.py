@@ -213,8 +213,7 @@ def distill_causal_draft(
         starts = [rng.randrange(0, split - length + 1) for _ in range(batch_size)]
         sequences, targets, _ = _continued(model, [text[i : i + length] for i in starts], specials, context)
         logits = draft(sequences)  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return loss, batch_size
+        return _loss(logits, targets, -1, log_probs=False), batch_size  # (-1: padding)
 
     steps, prompts, seconds = _learn(draft, lesson, minutes, lr, progress)
     after = causal_agreement(draft, held_out) if held_out else (0.0, 0)
@@ -233,9 +232,8 @@ def _continued(
     limits = torch.full((len(prompts),), context - tokens.size(1))
     continuations = extend(model.decoding(valid), tokens, limits, specials, argmax)
     sequences = pad([p + c for p, c in zip(prompts, continuations, strict=True)], specials.pad)  # (B, T)
-    real = torch.tensor([[True] * (len(p) + len(c)) + [False] * (sequences.size(1) - len(p) - len(c))
-                         for p, c in zip(prompts, continuations, strict=True)])  # fmt: skip
-    model.eval()
+    lengths = torch.tensor([len(p) + len(c) for p, c in zip(prompts, continuations, strict=True)])
+    real = torch.arange(sequences.size(1))[None, :] < lengths[:, None]  # (B, T)
     targets = model(sequences).argmax(-1).masked_fill(~real, -1)  # (B, T): right-padded, so no mask
     continuing = real.clone()
     continuing[:, : tokens.size(1) - 1] = False  # from the prompt's last token on
