@@ -5,8 +5,9 @@ sentence alone, a single user's latency), in file order, with attnkit's plain gr
 steps, ``decode.steps=eager``, and with ``--compiled`` the compiled ones, where this machine has a
 compiler) and with drafts copied from the source (``decode.speculative=source``) and, where the
 checkpoint has one (``attnkit distill-draft``), the guesses of its one-layer draft decoder
-(``shallow``), both checked with the same steps as the plain search beside them (with ``--compiled``,
-the draft decoder's steps compiled too); with ``--ct2``, CTranslate2 (float32 and int8, same weights,
+(``shallow``), and with ``--draft-ckpt`` the guesses of another checkpoint's smaller model
+(``decode.speculative=PATH``), each checked with the same steps as the plain search beside them (with
+``--compiled``, the draft's steps compiled too); with ``--ct2``, CTranslate2 (float32 and int8, same weights,
 greedy, the same groups, in a process of its own: its threads and torch's in one process slowed both
 threefold) beside.
 In each round every engine translates every group, one engine after another, ``--rounds`` rounds after
@@ -34,8 +35,8 @@ the file's last ``n·K`` characters into ``n`` prompts of ``K`` characters (tiny
 ``input.txt``, the recipe's validation text), else each of its first ``n`` lines is a prompt.
 
 Run: ``python bench/speculative.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz --n 200
---batch 1 [--compiled] [--ct2] [--always]``; a GPT: ``python bench/speculative.py --ckpt runs/shakespeare
---src data/tinyshakespeare/input.txt --prompt-chars 64 --n 50``
+--batch 1 [--compiled] [--ct2] [--always] [--draft-ckpt runs/small]``; a GPT: ``python
+bench/speculative.py --ckpt runs/shakespeare --src data/tinyshakespeare/input.txt --prompt-chars 64 --n 50``
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def main() -> None:
     parser.add_argument("--always", action="store_true", help=always)
     parser.add_argument("--new-tokens", type=int, default=100, help="a GPT's tokens per prompt, at most")
     parser.add_argument("--prompt-chars", type=int, help="a GPT's prompts: pieces of the file's end")
+    parser.add_argument("--draft-ckpt", help="another checkpoint's smaller model as a draft too")
     args = parser.parse_args()
     if args.always:  # every batch drafts (decode/speculative.py's Economy would choose by their costs)
         Economy.drafting = lambda self: True  # type: ignore[method-assign]
@@ -143,6 +145,10 @@ def main() -> None:
     about = draft_about(resolve_checkpoint(args.ckpt))  # {} where it has no draft decoder
     loading = [f"decode.precision={args.precision}"] + (["decode.speculative=shallow"] if about else [])
     model, tokenizer, config = load_for_inference(args.ckpt, overrides=loading)
+    models = {"": model}  # the model each row runs, by the draft it holds (--draft-ckpt: another copy)
+    if args.draft_ckpt:
+        with_draft = [f"decode.precision={args.precision}", f"decode.speculative={args.draft_ckpt}"]
+        models[args.draft_ckpt] = load_for_inference(args.ckpt, overrides=with_draft)[0]
     continues = isinstance(model, DecoderModel)  # a GPT continues prompts (generate)
     texts = _prompts(args) if continues else _sources(args)
     groups = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
@@ -150,10 +156,12 @@ def main() -> None:
     if continues:
         common += ["decode.temperature=0", f"decode.max_new_tokens={args.new_tokens}"]
     settings: dict[str, list[str]] = {}
+    kinds = [("source drafts", "source")] + ([("shallow draft", "shallow")] if about else [])
+    kinds += [("draft model", args.draft_ckpt)] if args.draft_ckpt else []
     for steps in ["eager", "compiled"] if args.compiled and not continues else ["eager"]:
         which = "" if steps == "eager" else ", compiled steps"
         settings[f"greedy{which}"] = [f"decode.steps={steps}", "decode.speculative=none"]
-        for drafts, kind in [("source drafts", "source")] + ([("shallow draft", "shallow")] if about else []):
+        for drafts, kind in kinds:
             settings[f"greedy{which}, {drafts}"] = [f"decode.steps={steps}", f"decode.speculative={kind}"]
     counts = {name: Speculation() for name in settings if "draft" in name}
     # a summariser reads its sources cut as in training (data.max_source_len), as its commands do
@@ -161,15 +169,16 @@ def main() -> None:
     engines: dict[str, Callable[[list[str]], list[str]]] = {}
     for name, changes in settings.items():
         decode = with_decode_overrides(config.decode, common + changes)
+        runs = models.get(decode.speculative, model)
         if continues:
             counted = counts.get(name)
-            engines[name] = lambda group, d=decode, c=counted: generate(
-                model, tokenizer, group, d, speculation=c
+            engines[name] = lambda group, d=decode, c=counted, m=runs: generate(
+                m, tokenizer, group, d, speculation=c
             )
             continue
         reporting = Reporting(speculation=counts.get(name))
-        engines[name] = lambda group, d=decode, r=reporting: translate(
-            model, tokenizer, group, d, reporting=r, source_limit=limit
+        engines[name] = lambda group, d=decode, r=reporting, m=runs: translate(
+            m, tokenizer, group, d, reporting=r, source_limit=limit
         )
     times: dict[str, list[list[float]]] = {}
     outputs: dict[str, list[str]] = {}

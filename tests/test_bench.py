@@ -243,8 +243,9 @@ def test_the_speculative_benchmark_times_drafts_beside_plain_greedy_and_ctransla
 
 
 def test_the_speculative_benchmark_continues_a_gpts_prompts_with_its_drafts(tmp_path):
-    """A GPT run (and its distilled draft): prompts cut from the file's end, continued greedily with and
-    without drafts from the context and the draft's guesses, every text plain greedy's."""
+    """A GPT run (and its distilled draft, and a smaller GPT run as a draft model): prompts cut from the
+    file's end, continued greedily with and without drafts from the context and the drafts' guesses,
+    every text plain greedy's."""
     from typer.testing import CliRunner
 
     from attnkit.cli import app
@@ -260,14 +261,22 @@ def test_the_speculative_benchmark_continues_a_gpts_prompts_with_its_drafts(tmp_
     assert trained.exit_code == 0, trained.output
     made = runner.invoke(app, ["distill-draft", "--ckpt", run, "--minutes", "0.03"])
     assert made.exit_code == 0, made.output
+    small = str(tmp_path / "small")  # a smaller GPT of the same characters, the draft model
+    trained = runner.invoke(
+        app, ["train", "--run-dir", small, "--data", str(tmp_path), *tiny, "model.layers=1"]
+    )
+    assert trained.exit_code == 0, trained.output
     stdout = bench_output("speculative.py", "--ckpt", run, "--src", str(tmp_path / "text.txt"),
                           "--prompt-chars", "12", "--n", "4", "--rounds", "1", "--threads", "1",
-                          "--new-tokens", "16", "--always")  # fmt: skip
+                          "--new-tokens", "16", "--always", "--draft-ckpt", small)  # fmt: skip
     assert "4 prompts, up to 16 new tokens each" in stdout, stdout
-    row = r"^(greedy(?:, source drafts|, shallow draft)?) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +[\d.]+ +(\d+)$"
+    kinds = "source drafts|shallow draft|draft model"
+    row = rf"^(greedy(?:, (?:{kinds}))?) +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +[\d.]+ +(\d+)$"
     rows = dict(re.findall(row, stdout, re.M))
-    assert rows == {"greedy": "0", "greedy, source drafts": "0", "greedy, shallow draft": "0"}, stdout
-    assert re.search(r"shallow draft: [\d.]+% of [1-9]\d* drafted tokens taken", stdout), stdout
+    assert rows == {"greedy": "0", "greedy, source drafts": "0", "greedy, shallow draft": "0",
+                    "greedy, draft model": "0"}, stdout  # fmt: skip
+    for drafts in ("shallow draft", "draft model"):
+        assert re.search(rf"{drafts}: [\d.]+% of [1-9]\d* drafted tokens taken", stdout), stdout
 
 
 def bench_output(script: str, *arguments: str) -> str:

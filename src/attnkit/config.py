@@ -35,7 +35,8 @@ SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (tr
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
 DECODING_STEPS = ("auto", "compiled", "eager")  # what a translation's search steps with (decode.steps)
-SPECULATIVE = ("none", "source", "shallow")  # what drafts a greedy translation checks (decode.speculative)
+# what drafts greedy search checks (decode.speculative): these, or (any other value) a draft checkpoint
+SPECULATIVE = ("none", "source", "shallow")
 # what a trained model's linear maps multiply in for inference (attnkit.loading.inference_precision)
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
@@ -199,6 +200,12 @@ class TrainConfig:
                 ) from None
 
 
+def draft_checkpoint(speculative: str) -> str | None:
+    """The draft checkpoint that ``decode.speculative`` names, or None where it names a kind of drafts
+    (:data:`SPECULATIVE`)."""
+    return None if speculative in SPECULATIVE else speculative
+
+
 @dataclass
 class DecodeConfig:
     # translation (encoder-decoder): beam search
@@ -220,13 +227,15 @@ class DecodeConfig:
     # kept in a cache), else built where the work repays it (a large input; a server, in the
     # background), else the model's own; compiled: built now if need be; eager: the model's own
     steps: str = "auto"
-    # greedy translation and greedy generation (temperature 0) on a CPU: drafts checked several tokens a
-    # step (decode/speculative.py), the same output token for token; source: the source's own tokens
+    # greedy translation and generation on a CPU: drafts checked several tokens a step
+    # (decode/speculative.py), greedy's output token for token, or with a temperature texts drawn from
+    # the model's own distribution (decode/speculative_sampling.py); source: the source's own tokens
     # where the output so far matches it (for tasks that copy; a decoder's prompt and text so far);
-    # shallow: the guesses of the checkpoint's one-layer draft decoder (made by attnkit distill-draft;
-    # translation); none: one token a step. The steps are decode.steps' (compiled ones check drafts
-    # with a compiled step of their own); a batch drafts where drafted batches' tokens have cost less
-    # so far (decode/speculative.py's Economy)
+    # shallow: the guesses of the checkpoint's one-layer draft decoder (made by attnkit distill-draft);
+    # a checkpoint folder or run directory: the guesses of that smaller model of the same architecture
+    # and vocabulary (a small GPT's for a big one's); none: one token a step. The steps are
+    # decode.steps' (compiled ones check drafts with a compiled step of their own); a greedy batch
+    # drafts where drafted batches' tokens have cost less so far (decode/speculative.py's Economy)
     speculative: str = "none"
     # the linear maps' numbers for inference on a CPU, every command and the server: bf16 (on a CPU whose
     # bf16 products are fast: auto's choice there), int8 weights and inputs (--int8), or float32
@@ -248,7 +257,11 @@ class DecodeConfig:
         require_one_of("decode.beam_stop", self.beam_stop, BEAM_STOPS)
         require_one_of("decode.precision", self.precision, INFERENCE_PRECISIONS)
         require_one_of("decode.steps", self.steps, DECODING_STEPS)
-        require_one_of("decode.speculative", self.speculative, SPECULATIVE)
+        if not isinstance(self.speculative, str) or not self.speculative.strip():
+            raise ConfigError(
+                "decode.speculative must be one of 'none', 'source', 'shallow' or a draft checkpoint's "
+                f"folder; got {self.speculative!r}"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"decode.top_p must be in (0, 1]; got {self.top_p!r}")
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -20,7 +20,7 @@ import torch
 
 from attnkit.checkpoint.draft_file import attach_draft
 from attnkit.checkpoint.folder import load_model_weights, read_run_config, resolve_checkpoint
-from attnkit.config import RunConfig, with_decode_overrides
+from attnkit.config import RunConfig, draft_checkpoint, with_decode_overrides
 from attnkit.cpu import pack_for_inference, quantize_int8, speed_up
 from attnkit.cpu.linear import linear_precision
 from attnkit.cpu.precision import matrix_units
@@ -106,14 +106,55 @@ def load_for_inference(
         )
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
-    if config.decode.speculative == "shallow" and pack:  # its draft decoder, made ready with it
+    drafting = config.decode.speculative == "shallow" or draft_checkpoint(config.decode.speculative)
+    if drafting and pack:  # its draft, made ready with it (the same device and precision)
         if not isinstance(model, (EncoderDecoder, DecoderModel)):
             raise AttnkitError(
-                "decode.speculative=shallow drafts for the encoder-decoder Transformer and GPT; "
-                f"{checkpoint} holds {a_model(config.model.arch)}"
+                f"decode.speculative={config.decode.speculative}: draft models are for the encoder-decoder "
+                f"Transformer and GPT; {checkpoint} holds {a_model(config.model.arch)}"
             )
-        attach_draft(model, checkpoint)
+        if config.decode.speculative == "shallow":
+            attach_draft(model, checkpoint)
+        else:
+            model.draft = draft_model(config.decode.speculative, config, tokenizer, device)
     return ready_for_inference(model, config, device, pack), tokenizer, config
+
+
+def draft_model(
+    path: str, config: RunConfig, tokenizer: Tokenizer | None, device: torch.device
+) -> torch.nn.Module:
+    """The model of another checkpoint (``decode.speculative=PATH``) as the draft of ``config``'s: of the
+    same architecture and vocabulary (its ids mean the same tokens), with a context at least as long
+    (it reads every position the model does); a one-line error naming what differs otherwise. Its
+    float32 weights as trained: it is made ready with the model it drafts for."""
+    what = f"decode.speculative={path}"
+    try:
+        checkpoint = resolve_checkpoint(path)
+    except AttnkitError as error:  # a misspelt kind of drafts reads as a path
+        raise AttnkitError(f"{what}: {error} (decode.speculative is none, source, shallow or a draft "
+                           "checkpoint's folder or run directory)") from None  # fmt: skip
+    arch = read_run_config(checkpoint).model.arch
+    if arch != config.model.arch:
+        raise AttnkitError(
+            f"{what} holds {a_model(arch)}; the draft of {a_model(config.model.arch)} is one too"
+        )
+    draft, draft_tokenizer, draft_config = load_for_inference(
+        checkpoint, device, pack=False, overrides=["decode.speculative=none"]
+    )
+    if tokenizer is None or draft_tokenizer is None or _vocabulary(draft_tokenizer) != _vocabulary(tokenizer):
+        raise AttnkitError(
+            f"{what}: its vocabulary is not the model's (a draft's ids must mean the same tokens)"
+        )
+    if draft_config.model.max_len < config.model.max_len:
+        raise AttnkitError(
+            f"{what}: its context holds {draft_config.model.max_len} positions, the model's "
+            f"{config.model.max_len} (a draft reads every position the model does)"
+        )
+    return draft
+
+
+def _vocabulary(tokenizer: Tokenizer) -> dict[str, int]:
+    return tokenizer.hf.get_vocab()
 
 
 def ready_for_inference(

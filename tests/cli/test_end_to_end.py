@@ -243,6 +243,31 @@ def test_a_distilled_draft_decoder_gives_greedy_translations_in_fewer_steps(trai
     assert drafted.stdout == plain.stdout and any(plain.stdout.splitlines())
 
 
+def test_a_smaller_model_of_another_checkpoint_drafts_for_greedy_translation(trained, copy_data, tmp_path):
+    """``decode.speculative=PATH``: a model with one encoder and one decoder layer, trained on the same
+    data (the same vocabulary), drafts over its own encoding of each source; greedy translation gives
+    plain greedy search's lines. A draft where there is no checkpoint is a one-line error."""
+    draft = tmp_path / "draft"
+    config = tmp_path / "recipe.yaml"
+    config.write_text(
+        "data:\n  train: [train.src, train.tgt]\n  valid: [valid.src, valid.tgt]\n", encoding="utf-8"
+    )
+    small = ["model.encoder_layers=1", "model.decoder_layers=1", "train.max_steps=20"]
+    result = runner.invoke(app, ["train", str(config), "--run-dir", str(draft), "--data", str(copy_data),
+                                 *TINY, *small])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    src = str(copy_data / "valid.src")
+    greedy = ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1"]
+    plain = runner.invoke(app, greedy)
+    for batch in ("1", "8"):
+        drafted = runner.invoke(app, [*greedy, f"decode.speculative={draft}", f"decode.batch_size={batch}"])
+        assert plain.exit_code == drafted.exit_code == 0, drafted.output
+        assert drafted.stdout == plain.stdout and any(plain.stdout.splitlines()), batch
+    one_line_error(
+        runner.invoke(app, [*greedy, f"decode.speculative={trained}-nowhere"]), r"no checkpoint here"
+    )
+
+
 def test_a_run_asking_for_drafts_validates_without_them(copy_data, tmp_path):
     """``decode.speculative=shallow`` in a training recipe: validation decodes without drafts (the
     model has no draft decoder yet: one is distilled from the trained model)."""

@@ -23,6 +23,9 @@ class Foretold:
         drafts = [tokens[:n] for tokens, n in zip(ahead, lengths, strict=True)]
         return [[another(t) if self.rng.randrange(self.spoiled) == 0 else t for t in d] for d in drafts]
 
+    def drawn_from(self, index):
+        return None  # proposed for certain
+
     def checked(self, kept) -> None:
         pass
 

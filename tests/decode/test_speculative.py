@@ -33,6 +33,7 @@ from tests.decode.drafting import Foretold
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
+SMALL = {"d_model": 128, "d_ff": 256, "encoder_layers": 1, "decoder_layers": 1}  # a draft model's
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,30 @@ def test_a_draft_decoders_guesses_give_plain_greedy_searchs_tokens(copying, prec
     model, tokenizer, _ = _ready(copying, precision, draft=True, copy=True)  # the copy mechanism
     plain, drafted, counts = _searches(model, tokenizer, texts, "shallow")
     assert drafted == plain and counts.proposed
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_another_checkpoints_model_drafts_over_its_own_encoding(copying, precision):
+    """A separate model of the same vocabulary as the draft (``decode.speculative=PATH``, which loading
+    attaches as ``model.draft``): it encodes each source itself, and translate gives plain greedy
+    search's translations whether it guesses poorly (a random model of one layer each side) or
+    perfectly (a copy of the model: every guess taken). The poor one is narrower than the model: the
+    model's memory would not fit it."""
+    texts = copying[2]
+    model, tokenizer, config = _ready(copying, precision)
+    plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
+    for seed, changes, perfect in [(3, SMALL, False), (12, {}, True)]:
+        model, tokenizer, config = _ready(copying, precision)
+        model.draft = _ready(copying, precision, seed=seed, **changes)[0]
+        config.decode.speculative, config.decode.batch_size = "elsewhere/draft-run", 1
+        paying = economy(model, "elsewhere/draft-run, eager steps")
+        paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every batch drafts (but the 16th)
+        paying.heard(False, 100.0, 1)
+        counts = Speculation()
+        reporting = Reporting(speculation=counts)
+        found = translate(model, tokenizer, texts, config.decode, beam_size=1, reporting=reporting)
+        assert found == plain and counts.proposed > 0, counts
+        assert (counts.acceptance == 1.0) == perfect, counts
 
 
 def test_a_batch_drafts_once_one_row_is_left(copying):

@@ -167,14 +167,8 @@ def test_generate_with_drafts_gives_greedy_texts_with_stop_strings_and_streaming
         assert pieces[0] == plain[0]
 
 
-def test_a_decoders_drafts_only_where_they_can_be_checked(trained):
+def test_a_decoders_drafts_need_its_draft_where_they_are_its_drafts_guesses(trained):
     model, tokenizer = _ready(trained, "fp32")
-    warned: list[str] = []
-    sampled = _decode(speculative="source", temperature=0.8, seed=3)
-    assert generate(model, tokenizer, PROMPTS, sampled, warn=warned.append) == generate(
-        model, tokenizer, PROMPTS, _decode(temperature=0.8, seed=3)
-    )
-    assert "greedy generation alone" in warned[0]
     with pytest.raises(AttnkitError, match="needs the model's draft decoder, and this model has none"):
         generate(model, tokenizer, PROMPTS, _decode(speculative="shallow"))
     model, tokenizer = _ready(trained, "fp32", draft=True)
@@ -195,3 +189,121 @@ def test_context_drafts_follow_the_latest_match_of_the_longest_run_of_last_token
     assert drafts.follow(0, [3, 3], 4) == []  # no match
     assert drafts.follow(0, [5, 6], 0) == []
     assert ContextDrafts([[1, 2, 1, 2, 1, 2]], longest=2).follow(0, [], 3) == [1, 2]
+
+
+class Offered:
+    """Drafts that offer the same tokens at every step, for certain (as drafts copied from the context
+    are): the model keeps each with its own probability of it."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def propose(self, rows, written, lengths, tokens) -> list[list[int]]:
+        return [self.tokens[:n] for n in lengths]
+
+    def drawn_from(self, index):
+        return None
+
+    def checked(self, kept) -> None:
+        pass
+
+    def keep(self, index) -> None:
+        pass
+
+
+def _sampled_runs(model, tokenizer, prompt: str, n: int, decode: DecodeConfig, drafts=None) -> list[str]:
+    """``n`` continuations of ``prompt``, each from its own seed, as generate samples them (with
+    ``drafts``: those drafts in place of the ones ``decode.speculative`` names); where it drafts, it drafts
+    some tokens."""
+    import attnkit.decode.generate as generating
+
+    real, counts = generating._drafts, Speculation()
+    if drafts is not None:
+        generating._drafts = lambda *args: drafts
+    try:
+        texts = generate(model, tokenizer, [prompt] * n, decode, speculation=counts)
+    finally:
+        generating._drafts = real
+    if decode.speculative != "none":
+        assert counts.proposed > 0, counts
+    return texts
+
+
+def test_speculative_sampling_draws_the_models_own_texts(trained, monkeypatch):
+    """Generation that samples with drafts checked by the acceptance rule gives the model's own
+    distribution over texts: the first three characters after a prompt, over 2,000 draws, against
+    ``p(a) p(b | a) p(c | a b)`` from the model's own forward pass (temperature 1, top-k 3: 27 texts),
+    by a chi-square test, with drafts offered for certain (some likely, some not), with the guesses a
+    draft decoder samples, and without drafts; keeping every drafted token instead fails it."""
+    model, tokenizer = _ready(trained, "fp32", draft=True)
+    prompt, n = "to be or not", 2000
+    settings = {"temperature": 1.0, "top_k": 3, "max_new_tokens": 4, "batch_size": 1000}
+    expected = _texts_distribution(model, tokenizer, prompt, settings, 3)
+    likely = Offered(tokenizer.encode(max(expected, key=expected.get)[1:]))  # after the first character
+    offered, drafted = _decode(**settings, speculative="source"), _decode(**settings, speculative="shallow")
+    runs = {
+        "plain": _sampled_runs(model, tokenizer, prompt, n, _decode(**settings)),
+        "likely offered": _sampled_runs(model, tokenizer, prompt, n, offered, likely),
+        "unlikely offered": _sampled_runs(
+            model, tokenizer, prompt, n, offered, Offered(tokenizer.encode("zz"))
+        ),
+        "draft decoder": _sampled_runs(model, tokenizer, prompt, n, drafted),
+    }
+    for name, texts in runs.items():
+        assert _chi2_of(texts, expected, n) < CHI2_999_26, name
+
+    def keep_all(target, draft, drafted, generator):
+        return [*drafted, int(torch.multinomial(target[len(drafted)], 1, generator=generator))]
+
+    monkeypatch.setattr("attnkit.decode.speculative_sampling.kept_by_sampling", keep_all)
+    kept_all = _sampled_runs(model, tokenizer, prompt, n, offered, likely)
+    assert _chi2_of(kept_all, expected, n) > 10 * CHI2_999_26
+
+
+# the chi-square distribution's 0.999 quantile at 26 degrees of freedom (NIST's Engineering Statistics
+# Handbook 1.3.6.7.4): a correct search exceeds it once in a thousand runs
+CHI2_999_26 = 54.052
+
+
+def _texts_distribution(model, tokenizer, prompt: str, settings: dict, length: int) -> dict[str, float]:
+    """The probability of each text of ``length`` characters after ``prompt`` under ``settings``'
+    sampling, from the model's forward pass over the whole text (no cache, no steps)."""
+    from attnkit.decode.sampling import distribution
+
+    texts = {"": 1.0}
+    for _ in range(length):
+        grown = {}
+        for text, p in texts.items():
+            ids = torch.tensor([tokenizer.encode(prompt + text)])
+            with torch.no_grad():
+                log_probs = model(ids)[0, -1].log_softmax(-1, dtype=torch.float64)[None]
+            probs = distribution(log_probs, settings["temperature"], settings["top_k"])[0]
+            for token in probs.nonzero()[:, 0].tolist():
+                grown[text + tokenizer.decode([token])] = p * float(probs[token])
+        texts = grown
+    return texts
+
+
+def _chi2_of(texts: list[str], expected: dict[str, float], n: int) -> float:
+    """Pearson's statistic of the texts' first three characters against ``expected``; infinite where
+    one has no probability at all."""
+    counts: dict[str, int] = {}
+    for text in texts:
+        counts[text[:3]] = counts.get(text[:3], 0) + 1
+    if not set(counts) <= set(expected):
+        return float("inf")
+    return sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in expected.items())
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_prompts_sampled_text_with_drafts_is_its_own_whatever_its_batch(trained, precision):
+    """Sampling with drafts (from the context, or a draft decoder's samples): each prompt's text from
+    its seed is the same alone and in a batch of others, whose rows keep different numbers of drafted
+    tokens at every step."""
+    model, tokenizer = _ready(trained, precision, draft=True)
+    for speculative in ("source", "shallow"):
+        decode = _decode(temperature=0.9, top_k=8, seed=5, speculative=speculative)
+        counts = Speculation()
+        together = generate(model, tokenizer, PROMPTS, decode, speculation=counts)
+        alone = [generate(model, tokenizer, [p], decode, seeds=[5 + i])[0] for i, p in enumerate(PROMPTS)]
+        assert together == alone and counts.taken > 0, (speculative, counts)

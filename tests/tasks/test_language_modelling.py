@@ -1,6 +1,7 @@
 """Language modelling on raw text: nanoGPT's split, epochs of whole blocks, validation over every token,
 training that learns, exact resume, and the command line from train to generate."""
 
+import dataclasses
 import json
 import math
 import re
@@ -14,7 +15,11 @@ from typer.testing import CliRunner
 from attnkit.checkpoint.folder import resolve_checkpoint
 from attnkit.cli import app
 from attnkit.config import load_run_config
+from attnkit.decode.generate import generate
+from attnkit.decode.speculative import Speculation
 from attnkit.errors import ConfigError
+from attnkit.loading import load_for_inference
+from attnkit.models.decoder_only import DecoderModel
 from attnkit.tasks.language_modelling import LanguageModellingTask, read_texts
 from attnkit.train.loop import Trainer
 from tests.cli.checks import one_line_error
@@ -196,6 +201,62 @@ def test_a_gpts_distilled_draft_and_drafts_from_its_context_give_greedy_generati
         drafted = runner.invoke(app, [*greedy, f"decode.speculative={drafts}"])
         assert drafted.exit_code == 0, drafted.output
         assert drafted.stdout == plain.stdout, drafts
+
+
+def test_a_smaller_gpt_of_another_checkpoint_drafts_for_greedy_generation(text_dir, tmp_path, copy_data):
+    """``decode.speculative=PATH``: a one-layer GPT trained on the same text (the same characters, so the
+    same vocabulary) drafts for the two-layer one, and greedy generation writes plain greedy
+    generation's text, from a file of prompts in batches too; a draft that cannot be is a one-line
+    error naming what differs."""
+    runs = {}
+    for name, extra, steps in [("model", [], 200), ("draft", ["model.layers=1"], 100),
+                               ("short", ["model.layers=1", "model.max_len=16"], 1)]:  # fmt: skip
+        runs[name] = tmp_path / name
+        result = runner.invoke(app, ["train", "--run-dir", str(runs[name]), "--data", str(text_dir), *TINY,
+                                     *extra, f"train.max_steps={steps}"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    other = tmp_path / "other"
+    (other / "data").mkdir(parents=True)
+    (other / "data" / "text.txt").write_text(
+        "an entirely different alphabet: XYZ QRS 0123\n" * 30, encoding="utf-8"
+    )
+    trained = runner.invoke(app, ["train", "--run-dir", str(other / "run"), "--data", str(other / "data"),
+                                  *TINY, "train.max_steps=1"])  # fmt: skip
+    assert trained.exit_code == 0, trained.output
+    translation = tmp_path / "translation"
+    files = ["data.train=[train.src, train.tgt]", "data.valid=[valid.src, valid.tgt]", "train.max_steps=1"]
+    made = runner.invoke(app, ["train", "--run-dir", str(translation), "--data", str(copy_data),
+                               "model.preset=tiny", *files])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("line 7:\nthe quick brown\nline 12: the lazy\n", encoding="utf-8")
+    greedy = ["generate", "--ckpt", str(runs["model"]), "--max-new-tokens", "40", "--temperature", "0"]
+    for source in (["--prompt", "line 7:"], ["-i", str(prompts)]):
+        plain = runner.invoke(app, [*greedy, *source])
+        drafted = runner.invoke(app, [*greedy, *source, f"decode.speculative={runs['draft']}"])
+        assert plain.exit_code == drafted.exit_code == 0, drafted.output
+        assert drafted.stdout == plain.stdout and len(set(plain.stdout)) > 8, source
+    settings = [f"decode.speculative={runs['draft']}", "decode.temperature=0", "decode.max_new_tokens=40"]
+    model, tokenizer, config = load_for_inference(runs["model"], overrides=settings)
+    assert isinstance(model.draft, DecoderModel) and model.draft.config.layers == 1
+    counts, texts = Speculation(), ["line 7:", "the quick brown"]
+    without = dataclasses.replace(config.decode, speculative="none")
+    assert generate(model, tokenizer, texts, config.decode, speculation=counts) == generate(
+        model, tokenizer, texts, without
+    )
+    assert counts.proposed > 0 and counts.taken > 0, counts  # (the first batch drafts: Economy)
+    for draft, message in [
+        (
+            tmp_path / "nowhere",
+            r"decode\.speculative=.*nowhere: .*no checkpoint here .*none, source, shallow",
+        ),
+        (runs["short"], r"its context holds 16 positions, the model's 32"),
+        (other / "run", r"its vocabulary is not the model's"),
+        (translation, r"holds an encoder-decoder model; the draft of a decoder model is one too"),
+    ]:
+        one_line_error(
+            runner.invoke(app, [*greedy, "--prompt", "line", f"decode.speculative={draft}"]), message
+        )
 
 
 def test_generate_refuses_what_it_cannot_do_in_one_line(text_dir, tmp_path, copy_data):

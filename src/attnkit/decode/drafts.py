@@ -6,7 +6,8 @@
 - :class:`ContextDrafts` (``decode.speculative=source`` for a decoder-only model): the prompt and the
   text written so far, looked up alike.
 - :class:`ShallowDrafts` (``decode.speculative=shallow``): a one-layer draft decoder (models/draft.py,
-  a translation model's or a GPT's) that guesses the model's next tokens a step at a time, with a KV
+  a translation model's or a GPT's), or a smaller model of another checkpoint (``decode.speculative=
+  PATH``, loading.py's ``draft_model``), that guesses the model's next tokens a step at a time, with a KV
   cache of its own kept in step with the model's: it drafts from the model's tokens, and after each
   check forgets the positions of the tokens the model did not take, as the model's cache does.
 
@@ -15,13 +16,18 @@ A draft is a guess: it never changes the output, only how many steps the search 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from attnkit.attention.invariance import each_query_alone
 from attnkit.data.tokenizer import SpecialIds
-from attnkit.decode.search import never_generated
+from attnkit.decode.sampling import Generators, distribution
+from attnkit.decode.search import log_probs_of, never_generated
+from attnkit.errors import AttnkitError
 from attnkit.models.decoding import Seq2SeqDecoding
 
 # a draft decoder's row stops drafting after a guess it gives less than this probability (HF's assisted
@@ -38,6 +44,23 @@ LONGEST_MATCH, SHORTEST_MATCH = 3, 2
 CHARACTERS, CHARACTER_MATCH = 256, (6, 3)
 
 
+def require_draft(model: object, speculative: str, otherwise: str) -> None:
+    """A one-line error where ``decode.speculative`` asks for ``model``'s draft (``shallow``: its draft
+    decoder; a checkpoint's folder: that model, loaded with it) and it has none; ``otherwise``: what
+    else the user may do."""
+    if speculative in ("none", "source") or getattr(model, "draft", None) is not None:
+        return
+    if speculative == "shallow":
+        raise AttnkitError(
+            "decode.speculative=shallow needs the model's draft decoder, and this model has none (make "
+            f"one with: attnkit distill-draft --ckpt RUN{otherwise})"
+        )
+    raise AttnkitError(
+        f"decode.speculative={speculative} needs that checkpoint's model as this model's draft, and this "
+        "model has none (attnkit.loading.load_for_inference loads it with the model)"
+    )
+
+
 class Drafts(Protocol):
     """What proposes drafts to speculative greedy search, and hears what became of them."""
 
@@ -47,6 +70,11 @@ class Drafts(Protocol):
         """For each row still searched (``rows``, by their numbers, in their order in ``tokens (n, t)``,
         the tokens so far with ``<s>`` first), up to ``lengths[i]`` tokens to follow ``written[r]``
         (its generated tokens so far), never ``</s>``."""
+        ...
+
+    def drawn_from(self, index: int) -> Tensor | None:
+        """The distributions ``(d, V)`` the ``index``-th row's last proposal (of ``d`` tokens) was drawn
+        from, for speculative sampling; None where it was proposed for certain."""
         ...
 
     def checked(self, kept: Tensor) -> None:
@@ -88,6 +116,9 @@ class SourceDrafts:
                 return found
         return []
 
+    def drawn_from(self, index: int) -> Tensor | None:
+        return None  # copied: proposed for certain
+
     def checked(self, kept: Tensor) -> None:
         pass  # a source is the same at every step
 
@@ -125,7 +156,10 @@ class ShallowDrafts:
     prompts): its greedy choices, a step at a time.
 
     A row drafts up to its length, and stops at ``</s>`` or after a guess the draft gives less than
-    :data:`CONFIDENT` probability; the draft stops stepping when every row has stopped.
+    :data:`CONFIDENT` probability; the draft stops stepping when every row has stopped. With
+    ``sampling`` (speculative sampling, decode/speculative_sampling.py), each guess is drawn from the
+    draft's distribution under the same settings as the model's, row r from the generator of its own,
+    and :meth:`drawn_from` gives those distributions.
 
     Its cache follows the model's. Drafting a row's next ``d`` tokens feeds the draft the row's
     tokens not yet in its cache (the last one; more after plain steps, which the draft sits out) and
@@ -135,9 +169,12 @@ class ShallowDrafts:
     drafting (as it reads the tokens of the plain steps it sat out); where only some did, it reads
     them now (one more step), so that every row keeps the model's positions."""
 
-    def __init__(self, draft: Seq2SeqDecoding, specials: SpecialIds) -> None:
-        self.draft, self.specials = draft, specials
+    def __init__(
+        self, draft: Seq2SeqDecoding, specials: SpecialIds, sampling: DraftSampling | None = None
+    ) -> None:
+        self.draft, self.specials, self.sampling = draft, specials, sampling
         self.never = never_generated(specials)
+        self.drawn: Tensor | None = None  # (n, steps, V): the distributions of the last guesses (sampling)
         self.fed: Tensor | None = None  # (n, t + d - 1): the tokens and guesses of the last drafting
         self.last: Tensor | None = None  # (n, 1): each row's last guess, not yet read by the draft
         self.drafted = 0  # how many positions the last drafting added to the draft's cache
@@ -153,10 +190,20 @@ class ShallowDrafts:
         wanted = torch.tensor(lengths, device=tokens.device)  # (n,)
         going = wanted > 0  # (n,): the rows still drafting
         counts = torch.zeros_like(wanted)  # (n,): each row's guesses so far
+        drawn = []
         for j in range(d):
-            logits = self.draft.next_logits(x)  # (n, V)
+            with each_query_alone() if self.sampling is not None else nullcontext():
+                # (sampling: a row's guesses are drawn from the bits of one-token steps however many
+                # tokens it catches up on, a number its batchmates' drafts decide)
+                logits = self.draft.next_logits(x)  # (n, V)
             logits[:, self.never] = float("-inf")  # as the model's choice rules them out
-            confidence, guess = logits.softmax(-1).max(-1)  # (n,) each
+            if self.sampling is None:
+                confidence, guess = logits.softmax(-1).max(-1)  # (n,) each
+            else:
+                probs = self.sampling.distribution(logits)  # (n, V)
+                guess = self.sampling.draw(probs, rows, going.tolist())  # (n,)
+                confidence = probs.gather(1, guess[:, None])[:, 0]
+                drawn.append(probs)
             guesses.append(guess[:, None])
             counts += going
             # a row stops at its length, at </s>, or after a guess the draft doubts
@@ -167,9 +214,13 @@ class ShallowDrafts:
         # the draft's cache now holds as many positions past the model's as it took steps: the last
         # token and the guesses but the last
         self.fed, self.last, self.drafted = x, guesses[-1], len(guesses)
+        self.drawn = torch.stack(drawn, 1) if drawn else None
         proposals = torch.cat(guesses, 1).tolist()  # (n, steps)
         eos = self.specials.eos
         return [_before_end(p[:count], eos) for p, count in zip(proposals, counts.tolist(), strict=True)]
+
+    def drawn_from(self, index: int) -> Tensor | None:
+        return None if self.drawn is None else self.drawn[index]
 
     def checked(self, kept: Tensor) -> None:
         if self.fed is None or self.last is None:  # nothing drafted: the draft sat the step out
@@ -185,6 +236,33 @@ class ShallowDrafts:
 
     def keep(self, index: Tensor) -> None:
         self.draft.keep(index)
+
+
+@dataclass(frozen=True)
+class DraftSampling:
+    """How a draft decoder samples its guesses for speculative sampling: as the model samples
+    (``decode/sampling.py``'s :func:`~attnkit.decode.sampling.distribution`), row r drawing from
+    ``generators[r]``."""
+
+    generators: Generators
+    temperature: float
+    top_k: int
+    top_p: float
+
+    def distribution(self, scores: Tensor, normalised: bool = False) -> Tensor:
+        """``(n, V)`` logits (log-probabilities where ``normalised``) -> the ``(n, V)`` probabilities a
+        token is drawn from."""
+        log_probs = scores if normalised else log_probs_of(scores)
+        return distribution(log_probs, self.temperature, self.top_k, self.top_p)
+
+    def draw(self, probs: Tensor, rows: list[int], going: list[bool]) -> Tensor:
+        """One guess per row from ``probs (n, V)``, drawn where the row still drafts (``going``) from
+        its own generator (the others draw nothing: their guess is ignored)."""
+        picks = [
+            torch.multinomial(p, 1, generator=self.generators[r]) if on else p.argmax().view(1)
+            for p, r, on in zip(probs, rows, going, strict=True)
+        ]
+        return torch.cat(picks)
 
 
 def _after(text: list[int], run: list[int], places: range, length: int) -> list[int] | None:

@@ -26,12 +26,19 @@ from torch import Tensor
 from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode.drafts import ContextDrafts, Drafts, ShallowDrafts
+from attnkit.decode.drafts import ContextDrafts, Drafts, DraftSampling, ShallowDrafts, require_draft
 from attnkit.decode.search import extend
-from attnkit.decode.speculative import Economy, Speculation, economy, speculative_greedy
+from attnkit.decode.speculative import (
+    ROWS_DRAFTED,
+    Economy,
+    Speculation,
+    economy,
+    greedy_judge,
+    speculative_greedy,
+)
+from attnkit.decode.speculative_sampling import sampling_judge
 from attnkit.decode.starts import encode_prompts, prompt_sampler, ready_prompts, searching
 from attnkit.decode.streams import fill_by_batch, stream_count
-from attnkit.errors import AttnkitError
 from attnkit.models import device_of
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.decoding import CausalDecoding
@@ -63,19 +70,19 @@ def generate(
     first: int = 0,
     seeds: list[int] | None = None,
     speculation: Speculation | None = None,
-    warn: Callable[[str], None] | None = None,
 ) -> list[str]:
     """The continuation of each prompt (without the prompt itself). ``progress`` hears how many more
     prompts are done, batch by batch; ``first`` is the number of ``prompts[0]`` among all the prompts
     (from 0), for its seed (``decode.seed + first``, and so on) and the errors' prompt numbers, when a
     long list is continued a part at a time. ``seeds``: each prompt's own seed instead (a server's
     requests, each with the seed its client chose, whatever the batch). ``listening``: see the module
-    docstring. Greedy generation (``decode.temperature=0``) with ``decode.speculative=source``
-    checks drafts copied from each prompt and its text so far, with ``shallow`` the guesses of the
-    model's draft decoder (decode/speculative.py: the same texts, in fewer steps where the drafts are
-    right; ``speculation`` counts what they did), where they have paid so far (``Economy``); ``warn``
-    hears why a setting takes none."""
-    paying = _economy(model, decode, warn)
+    docstring. With ``decode.speculative=source`` generation checks drafts copied from each prompt and
+    its text so far, with ``shallow`` (or a checkpoint's folder) the guesses of the model's draft
+    (``speculation`` counts what they did): greedy generation (``decode.temperature=0``) where they
+    have paid so far (``Economy``), for the same texts in fewer steps where the drafts are right
+    (decode/speculative.py); sampling in every batch, for texts drawn from the model's own
+    distribution (decode/speculative_sampling.py), but not the ones plain sampling draws."""
+    drafting = _drafting(model, decode, speculation)
     encoded = encode_prompts(tokenizer, prompts, model.config.max_len, first)
     device = device_of(model)  # the prompts go where the model is
     seeds = seeds or [decode.seed + first + i for i in range(len(prompts))]
@@ -87,9 +94,8 @@ def generate(
     def continue_batch(rows: list[int]) -> list[str]:
         prompts = [encoded[i] for i in rows]
         stream = TextStream(tokenizer, decode.stop, rows, listening.on_text, listening.wanted)
-        drafts = _Drafting(paying, speculation) if paying is not None else None
         own_seeds = [seeds[i] for i in rows]
-        return _generate_batch(model, tokenizer, prompts, own_seeds, decode, device, stream, drafts)
+        return _generate_batch(model, tokenizer, prompts, own_seeds, decode, device, stream, drafting)
 
     with searching(model):
         return fill_by_batch(continue_batch, batches, streams, outputs, progress)
@@ -107,25 +113,33 @@ def _generate_batch(
     drafting: _Drafting | None = None,
 ) -> list[str]:
     """Continue one batch of encoded prompts; ``seeds`` are their generators' seeds, ``stream`` decodes
-    the rows as they grow; with ``drafting``, greedy generation checks drafts where they pay."""
+    the rows as they grow; with ``drafting``, generation checks drafts: greedy generation where they
+    pay, sampling in every batch (decode/speculative_sampling.py)."""
     ready = ready_prompts(model, prompts, tokenizer.specials.pad, decode, device)
     specials = tokenizer.specials
-    drafted = drafting is not None and drafting.paying.drafting()  # (either way the same texts)
+    generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+    paying = drafting.paying if drafting is not None else None
+    drafted = drafting is not None and (paying is None or paying.drafting())  # (greedy: the same texts)
     began = time.perf_counter()
     if drafted:
         assert drafting is not None
         checking = cast(CausalDecoding, ready.decoding)
-        drafts = _drafts(model, decode, prompts, checking.prompt_valid, tokenizer)
+        sampling = None
+        if decode.temperature > 0:
+            sampling = DraftSampling(generators, decode.temperature, decode.top_k, decode.top_p)
+        drafts = _drafts(model, decode, prompts, checking.prompt_valid, tokenizer, sampling)
+        judge = greedy_judge if sampling is None else sampling_judge(drafts, sampling)
         observe = stream.observe if stream.watching else None
+        most_rows = ROWS_DRAFTED if sampling is None else len(prompts)  # sampling: every row, every step
         generated = speculative_greedy(
-            checking, ready.tokens, ready.limits, specials, drafts, drafting.speculation,
-            normalised=True, observe=observe,
+            checking, ready.tokens, ready.limits, specials, drafts, drafting.speculation, most_rows,
+            normalised=True, observe=observe, judge=judge, plain_first=sampling is not None,
         )  # fmt: skip
     else:
-        choose = prompt_sampler([torch.Generator(device).manual_seed(seed) for seed in seeds], decode)
+        choose = prompt_sampler(generators, decode)
         generated = extend(ready.decoding, ready.tokens, ready.limits, specials, choose, stream.observe)
-    if drafting is not None:
-        drafting.paying.heard(drafted, time.perf_counter() - began, sum(len(ids) + 1 for ids in generated))
+    if paying is not None:
+        paying.heard(drafted, time.perf_counter() - began, sum(len(ids) + 1 for ids in generated))
     return [stream.finish(row, ids) for row, ids in enumerate(generated)]
 
 
@@ -135,43 +149,36 @@ def _drafts(
     prompts: list[list[int]],
     valid: Tensor,
     tokenizer: Tokenizer,
+    sampling: DraftSampling | None = None,
 ) -> Drafts:
-    """What greedy generation of ``prompts`` checks: drafts copied from each prompt and its text so far,
-    or the guesses of the model's draft decoder, stepped over the same left-padded prompts (``valid (N,
-    P)``: their real tokens)."""
+    """What generation of ``prompts`` checks: drafts copied from each prompt and its text so far, or the
+    guesses of the model's draft (its draft decoder, or another GPT), stepped over the same left-padded
+    prompts (``valid (N, P)``: their real tokens): its greedy choices, or with ``sampling`` its samples."""
     if decode.speculative == "source":
         return ContextDrafts.for_vocabulary(prompts, tokenizer.vocab_size)
-    draft = cast(ShallowCausalDraft, model.draft)
-    return ShallowDrafts(draft.decoding(valid), tokenizer.specials)
+    draft = cast(ShallowCausalDraft | DecoderModel, model.draft)  # its draft decoder, or another GPT
+    return ShallowDrafts(draft.decoding(valid), tokenizer.specials, sampling)
 
 
 @dataclass(frozen=True)
 class _Drafting:
-    """Greedy generation's drafts: where they pay (``paying``), and the count of what they did."""
+    """Generation's drafts: where greedy generation's pay (``paying``; None for sampling, which drafts
+    every batch), and the count of what they did."""
 
-    paying: Economy
+    paying: Economy | None
     speculation: Speculation | None
 
 
-def _economy(model: DecoderModel, decode: DecodeConfig, warn: Callable[[str], None] | None) -> Economy | None:
-    """Whether generation with ``decode`` checks drafts: the :class:`Economy` that chooses batch by batch
-    where it may, else None (no drafts asked for, or a setting that takes none: said to ``warn``)."""
+def _drafting(model: DecoderModel, decode: DecodeConfig, speculation: Speculation | None) -> _Drafting | None:
+    """Whether generation with ``decode`` checks drafts: greedy generation where they pay (the
+    :class:`Economy` that chooses batch by batch), sampling always (the choice would change the texts);
+    None where no drafts are asked for."""
     if decode.speculative == "none":
         return None
-    if decode.speculative == "shallow" and model.draft is None:
-        raise AttnkitError(
-            "decode.speculative=shallow needs the model's draft decoder, and this model has none (make one "
-            "with: attnkit distill-draft --ckpt RUN; or decode.speculative=source drafts from each prompt "
-            "and its text so far)"
-        )
-    if decode.temperature != 0:
-        if warn is not None:
-            warn(
-                f"decode.speculative={decode.speculative} checks drafts in greedy generation alone "
-                f"(decode.temperature=0); this one samples at {decode.temperature:g} and takes none"
-            )
-        return None
-    return economy(model, f"{decode.speculative}, eager steps")
+    require_draft(model, decode.speculative, "; or decode.speculative=source drafts from each prompt and its "
+                  "text so far")  # fmt: skip
+    paying = economy(model, f"{decode.speculative}, eager steps") if decode.temperature == 0 else None
+    return _Drafting(paying, speculation)
 
 
 class TextStream:

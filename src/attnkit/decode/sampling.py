@@ -30,12 +30,18 @@ def sampler(generators: Generators, temperature: float = 1.0, top_k: int = 0, to
     def choose(log_probs: Tensor, rows: Tensor) -> Tensor:
         if temperature == 0:
             return argmax(log_probs)
-        probs = restrict(log_probs / temperature, top_k, top_p).softmax(-1)  # (n, V)
+        probs = distribution(log_probs, temperature, top_k, top_p)  # (n, V)
         chosen = zip(probs, rows.tolist(), strict=True)
         picks = [torch.multinomial(p, 1, generator=generators[i]) for p, i in chosen]
         return torch.cat(picks)
 
     return choose
+
+
+def distribution(log_probs: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """What a row samples from, ``(N, V)`` probabilities: ``softmax(log p / temperature)`` restricted to
+    the top-k / top-p set (:func:`restrict`); ``temperature > 0``."""
+    return restrict(log_probs / temperature, top_k, top_p).softmax(-1)
 
 
 def restrict(scores: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:

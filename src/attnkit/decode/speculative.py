@@ -13,7 +13,10 @@ choice at each position is the same ``argmax`` under the same rules (the length 
 never generated). The tests compare both searches token for token.
 
 The drafts come from decode/drafts.py: the source's own tokens (``decode.speculative=source``,
-prompt lookup; a decoder's prompt and text so far) or a one-layer draft decoder's guesses (``shallow``).
+prompt lookup; a decoder's prompt and text so far), a one-layer draft decoder's guesses (``shallow``)
+or another checkpoint's smaller model's (a checkpoint's folder). What a row keeps of its draft is a
+:data:`Judge`: greedy search's rule here, or speculative sampling's acceptance rule
+(decode/speculative_sampling.py), with which the same search samples from the model's distribution.
 A decoder-only model's greedy generation (decode/generate.py) checks them alike, through
 ``CausalDecoding``'s ``checked_logits`` and ``rewind``, its stop strings and streaming observed after
 each step as ``extend`` observes them. Each row's draft grows by two
@@ -176,6 +179,27 @@ def economy(model: object, drafts: str) -> Economy:
         return _ECONOMIES.setdefault(model, {}).setdefault(drafts, Economy())
 
 
+# what a row keeps of its draft after a check: ``judge(scores (n, d + 1, V), rows, proposals)``, each
+# row's kept drafted tokens and then one of the model's (greedy: those it would have chosen itself;
+# sampling: decode/speculative_sampling.py's acceptance rule), given the scores at each checked
+# position (log-probabilities, or logits for greedy search without ``normalised``)
+Judge = Callable[[Tensor, list[int], list[list[int]]], list[list[int]]]
+
+
+def greedy_judge(scores: Tensor, rows: list[int], proposals: list[list[int]]) -> list[list[int]]:
+    """Greedy search's :data:`Judge`: each row's drafted tokens the model would have chosen itself (its
+    ``argmax`` at each position), in order, then its own choice after them."""
+    n, width, V = scores.shape
+    choices = argmax(scores.view(-1, V)).view(n, width).tolist()  # (n, d + 1): the model's own choice at each
+    kept = []
+    for proposal, chosen in zip(proposals, choices, strict=True):
+        taken = 0
+        while taken < len(proposal) and proposal[taken] == chosen[taken]:
+            taken += 1
+        kept.append(chosen[: taken + 1])
+    return kept
+
+
 def speculative_greedy(
     decoding: Checking,
     tokens: Tensor,
@@ -187,6 +211,8 @@ def speculative_greedy(
     *,
     normalised: bool = False,
     observe: Callable[[Tensor], Tensor | None] | None = None,
+    judge: Judge = greedy_judge,
+    plain_first: bool = False,
 ) -> list[list[int]]:
     """Greedy search after ``tokens (N, t)`` (``<s>``, or left-padded prompts), each row within its bound
     ``limits (N,)``, with ``drafts`` checked at every step where at most ``most_rows`` rows are left
@@ -198,7 +224,10 @@ def speculative_greedy(
     after each step; a row it ends may have taken tokens past its stop string in that step, which the
     text cut at the stop string drops. A prompt's first step reads the whole prompt, and checks no
     draft (its positions would not be the bits of the prompt's own step). ``speculation`` counts what
-    the drafts did."""
+    the drafts did. ``judge``: what a row keeps of its draft (greedy's rule; speculative sampling's,
+    decode/speculative_sampling.py, with ``normalised``); ``plain_first``: the first step is a plain
+    one even after prompts of one token (speculative sampling: whether a row drafts then must not
+    depend on how wide its batchmates' prompts are)."""
     counts = Speculation()  # this search's (added to ``speculation`` at its end)
     N, device = tokens.size(0), tokens.device
     found: list[list[int]] = [[] for _ in range(N)]
@@ -206,7 +235,7 @@ def speculative_greedy(
     written: list[list[int]] = [[] for _ in range(N)]  # each row's tokens so far
     paces = [Pace() for _ in range(N)]  # each row's draft lengths
     bounds = limits.tolist()
-    prompted = tokens.size(1) > 1  # the first step reads a prompt: a plain step
+    prompted = tokens.size(1) > 1 or plain_first  # the first step reads a prompt: a plain step
     while rows:
         # a draft may fill a row's room but for the model's own token after it
         drafting = len(rows) <= most_rows and not prompted
@@ -226,13 +255,11 @@ def speculative_greedy(
         V = logits.size(-1)
         flat = logits.view(-1, V)
         flat = only_allowed(log_probs_of(flat) if normalised else flat, at_limit.view(-1), specials)
-        choices = argmax(flat).view(-1, d + 1).tolist()  # (n, d + 1): the model's own choice at each
+        judged = judge(flat.view(-1, d + 1, V), rows, proposals)  # each row's kept draft, then the model's
         kept, ended = [], []
         for i, (r, proposal) in enumerate(zip(rows, proposals, strict=True)):
-            taken = 0  # the draft's tokens the model would have chosen, in order
-            while taken < len(proposal) and proposal[taken] == choices[i][taken]:
-                taken += 1
-            new = choices[i][: taken + 1]  # ... and its own choice after them
+            new = judged[i]
+            taken = len(new) - 1  # the draft's tokens the model took
             if specials.eos in new:
                 new = new[: new.index(specials.eos) + 1]
             written[r] += new

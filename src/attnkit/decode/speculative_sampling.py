@@ -15,15 +15,27 @@ min(p(y), q(y))``), so the second term is ``max(0, p(x) - q(x))``, and ``min(q, 
 p``. The test draws many times on a small vocabulary and compares the counts with ``p`` by a
 chi-square test (tests/decode/test_speculative_sampling.py).
 
-Each row draws from its own generator (as ``decode/sampling.py``'s rows do), so its tokens are its own
-whatever its batchmates. No search takes it yet: drafts are checked in greedy search alone
-(decode/speculative.py).
+A draft that proposes tokens for certain (drafts copied from the context) is the case ``q_j = 1`` at
+``x_j``: ``x_j`` is kept with probability ``p_j(x_j)``, and after a refusal the row draws from ``p_j``
+without ``x_j``. A draft decoder samples its guesses from its own distribution under the same settings
+(temperature, top-k, top-p), which the model's is likely to resemble.
+
+Generation with ``decode.temperature > 0`` and drafts (decode/generate.py) checks them with
+:func:`sampling_judge` in decode/speculative.py's search. Each row draws from its own generator (as
+``decode/sampling.py``'s rows do): the draft's guesses, the acceptance and the model's token, in an
+order that depends on the row alone; and every row drafts at every step, in batches of any size (a
+choice that depended on the batch, or on what drafts have cost, would change which numbers a row draws
+and so its text). So a row's text is its own whatever its batchmates, and a sample of the model's
+distribution, but not the text plain sampling draws from the same seed.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from attnkit.decode.drafts import Drafts, DraftSampling
+from attnkit.decode.speculative import Judge
 
 
 def kept_by_sampling(
@@ -41,3 +53,26 @@ def kept_by_sampling(
         residual = (target[j] - draft[j]).clamp(min=0)  # (V,): what p has that q does not
         return [*drafted[:j], int(torch.multinomial(residual, 1, generator=generator))]
     return [*drafted, int(torch.multinomial(target[d], 1, generator=generator))]
+
+
+def sampling_judge(drafts: Drafts, sampling: DraftSampling) -> Judge:
+    """Speculative sampling's :data:`~attnkit.decode.speculative.Judge`: row ``r`` keeps what
+    :func:`kept_by_sampling` keeps of its draft, drawing from ``sampling.generators[r]``, the model's
+    distribution at each checked position sampling's under ``sampling``'s settings
+    (``decode/sampling.py``'s ``distribution`` of the log-probabilities), the draft's what
+    ``drafts.drawn_from`` says (a point mass where it says None)."""
+
+    def judge(scores: Tensor, rows: list[int], proposals: list[list[int]]) -> list[list[int]]:
+        n, width, V = scores.shape
+        target = sampling.distribution(scores.reshape(-1, V), normalised=True).view(n, width, V)
+        kept = []
+        for i, (r, proposal) in enumerate(zip(rows, proposals, strict=True)):
+            d = len(proposal)
+            drawn = drafts.drawn_from(i) if d else None
+            if drawn is None:  # proposed for certain: q_j is 1 at x_j
+                drawn = torch.zeros(d, V, dtype=target.dtype, device=target.device)
+                drawn[torch.arange(d), torch.tensor(proposal, dtype=torch.long)] = 1.0
+            kept.append(kept_by_sampling(target[i, : d + 1], drawn[:d], proposal, sampling.generators[r]))
+        return kept
+
+    return judge

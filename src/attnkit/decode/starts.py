@@ -193,14 +193,18 @@ def source_decoding(
 def _drafting(
     model: EncoderDecoder, drafted: bool, compiled: Callable[..., Seq2SeqDecoding] | None
 ) -> Callable[[Tensor, Tensor], Seq2SeqDecoding] | None:
-    """The draft decoder's decoding of sources over the model's memory (``SourceDecoding.draft``): its
-    ``compiled`` steps', or its own; None where there are no drafts of a draft decoder."""
+    """The draft's decoding of sources (``SourceDecoding.draft``): a draft decoder's over the model's
+    memory, another checkpoint's model over its own encoder's; its ``compiled`` steps', or its own;
+    None where there are no drafts of a draft model."""
     draft = getattr(model, "draft", None) if drafted else None  # (the RNN models have none)
     if draft is None:
         return None
+    own_memory = isinstance(draft, EncoderDecoder)  # another checkpoint's model encodes for itself
     if compiled is not None:
-        return lambda src, memory: compiled(src, True, memory)
-    return lambda src, memory: Seq2SeqDecoding(draft, src, use_cache=True, memory=memory)
+        return lambda src, memory: compiled(src, True, None if own_memory else memory)
+    return lambda src, memory: Seq2SeqDecoding(
+        draft, src, use_cache=True, memory=None if own_memory else memory
+    )
 
 
 def ready_sources(

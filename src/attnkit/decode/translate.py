@@ -14,12 +14,11 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import length_batches
 from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.beams import beam
-from attnkit.decode.drafts import Drafts, ShallowDrafts, SourceDrafts
+from attnkit.decode.drafts import Drafts, ShallowDrafts, SourceDrafts, require_draft
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
 from attnkit.decode.speculative import Checking, Speculation, economy, speculative_greedy
 from attnkit.decode.starts import SourceDecoding, encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
-from attnkit.errors import AttnkitError
 from attnkit.models import device_of
 from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.seq2seq import EncoderDecoder
@@ -129,11 +128,7 @@ def _hypotheses(
         return found
     greedy = search.beam_size == 1 and not scored  # no scores wanted
     drafted = greedy and decode.speculative != "none"  # checks drafts (compiled steps or the model's)
-    if decode.speculative == "shallow" and model.draft is None:
-        raise AttnkitError(
-            "decode.speculative=shallow needs the model's draft decoder, and this model has none (make "
-            "one with: attnkit distill-draft --ckpt RUN)"
-        )
+    require_draft(model, decode.speculative, "")
     if decode.speculative != "none" and not greedy and reporting.warn is not None:
         reporting.warn(
             f"decode.speculative={decode.speculative} checks drafts in greedy search alone (a beam of 1, no "
