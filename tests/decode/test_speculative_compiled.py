@@ -20,7 +20,7 @@ from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy as copy_task
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.compiled import compiled_decoding
-from attnkit.decode.speculative import Speculation
+from attnkit.decode.speculative import Speculation, economy
 from attnkit.decode.streams import serial_steps
 from attnkit.decode.translate import Reporting, translate
 from attnkit.loading import ready_for_inference
@@ -130,6 +130,36 @@ def test_translate_with_drafts_and_compiled_steps_gives_compiled_greedy_translat
         assert speculation.proposed or speculative == "source"
     assert counting.calls and not [w for w in warned if "could not compile" in w], warned
     assert any("draft decoder's" in w for w in warned), warned  # its steps were built too
+
+
+def test_another_checkpoints_model_drafts_with_compiled_steps_of_its_own(ready, monkeypatch):
+    """A separate, narrower model as the draft (``decode.speculative=PATH``): its own compiled step and
+    check step, over its own encoding of each source (the model's memory would not fit it), every
+    batch drafting; the translations of plain greedy search with the model's compiled steps."""
+    model, tokenizer, config, texts = ready
+    plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
+    torch.manual_seed(3)
+    narrow = {**MODEL, "d_model": 128, "d_ff": 256, "encoder_layers": 1, "decoder_layers": 1}
+    draft = ready_for_inference(
+        build_transformer(TransformerConfig.from_preset("tiny", **narrow), tokenizer.vocab_size), config
+    )
+    model.draft, shallow = draft, model.draft
+    try:
+        decode = dataclasses.replace(config.decode, speculative="elsewhere/small-run")
+        paying = economy(model, "elsewhere/small-run, compiled steps")
+        paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every batch drafts (but the 16th)
+        paying.heard(False, 100.0, 1)
+        speculation = Speculation()
+        counting = CountingCalls(monkeypatch)
+        found = translate(
+            model, tokenizer, texts, decode, beam_size=1, reporting=Reporting(speculation=speculation)
+        )
+        assert found == plain and speculation.proposed > 0, speculation
+        assert step_package(draft, 1, serial_steps(decode.streams)).is_file()  # the draft's own steps
+        assert step_package(draft, CHECK_STEP, serial_steps(decode.streams)).is_file()
+        assert counting.calls
+    finally:
+        model.draft = shallow
 
 
 def test_auto_builds_the_check_step_where_the_plain_steps_are_built(ready):
