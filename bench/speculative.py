@@ -33,6 +33,9 @@ A decoder-only checkpoint (GPT) continues prompts instead, greedily (``decode.te
 copied from each prompt and the text so far (``decode.speculative=source``); ``--prompt-chars K`` cuts
 the file's last ``n·K`` characters into ``n`` prompts of ``K`` characters (tiny Shakespeare: the end of
 ``input.txt``, the recipe's validation text), else each of its first ``n`` lines is a prompt.
+``--temperature T`` samples instead (the run's top-k and top-p), each prompt from its own seed: drafts
+are then checked by speculative sampling's acceptance rule in every batch, and the texts are samples
+of the same distribution, not the same texts (``differ`` counts them all).
 
 Run: ``python bench/speculative.py --ckpt runs/de_en --src data/multi30k/test_2016_flickr.de.gz --n 200
 --batch 1 [--compiled] [--ct2] [--always] [--draft-ckpt runs/small]``; a GPT: ``python
@@ -138,6 +141,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=100, help="a GPT's tokens per prompt, at most")
     parser.add_argument("--prompt-chars", type=int, help="a GPT's prompts: pieces of the file's end")
     parser.add_argument("--draft-ckpt", help="another checkpoint's smaller model as a draft too")
+    parser.add_argument("--temperature", type=float, default=0.0, help="a GPT's sampling (0: greedy)")
     args = parser.parse_args()
     if args.always:  # every batch drafts (decode/speculative.py's Economy would choose by their costs)
         Economy.drafting = lambda self: True  # type: ignore[method-assign]
@@ -154,7 +158,7 @@ def main() -> None:
     groups = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
     common = ["decode.beam_size=1", "decode.streams=1", f"decode.batch_size={args.batch}"]
     if continues:
-        common += ["decode.temperature=0", f"decode.max_new_tokens={args.new_tokens}"]
+        common += [f"decode.temperature={args.temperature}", f"decode.max_new_tokens={args.new_tokens}"]
     settings: dict[str, list[str]] = {}
     kinds = [("source drafts", "source")] + ([("shallow draft", "shallow")] if about else [])
     kinds += [("draft model", args.draft_ckpt)] if args.draft_ckpt else []
@@ -207,8 +211,12 @@ def main() -> None:
     tokens = {name: sum(len(tokenizer.encode(o)) + ended for o in outs) for name, outs in outputs.items()}
     base = sum(statistics.median(t) for t in times["greedy"])
     what = f"prompts, up to {args.new_tokens} new tokens each" if continues else "sentences"
+    sampling = continues and args.temperature > 0  # (the rows keep their greedy names)
+    searched = (
+        f"sampling at temperature {args.temperature:g} (texts differ by design)" if sampling else "greedy"
+    )
     print(
-        f"{args.ckpt}: {len(texts)} {what} of {args.src} in groups of {args.batch}, greedy, "
+        f"{args.ckpt}: {len(texts)} {what} of {args.src} in groups of {args.batch}, {searched}, "
         f"{args.threads} threads, decode.precision={config.decode.precision}, {args.rounds} rounds"
     )
     print(f"{'engine':42} {'p50 ms':>8} {'p99 ms':>8} {'tokens/s':>9} {'x greedy':>9} {'x plain':>8} "

@@ -26,7 +26,7 @@ from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.search import Search, argmax, extend, starts_of
-from attnkit.decode.speculative import Speculation, speculative_greedy
+from attnkit.decode.speculative import Speculation, speculative_search
 from attnkit.decode.speculative_sampling import kept_by_sampling
 from attnkit.models.config import TransformerConfig
 
@@ -108,7 +108,7 @@ per_step, same = [], []
 for spoil in spoils:
     counts = Speculation()
     with torch.no_grad():
-        found = speculative_greedy(
+        found = speculative_search(
             model.decoding(src), start, limits, specials, Spoiled(spoil, 1), counts, 24
         )
     same.append(found == plain)

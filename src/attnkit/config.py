@@ -35,7 +35,7 @@ SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")  # train.schedule (tr
 LENGTH_PENALTIES = ("length", "gnmt")  # beam search's lp(Y): |Y|^alpha, or GNMT's ((5 + |Y|) / 6)^alpha
 BEAM_STOPS = ("no-better", "k-finished")  # when beam search ends a sentence (decode/search.py)
 DECODING_STEPS = ("auto", "compiled", "eager")  # what a translation's search steps with (decode.steps)
-# what drafts greedy search checks (decode.speculative): these, or (any other value) a draft checkpoint
+# what drafts a search checks (decode.speculative): these, or (any other value) a draft checkpoint
 SPECULATIVE = ("none", "source", "shallow")
 # what a trained model's linear maps multiply in for inference (attnkit.loading.inference_precision)
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "int8")

@@ -21,7 +21,7 @@ from attnkit.decode.speculative import (
     Economy,
     Speculation,
     economy,
-    speculative_greedy,
+    speculative_search,
 )
 from attnkit.decode.translate import Reporting, translate
 from attnkit.errors import AttnkitError
@@ -80,7 +80,7 @@ def _searches(model, tokenizer, texts: list[str], drafts=None, most_rows: int | 
         elif drafts is None:
             drafts = SourceDrafts([ids[:-1] for ids in sources])
         most_rows = len(texts) if most_rows is None else most_rows
-        drafted = speculative_greedy(decoding, start, limits, specials, drafts, counts, most_rows)
+        drafted = speculative_search(decoding, start, limits, specials, drafts, counts, most_rows)
     return plain, drafted, counts
 
 

@@ -16,7 +16,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.drafts import ContextDrafts, ShallowDrafts
 from attnkit.decode.generate import Listening, generate
 from attnkit.decode.search import extend
-from attnkit.decode.speculative import Speculation, economy, speculative_greedy
+from attnkit.decode.speculative import Speculation, economy, speculative_search
 from attnkit.decode.starts import prompt_sampler, ready_prompts
 from attnkit.errors import AttnkitError
 from attnkit.loading import ready_for_inference
@@ -73,7 +73,7 @@ def _both(model, tokenizer, prompts: list[str], drafts=None, observe=None):
         if drafts == "shallow":
             drafts = ShallowDrafts(model.draft.decoding(ready.decoding.prompt_valid), tokenizer.specials)
         counts = Speculation()
-        drafted = speculative_greedy(
+        drafted = speculative_search(
             ready.decoding, ready.tokens, ready.limits, tokenizer.specials, drafts or ContextDrafts(encoded),
             counts, most_rows=len(prompts), normalised=True, observe=observe,
         )  # fmt: skip

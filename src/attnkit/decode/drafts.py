@@ -62,7 +62,7 @@ def require_draft(model: object, speculative: str, otherwise: str) -> None:
 
 
 class Drafts(Protocol):
-    """What proposes drafts to speculative greedy search, and hears what became of them."""
+    """What proposes drafts to speculative search (greedy or sampling), and hears what became of them."""
 
     def propose(
         self, rows: list[int], written: list[list[int]], lengths: list[int], tokens: Tensor

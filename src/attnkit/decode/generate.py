@@ -34,7 +34,7 @@ from attnkit.decode.speculative import (
     Speculation,
     economy,
     greedy_judge,
-    speculative_greedy,
+    speculative_search,
 )
 from attnkit.decode.speculative_sampling import sampling_judge
 from attnkit.decode.starts import encode_prompts, prompt_sampler, ready_prompts, searching
@@ -131,7 +131,7 @@ def _generate_batch(
         judge = greedy_judge if sampling is None else sampling_judge(drafts, sampling)
         observe = stream.observe if stream.watching else None
         most_rows = ROWS_DRAFTED if sampling is None else len(prompts)  # sampling: every row, every step
-        generated = speculative_greedy(
+        generated = speculative_search(
             checking, ready.tokens, ready.limits, specials, drafts, drafting.speculation, most_rows,
             normalised=True, observe=observe, judge=judge, plain_first=sampling is not None,
         )  # fmt: skip

@@ -200,7 +200,7 @@ def greedy_judge(scores: Tensor, rows: list[int], proposals: list[list[int]]) ->
     return kept
 
 
-def speculative_greedy(
+def speculative_search(
     decoding: Checking,
     tokens: Tensor,
     limits: Tensor,
@@ -214,9 +214,10 @@ def speculative_greedy(
     judge: Judge = greedy_judge,
     plain_first: bool = False,
 ) -> list[list[int]]:
-    """Greedy search after ``tokens (N, t)`` (``<s>``, or left-padded prompts), each row within its bound
-    ``limits (N,)``, with ``drafts`` checked at every step where at most ``most_rows`` rows are left
-    (see the module docstring): each row's generated ids without ``</s>``, exactly as ``extend(decoding,
+    """Greedy search (or, with speculative sampling's ``judge``, sampling) after ``tokens (N, t)``
+    (``<s>``, or left-padded prompts), each row within its bound ``limits (N,)``, with ``drafts``
+    checked at every step where at most ``most_rows`` rows are left (see the module docstring): each
+    row's generated ids without ``</s>``, greedy search's exactly as ``extend(decoding,
     tokens, limits, specials, choose, observe)`` gives them, ``choose`` taking each row's most probable
     token: by its logits (translate's :func:`~attnkit.decode.search.argmax`), or with ``normalised`` by
     its log-probabilities (generate's greedy sampler, which ranks them: rounded, two logits may tie).

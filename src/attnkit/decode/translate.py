@@ -16,7 +16,7 @@ from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.beams import beam
 from attnkit.decode.drafts import Drafts, ShallowDrafts, SourceDrafts, require_draft
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
-from attnkit.decode.speculative import Checking, Speculation, economy, speculative_greedy
+from attnkit.decode.speculative import Checking, Speculation, economy, speculative_search
 from attnkit.decode.starts import SourceDecoding, encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import device_of
@@ -151,7 +151,7 @@ def _hypotheses(
         if drafting:
             drafts = _drafts(decode.speculative, how, ready.decoding, sources, specials)
             checking = cast(Checking, ready.decoding)  # (Seq2SeqDecoding, compiled or not)
-            outputs = speculative_greedy(
+            outputs = speculative_search(
                 checking, ready.tokens, ready.limits, specials, drafts, reporting.speculation
             )
         else:
