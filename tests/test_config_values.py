@@ -45,7 +45,11 @@ BAD_VALUES = [
     ("decode.batch_size=0", r"decode\.batch_size must be >= 1; got 0"),
     ("decode.alpha=-0.5", r"decode\.alpha must be >= 0; got -0\.5"),
     ("decode.steps=fast", r"decode\.steps must be one of 'auto', 'compiled', 'eager'; got 'fast'"),
-    ("decode.speculative=eagle", r"decode\.speculative must be one of 'none', 'source', 'shallow'; got"),
+    (
+        "decode.speculative=' '",  # (another word names a draft checkpoint, looked for as the model loads)
+        r"decode\.speculative must be one of 'none', 'source', 'shallow' or a draft checkpoint's folder; "
+        r"got ' '",
+    ),
     ("decode.compile=maybe", r"'decode\.compile' must be true or false \(now decode\.steps\), got 'maybe'"),
     (
         "data.task=translate",

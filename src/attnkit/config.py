@@ -257,7 +257,9 @@ class DecodeConfig:
         require_one_of("decode.beam_stop", self.beam_stop, BEAM_STOPS)
         require_one_of("decode.precision", self.precision, INFERENCE_PRECISIONS)
         require_one_of("decode.steps", self.steps, DECODING_STEPS)
-        if not isinstance(self.speculative, str) or not self.speculative.strip():
+        if (
+            not self.speculative.strip()
+        ):  # (any other value names a draft checkpoint: loading.py's draft_model)
             raise ConfigError(
                 "decode.speculative must be one of 'none', 'source', 'shallow' or a draft checkpoint's "
                 f"folder; got {self.speculative!r}"
