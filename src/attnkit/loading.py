@@ -27,6 +27,7 @@ from attnkit.cpu.precision import matrix_units
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.models import ARCHITECTURES, build_model
+from attnkit.models.caption_transformer import CaptionTransformer
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -106,17 +107,22 @@ def load_for_inference(
         )
     model = build_for_tokenizer(config, tokenizer)
     load_model_weights(model, checkpoint)
-    drafting = config.decode.speculative == "shallow" or draft_checkpoint(config.decode.speculative)
-    if drafting and pack:  # its draft, made ready with it (the same device and precision)
-        if not isinstance(model, (EncoderDecoder, DecoderModel)):
+    speculative = config.decode.speculative
+    if (speculative == "shallow" or draft_checkpoint(speculative)) and pack:  # its draft, made ready with it
+        # (a draft decoder for the encoder-decoder Transformer and GPT; a draft model, for a Transformer
+        # captioner too)
+        drafted = (EncoderDecoder, DecoderModel) + (() if speculative == "shallow" else (CaptionTransformer,))
+        if not isinstance(model, drafted):
+            what = "draft decoders" if speculative == "shallow" else "draft models"
+            kinds = "" if speculative == "shallow" else ", and the Transformer captioner"
             raise AttnkitError(
-                f"decode.speculative={config.decode.speculative}: draft models are for the encoder-decoder "
-                f"Transformer and GPT; {checkpoint} holds {a_model(config.model.arch)}"
+                f"decode.speculative={speculative}: {what} are for the encoder-decoder Transformer and "
+                f"GPT{kinds}; {checkpoint} holds {a_model(config.model.arch)}"
             )
-        if config.decode.speculative == "shallow":
+        if speculative == "shallow":
             attach_draft(model, checkpoint)
         else:
-            model.draft = draft_model(config.decode.speculative, config, tokenizer, device)
+            model.draft = draft_model(speculative, config, tokenizer, device)
     return ready_for_inference(model, config, device, pack), tokenizer, config
 
 

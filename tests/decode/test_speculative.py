@@ -5,6 +5,8 @@ different numbers of drafted tokens; a checked position's logits are the bits of
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -271,3 +273,34 @@ def test_translate_decides_by_the_economy_and_gives_the_same_translations_either
     reporting = Reporting(speculation=counts)
     got = translate(model, tokenizer, texts, config.decode, beam_size=1, reporting=reporting)
     assert got == plain and counts.proposed == 0 and counts.steps == 0
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_smaller_captioners_guesses_give_greedy_captions(precision):
+    """A Transformer captioner with a narrower one as its draft (``decode.speculative=PATH``): the
+    captions of plain greedy search, the draft encoding each image itself; drafts copied from a source
+    are refused in one line (an image has none)."""
+    from attnkit.decode.captions import caption
+    from attnkit.models.caption_transformer import CaptionTransformer, CaptionTransformerConfig
+
+    tokenizer = Tokenizer.train("word", ["one two three four five six seven eight nine zero"])
+    config = load_run_config(None, [f"decode.precision={precision}", "decode.batch_size=1"])
+    models = []
+    for seed, d_model in [(4, 256), (5, 128)]:
+        torch.manual_seed(seed)
+        sizes = {"d_model": d_model, "d_ff": 2 * d_model, "image_size": 24, "max_len": 12}
+        shape = CaptionTransformerConfig.from_preset("caption-transformer-tiny", **sizes)
+        models.append(ready_for_inference(CaptionTransformer(shape, tokenizer.vocab_size), config))
+    model, draft = models
+    images = torch.rand(6, 1, 24, 24, generator=torch.Generator().manual_seed(0))
+    plain = caption(model, tokenizer, images, config.decode, beam_size=1)
+    model.draft = draft
+    decode = dataclasses.replace(config.decode, speculative="elsewhere/small-captioner")
+    paying = economy(model, "elsewhere/small-captioner, eager steps")
+    paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every batch drafts (but the 16th)
+    paying.heard(False, 100.0, 1)
+    counts = Speculation()
+    assert caption(model, tokenizer, images, decode, beam_size=1, speculation=counts) == plain
+    assert counts.proposed > 0 and any(plain), counts
+    with pytest.raises(AttnkitError, match="a caption's input is an image"):
+        caption(model, tokenizer, images, dataclasses.replace(decode, speculative="source"), beam_size=1)

@@ -81,6 +81,11 @@ def _predict_captions_image_files(run, folder):
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == expected
+    if config.model.arch == "caption-transformer":  # greedy, checking a captioner's guesses: the same lines
+        greedy = CliRunner().invoke(app, [*arguments, "decode.beam_size=1"])
+        drafted = CliRunner().invoke(app, [*arguments, "decode.beam_size=1", f"decode.speculative={run}"])
+        assert greedy.exit_code == drafted.exit_code == 0, drafted.output
+        assert drafted.stdout == greedy.stdout and greedy.stdout.strip()
     small = folder / "small.png"
     matplotlib.image.imsave(small, scenes.images[0, :40, :40].numpy(), cmap="gray")
     (folder / "text.png").write_text("not an image", encoding="utf-8")

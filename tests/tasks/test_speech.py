@@ -83,6 +83,10 @@ def test_a_speech_recogniser_trains_is_evaluated_and_transcribes_wav_files(tmp_p
                    r"notes.wav: not a WAV file this can read")  # fmt: skip
     one_line_error(CliRunner().invoke(app, ["predict", "--ckpt", str(run), "--text", "the third of may"]),
                    r"a speech recogniser reads sound, not text: give --audio FILE.wav")  # fmt: skip
+    drafted = ["predict", "--ckpt", str(run), "--audio", str(files[0]), "decode.speculative=source"]
+    one_line_error(
+        CliRunner().invoke(app, drafted), r"decode\.speculative=source: a speech recogniser checks no drafts"
+    )
 
 
 def test_the_speech_task_and_the_recogniser_ask_for_each_other():

@@ -296,9 +296,10 @@ def _generate(ckpt, prompt, input, output, engine, given, overrides, world) -> N
     by_parts(input, output, generate_part, world)
 
 
-@app.command()
+@app.command(context_settings=EXTRA_ARGS)
 @one_line_errors
 def predict(
+    ctx: typer.Context,
     ckpt: Annotated[Path, typer.Option(help="Checkpoint folder or run directory of an encoder model.")],
     text: Annotated[
         str | None, typer.Option(help="One input (default: lines of -i or stdin).", callback=as_sent)
@@ -322,7 +323,9 @@ def predict(
     question-answering model reads ``question<TAB>passage`` and prints the answer span; a masked-LM
     model fills each mask token of a sentence (``[MASK]`` or ``<mask>``, as its tokenizer writes it),
     printing ``token<TAB>probability`` for each. A captioner captions each --image, a speech recogniser
-    transcribes each --audio, one line each."""
+    transcribes each --audio, one line each. Extra ``decode.field=value`` arguments change the run's
+    decoding settings (a captioner's or recogniser's), e.g. ``decode.beam_size=1``; a Transformer
+    captioner's greedy search checks a smaller captioner's guesses with ``decode.speculative=RUN``."""
     from attnkit.processes import resolve_device
     from attnkit.task_records import encoder_heads
     from attnkit.tasks import task_of
@@ -337,13 +340,14 @@ def predict(
         writable_file(output)
     if image or audio:
         read = _captions if image else _transcripts
-        rows = read(ckpt, image or audio, resolve_device(), precision_override(precision, int8))
+        overrides = decode_overrides(ctx) + precision_override(precision, int8)
+        rows = read(ckpt, image or audio, resolve_device(), overrides)
         write_output(output, "".join(row + "\n" for row in rows))
         return
     _not_a_captioner(ckpt)
     with processes(input if text is None else None) as world:
         device = resolve_device()
-        overrides = precision_override(precision, int8)
+        overrides = decode_overrides(ctx) + precision_override(precision, int8)
         model, tokenizer, config = load_encoder(ckpt, encoder_heads(), device, overrides)
         task = task_of(config)
         if text is not None:

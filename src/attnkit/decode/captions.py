@@ -1,8 +1,16 @@
 """Captions of images by a trained captioner (models/captioner.py), searched by the same code as
 translations: greedy search for a beam of 1, beam search otherwise (decode/search.py), each caption at
-most the model's ``max_len`` tokens. Images go in batches of ``decode.batch_size``."""
+most the model's ``max_len`` tokens. Images go in batches of ``decode.batch_size``.
+
+A Transformer captioner (models/caption_transformer.py) decodes as the translation model does
+(``Seq2SeqDecoding``), so its greedy search checks a smaller captioner's guesses as drafts
+(``decode.speculative=PATH``, loaded with it as ``model.draft``; decode/speculative.py): the same
+captions, in fewer steps where the draft is right. An image has no source text to copy: ``source``
+drafts are refused in one line, and a beam search takes none."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 from torch import Tensor
@@ -11,8 +19,11 @@ from attnkit.config import DecodeConfig
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam
+from attnkit.decode.drafts import ShallowDrafts, require_draft
 from attnkit.decode.search import Search, argmax, extend
+from attnkit.decode.speculative import Speculation, economy, speculative_search
 from attnkit.decode.starts import searching
+from attnkit.errors import AttnkitError
 
 
 @torch.no_grad()
@@ -24,28 +35,55 @@ def caption(
     *,
     beam_size: int | None = None,
     device: torch.device | str = "cpu",
+    speculation: Speculation | None = None,
 ) -> list[str]:
     """The caption of each image of ``images (N, 1, H, W)`` (pixels in [0, 1]), by ``decode``'s beam
-    (or ``beam_size``)."""
+    (or ``beam_size``); greedy search checks the draft captioner's guesses where ``decode.speculative``
+    names one and they have paid so far (``Economy``; ``speculation`` counts what they did)."""
     width = beam_size or decode.beam_size
     search = Search.of(decode, beam_size=width, max_output_len=model.config.max_len)
+    paying = None
+    if width == 1 and decode.speculative != "none":
+        if decode.speculative == "source":
+            raise AttnkitError(
+                "decode.speculative=source copies drafts from a source text, and a caption's input is an "
+                "image; a smaller captioner's checkpoint (decode.speculative=PATH) drafts for captions"
+            )
+        require_draft(model, decode.speculative, "")
+        paying = economy(model, f"{decode.speculative}, eager steps")
     found: list[str] = []
     with searching(model):
         for start in range(0, len(images), decode.batch_size):
             batch = images[start : start + decode.batch_size].to(device)  # (B, 1, H, W)
-            found += written(model, tokenizer, batch, search)
+            drafted = paying is not None and paying.drafting()  # (either way the same captions)
+            began = time.perf_counter()
+            found += written(model, tokenizer, batch, search, drafted, speculation)
+            if paying is not None:
+                tokens = sum(len(tokenizer.encode(text)) + 1 for text in found[start:])
+                paying.heard(drafted, time.perf_counter() - began, tokens)
     return found
 
 
-def written(model: torch.nn.Module, tokenizer: Tokenizer, inputs: Tensor, search: Search) -> list[str]:
+def written(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    inputs: Tensor,
+    search: Search,
+    drafted: bool = False,
+    speculation: Speculation | None = None,
+) -> list[str]:
     """What ``model`` writes for each row of ``inputs`` (images, an utterance's frames: what its
     ``decoding`` reads) by ``search``: greedy for a beam of 1, beam search otherwise, each output at most
-    the model's ``max_len`` tokens."""
+    the model's ``max_len`` tokens. ``drafted``: greedy search checks the guesses of ``model.draft``,
+    a model of the same kind over the same inputs."""
     specials, rows = tokenizer.specials, inputs.size(0)
     first = torch.full((rows, 1), specials.bos, dtype=torch.long, device=inputs.device)
     limits = torch.full((rows,), model.config.max_len, device=inputs.device)
     decoding = model.decoding(inputs)
-    if search.beam_size == 1:
+    if search.beam_size == 1 and drafted:
+        drafts = ShallowDrafts(model.draft.decoding(inputs), specials)  # its own encoding of the inputs
+        outputs = speculative_search(decoding, first, limits, specials, drafts, speculation)
+    elif search.beam_size == 1:
         outputs = extend(decoding, first, limits, specials, argmax)
     else:
         outputs = [best[0].tokens for best in beam(decoding, first, limits, specials, search)]

@@ -17,6 +17,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.captions import written
 from attnkit.decode.search import Search
 from attnkit.decode.starts import searching
+from attnkit.errors import AttnkitError
 
 
 def padded_frames(features: Sequence[Tensor], multiple: int = 1) -> Tensor:
@@ -37,7 +38,12 @@ def transcribe(
     device: torch.device | str = "cpu",
 ) -> list[str]:
     """The transcript of each utterance of ``features`` (each ``(frames, n_mels)``), by ``decode``'s
-    beam (or ``beam_size``)."""
+    beam (or ``beam_size``). It checks no drafts (``decode.speculative``: said in one line)."""
+    if decode.speculative != "none":
+        raise AttnkitError(
+            f"decode.speculative={decode.speculative}: a speech recogniser checks no drafts (an utterance "
+            "has no text to copy them from, and its speller takes no draft model); decode.speculative=none"
+        )
     search = Search.of(decode, beam_size=beam_size or decode.beam_size, max_output_len=model.config.max_len)
     # batches of one padded width of annotations, padded to it: the speller's attention then takes a
     # batch in one call, as an utterance alone (attnkit.attention.invariance)

@@ -94,6 +94,8 @@ class CaptionTransformer(nn.Module):
         self.tgt_norm = None  # (the translation model's BERT-style embedding option; not here)
         self.generator = Generator(c.d_model, vocab_size)
         self._init_weights()
+        # a smaller captioner whose guesses greedy search checks (decode/captions.py), set where one is loaded
+        self.draft: nn.Module | None = None
 
     @property
     def output_layer(self) -> nn.Linear:

@@ -15,6 +15,7 @@ how often the attention, as a word names a digit, is on that digit (:func:`atten
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -167,7 +168,8 @@ class CaptioningTask:
         groups = consecutive(len(self.valid), size)
         batches = (caption_batch(self.valid, group, self.tokenizer) for group in groups)
         scores = validation_loss(self.loss, model, batches, device, autocast)
-        found = caption(unwrap(model), self.tokenizer, pixels(self.valid.images), self.config.decode,
+        plain = dataclasses.replace(self.config.decode, speculative="none")  # (no draft while training)
+        found = caption(unwrap(model), self.tokenizer, pixels(self.valid.images), plain,
                         beam_size=1, device=device)  # fmt: skip
         return {**scores, "valid_bleu": bleu(found, self.valid.captions).score,
                 "valid_accuracy": exact_match(found, self.valid.captions)}  # fmt: skip
