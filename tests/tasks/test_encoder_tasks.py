@@ -208,8 +208,9 @@ def test_masked_lm_training_learns_and_resumes_exactly(tmp_path):
         for i in rng.choices(range(18), k=500)
     ]
     (tmp_path / "runs.txt").write_text("\n".join(runs) + "\n", encoding="utf-8")
+    # (train.precision told, not timed: two runs timed apart may choose apart on a busy machine, as in CI)
     settings = [*ENCODER, "data.task=mlm", "data.train=[runs.txt]", "model.dropout=0.1", "model.d_model=64",
-                "model.d_ff=128"]  # fmt: skip
+                "model.d_ff=128", "train.precision=fp32"]  # fmt: skip
     task = MaskedLMTask(_config(tmp_path, *settings), None, lambda m: None)
     assert task.tokenizer.specials.mask is not None and len(task.valid_rows) == 50  # last tenth held out
     whole = Trainer(_config(tmp_path, *settings, "train.max_steps=100"), tmp_path / "whole", **QUIET)

@@ -93,6 +93,7 @@ def test_a_resumed_language_model_run_is_the_uninterrupted_one(text_dir, tmp_pat
         "train.decay_steps=24",
         "model.dropout=0.1",
         "model.attention_dropout=0.1",
+        "train.precision=fp32",  # told, not timed: two runs timed apart may choose apart on a busy machine
     ]
     whole = Trainer(_config(text_dir, *settings), tmp_path / "whole", echo=lambda m: None)
     whole.fit()
