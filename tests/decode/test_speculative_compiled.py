@@ -6,6 +6,7 @@ same compiled steps, ``decode.steps=auto`` building the check step where the oth
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shutil
 
@@ -140,9 +141,10 @@ def test_another_checkpoints_model_drafts_with_compiled_steps_of_its_own(ready, 
     plain = translate(model, tokenizer, texts, config.decode, beam_size=1)
     torch.manual_seed(3)
     narrow = {**MODEL, "d_model": 128, "d_ff": 256, "encoder_layers": 1, "decoder_layers": 1}
-    draft = ready_for_inference(
-        build_transformer(TransformerConfig.from_preset("tiny", **narrow), tokenizer.vocab_size), config
-    )
+    narrow_model = build_transformer(TransformerConfig.from_preset("tiny", **narrow), tokenizer.vocab_size)
+    # (its own copy of the settings: ready_for_inference writes the precision its maps take into them,
+    # float32 for maps this narrow, which the other tests' models would then be made ready in)
+    draft = ready_for_inference(narrow_model, copy.deepcopy(config))
     model.draft, shallow = draft, model.draft
     try:
         decode = dataclasses.replace(config.decode, speculative="elsewhere/small-run")
