@@ -21,7 +21,7 @@ from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import beam
 from attnkit.decode.drafts import ShallowDrafts, require_draft
 from attnkit.decode.search import Search, argmax, extend
-from attnkit.decode.speculative import Speculation, economy, speculative_search
+from attnkit.decode.speculative import Economy, Speculation, economy, speculative_search
 from attnkit.decode.starts import searching
 from attnkit.errors import AttnkitError
 
@@ -55,12 +55,7 @@ def caption(
     with searching(model):
         for start in range(0, len(images), decode.batch_size):
             batch = images[start : start + decode.batch_size].to(device)  # (B, 1, H, W)
-            drafted = paying is not None and paying.drafting()  # (either way the same captions)
-            began = time.perf_counter()
-            found += written(model, tokenizer, batch, search, drafted, speculation)
-            if paying is not None:
-                tokens = sum(len(tokenizer.encode(text)) + 1 for text in found[start:])
-                paying.heard(drafted, time.perf_counter() - began, tokens)
+            found += written(model, tokenizer, batch, search, paying, speculation)
     return found
 
 
@@ -69,24 +64,29 @@ def written(
     tokenizer: Tokenizer,
     inputs: Tensor,
     search: Search,
-    drafted: bool = False,
+    paying: Economy | None = None,
     speculation: Speculation | None = None,
 ) -> list[str]:
     """What ``model`` writes for each row of ``inputs`` (images, an utterance's frames: what its
     ``decoding`` reads) by ``search``: greedy for a beam of 1, beam search otherwise, each output at most
-    the model's ``max_len`` tokens. ``drafted``: greedy search checks the guesses of ``model.draft``,
-    a model of the same kind over the same inputs."""
+    the model's ``max_len`` tokens. With ``paying``, greedy search checks the guesses of ``model.draft``
+    (a model of the same kind over the same inputs) where they have paid so far, and tells it what the
+    search took."""
     specials, rows = tokenizer.specials, inputs.size(0)
     first = torch.full((rows, 1), specials.bos, dtype=torch.long, device=inputs.device)
     limits = torch.full((rows,), model.config.max_len, device=inputs.device)
     decoding = model.decoding(inputs)
-    if search.beam_size == 1 and drafted:
+    drafted = paying is not None and search.beam_size == 1 and paying.drafting()  # (the same outputs)
+    began = time.perf_counter()
+    if drafted:
         drafts = ShallowDrafts(model.draft.decoding(inputs), specials)  # its own encoding of the inputs
         outputs = speculative_search(decoding, first, limits, specials, drafts, speculation)
     elif search.beam_size == 1:
         outputs = extend(decoding, first, limits, specials, argmax)
     else:
         outputs = [best[0].tokens for best in beam(decoding, first, limits, specials, search)]
+    if paying is not None and search.beam_size == 1:
+        paying.heard(drafted, time.perf_counter() - began, sum(len(ids) + 1 for ids in outputs))
     return [tokenizer.decode(ids) for ids in outputs]
 
 
