@@ -16,6 +16,14 @@ convolutions run one image at a time (:func:`each_alone`), a small cost next to 
 follows, and the location features, taken at every step, as products summed over each window
 (:func:`correlated`).
 
+An elementwise function of a vectorised CPU kernel (``exp``, ``log``, ``sigmoid``) takes its entries
+in vectors and the last few, after the last whole vector, one at a time in scalar code, which may round
+otherwise (on AVX2: a sigmoid's result differed by one unit in the last place): whether a row's
+entries take one path or the other depends on where the row falls in its batch. Where a model applies
+one to rows of a width that is not a multiple of the vectors' (a pointer-generator's switch, one entry
+a row; its mixed probabilities over a vocabulary of any size), :func:`elementwise_alike` pads each row
+so that every entry takes the vector path.
+
 A step that decodes several new positions of each row at once (speculative decoding's check of a
 draft, decode/speculative.py) must give each position the bits a step of one new token would: under
 :func:`each_query_alone`, attention attends each of those queries as that step would, to the keys
@@ -33,6 +41,12 @@ import torch
 from torch import Tensor
 
 KEY_BUCKET = 8  # keys padded on the right are padded to a multiple of this many
+# entries a vectorised elementwise CPU loop takes at a time (two vectors), at most: 64 bytes of float32
+# a vector on AVX-512, twice that for 16-bit floats (see elementwise_alike)
+VECTOR_STEP = 64
+# entries torch's elementwise kernels take in one thread (at::internal::GRAIN_SIZE): a piece of at most
+# this many is one loop from its first entry, whose vectors start where the piece does
+ONE_THREAD = 32768
 # whether the attention running in this thread or task attends its queries one at a time (see the
 # module docstring; a ContextVar: decoding streams run the same modules in several threads at once)
 _EACH_QUERY_ALONE: ContextVar[bool] = ContextVar("each_query_alone", default=False)
@@ -106,3 +120,22 @@ def correlated(x: Tensor, filters: Tensor) -> Tensor:
     w = filters.size(-1)
     windows = torch.nn.functional.pad(x, (w // 2, w // 2)).unfold(-1, w, 1)  # (B, S, w)
     return (windows.unsqueeze(-2) * filters.squeeze(1)).sum(-1)  # (B, S, 1, w) · (C, w) -> (B, S, C)
+
+
+def elementwise_alike(function: Callable[[Tensor], Tensor], x: Tensor, fill: float = 1.0) -> Tensor:
+    """``function(x)`` for an elementwise ``function`` whose CPU kernel rounds its vectors' entries and
+    the scalar tail's otherwise (see the module docstring), the same bits for a row of ``x`` (along its
+    last dimension) wherever the row falls in its batch: in inference on a CPU, each row is padded with
+    ``fill`` (in the function's domain) to a multiple of :data:`VECTOR_STEP` entries and the rows are
+    taken in pieces of at most :data:`ONE_THREAD` entries, so that every entry takes the vector path.
+    Elsewhere (off a CPU, or with gradients: training) it is ``function(x)``."""
+    if not x.is_cpu or torch.is_grad_enabled() or x.numel() == 0:
+        return function(x)
+    width = x.size(-1)
+    padded = -(-width // VECTOR_STEP) * VECTOR_STEP
+    rows = torch.nn.functional.pad(x.reshape(-1, width), (0, padded - width), value=fill)  # (R, padded)
+    out = torch.empty(rows.size(0), width, dtype=x.dtype)
+    step = max(1, ONE_THREAD // padded)  # rows in one piece
+    for start in range(0, rows.size(0), step):
+        out[start : start + step] = function(rows[start : start + step])[:, :width]
+    return out.view(x.shape)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.attention.functional import attend
-from attnkit.attention.invariance import cut_or_padded, key_groups
+from attnkit.attention.invariance import cut_or_padded, elementwise_alike, key_groups
 
 _TINY = 1e-30  # log(P) for a token that neither softmax (underflowed) nor the pointer gives anything
 
@@ -50,12 +50,13 @@ class PointerGenerator(nn.Module):
         """
         context, alpha = self._attend(self.query(hidden), keys, memory, src_mask)
         # context (B, T, d_model), alpha (B, T, S)
-        p_gen = torch.sigmoid(self.switch(torch.cat([hidden, context], dim=-1)).float())  # (B, T, 1)
+        switch = self.switch(torch.cat([hidden, context], dim=-1)).float()  # (B, T, 1)
+        p_gen = elementwise_alike(torch.sigmoid, switch, fill=0.0)  # (whatever the row's place in the batch)
         B, T, S = alpha.shape
         index = src[:, None, :].expand(B, T, S)
         copy = logits.new_zeros(logits.shape, dtype=torch.float32).scatter_add_(-1, index, alpha.float())
         probs = p_gen * logits.float().softmax(-1) + (1.0 - p_gen) * copy  # (B, T, V), sums to one
-        return probs.clamp_min(_TINY).log()
+        return elementwise_alike(torch.log, probs.clamp_min(_TINY))
 
     @staticmethod
     def _attend(query: Tensor, keys: Tensor, memory: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
