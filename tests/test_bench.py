@@ -250,22 +250,10 @@ def test_the_speculative_benchmark_continues_a_gpts_prompts_with_its_drafts(tmp_
 
     from attnkit.cli import app
 
-    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
-    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
-    run = str(tmp_path / "run")
-    tiny = ["model.arch=decoder", "model.preset=tiny-decoder", "model.max_len=32", "data.train=[text.txt]",
-            "data.tokenizer=char", "train.max_tokens=256", "train.max_steps=30",
-            "train.eval_every=30"]  # fmt: skip
-    runner = CliRunner()
-    trained = runner.invoke(app, ["train", "--run-dir", run, "--data", str(tmp_path), *tiny])
-    assert trained.exit_code == 0, trained.output
-    made = runner.invoke(app, ["distill-draft", "--ckpt", run, "--minutes", "0.03"])
+    run = _gpt_run(tmp_path, "run")
+    made = CliRunner().invoke(app, ["distill-draft", "--ckpt", run, "--minutes", "0.03"])
     assert made.exit_code == 0, made.output
-    small = str(tmp_path / "small")  # a smaller GPT of the same characters, the draft model
-    trained = runner.invoke(
-        app, ["train", "--run-dir", small, "--data", str(tmp_path), *tiny, "model.layers=1"]
-    )
-    assert trained.exit_code == 0, trained.output
+    small = _gpt_run(tmp_path, "small", "model.layers=1")  # a smaller GPT of the same characters, the draft
     stdout = bench_output("speculative.py", "--ckpt", run, "--src", str(tmp_path / "text.txt"),
                           "--prompt-chars", "12", "--n", "4", "--rounds", "1", "--threads", "1",
                           "--new-tokens", "16", "--always", "--draft-ckpt", small)  # fmt: skip
@@ -277,6 +265,37 @@ def test_the_speculative_benchmark_continues_a_gpts_prompts_with_its_drafts(tmp_
                     "greedy, draft model": "0"}, stdout  # fmt: skip
     for drafts in ("shallow draft", "draft model"):
         assert re.search(rf"{drafts}: [\d.]+% of [1-9]\d* drafted tokens taken", stdout), stdout
+
+
+def test_the_served_drafts_benchmark_times_one_client_of_a_gpt_server_with_and_without_drafts(tmp_path):
+    """A GPT run served twice, plainly and with drafts from the context: one client's latency at each,
+    every drafted answer the plain server's."""
+    run = _gpt_run(tmp_path, "run")
+    stdout = bench_output("serve_drafts.py", "--ckpt", run, "--src", str(tmp_path / "text.txt"),
+                          "--prompt-chars", "12", "--n", "3", "--new-tokens", "16",
+                          "--seconds", "2")  # fmt: skip
+    assert "3 prompts from" in stdout, stdout
+    rows = dict(re.findall(r"^(plain|source drafts) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +(\d+)$", stdout, re.M))
+    assert rows == {"plain": "0", "source drafts": "0"}, stdout
+
+
+def _gpt_run(folder: Path, name: str, *changes: str) -> str:
+    """A tiny character-level GPT trained for a moment on ``folder/text.txt`` (written where it is not
+    yet) into ``folder/name``, with ``changes`` to its settings."""
+    from typer.testing import CliRunner
+
+    from attnkit.cli import app
+
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
+    if not (folder / "text.txt").exists():
+        (folder / "text.txt").write_text(text, encoding="utf-8")
+    run = str(folder / name)
+    tiny = ["model.arch=decoder", "model.preset=tiny-decoder", "model.max_len=32", "data.train=[text.txt]",
+            "data.tokenizer=char", "train.max_tokens=256", "train.max_steps=30",
+            "train.eval_every=30", *changes]  # fmt: skip
+    trained = CliRunner().invoke(app, ["train", "--run-dir", run, "--data", str(folder), *tiny])
+    assert trained.exit_code == 0, trained.output
+    return run
 
 
 def bench_output(script: str, *arguments: str) -> str:

@@ -7,12 +7,14 @@ the bits of a step of one token, after a rewind too."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from attnkit.config import DecodeConfig, load_run_config
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.drafts import ContextDrafts, ShallowDrafts
 from attnkit.decode.generate import Listening, generate
 from attnkit.decode.search import extend
@@ -307,3 +309,51 @@ def test_a_prompts_sampled_text_with_drafts_is_its_own_whatever_its_batch(traine
         together = generate(model, tokenizer, PROMPTS, decode, speculation=counts)
         alone = [generate(model, tokenizer, [p], decode, seeds=[5 + i])[0] for i, p in enumerate(PROMPTS)]
         assert together == alone and counts.taken > 0, (speculative, counts)
+
+
+@dataclass
+class _Prompt:
+    text: str
+    seed: int
+    sink: object = None
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_running_batch_checks_a_lone_greedy_prompts_drafts_for_its_plain_text(trained, precision):
+    """A server's running batch (decode/continuous.py) with ``decode.speculative=source``: a greedy
+    prompt continued alone checks drafts copied from its context and takes several tokens a step, and
+    every prompt gets the text plain greedy generation gives it alone, whether it ran alone or beside
+    others who joined and left, with stop strings and streaming (the pieces add up to the text); a
+    sampled prompt beside them takes no drafts and gets plain sampling's text for its seed."""
+    model, tokenizer = _ready(trained, precision)
+    paying = economy(model, "source, a running batch's steps")
+    paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
+    paying.heard(False, 100.0, 1)
+    settings = {
+        "greedy": _decode(speculative="source"),
+        "stopped": _decode(speculative="source", stop=["e "]),
+        "sampled": _decode(speculative="source", temperature=0.8),
+    }
+    plain = {name: dataclasses.replace(decode, speculative="none") for name, decode in settings.items()}
+    # the first prompt runs alone for 3 steps, then others join at steps 3 and 5, and all leave at their
+    # own steps; the last joins an empty batch once the others are done
+    pieces: list[str] = []
+    arrivals = {
+        0: [(0, _Prompt(PROMPTS[0], 1), "greedy")],
+        3: [(1, _Prompt(PROMPTS[4], 2), "greedy"), (2, _Prompt(PROMPTS[2], 3), "sampled")],
+        5: [(3, _Prompt(PROMPTS[3], 4, pieces.append), "stopped")],
+        60: [(4, _Prompt(PROMPTS[1], 5), "greedy")],
+    }
+    running = RunningGenerations(model, tokenizer, settings.__getitem__)
+    done, steps, i = {}, {}, 0
+    while i <= max(arrivals) or running.sources:
+        for key, text in running.iterate(arrivals.get(i, [])):
+            done[key], steps[key] = text, i
+        i += 1
+        assert i < 500
+    for key, prompt, name in (arrival for joining in arrivals.values() for arrival in joining):
+        (alone,) = generate(model, tokenizer, [prompt.text], plain[name], seeds=[prompt.seed])
+        assert done[key] == alone, (key, name)
+    assert "".join(pieces) == done[3]
+    iterations = steps[4] - 60 + 1  # alone from its first step to its last
+    assert iterations < len(tokenizer.encode(done[4])), (iterations, done[4])  # fewer than its tokens

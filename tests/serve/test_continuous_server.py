@@ -281,6 +281,36 @@ def test_32_clients_sampling_from_a_running_batch_get_what_attnkit_generate_give
     assert code == 0, output
 
 
+def test_a_lone_client_of_a_decoder_served_with_source_drafts_gets_attnkit_generates_texts(decoder, tmp_path):
+    """``decode.speculative=source``: greedy requests one at a time (each continued alone in a worker
+    process's running batch, checking drafts copied from its prompt and text so far), streamed or cut
+    at a stop string too, and sampled ones (which check none): each answer is plain ``attnkit
+    generate``'s text for its prompt and seed. The server loads the drafts without a word."""
+    import json
+
+    prompts = ["the cat", "the dog sat on", "t", "the fox sat on the b"]
+    greedy = generated(decoder, prompts, ["decode.max_new_tokens=40", "decode.temperature=0"], tmp_path)
+    sampled = generated(decoder, prompts, ["decode.max_new_tokens=40", "decode.temperature=1.0",
+                                           "decode.top_k=4"], tmp_path)  # fmt: skip
+    served = Server(decoder, "--batching", "continuous", "--workers", "processes", "decode.temperature=0",
+                    "decode.max_new_tokens=40", "decode.speculative=source")  # fmt: skip
+    try:
+        for i, prompt in enumerate(prompts):
+            answer = httpx.post(f"{served.url}/generate", json={"inputs": prompt}, timeout=60)
+            assert answer.json()["generated_text"] == greedy[i], prompt
+            body = {"inputs": prompt, "parameters": {"stop": ["on"]}}
+            stream = httpx.post(f"{served.url}/generate_stream", json=body, timeout=60)
+            events = [json.loads(line.removeprefix("data: ")) for line in stream.text.split("\n\n") if line]
+            assert "".join(event["token"]["text"] for event in events) == greedy[i].split("on")[0], prompt
+            body = {"inputs": prompt, "parameters": {"temperature": 1.0, "top_k": 4, "seed": 1337 + i}}
+            answer = httpx.post(f"{served.url}/generate", json=body, timeout=60)
+            assert answer.json()["generated_text"] == sampled[i], prompt
+    finally:
+        code, output = served.stop()
+    assert code == 0, output
+    assert "speculative" not in output, output
+
+
 @pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
     reason="compiling the steps needs a C++ compiler (apt-get install g++)",

@@ -414,11 +414,12 @@ def test_the_ctranslate2_engine_refuses_a_folder_it_cannot_serve_in_one_line(run
 
 
 def test_the_server_decodes_without_drafts_and_says_so_in_one_line(run):
-    """``decode.speculative`` asks for drafts the server does not check yet: it says so and loads the
-    model without them (this checkpoint has no draft decoder, which ``shallow`` would look for)."""
+    """``decode.speculative`` asks for drafts the server does not check yet (a translator checks none):
+    it says so and loads the model without them (this checkpoint has no draft decoder, which
+    ``shallow`` would look for)."""
     from attnkit.serve.choosing import attnkit_model
 
     heard: list[str] = []
     served, load = attnkit_model(run, ["decode.speculative=shallow"], warn=heard.append)
-    assert len(heard) == 1 and "the server checks no drafts yet" in heard[0], heard
+    assert len(heard) == 1 and "the server checks no such drafts yet" in heard[0], heard
     assert isinstance(load(), served)

@@ -10,8 +10,6 @@ drafts are refused in one line, and a beam search takes none."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import Tensor
 
@@ -76,17 +74,18 @@ def written(
     first = torch.full((rows, 1), specials.bos, dtype=torch.long, device=inputs.device)
     limits = torch.full((rows,), model.config.max_len, device=inputs.device)
     decoding = model.decoding(inputs)
-    drafted = paying is not None and search.beam_size == 1 and paying.drafting()  # (the same outputs)
-    began = time.perf_counter()
-    if drafted:
+
+    def with_drafts() -> list[list[int]]:
         drafts = ShallowDrafts(model.draft.decoding(inputs), specials)  # its own encoding of the inputs
-        outputs = speculative_search(decoding, first, limits, specials, drafts, speculation)
-    elif search.beam_size == 1:
-        outputs = extend(decoding, first, limits, specials, argmax)
-    else:
+        return speculative_search(decoding, first, limits, specials, drafts, speculation)
+
+    def without() -> list[list[int]]:
+        return extend(decoding, first, limits, specials, argmax)
+
+    if search.beam_size > 1:
         outputs = [best[0].tokens for best in beam(decoding, first, limits, specials, search)]
-    if paying is not None and search.beam_size == 1:
-        paying.heard(drafted, time.perf_counter() - began, sum(len(ids) + 1 for ids in outputs))
+    else:  # greedy search, checking drafts where they have paid (the same outputs either way)
+        outputs = without() if paying is None else paying.searched(with_drafts, without)
     return [tokenizer.decode(ids) for ids in outputs]
 
 

@@ -37,7 +37,7 @@ import itertools
 import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from torch import Tensor
@@ -45,8 +45,10 @@ from torch import Tensor
 from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import Beams
+from attnkit.decode.drafts import ContextDrafts
 from attnkit.decode.generate import TextStream
 from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search, Translation
+from attnkit.decode.speculative import Checking, Pace, check, economy, greedy_judge
 from attnkit.decode.starts import (
     SourceDecoding,
     encode_prompts,
@@ -193,8 +195,7 @@ class RunningGenerations:
     decode_for: Callable[[Hashable], DecodeConfig]
     device: torch.device | str = "cpu"
     running: dict[Hashable, Extension] = field(default_factory=dict)  # settings -> its batch
-    # each row's key, generator, text stream and tokens so far, by its number
-    continuing: dict[int, tuple[Key, torch.Generator, TextStream, list[int]]] = field(default_factory=dict)
+    continuing: dict[int, _Continued] = field(default_factory=dict)  # each row, by its number
     numbers: Iterator[int] = field(default_factory=itertools.count)  # each row's, never used again
 
     def __post_init__(self) -> None:
@@ -218,7 +219,7 @@ class RunningGenerations:
         """One step (see :meth:`RunningTranslations.iterate`): returns the prompts whose continuations
         are done, with them."""
         if leaving:
-            gone = {row for row, (key, *_) in self.continuing.items() if key in leaving}
+            gone = {row for row, continued in self.continuing.items() if continued.key in leaving}
             for settings in list(self.running):
                 self.running[settings].leave(gone)
                 if not len(self.running[settings].rows):
@@ -243,19 +244,29 @@ class RunningGenerations:
         )
         ready = ready_prompts(self.model, encoded, pad_id, decode, self.device)
         numbers = [next(self.numbers) for _ in prompts]
-        for number, (key, prompt) in zip(numbers, prompts, strict=True):
+        for number, (key, prompt), ids in zip(numbers, prompts, encoded, strict=True):
             generator = torch.Generator(self.device).manual_seed(prompt.seed)
             on_text = None if prompt.sink is None else (lambda _, text, sink=prompt.sink: sink(text))
             stream = TextStream(self.tokenizer, decode.stop, [0], on_text)
-            self.continuing[number] = (key, generator, stream, [])
+            self.continuing[number] = _Continued(key, generator, stream, ids)
         choose = prompt_sampler(_Generators(self.continuing), decode)
         rows = torch.tensor(numbers, device=self.device)
         return Extension(ready.decoding, ready.tokens, ready.limits, self.tokenizer.specials, choose, rows)
 
     def _step(self, settings: Hashable, extension: Extension, merge: bool = False) -> list[tuple[Key, str]]:
         """One step of ``extension`` (newcomers: their first, then they join the running batch of their
-        settings); returns the rows done, with their text."""
-        ended = extension.step(self._observe)
+        settings); returns the rows done, with their text. A prompt continued alone in its running
+        batch, greedily, checks drafts copied from its context where they pay (``decode.speculative=
+        source``: :meth:`_checked`)."""
+        decode = self.decode_for(settings)
+        drafting = decode.speculative == "source" and not decode.temperature  # greedy, with drafts
+        if drafting and not merge and len(extension.rows) == 1:
+            paying = economy(self.model, "source, a running batch's steps")
+            ended = paying.searched(
+                lambda: self._checked(extension), lambda: self._plain(extension), lambda step: step[1]
+            )[0]
+        else:
+            ended = extension.step(self._observe)
         if merge and len(extension.rows):
             if settings in self.running:
                 self.running[settings].merge(extension)
@@ -265,25 +276,68 @@ class RunningGenerations:
             del self.running[settings]
         done = []
         for row, ids in ended:
-            key, _, stream, _ = self.continuing.pop(row)
-            done.append((key, stream.finish(0, ids)))
+            continued = self.continuing.pop(row)
+            done.append((continued.key, continued.stream.finish(0, ids)))
         return done
+
+    def _plain(self, extension: Extension) -> tuple[list[tuple[int, list[int]]], int]:
+        """A plain step of ``extension``: the rows it ends, and the tokens it generated."""
+        return extension.step(self._observe), len(extension.rows)
+
+    def _checked(self, extension: Extension) -> tuple[list[tuple[int, list[int]]], int]:
+        """A step of ``extension``'s one row that checks a draft copied from its context (its prompt and
+        text so far: ``ContextDrafts``), as greedy generation checks them alone (decode/speculative.py):
+        the same tokens, several in one step where the draft is right; the rows it ends, and the
+        tokens it generated."""
+        (row,) = extension.rows.tolist()
+        continued, limit = self.continuing[row], int(extension.limits[0])
+        written = continued.generated
+        length = continued.pace.next(limit - len(written) - 1)  # room for the model's own token after it
+        drafts = ContextDrafts.for_vocabulary([continued.prompt], self.tokenizer.vocab_size)
+        proposal = drafts.follow(0, written, length)
+        checking = cast(Checking, extension.decoding)
+        step = check(checking, extension.tokens, [proposal], [len(written)], [limit], self.tokenizer.specials,
+                     normalised=True, judge=greedy_judge, rows=[row])  # fmt: skip
+        (new,) = step.new
+        continued.pace.heard(len(proposal), step.taken[0])
+        written += new
+        ends = new[-1] == self.tokenizer.specials.eos or len(written) >= limit or continued.stopped()
+        ended = extension.took(step.tokens, step.kept, torch.tensor([ends], device=step.tokens.device))
+        return ended, len(new)
 
     def _observe(self, next_token: Tensor, rows: Tensor) -> Tensor | None:
         """Each row's new token: its text streamed and checked for stop strings (``TextStream``)."""
         stops = []
         for token, row in zip(next_token.tolist(), rows.tolist(), strict=True):
-            _, _, stream, generated = self.continuing[row]
-            generated.append(token)
-            stops.append(bool(stream.observe(torch.tensor([generated]))[0]) if stream.watching else False)
+            continued = self.continuing[row]
+            continued.generated.append(token)
+            stops.append(continued.stopped())
         return torch.tensor(stops, device=next_token.device)
+
+
+@dataclass
+class _Continued:
+    """A prompt a running batch continues: its caller's key, its generator, its text stream, its ids,
+    its tokens so far and the lengths of its drafts (``decode.speculative``)."""
+
+    key: Key
+    generator: torch.Generator
+    stream: TextStream
+    prompt: list[int]
+    generated: list[int] = field(default_factory=list)
+    pace: Pace = field(default_factory=Pace)
+
+    def stopped(self) -> bool:
+        """Whether its text so far reached a stop string, or nobody wants it (its text streamed)."""
+        stream = self.stream
+        return bool(stream.observe(torch.tensor([self.generated]))[0]) if stream.watching else False
 
 
 class _Generators:
     """Each row's generator by its number, as a sampler reads them (``generators[row]``)."""
 
-    def __init__(self, continuing: dict[int, tuple]) -> None:
+    def __init__(self, continuing: dict[int, _Continued]) -> None:
         self.continuing = continuing
 
     def __getitem__(self, row: int) -> torch.Generator:
-        return self.continuing[row][1]
+        return self.continuing[row].generator

@@ -15,7 +15,6 @@ costs time linear in their length at each step.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -118,10 +117,8 @@ def _generate_batch(
     ready = ready_prompts(model, prompts, tokenizer.specials.pad, decode, device)
     specials = tokenizer.specials
     generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
-    paying = drafting.paying if drafting is not None else None
-    drafted = drafting is not None and (paying is None or paying.drafting())  # (greedy: the same texts)
-    began = time.perf_counter()
-    if drafted:
+
+    def with_drafts() -> list[list[int]]:
         assert drafting is not None
         checking = cast(CausalDecoding, ready.decoding)
         sampling = None
@@ -131,15 +128,21 @@ def _generate_batch(
         judge = greedy_judge if sampling is None else sampling_judge(drafts, sampling)
         observe = stream.observe if stream.watching else None
         most_rows = ROWS_DRAFTED if sampling is None else len(prompts)  # sampling: every row, every step
-        generated = speculative_search(
+        return speculative_search(
             checking, ready.tokens, ready.limits, specials, drafts, drafting.speculation, most_rows,
             normalised=True, observe=observe, judge=judge, plain_first=sampling is not None,
         )  # fmt: skip
-    else:
+
+    def without() -> list[list[int]]:
         choose = prompt_sampler(generators, decode)
-        generated = extend(ready.decoding, ready.tokens, ready.limits, specials, choose, stream.observe)
-    if paying is not None:
-        paying.heard(drafted, time.perf_counter() - began, sum(len(ids) + 1 for ids in generated))
+        return extend(ready.decoding, ready.tokens, ready.limits, specials, choose, stream.observe)
+
+    if drafting is None:
+        generated = without()
+    elif drafting.paying is None:  # sampling: drafts in every batch (the choice would change the texts)
+        generated = with_drafts()
+    else:  # greedy: drafts where they have paid (the same texts either way)
+        generated = drafting.paying.searched(with_drafts, without)
     return [stream.finish(row, ids) for row, ids in enumerate(generated)]
 
 

@@ -308,9 +308,20 @@ class Extension:
         if ends is not None:
             ended |= ends
         ended |= at_limit  # (there, </s> was the only choice)
+        return self._ending(ended)
+
+    def took(self, tokens: Tensor, counts: Tensor, ended: Tensor) -> list[tuple[int, list[int]]]:
+        """After a step that gave each row ``counts (n,)`` tokens (a check of drafts: decode/speculative.py's
+        ``check``), ``tokens (n, t')`` holding them last in each row: the rows ``ended (n,)`` end there;
+        returns them as :meth:`step` does."""
+        self.tokens, self.steps = tokens, self.steps + counts
+        return self._ending(ended)
+
+    def _ending(self, ended: Tensor) -> list[tuple[int, list[int]]]:
+        """The rows ``ended (n,)``, with their generated ids (without ``</s>``), taken out."""
         if not ended.any():
             return []
-        columns, steps = self.tokens.size(1), self.steps.tolist()
+        specials, columns, steps = self.specials, self.tokens.size(1), self.steps.tolist()
         done = [(row, _strip(self.tokens[i, columns - steps[i] :].tolist(), specials))
                 for i, row in enumerate(self.rows.tolist()) if ended[i]]  # fmt: skip
         going = torch.tensor(staying(ended.tolist()), dtype=torch.long, device=self.tokens.device)

@@ -41,10 +41,11 @@ other way, so that the choice follows the costs as they change. Either way its o
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -64,6 +65,7 @@ LONGEST_PAUSE = 16
 # shallow draft: half plain greedy's tokens/s); a batch's last sentence drafts
 ROWS_DRAFTED = 1
 _ADDING = threading.Lock()  # (Speculation.add)
+Searched = TypeVar("Searched")  # what a search gives (Economy.searched)
 # one batch in this many searches the way the costs so far did not choose (see the module docstring)
 EXPLORE_EVERY = 16
 # the weight of a batch's seconds and tokens in the moving sums Economy compares
@@ -158,6 +160,21 @@ class Economy:
             cheaper = seconds * plain_tokens < plain_seconds * tokens  # seconds a token, compared
             return cheaper != (self.batches % EXPLORE_EVERY == 0)
 
+    def searched(
+        self,
+        with_drafts: Callable[[], Searched],
+        without: Callable[[], Searched],
+        tokens: Callable[[Searched], int] = lambda outputs: sum(len(ids) + 1 for ids in outputs),
+    ) -> Searched:
+        """What one of two searches of the same outputs gives, the one :meth:`drafting` chooses, timed
+        and told to :meth:`heard` with the ``tokens`` it generated (by default: a batch's ids, each
+        row's without ``</s>``, and its ``</s>``)."""
+        drafted = self.drafting()
+        began = time.perf_counter()
+        outputs = with_drafts() if drafted else without()
+        self.heard(drafted, time.perf_counter() - began, tokens(outputs))
+        return outputs
+
     def heard(self, drafted: bool, seconds: float, tokens: int) -> None:
         """A batch searched with drafts (``drafted``) or without took ``seconds`` for ``tokens``."""
         with self.lock:
@@ -243,47 +260,25 @@ def speculative_search(
         lengths = [paces[r].next(bounds[r] - len(written[r]) - 1) if drafting else 0 for r in rows]
         prompted = False
         proposals = drafts.propose(rows, written, lengths, tokens)
-        d = max(map(len, proposals))
-        if d:
-            drafted = [p + [specials.pad] * (d - len(p)) for p in proposals]
-            checked = torch.cat([tokens, torch.tensor(drafted, device=device)], dim=1)  # (n, t + d)
-            logits = decoding.checked_logits(checked, d + 1)  # (n, d + 1, V)
-        else:  # no row drafts: a plain step
-            logits = decoding.next_logits(tokens)[:, None]  # (n, 1, V)
-        # position j of row i is its step len(written) + j: at its bound, only </s> may follow
-        steps = torch.tensor([len(written[r]) for r in rows], device=device)[:, None] + torch.arange(d + 1)
-        at_limit = steps + 1 >= limits.new_tensor([bounds[r] for r in rows])[:, None]  # (n, d + 1)
-        V = logits.size(-1)
-        flat = logits.view(-1, V)
-        flat = only_allowed(log_probs_of(flat) if normalised else flat, at_limit.view(-1), specials)
-        judged = judge(flat.view(-1, d + 1, V), rows, proposals)  # each row's kept draft, then the model's
-        kept, ended = [], []
-        for i, (r, proposal) in enumerate(zip(rows, proposals, strict=True)):
-            new = judged[i]
-            taken = len(new) - 1  # the draft's tokens the model took
-            if specials.eos in new:
-                new = new[: new.index(specials.eos) + 1]
+        step = check(
+            decoding, tokens, proposals, [len(written[r]) for r in rows], [bounds[r] for r in rows], specials,
+            normalised=normalised, judge=judge, rows=rows,
+        )  # fmt: skip
+        ended = []
+        for r, proposal, new, taken in zip(rows, proposals, step.new, step.taken, strict=True):
             written[r] += new
             counts.proposed, counts.taken = counts.proposed + len(proposal), counts.taken + taken
             counts.generated += len(new)
             paces[r].heard(len(proposal), taken)
             done = new[-1] == specials.eos or len(written[r]) >= bounds[r]
             ended.append(done)
-            kept.append(len(new))
             if done:
                 found[r] = [t for t in written[r] if t != specials.eos]
         if observe is not None:
             _stopped(observe, written, rows, ended, found, specials)
         counts.steps += len(rows)
-        # each row's cache keeps the token it was given and the drafted ones it took; its tokens,
-        # those and its own choice after them
-        chosen = torch.tensor([written[r][-1] for r in rows], device=device)[:, None]
-        kept_t = torch.tensor(kept, device=device)
-        if d:
-            decoding.rewind(kept_t, d + 1)
-            tokens = realigned(checked, tokens.size(1) + kept_t - 1, 1, specials.pad)
-        drafts.checked(kept_t)
-        tokens = torch.cat([tokens, chosen], 1)
+        drafts.checked(step.kept)
+        tokens = step.tokens
         if any(ended):
             going = staying(ended)
             rows = [rows[i] for i in going]
@@ -294,6 +289,65 @@ def speculative_search(
     if speculation is not None:
         speculation.add(counts)
     return found
+
+
+@dataclass
+class Checked:
+    """What a step that checked drafts (:func:`check`) gave each of its rows."""
+
+    new: list[list[int]]  # the drafted tokens the model took, then its own choice (none after </s>)
+    taken: list[int]  # how many drafted tokens the model took
+    tokens: Tensor  # (n, t'): the tokens after the step, each row's new ones last (padding before them)
+
+    @property
+    def kept(self) -> Tensor:
+        """``(n,)``: the positions each row's cache kept of those it checked (its last token, then the
+        drafted tokens it took; 1 after a plain step)."""
+        return torch.tensor([len(new) for new in self.new], device=self.tokens.device)
+
+
+def check(
+    decoding: Checking,
+    tokens: Tensor,
+    proposals: list[list[int]],
+    steps: list[int],
+    bounds: list[int],
+    specials: SpecialIds,
+    *,
+    normalised: bool,
+    judge: Judge,
+    rows: list[int],
+) -> Checked:
+    """One step of speculative search (:func:`speculative_search`, a server's running batch) after
+    ``tokens (n, t)``: the model's logits after each row's last token and after each token of its
+    proposal (a plain step where nobody proposes), what ``judge`` keeps of each proposal (``rows``: the
+    rows' numbers, which ``judge`` is told), and the caches rewound past the refused tokens. Row i has
+    generated ``steps[i]`` tokens within its bound ``bounds[i]``, at which only ``</s>`` may follow."""
+    device, d = tokens.device, max(map(len, proposals))
+    if d:
+        drafted = [p + [specials.pad] * (d - len(p)) for p in proposals]
+        checked = torch.cat([tokens, torch.tensor(drafted, device=device)], dim=1)  # (n, t + d)
+        logits = decoding.checked_logits(checked, d + 1)  # (n, d + 1, V)
+    else:  # no row drafts: a plain step
+        logits = decoding.next_logits(tokens)[:, None]  # (n, 1, V)
+    # position j of row i is its step steps[i] + j: at its bound, only </s> may follow
+    at = torch.tensor(steps, device=device)[:, None] + torch.arange(d + 1, device=device)  # (n, d + 1)
+    at_limit = at + 1 >= torch.tensor(bounds, device=device)[:, None]
+    V = logits.size(-1)
+    flat = logits.view(-1, V)
+    flat = only_allowed(log_probs_of(flat) if normalised else flat, at_limit.view(-1), specials)
+    judged = judge(flat.view(-1, d + 1, V), rows, proposals)  # each row's kept draft, then the model's
+    new = [ids[: ids.index(specials.eos) + 1] if specials.eos in ids else ids for ids in judged]
+    step = Checked(new, [len(ids) - 1 for ids in judged], tokens)
+    # each row's cache keeps the token it was given and the drafted ones it took; its tokens, those
+    # and its own choice after them
+    kept = step.kept
+    if d:
+        decoding.rewind(kept, d + 1)
+        tokens = realigned(checked, tokens.size(1) + kept - 1, 1, specials.pad)
+    chosen = torch.tensor([ids[-1] for ids in new], device=device)[:, None]
+    step.tokens = torch.cat([tokens, chosen], 1)
+    return step
 
 
 def _stopped(

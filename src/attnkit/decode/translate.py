@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, cast, overload
@@ -146,18 +145,18 @@ def _hypotheses(
         ready = ready_sources(model, sources, how, specials, search, device)
         if not greedy:
             return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
-        drafting = paying is not None and paying.drafting()  # (either way the same outputs)
-        began = time.perf_counter()
-        if drafting:
+
+        def with_drafts() -> list[list[int]]:
             drafts = _drafts(decode.speculative, how, ready.decoding, sources, specials)
             checking = cast(Checking, ready.decoding)  # (Seq2SeqDecoding, compiled or not)
-            outputs = speculative_search(
+            return speculative_search(
                 checking, ready.tokens, ready.limits, specials, drafts, reporting.speculation
             )
-        else:
-            outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
-        if paying is not None:
-            paying.heard(drafting, time.perf_counter() - began, sum(len(ids) + 1 for ids in outputs))
+
+        def without() -> list[list[int]]:
+            return extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
+
+        outputs = without() if paying is None else paying.searched(with_drafts, without)  # the same outputs
         return [[Hypothesis(ids, float("nan"))] for ids in outputs]
 
     streams = stream_count(decode.streams, device, len(batches))

@@ -35,33 +35,34 @@ def attnkit_model(
     """The served class of a checkpoint (or run directory: its best), which names its endpoints, and how
     to load it (after the server starts); a wrong path, a bad decode setting, one given to a model that
     does not decode, or an architecture nobody serves is a one-line error now. ``warn`` hears that the
-    server checks no drafts (``decode.speculative``): it decodes without them."""
+    server checks none of the drafts ``decode.speculative`` asks for (its :attr:`~AttnkitModel.drafts`):
+    it decodes without them."""
     from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
     from attnkit.loading import commands_for
 
     checkpoint = resolve_checkpoint(ckpt)
     config = read_run_config(checkpoint)
+    arch = config.model.arch
+    served = next((served for served in ATTNKIT_MODELS if arch in served.architectures()), None)
+    if served is None:
+        raise AttnkitError(
+            f"{checkpoint}: attnkit serve does not serve {arch} models yet; use {commands_for(arch)}"
+        )
+    if not served.decodes and without_precision(overrides):
+        raise AttnkitError(
+            f"{' '.join(without_precision(overrides))}: decode settings are for translation and decoder "
+            "models, not encoders (--precision is for every model)"
+        )
     speculative = with_decode_overrides(config.decode, overrides).speculative  # decode.beam_size=0, say
-    if speculative != "none":
+    if served.decodes and speculative not in ("none", *served.drafts):
         if warn is not None:
             warn(
-                f"decode.speculative={speculative}: the server checks no drafts yet (its answers carry "
-                "scores, and its running batches step a token at a time); it decodes without them"
+                f"decode.speculative={speculative}: the server checks no such drafts yet (a decoder's "
+                "greedy requests check drafts copied from their prompts: decode.speculative=source); "
+                "it decodes without them"
             )
         overrides = [*overrides, "decode.speculative=none"]
-    arch = config.model.arch
-    for served in ATTNKIT_MODELS:
-        if arch not in served.architectures():
-            continue
-        if not served.decodes and without_precision(overrides):
-            raise AttnkitError(
-                f"{' '.join(without_precision(overrides))}: decode settings are for translation and decoder "
-                "models, not encoders (--precision is for every model)"
-            )
-        return served, partial(served.load, checkpoint, overrides)
-    raise AttnkitError(
-        f"{checkpoint}: attnkit serve does not serve {arch} models yet; use {commands_for(arch)}"
-    )
+    return served, partial(served.load, checkpoint, overrides)
 
 
 def engine_model(

@@ -80,15 +80,22 @@ class SamplingModel(ServedModel[Sampling]):
             prompt.gone.set()
 
     def decode_for(self, sampling: Sampling) -> DecodeConfig:
-        """The run's decoding settings with a request's sampling settings."""
-        return dataclasses.replace(
-            self.decode, **{**dataclasses.asdict(sampling), "stop": list(sampling.stop)}
-        )
+        """The run's decoding settings with a request's sampling settings; a sampled request checks no
+        drafts (speculative sampling draws from the model's distribution, but not the text plain
+        sampling draws with the same seed: a request's answer would depend on whether it ran alone)."""
+        changed = {**dataclasses.asdict(sampling), "stop": list(sampling.stop)}
+        if sampling.temperature:
+            changed["speculative"] = "none"
+        return dataclasses.replace(self.decode, **changed)
 
 
 @dataclass
 class ServedDecoder(SamplingModel, AttnkitModel[Sampling]):
-    """A decoder checkpoint run by attnkit itself."""
+    """A decoder checkpoint run by attnkit itself: a greedy request continued alone checks drafts copied
+    from its prompt and text so far (``decode.speculative=source``, decode/continuous.py), for the same
+    text sooner."""
+
+    drafts: ClassVar[tuple[str, ...]] = ("source",)
 
     @classmethod
     def architectures(cls) -> tuple[str, ...]:

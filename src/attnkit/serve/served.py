@@ -116,6 +116,9 @@ class AttnkitModel(ServedModel[Settings]):
     engine: ClassVar[str] = "attnkit"
     shows_attention: ClassVar[bool] = True
     decodes: ClassVar[bool] = True  # whether it takes decode settings (every model takes a precision)
+    # the kinds of drafts its running batches check (decode.speculative; the server loads the others
+    # without them)
+    drafts: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         # torch's threads as the model loaded, shared out among the workers (which change the count
