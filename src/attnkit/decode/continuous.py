@@ -197,6 +197,7 @@ class RunningGenerations:
     running: dict[Hashable, Extension] = field(default_factory=dict)  # settings -> its batch
     continuing: dict[int, _Continued] = field(default_factory=dict)  # each row, by its number
     numbers: Iterator[int] = field(default_factory=itertools.count)  # each row's, never used again
+    decodes: dict[Hashable, DecodeConfig] = field(default_factory=dict)  # decode_for's, once per setting
 
     def __post_init__(self) -> None:
         """The model in eval mode, with attnkit's kernels, as ``generate`` continues a prompt."""
@@ -238,7 +239,7 @@ class RunningGenerations:
 
     def _joined(self, settings: Hashable, prompts: list[tuple[Key, Continuing]]) -> Extension:
         """The prompts' rows, as ``generate`` makes a batch of them (left-padded, each its generator)."""
-        decode, pad_id = self.decode_for(settings), self.tokenizer.specials.pad
+        decode, pad_id = self._decode(settings), self.tokenizer.specials.pad
         encoded = encode_prompts(
             self.tokenizer, [prompt.text for _, prompt in prompts], self.model.config.max_len
         )
@@ -258,7 +259,7 @@ class RunningGenerations:
         settings); returns the rows done, with their text. A prompt continued alone in its running
         batch, greedily, checks drafts copied from its context where they pay (``decode.speculative=
         source``: :meth:`_checked`)."""
-        decode = self.decode_for(settings)
+        decode = self._decode(settings)
         drafting = decode.speculative == "source" and not decode.temperature  # greedy, with drafts
         if drafting and not merge and len(extension.rows) == 1:
             paying = economy(self.model, "source, a running batch's steps")
@@ -279,6 +280,15 @@ class RunningGenerations:
             continued = self.continuing.pop(row)
             done.append((continued.key, continued.stream.finish(0, ids)))
         return done
+
+    def _decode(self, settings: Hashable) -> DecodeConfig:
+        """``decode_for(settings)``, made once (a running batch asks at every step) while few settings
+        have been seen (requests choose theirs: those of the past are forgotten by the hundred)."""
+        if settings not in self.decodes:
+            if len(self.decodes) >= 100:
+                self.decodes.clear()
+            self.decodes[settings] = self.decode_for(settings)
+        return self.decodes[settings]
 
     def _plain(self, extension: Extension) -> tuple[list[tuple[int, list[int]]], int]:
         """A plain step of ``extension``: the rows it ends, and the tokens it generated."""
