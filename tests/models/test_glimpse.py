@@ -12,6 +12,7 @@ from attnkit.models.glimpse import (
     GlimpseConfig,
     WholeImageClassifier,
     WholeImageConfig,
+    patch_grid,
     retina,
 )
 from attnkit.nn.reinforce import reinforce_loss
@@ -43,6 +44,18 @@ def test_retina_is_centred_on_the_location_and_sees_black_beyond_the_canvas():
     expected = torch.zeros(8, 8, dtype=torch.float64)
     expected[4:, 4:] = pixels[:4, :4]
     torch.testing.assert_close(corner, expected)
+
+
+def test_a_patchs_grid_is_torchs_affine_grid_for_a_scale_and_a_shift():
+    """The sampling grid, written as a sum, is ``F.affine_grid`` for θ = [[side/W, 0, x], [0, side/H, y]]
+    (align_corners=False), at any centre, on square and oblong canvases."""
+    torch.manual_seed(0)
+    centres = torch.empty(5, 2, dtype=torch.float64).uniform_(-1.2, 1.2)
+    for side, H, W in ((8, 40, 40), (16, 40, 40), (32, 28, 60), (3, 7, 5)):
+        theta = torch.zeros(5, 2, 3, dtype=torch.float64)
+        theta[:, 0, 0], theta[:, 1, 1], theta[:, :, 2] = side / W, side / H, centres
+        expected = F.affine_grid(theta, [5, 1, side, side], align_corners=False)
+        torch.testing.assert_close(patch_grid(centres, side, H, W), expected, rtol=0, atol=1e-12)
 
 
 def _model(**fields):
