@@ -268,15 +268,17 @@ def test_the_speculative_benchmark_continues_a_gpts_prompts_with_its_drafts(tmp_
 
 
 def test_the_served_drafts_benchmark_times_one_client_of_a_gpt_server_with_and_without_drafts(tmp_path):
-    """A GPT run served twice, plainly and with drafts from the context: one client's latency at each,
-    every drafted answer the plain server's."""
+    """A GPT run served three times, plainly, with drafts from the context and with another checkpoint's
+    model as the draft: one client's latency at each, every drafted answer the plain server's."""
     run = _gpt_run(tmp_path, "run")
+    draft = _gpt_run(tmp_path, "small", "model.layers=1")  # a smaller GPT of the same characters
     stdout = bench_output("serve_drafts.py", "--ckpt", run, "--src", str(tmp_path / "text.txt"),
                           "--prompt-chars", "12", "--n", "3", "--new-tokens", "16",
-                          "--seconds", "2")  # fmt: skip
+                          "--seconds", "2", "--drafts", "source", "--drafts", draft)  # fmt: skip
     assert "3 prompts from" in stdout, stdout
-    rows = dict(re.findall(r"^(plain|source drafts) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +(\d+)$", stdout, re.M))
-    assert rows == {"plain": "0", "source drafts": "0"}, stdout
+    names = "plain|source drafts|drafts of small"
+    rows = dict(re.findall(rf"^({names}) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +(\d+)$", stdout, re.M))
+    assert rows == {"plain": "0", "source drafts": "0", "drafts of small": "0"}, stdout
 
 
 def _gpt_run(folder: Path, name: str, *changes: str) -> str:

@@ -14,6 +14,7 @@ import torch
 
 from attnkit.config import DecodeConfig, load_run_config
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode import continuous
 from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.drafts import ContextDrafts, ShallowDrafts
 from attnkit.decode.generate import Listening, generate
@@ -318,21 +319,33 @@ class _Prompt:
     sink: object = None
 
 
+@pytest.mark.parametrize("drafts", ["source", "shallow", "another model"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_a_running_batch_checks_a_lone_greedy_prompts_drafts_for_its_plain_text(trained, precision):
-    """A server's running batch (decode/continuous.py) with ``decode.speculative=source``: a greedy
-    prompt continued alone checks drafts copied from its context and takes several tokens a step, and
-    every prompt gets the text plain greedy generation gives it alone, whether it ran alone or beside
-    others who joined and left, with stop strings and streaming (the pieces add up to the text); a
-    sampled prompt beside them takes no drafts and gets plain sampling's text for its seed."""
-    model, tokenizer = _ready(trained, precision)
-    paying = economy(model, "source, a running batch's steps")
+def test_a_running_batch_checks_a_lone_greedy_prompts_drafts_for_its_plain_text(trained, precision, drafts):
+    """A server's running batch (decode/continuous.py) with ``decode.speculative``: a greedy prompt
+    continued alone checks drafts (copied from its context; guessed by the model's draft decoder; by
+    another model, here the model's twin) and takes several tokens a step, and every prompt gets the
+    text plain greedy generation gives it alone, whether it ran alone or beside others who joined and
+    left (the first prompt drafts alone, shares its steps, then drafts alone again after the others'
+    padding has gone: its draft's cache is made again), with stop strings and streaming (the pieces add
+    up to the text); a sampled prompt beside them takes no drafts and gets plain sampling's text for
+    its seed."""
+    if drafts == "source":
+        model, tokenizer = _ready(trained, precision)
+    elif drafts == "shallow":  # a one-layer model drafting with a copy of its layer: every guess right
+        model, tokenizer = _ready(trained, precision, draft=True, layers=1)
+    else:
+        model, tokenizer = _ready(trained, precision)
+        model.draft = _ready(trained, precision)[0]  # (any path: the running batch reads model.draft)
+    speculative = "source" if drafts == "source" else "shallow" if drafts == "shallow" else "runs/twin"
+    kind = "source" if drafts == "source" else "a draft model"
+    paying = economy(model, f"{kind}, a running batch's steps")
     paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
     paying.heard(False, 100.0, 1)
     settings = {
-        "greedy": _decode(speculative="source"),
-        "stopped": _decode(speculative="source", stop=["e "]),
-        "sampled": _decode(speculative="source", temperature=0.8),
+        "greedy": _decode(speculative=speculative),
+        "stopped": _decode(speculative=speculative, stop=["e "]),
+        "sampled": _decode(speculative=speculative, temperature=0.8),
     }
     plain = {name: dataclasses.replace(decode, speculative="none") for name, decode in settings.items()}
     # the first prompt runs alone for 3 steps, then others join at steps 3 and 5, and all leave at their
@@ -357,3 +370,45 @@ def test_a_running_batch_checks_a_lone_greedy_prompts_drafts_for_its_plain_text(
     assert "".join(pieces) == done[3]
     iterations = steps[4] - 60 + 1  # alone from its first step to its last
     assert iterations < len(tokenizer.encode(done[4])), (iterations, done[4])  # fewer than its tokens
+
+
+def test_a_lone_prompts_draft_reads_its_tokens_again_where_their_padding_changed(trained, monkeypatch):
+    """A prompt that joins beside a longer one is padded on the left; alone after the other's client has
+    gone it keeps that padding (nothing merged), and its draft caches its tokens so laid out. A third
+    prompt joins and leaves: the running batch drops the padding no row needs, and the first prompt,
+    alone again, drafts over tokens laid out otherwise. Its draft (a one-layer model's own layer: every
+    guess right where the draft's cache holds the tokens the model's does) reads them all again: every
+    guess is taken, and the text is plain greedy generation's."""
+    model, tokenizer = _ready(trained, "fp32", draft=True, layers=1)
+    paying = economy(model, "a draft model, a running batch's steps")
+    paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
+    paying.heard(False, 100.0, 1)
+    decode = _decode(speculative="shallow", max_new_tokens=40)
+    checks: list[tuple[int, int]] = []  # (drafted, taken) of each check
+    checked = continuous.check
+
+    def counted(checking, tokens, proposals, *args, **kwargs):
+        step = checked(checking, tokens, proposals, *args, **kwargs)
+        checks.append((len(proposals[0]), step.taken[0]))
+        return step
+
+    monkeypatch.setattr(continuous, "check", counted)
+    running = RunningGenerations(model, tokenizer, lambda settings: decode)
+    first = _Prompt(PROMPTS[1], 1)
+    arrivals = {0: [(0, first, "s"), (1, _Prompt(PROMPTS[2], 2), "s")], 9: [(2, _Prompt(PROMPTS[4], 3), "s")]}
+    departures = {3: {1}, 12: {2}}
+    layouts, done, i = [], {}, 0
+    while 0 not in done:
+        for key, text in running.iterate(arrivals.get(i, []), departures.get(i, set())):
+            done[key] = text
+        if len(running.continuing) == 1:
+            (alone,) = running.continuing.values()
+            extension = next(iter(running.running.values()))
+            layouts.append(extension.tokens.size(1) - len(alone.generated))
+        i += 1
+        assert i < 200
+    plain = dataclasses.replace(decode, speculative="none")
+    assert done[0] == generate(model, tokenizer, [first.text], plain)[0]
+    assert len(set(layouts)) == 2, layouts  # alone with the other's padding, then without it
+    drafted, taken = map(sum, zip(*checks, strict=True))
+    assert drafted > 10 and taken == drafted, checks

@@ -281,19 +281,40 @@ def test_32_clients_sampling_from_a_running_batch_get_what_attnkit_generate_give
     assert code == 0, output
 
 
-def test_a_lone_client_of_a_decoder_served_with_source_drafts_gets_attnkit_generates_texts(decoder, tmp_path):
-    """``decode.speculative=source``: greedy requests one at a time (each continued alone in a worker
-    process's running batch, checking drafts copied from its prompt and text so far), streamed or cut
-    at a stop string too, and sampled ones (which check none): each answer is plain ``attnkit
-    generate``'s text for its prompt and seed. The server loads the drafts without a word."""
+@pytest.mark.parametrize("drafts", ["source", "shallow", "another checkpoint"])
+def test_a_lone_client_of_a_decoder_served_with_drafts_gets_attnkit_generates_texts(
+    decoder, tmp_path, drafts
+):
+    """``decode.speculative``: greedy requests one at a time (each continued alone in a worker process's
+    running batch, checking drafts copied from its prompt and text so far, or guessed by the
+    checkpoint's draft decoder, or by another checkpoint's model: both made again in the worker
+    processes from what the server holds), streamed or cut at a stop string too, and sampled ones
+    (which check none): each answer is plain ``attnkit generate``'s text for its prompt and seed. The
+    server loads the drafts without a word."""
     import json
 
+    from attnkit.checkpoint.draft_file import write_draft
+    from attnkit.checkpoint.folder import resolve_checkpoint
+    from attnkit.loading import load_for_inference
+    from attnkit.models.draft import draft_for
+
+    if drafts == "source":
+        speculative = "source"
+    elif drafts == "shallow":  # a copy of the model's first layer as its draft decoder (undistilled)
+        decoder = Path(shutil.copytree(resolve_checkpoint(decoder), tmp_path / "with_draft"))
+        model = load_for_inference(decoder, pack=False)[0]
+        write_draft(decoder, draft_for(model), {"made by": "this test"})
+        speculative = "shallow"
+    else:  # the checkpoint's twin: its model's guesses are all right
+        speculative = str(shutil.copytree(resolve_checkpoint(decoder), tmp_path / "twin"))
     prompts = ["the cat", "the dog sat on", "t", "the fox sat on the b"]
     greedy = generated(decoder, prompts, ["decode.max_new_tokens=40", "decode.temperature=0"], tmp_path)
     sampled = generated(decoder, prompts, ["decode.max_new_tokens=40", "decode.temperature=1.0",
                                            "decode.top_k=4"], tmp_path)  # fmt: skip
     served = Server(decoder, "--batching", "continuous", "--workers", "processes", "decode.temperature=0",
-                    "decode.max_new_tokens=40", "decode.speculative=source")  # fmt: skip
+                    "decode.max_new_tokens=40", f"decode.speculative={speculative}")  # fmt: skip
+    if drafts == "another checkpoint":
+        shutil.rmtree(speculative)  # the workers make the draft again from what the server holds
     try:
         for i, prompt in enumerate(prompts):
             answer = httpx.post(f"{served.url}/generate", json={"inputs": prompt}, timeout=60)

@@ -28,7 +28,10 @@ step together and share one running batch.
 Prompts go the same way through ``search.Extension`` (``generate``'s steps): left-padded as
 ``generate`` pads them, each sampled from its own generator seeded with its seed, its text streamed
 and cut at its stop strings as ``generate`` does (``TextStream``), one running batch per sampling
-setting.
+setting. A greedy prompt continued alone in its running batch checks drafts (``decode.speculative``:
+copied from its context, or guessed by the model's draft decoder or another checkpoint's model, with a
+cache of the row's own that is made again whenever the row's padding changes), as ``generate`` checks
+them: the same text, several tokens a step where the drafts are right.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from torch import Tensor
 from attnkit.config import DecodeConfig
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.decode.beams import Beams
-from attnkit.decode.drafts import ContextDrafts
+from attnkit.decode.drafts import ContextDrafts, ShallowDrafts
 from attnkit.decode.generate import TextStream
 from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search, Translation
 from attnkit.decode.speculative import Checking, Pace, check, economy, greedy_judge
@@ -61,6 +64,8 @@ from attnkit.decode.starts import (
 )
 from attnkit.decode.translate import translation
 from attnkit.models.decoder_only import DecoderModel
+from attnkit.models.decoding import CausalDecoding
+from attnkit.models.draft import ShallowCausalDraft
 from attnkit.models.seq2seq import EncoderDecoder
 
 # how often a running batch decoding with the model's own steps looks whether compiled ones are built
@@ -257,14 +262,16 @@ class RunningGenerations:
     def _step(self, settings: Hashable, extension: Extension, merge: bool = False) -> list[tuple[Key, str]]:
         """One step of ``extension`` (newcomers: their first, then they join the running batch of their
         settings); returns the rows done, with their text. A prompt continued alone in its running
-        batch, greedily, checks drafts copied from its context where they pay (``decode.speculative=
-        source``: :meth:`_checked`)."""
+        batch, greedily, checks drafts where they pay (``decode.speculative``: :meth:`_checked`)."""
         decode = self._decode(settings)
-        drafting = decode.speculative == "source" and not decode.temperature  # greedy, with drafts
+        drafting = decode.speculative != "none" and not decode.temperature  # greedy, with drafts
         if drafting and not merge and len(extension.rows) == 1:
-            paying = economy(self.model, "source, a running batch's steps")
+            kind = "source" if decode.speculative == "source" else "a draft model"
+            paying = economy(self.model, f"{kind}, a running batch's steps")
             ended = paying.searched(
-                lambda: self._checked(extension), lambda: self._plain(extension), lambda step: step[1]
+                lambda: self._checked(extension, decode.speculative == "source"),
+                lambda: self._plain(extension),
+                lambda step: step[1],
             )[0]
         else:
             ended = extension.step(self._observe)
@@ -294,26 +301,45 @@ class RunningGenerations:
         """A plain step of ``extension``: the rows it ends, and the tokens it generated."""
         return extension.step(self._observe), len(extension.rows)
 
-    def _checked(self, extension: Extension) -> tuple[list[tuple[int, list[int]]], int]:
-        """A step of ``extension``'s one row that checks a draft copied from its context (its prompt and
-        text so far: ``ContextDrafts``), as greedy generation checks them alone (decode/speculative.py):
-        the same tokens, several in one step where the draft is right; the rows it ends, and the
-        tokens it generated."""
+    def _checked(self, extension: Extension, copied: bool) -> tuple[list[tuple[int, list[int]]], int]:
+        """A step of ``extension``'s one row that checks a draft, as greedy generation checks them alone
+        (decode/speculative.py): the same tokens, several in one step where the draft is right; the
+        rows it ends, and the tokens it generated. The draft is ``copied`` from the row's context (its
+        prompt and text so far: ``ContextDrafts``), or guessed by the model's draft (:meth:`_guessing`)."""
         (row,) = extension.rows.tolist()
         continued, limit = self.continuing[row], int(extension.limits[0])
         written = continued.generated
         length = continued.pace.next(limit - len(written) - 1)  # room for the model's own token after it
-        drafts = ContextDrafts.for_vocabulary([continued.prompt], self.tokenizer.vocab_size)
-        proposal = drafts.follow(0, written, length)
+        if copied:
+            guessing = None
+            drafts = ContextDrafts.for_vocabulary([continued.prompt], self.tokenizer.vocab_size)
+            proposal = drafts.follow(0, written, length)
+        else:
+            guessing = self._guessing(continued, extension)
+            (proposal,) = guessing.propose([row], [written], [length], extension.tokens)
         checking = cast(Checking, extension.decoding)
         step = check(checking, extension.tokens, [proposal], [len(written)], [limit], self.tokenizer.specials,
                      normalised=True, judge=greedy_judge, rows=[row])  # fmt: skip
+        if guessing is not None:
+            guessing.checked(step.kept)  # its cache rewound as the model's
         (new,) = step.new
         continued.pace.heard(len(proposal), step.taken[0])
         written += new
         ends = new[-1] == self.tokenizer.specials.eos or len(written) >= limit or continued.stopped()
         ended = extension.took(step.tokens, step.kept, torch.tensor([ends], device=step.tokens.device))
         return ended, len(new)
+
+    def _guessing(self, continued: _Continued, extension: Extension) -> ShallowDrafts:
+        """The guesses of the model's draft (its draft decoder, or another checkpoint's model) for
+        ``continued``, alone in ``extension``, with a cache of the row's own. The cache holds the row's
+        tokens as they are laid out in ``extension`` (its padding on the left); where that changed since
+        (rows joined or left while it shared its steps), a new draft reads them all again."""
+        layout = extension.tokens.size(1) - len(continued.generated)  # the prompt's columns, padding in
+        if continued.guessing is None or continued.guessing[0] != layout:
+            draft = cast(ShallowCausalDraft | DecoderModel, self.model.draft)
+            valid = cast(CausalDecoding, extension.decoding).prompt_valid.clone()  # (1, P): its real tokens
+            continued.guessing = layout, ShallowDrafts(draft.decoding(valid), self.tokenizer.specials)
+        return continued.guessing[1]
 
     def _observe(self, next_token: Tensor, rows: Tensor) -> Tensor | None:
         """Each row's new token: its text streamed and checked for stop strings (``TextStream``)."""
@@ -328,7 +354,8 @@ class RunningGenerations:
 @dataclass
 class _Continued:
     """A prompt a running batch continues: its caller's key, its generator, its text stream, its ids,
-    its tokens so far and the lengths of its drafts (``decode.speculative``)."""
+    its tokens so far, the lengths of its drafts (``decode.speculative``) and, while it is alone in its
+    running batch, its draft model's guesses (with the layout of the tokens they follow)."""
 
     key: Key
     generator: torch.Generator
@@ -336,6 +363,7 @@ class _Continued:
     prompt: list[int]
     generated: list[int] = field(default_factory=list)
     pace: Pace = field(default_factory=Pace)
+    guessing: tuple[int, ShallowDrafts] | None = None
 
     def stopped(self) -> bool:
         """Whether its text so far reached a stop string, or nobody wants it (its text streamed)."""

@@ -113,7 +113,7 @@ def retina(images: Tensor, centres: Tensor, patch: int, scales: int) -> Tensor:
     """The glimpse sensor ρ: for images ``(B, 1, H, W)`` and centres ``(B, 2)`` (x, y in [-1, 1]),
     ``scales`` patches of ``patch · 2^i`` pixels averaged down to ``patch × patch``: ``(B, scales, p, p)``.
     Beyond the canvas is black."""
-    B, _, H, W = images.shape
+    _, _, H, W = images.shape
     patches = []
     for i in range(scales):
         side = patch * 2**i  # pixels across this patch

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from attnkit.config import with_decode_overrides, without_precision
+from attnkit.config import draft_checkpoint, with_decode_overrides, without_precision
 from attnkit.errors import AttnkitError
 from attnkit.serve.captioner import ServedCaptioner
 from attnkit.serve.decoder import ServedDecoder
 from attnkit.serve.predictor import ServedPredictor
 from attnkit.serve.recogniser import ServedRecogniser
-from attnkit.serve.served import AttnkitModel, ServedModel
+from attnkit.serve.served import CHECKPOINT_DRAFTS, AttnkitModel, ServedModel
 from attnkit.serve.translator import ServedTranslator
 
 # the models attnkit itself serves, the first that serves an architecture taking it
@@ -54,11 +54,12 @@ def attnkit_model(
             "models, not encoders (--precision is for every model)"
         )
     speculative = with_decode_overrides(config.decode, overrides).speculative  # decode.beam_size=0, say
-    if served.decodes and speculative not in ("none", *served.drafts):
+    kind = CHECKPOINT_DRAFTS if draft_checkpoint(speculative) else speculative
+    if served.decodes and kind not in ("none", *served.drafts):
         if warn is not None:
             warn(
                 f"decode.speculative={speculative}: the server checks no such drafts yet (a decoder's "
-                "greedy requests check drafts copied from their prompts: decode.speculative=source); "
+                "greedy requests check drafts: decode.speculative=source, shallow or a draft checkpoint); "
                 "it decodes without them"
             )
         overrides = [*overrides, "decode.speculative=none"]

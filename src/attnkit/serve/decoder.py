@@ -20,7 +20,7 @@ from attnkit.config import DecodeConfig
 from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.generate import Listening, generate
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel, ServedModel
+from attnkit.serve.served import CHECKPOINT_DRAFTS, AttnkitModel, ServedModel
 
 
 @dataclass(frozen=True)
@@ -91,11 +91,11 @@ class SamplingModel(ServedModel[Sampling]):
 
 @dataclass
 class ServedDecoder(SamplingModel, AttnkitModel[Sampling]):
-    """A decoder checkpoint run by attnkit itself: a greedy request continued alone checks drafts copied
-    from its prompt and text so far (``decode.speculative=source``, decode/continuous.py), for the same
-    text sooner."""
+    """A decoder checkpoint run by attnkit itself: a greedy request continued alone checks drafts
+    (``decode.speculative``: copied from its prompt and text so far, or guessed by the checkpoint's
+    draft decoder or another checkpoint's model; decode/continuous.py), for the same text sooner."""
 
-    drafts: ClassVar[tuple[str, ...]] = ("source",)
+    drafts: ClassVar[tuple[str, ...]] = ("source", "shallow", CHECKPOINT_DRAFTS)
 
     @classmethod
     def architectures(cls) -> tuple[str, ...]:

@@ -116,8 +116,8 @@ class AttnkitModel(ServedModel[Settings]):
     engine: ClassVar[str] = "attnkit"
     shows_attention: ClassVar[bool] = True
     decodes: ClassVar[bool] = True  # whether it takes decode settings (every model takes a precision)
-    # the kinds of drafts its running batches check (decode.speculative; the server loads the others
-    # without them)
+    # the kinds of drafts its running batches check (decode.speculative's kinds; CHECKPOINT_DRAFTS: another
+    # checkpoint's model); the server loads the others without them
     drafts: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
@@ -285,13 +285,18 @@ def form_for_uploads(field: str, accept: str, button: str) -> str:
     )
 
 
+# AttnkitModel.drafts' name for decode.speculative=PATH: another checkpoint's model as the draft
+CHECKPOINT_DRAFTS = "checkpoint"
+
+
 class MadeAgain:
     """How a child process makes a served model again and then calls its method ``then`` (its running
     batch, or the build of its compiled steps): the model made again from what this server holds in
     memory (its class, the checkpoint's name, the run config with its precision resolved, the tokenizer,
-    the weights), never read from the checkpoint folder, which may have been moved, rotated away by a
-    run still training, or unmounted since the server loaded it. The weights are serialised
-    (safetensors) only when this is pickled for a new process, and not kept."""
+    the weights, with its draft's: ``decode.speculative``), never read from the checkpoint folder (nor
+    the draft checkpoint's), which may have been moved, rotated away by a run still training, or
+    unmounted since the server loaded it. The weights are serialised (safetensors) only when this is
+    pickled for a new process, and not kept."""
 
     def __init__(self, served: AttnkitModel, then: str = "running_batch") -> None:
         self.served, self.then = served, then
@@ -300,7 +305,9 @@ class MadeAgain:
         s = self.served
         tokenizer = s.tokenizer.to_str() if s.tokenizer is not None else None
         held = (type(s), s.checkpoint, s.config.to_dict(), tokenizer, weights_bytes(s.model), str(s.device))
-        return (partial, (made_again_then, self.then, *held))
+        draft = getattr(s.model, "draft", None)  # its weights are the model's draft.*: its config is held
+        drafted = draft.config if draft is not None and s.config.decode.speculative != "shallow" else None
+        return (partial, (made_again_then, self.then, *held, drafted))
 
 
 def weights_bytes(model: torch.nn.Module) -> bytes:
@@ -320,20 +327,27 @@ def weights_bytes(model: torch.nn.Module) -> bytes:
 
 def made_again_then(
     then: str, served: type[AttnkitModel], checkpoint: Path, config: dict[str, Any], tokenizer: str | None,
-    weights: bytes, device: str,
+    weights: bytes, device: str, draft: Any = None,
 ) -> Any:  # fmt: skip
     """In a child process: the served model made again from what :class:`MadeAgain` carried, and what
-    its method ``then`` gives (its running batch is warmed up first)."""
+    its method ``then`` gives (its running batch is warmed up first). Its draft is made before the
+    weights are loaded, which hold the draft's: a draft decoder (``decode.speculative=shallow``), or the
+    model of ``draft``, another checkpoint's model config."""
     from safetensors.torch import load
 
     from attnkit.loading import build_for_tokenizer, ready_for_inference
-    from attnkit.models import load_weights
+    from attnkit.models import build_model, load_weights
+    from attnkit.models.draft import draft_for
 
     run = RunConfig.from_dict(config, f"{checkpoint.name}/config.json")
     text = (
         Tokenizer.from_str(tokenizer, f"{checkpoint.name}/tokenizer.json") if tokenizer is not None else None
     )
     model = build_for_tokenizer(run, text)
+    if run.decode.speculative == "shallow":
+        model.draft = draft_for(model)
+    elif draft is not None:
+        model.draft = build_model(draft, text.vocab_size if text is not None else None)
     missing, unexpected = load_weights(model, load(weights))
     if missing or unexpected:
         raise RuntimeError(
