@@ -455,6 +455,41 @@ def test_a_child_makes_the_model_from_the_servers_memory_not_from_its_folder(run
         process.close()
 
 
+@pytest.mark.parametrize("drafts", ["shallow", "another checkpoint"])
+def test_a_child_makes_a_decoders_draft_again_from_the_servers_memory(decoder, tmp_path, drafts):
+    """A decoder served with a draft (``decode.speculative``: its draft decoder, or another checkpoint's
+    model, whose folder is gone by then): what a worker process is given makes the draft again, of the
+    same kind and with the same weights (the model's ``draft.*``), before the model's weights load."""
+    import pickle
+    import shutil
+
+    from attnkit.checkpoint.draft_file import write_draft
+    from attnkit.checkpoint.folder import resolve_checkpoint
+    from attnkit.loading import load_for_inference
+    from attnkit.models.draft import draft_for
+    from attnkit.serve.decoder import ServedDecoder
+    from attnkit.serve.served import MadeAgain
+
+    folder = Path(shutil.copytree(resolve_checkpoint(decoder), tmp_path / "model"))
+    if drafts == "shallow":
+        model = load_for_inference(folder, pack=False)[0]
+        torch.manual_seed(0)
+        draft = draft_for(model)
+        for weight in draft.parameters():  # not the model's first layer: weights of its own
+            weight.data.normal_()
+        write_draft(folder, draft, {"made by": "this test"})
+        speculative = "shallow"
+    else:
+        speculative = str(shutil.copytree(folder, tmp_path / "draft"))
+    served = ServedDecoder.load(folder, [f"decode.speculative={speculative}"])
+    if drafts == "another checkpoint":
+        shutil.rmtree(speculative)
+    made = pickle.loads(pickle.dumps(MadeAgain(served, "running_batch")))().model  # as a child calls it
+    assert type(made.draft) is type(served.model.draft)
+    given, found = served.model.draft.state_dict(), made.draft.state_dict()
+    assert given.keys() == found.keys() and all(found[name].equal(given[name]) for name in given)
+
+
 def test_worker_processes_do_not_grow_with_the_cores_unless_asked(run):
     from attnkit.serve.served import MAX_WORKER_PROCESSES
     from attnkit.serve.translator import ServedTranslator
