@@ -230,6 +230,8 @@ def test_a_distilled_draft_decoder_gives_greedy_translations_in_fewer_steps(trai
     shallow = ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1", "decode.speculative=shallow"]
     checkpoint = trained / (trained / "best").read_text(encoding="utf-8").strip()
     one_line_error(runner.invoke(app, shallow), r"has no draft decoder .* attnkit distill-draft --ckpt")
+    sampling = ["distill-draft", "--ckpt", str(trained), "--minutes", "0.05", "--temperature", "0.8"]
+    one_line_error(runner.invoke(app, sampling), r"--temperature: drafts for sampling are a GPT's")
     made = runner.invoke(app, ["distill-draft", "--ckpt", str(trained), "--minutes", "0.05"])
     assert made.exit_code == 0, made.output
     found = re.search(

@@ -204,6 +204,32 @@ def test_a_gpts_distilled_draft_and_drafts_from_its_context_give_greedy_generati
         assert drafted.stdout == plain.stdout, drafts
 
 
+def test_a_gpts_draft_for_sampling_learns_the_models_distributions_at_a_temperature(text_dir, tmp_path):
+    """``distill-draft --temperature 0.8`` teaches the draft on the model's samples at that temperature
+    and says how often its guesses would be kept there (more often than a copy of the model's first
+    layer's), keeping the temperature in the draft file; sampling with the draft at that temperature
+    runs (its texts follow the model's distribution: tests/decode)."""
+    from safetensors import safe_open
+
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--run-dir", str(run), "--data", str(text_dir), *TINY,
+                                 "train.max_steps=40"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    made = runner.invoke(
+        app, ["distill-draft", "--ckpt", str(run), "--minutes", "0.05", "--temperature", "0.8"]
+    )
+    assert made.exit_code == 0, made.output
+    found = re.search(r"its guesses would be kept ([\d.]+)% of the time at temperature 0.8 on [\d,]+ "
+                      r"held-out tokens \(a copy of its first layer: ([\d.]+)%\)", made.stdout)  # fmt: skip
+    assert found and float(found[1]) > float(found[2]), made.stdout
+    with safe_open(str(resolve_checkpoint(run) / "draft.safetensors"), "pt") as f:
+        assert f.metadata()["temperature"] == "0.8"
+    sampled = ["generate", "--ckpt", str(run), "--prompt", "line 7:", "--max-new-tokens", "20",
+               "--temperature", "0.8", "--seed", "5", "decode.speculative=shallow"]  # fmt: skip
+    drafted = runner.invoke(app, sampled)
+    assert drafted.exit_code == 0 and drafted.stdout.startswith("line 7:"), drafted.output
+
+
 def test_a_smaller_gpt_of_another_checkpoint_drafts_for_greedy_generation(text_dir, tmp_path, copy_data):
     """``decode.speculative=PATH``: a one-layer GPT trained on the same text (the same characters, so the
     same vocabulary) drafts for the two-layer one, and greedy generation writes plain greedy

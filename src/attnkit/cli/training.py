@@ -220,6 +220,13 @@ def distill_draft(
     minutes: Annotated[float, typer.Option(help="How long to train the draft for.")] = 5.0,
     batch_size: Annotated[int, typer.Option(help="Sources (a GPT's prompts) a step.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of the draft's order of sources and dropout.")] = 1,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            help="A GPT's draft for speculative sampling at this temperature: it learns the model's "
+            "distributions on its samples (KL divergence), not its greedy tokens (0)."
+        ),
+    ] = 0.0,
 ) -> None:
     """Teach a translation model's (or a GPT's) one-layer draft decoder to guess its greedy outputs, and
     save it in the checkpoint (draft.safetensors) for decode.speculative=shallow.
@@ -229,7 +236,11 @@ def distill_draft(
     a GPT's, from prompts cut from a text and the model's greedy continuations of them. It says how
     often the draft guesses the model's next token on 200 held-out sources (prompts), before and
     after: the higher, the more tokens a speculative step takes. A draft changes no output, only the
-    time it takes (translate, evaluate, generate --temperature 0 with decode.speculative=shallow)."""
+    time it takes (translate, evaluate, generate --temperature 0 with decode.speculative=shallow).
+
+    With --temperature T, a GPT's draft is made for generation at that temperature (speculative
+    sampling): it learns the model's whole distribution at each position of the model's samples, and
+    the share it states is how often its guesses would be kept."""
     from attnkit.checkpoint.draft_file import write_draft
     from attnkit.checkpoint.folder import resolve_checkpoint
     from attnkit.cli.shared import progress_bar
@@ -238,12 +249,15 @@ def distill_draft(
 
     at_least("--minutes", minutes, 0.01)
     at_least("--batch-size", batch_size, 1)
+    at_least("--temperature", temperature, 0.0)
     checkpoint = resolve_checkpoint(ckpt)
     arch = (TransformerConfig.ARCH, DecoderModelConfig.ARCH)
     model, tokenizer, config = load_for_inference(checkpoint, "cpu", arch=arch, pack=False)
     # what it learns from, read (and refused in one line) before the progress bar starts
     if config.model.arch == DecoderModelConfig.ARCH:
-        teach = _teaching_gpt(model, tokenizer, config, src, minutes, batch_size, seed)
+        teach = _teaching_gpt(model, tokenizer, config, src, minutes, batch_size, seed, temperature)
+    elif temperature > 0:
+        raise AttnkitError("--temperature: drafts for sampling are a GPT's (a translation is searched)")
     else:
         teach = _teaching(model, tokenizer, config, src, minutes, batch_size, seed)
     with progress_bar() as bar:
@@ -253,11 +267,17 @@ def distill_draft(
         "sentences": str(made.sentences),
         "minutes": f"{made.seconds / 60:.2f}",
         "agreement": f"{made.agreement_after:.4f}",
+        **({"temperature": f"{temperature:g}"} if temperature > 0 else {}),
     }
     path = write_draft(checkpoint, made.draft, about)
+    guesses = (
+        f"its guesses would be kept {made.agreement_after:.1%} of the time at temperature {temperature:g}"
+        if temperature > 0
+        else f"it guesses {made.agreement_after:.1%} of the model's greedy tokens"
+    )
     agreed = (
-        f"it guesses {made.agreement_after:.1%} of the model's greedy tokens on {made.held_out_tokens:,} "
-        f"held-out tokens (a copy of its first layer: {made.agreement_before:.1%}); "
+        f"{guesses} on {made.held_out_tokens:,} held-out tokens (a copy of its first layer: "
+        f"{made.agreement_before:.1%}); "
         if made.held_out_tokens
         else ""
     )
@@ -288,9 +308,11 @@ def _teaching(model, tokenizer, config, src: Path | None, minutes, batch_size, s
     )  # fmt: skip
 
 
-def _teaching_gpt(model, tokenizer, config, src: Path | None, minutes, batch_size, seed) -> Callable:
+def _teaching_gpt(
+    model, tokenizer, config, src: Path | None, minutes, batch_size, seed, temperature
+) -> Callable:
     """How a GPT's draft is taught, ``teach(progress)``: on prompts cut from ``src``'s text or the run's
-    training text."""
+    training text (continued greedily, or sampled at ``temperature``)."""
     from attnkit.data.readers import read_text
     from attnkit.train.distill_draft import distill_causal_draft
 
@@ -303,8 +325,9 @@ def _teaching_gpt(model, tokenizer, config, src: Path | None, minutes, batch_siz
         what = src or "the run’s training text"
         raise AttnkitError(f"{what}: {len(ids)} tokens, too few to learn a draft from (at least {needed})")
     return lambda progress: distill_causal_draft(
-        model, ids, tokenizer.specials, minutes=minutes, batch_size=batch_size, seed=seed, progress=progress
-    )
+        model, ids, tokenizer.specials, minutes=minutes, batch_size=batch_size, seed=seed, progress=progress,
+        temperature=temperature,
+    )  # fmt: skip
 
 
 def _draft_sources(config, src: Path | None) -> list[str]:

@@ -14,6 +14,14 @@ with the model, what a check would take of a one-token draft) is measured before
 A GPT's draft (:func:`distill_causal_draft`) learns alike from prompts cut from a text, each followed
 by the model's greedy continuation of it: at every position of prompt and continuation, the model's
 own most probable next token is the draft's target.
+
+A draft for speculative *sampling* wants something else: the acceptance rule keeps a guess drawn from
+the draft's distribution q with probability min(1, p/q), so a guess is kept with probability
+Σ_v min(p_v, q_v) (Leviathan et al., 2023), which is 1 only where q is p. A draft that learnt the
+model's argmax is too sure of itself there. With a temperature, the GPT's draft learns from the
+model's own samples at that temperature, and at every position the model's whole distribution there
+(``softmax(logits / T)``) by the KL divergence KL(p ‖ q) (token-level distillation, Hinton et al.,
+2015); its agreement is that expected acceptance.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from torch import Tensor, nn
 
 from attnkit.data.batching import pad
 from attnkit.data.tokenizer import SpecialIds
+from attnkit.decode.sampling import distribution, sampler
 from attnkit.decode.search import Search, argmax, extend, starts_of
 from attnkit.models.decoder_only import DecoderModel
 from attnkit.models.draft import ShallowCausalDraft, ShallowDraft
@@ -190,11 +199,14 @@ def distill_causal_draft(
     lr: float = 5e-4,
     seed: int = 1,
     progress: Callable[[int], None] | None = None,
+    temperature: float = 0.0,
 ) -> Distilled:
     """A draft for the GPT ``model`` (float32, as trained), taught for ``minutes`` on prompts cut at random
     from the tokens ``text`` (the first nine tenths; :data:`HELD_OUT` prompts of the last tenth, or fewer,
     measure its agreement), each of half the model's context, continued greedily by the model for the
-    other half. ``progress`` hears how many prompts each step learnt from."""
+    other half. ``progress`` hears how many prompts each step learnt from. With ``temperature`` > 0, a
+    draft for speculative sampling at that temperature (module docstring): the continuations are the
+    model's samples, the draft learns its distributions, and its agreement is the expected acceptance."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     context = model.config.max_len
@@ -206,48 +218,99 @@ def distill_causal_draft(
     held = [text[i : i + length] for i in held_starts if len(text[i : i + length]) == length]
     model.eval().requires_grad_(False)
     draft = ShallowCausalDraft(model)
-    held_out = _continued(model, held, specials, context) if held else None
-    before = causal_agreement(draft, held_out) if held_out else (0.0, 0)
+    sampling = torch.Generator().manual_seed(seed) if temperature > 0 else None  # the continuations' draws
+    held_out = _continued(model, held, specials, context, temperature, sampling) if held else None
+    before = causal_agreement(draft, held_out, temperature) if held_out else (0.0, 0)
 
     def lesson() -> tuple[Tensor, int]:
         starts = [rng.randrange(0, split - length + 1) for _ in range(batch_size)]
-        sequences, targets, _ = _continued(model, [text[i : i + length] for i in starts], specials, context)
-        logits = draft(sequences)  # (B, T, V)
-        return _loss(logits, targets, -1, log_probs=False), batch_size  # (-1: padding)
+        prompts = [text[i : i + length] for i in starts]
+        continued = _continued(model, prompts, specials, context, temperature, sampling)
+        logits = draft(continued.sequences)  # (B, T, V)
+        if temperature > 0:
+            return kl_loss(logits, continued.targets(temperature), continued.real, temperature), batch_size
+        return _loss(logits, continued.targets(), -1, log_probs=False), batch_size  # (-1: padding)
 
     steps, prompts, seconds = _learn(draft, lesson, minutes, lr, progress)
-    after = causal_agreement(draft, held_out) if held_out else (0.0, 0)
+    after = causal_agreement(draft, held_out, temperature) if held_out else (0.0, 0)
     return Distilled(draft, before[0], after[0], after[1], prompts, steps, seconds)
+
+
+@dataclass
+class Continued:
+    """Prompts followed by the model's continuations, ``sequences (B, T)`` (right-padded after a
+    continuation that ended), with the model's logits at every position ``(B, T, V)``, which positions
+    are ``real`` tokens and which predict the ``continuing`` text (from each prompt's last token on)."""
+
+    sequences: Tensor
+    logits: Tensor
+    real: Tensor
+    continuing: Tensor
+
+    def targets(self, temperature: float = 0.0) -> Tensor:
+        """What the draft learns: the model's most probable next token at each position, ``-1`` at the
+        padding ``(B, T)``; with ``temperature`` > 0, the distribution sampling draws from there,
+        ``softmax(logits / temperature)`` ``(B, T, V)``."""
+        if temperature > 0:
+            return distribution(self.logits.log_softmax(-1), temperature)  # (B, T, V)
+        return self.logits.argmax(-1).masked_fill(~self.real, -1)
 
 
 @torch.no_grad()
 def _continued(
-    model: DecoderModel, prompts: list[list[int]], specials: SpecialIds, context: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``prompts`` (as many tokens each) followed by the model's greedy continuations, to fill the
-    ``context``, ``(B, T)`` (padded after a continuation that ended); the model's most probable next
-    token at each position, ``-1`` at the padding; and which positions predict the continuation."""
+    model: DecoderModel,
+    prompts: list[list[int]],
+    specials: SpecialIds,
+    context: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> Continued:
+    """``prompts`` (as many tokens each) followed by the model's continuations to fill the ``context``:
+    greedy, or with ``temperature`` > 0 drawn from ``generator`` at that temperature."""
     tokens = torch.tensor(prompts)  # (B, P)
     valid = torch.ones_like(tokens, dtype=torch.bool)
     limits = torch.full((len(prompts),), context - tokens.size(1))
-    continuations = extend(model.decoding(valid), tokens, limits, specials, argmax)
+    choose = argmax if temperature == 0 else sampler(_Every(generator), temperature)
+    continuations = extend(model.decoding(valid), tokens, limits, specials, choose)
     sequences = pad([p + c for p, c in zip(prompts, continuations, strict=True)], specials.pad)  # (B, T)
     lengths = torch.tensor([len(p) + len(c) for p, c in zip(prompts, continuations, strict=True)])
     real = torch.arange(sequences.size(1))[None, :] < lengths[:, None]  # (B, T)
-    targets = model(sequences).argmax(-1).masked_fill(~real, -1)  # (B, T): right-padded, so no mask
     continuing = real.clone()
     continuing[:, : tokens.size(1) - 1] = False  # from the prompt's last token on
-    return sequences, targets, continuing
+    return Continued(sequences, model(sequences), real, continuing)  # right-padded, so no mask
+
+
+class _Every:
+    """Every row's generator is the one ``generator`` (the continuations of distillation, drawn in turn)."""
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self.generator = generator if generator is not None else torch.Generator()
+
+    def __getitem__(self, row: int) -> torch.Generator:
+        return self.generator
+
+
+def kl_loss(logits: Tensor, target: Tensor, real: Tensor, temperature: float) -> Tensor:
+    """KL(p ‖ q) averaged over the ``real (B, T)`` positions: ``p`` the model's distributions ``target
+    (B, T, V)``, ``q = softmax(logits / temperature)`` the draft's at the same temperature."""
+    log_q = (logits / temperature).log_softmax(-1)  # (B, T, V)
+    divergence = F.kl_div(log_q, target, reduction="none").sum(-1)  # (B, T): Σ_v p (log p − log q)
+    return divergence[real].mean()
 
 
 @torch.no_grad()
 def causal_agreement(
-    draft: ShallowCausalDraft, continued: tuple[Tensor, Tensor, Tensor]
+    draft: ShallowCausalDraft, continued: Continued, temperature: float = 0.0
 ) -> tuple[float, int]:
-    """The share of the positions that predict the model's continuations (as :func:`_continued` gives
-    them) where the draft's most probable next token is the model's; and how many positions."""
-    sequences, targets, continuing = continued
+    """The share of the positions that predict the model's continuations where the draft's most probable
+    next token is the model's; with ``temperature`` > 0, the expected acceptance there, the mean of
+    Σ_v min(p_v, q_v) (p the model's sampling distribution, q the draft's). And how many positions."""
     draft.eval()
-    guesses = draft(sequences).argmax(-1)  # (B, T)
+    logits, continuing = draft(continued.sequences), continued.continuing  # (B, T, V), (B, T)
     count = int(continuing.sum())
-    return float((guesses.eq(targets) & continuing).sum()) / max(count, 1), count
+    if temperature > 0:
+        drafted = distribution(logits.log_softmax(-1), temperature)  # (B, T, V)
+        kept = torch.minimum(continued.targets(temperature), drafted).sum(-1)  # (B, T)
+        return float(kept[continuing].sum()) / max(count, 1), count
+    guesses = logits.argmax(-1)  # (B, T)
+    return float((guesses.eq(continued.targets()) & continuing).sum()) / max(count, 1), count
