@@ -10,12 +10,15 @@ import pytest
 
 TOUR = Path(__file__).resolve().parents[1] / "docs" / "tour"
 PAGES = sorted(TOUR.glob("*.py"))
-BUDGET_S = 120  # each page: two CPU minutes at most
+# each page: two and a half minutes at most on a 2-core machine, whose wall-clock time varies by a
+# fifth or more with what else shares its host (the same commit's CI on the 2-core AVX2 machine: the
+# glimpses page 112 s, captioning 104 s, heads 74 s; run alone, glimpses 80 s)
+BUDGET_S = 150
 # but the speech page, which synthesises 1,200 utterances with espeak-ng before its 420 steps: 91 to
-# 161 s on the 2-core CI machine (its time varies with the machine's load more than the others')
-BUDGETS_S = {"speech": 240}
+# 161 s on the 2-core CI machine, 229 s on the AVX2 one (its time varies with the load more than the others')
+BUDGETS_S = {"speech": 300}
 
-pytestmark = pytest.mark.slow  # each page is a script of its own, up to two minutes
+pytestmark = pytest.mark.slow  # each page is a script of its own, up to two and a half minutes
 
 
 def test_the_tour_has_pages_and_the_index_names_each():
