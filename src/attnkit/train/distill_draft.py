@@ -270,7 +270,8 @@ def _continued(
     tokens = torch.tensor(prompts)  # (B, P)
     valid = torch.ones_like(tokens, dtype=torch.bool)
     limits = torch.full((len(prompts),), context - tokens.size(1))
-    choose = argmax if temperature == 0 else sampler(_Every(generator), temperature)
+    every = [generator or torch.Generator()] * len(prompts)  # (one generator, its draws in turn)
+    choose = argmax if temperature == 0 else sampler(every, temperature)
     continuations = extend(model.decoding(valid), tokens, limits, specials, choose)
     sequences = pad([p + c for p, c in zip(prompts, continuations, strict=True)], specials.pad)  # (B, T)
     lengths = torch.tensor([len(p) + len(c) for p, c in zip(prompts, continuations, strict=True)])
@@ -278,16 +279,6 @@ def _continued(
     continuing = real.clone()
     continuing[:, : tokens.size(1) - 1] = False  # from the prompt's last token on
     return Continued(sequences, model(sequences), real, continuing)  # right-padded, so no mask
-
-
-class _Every:
-    """Every row's generator is the one ``generator`` (the continuations of distillation, drawn in turn)."""
-
-    def __init__(self, generator: torch.Generator | None) -> None:
-        self.generator = generator if generator is not None else torch.Generator()
-
-    def __getitem__(self, row: int) -> torch.Generator:
-        return self.generator
 
 
 def kl_loss(logits: Tensor, target: Tensor, real: Tensor, temperature: float) -> Tensor:
