@@ -1,15 +1,17 @@
-"""A decoder served with drafts and without: one user's latency, the same texts.
+"""A decoder or a translator served with drafts and without: one user's latency, the same answers.
 
-``attnkit serve --ckpt GPT`` is started once plainly and then once for each ``--drafts`` (a value of
+``attnkit serve --ckpt RUN`` is started once plainly and then once for each ``--drafts`` (a value of
 ``decode.speculative``: ``source``, the default; ``shallow``; a draft checkpoint), one after the other,
-with the same options: the running batch checks drafts (copied from a greedy prompt's context, or
-guessed by a draft model) while the prompt is continued alone (decode/continuous.py). One client posts
-greedy requests (``POST /generate``, ``temperature`` 0, ``--new-tokens`` tokens at most), each as soon
-as the last is answered, for ``--seconds``, after an untimed pass over every prompt (which also gives
-the plain server's texts, against which the drafted servers' are compared: ``differ`` is 0 where drafts
-are exact). Prompts as bench/speculative.py cuts them: ``--prompt-chars K`` cuts the file's last ``n·K``
-characters into ``n`` prompts (tiny Shakespeare: the end of ``input.txt``, the recipe's validation
-text), else each of its first ``n`` lines is one.
+with the same options: the running batch checks drafts (copied from a greedy request's prompt or
+source, or guessed by a draft model) while the request is searched alone (decode/continuous.py). One
+client posts greedy requests, each as soon as the last is answered, for ``--seconds``, after an untimed
+pass over every input (which also gives the plain server's answers, against which the drafted
+servers' are compared: ``differ`` is 0 where drafts are exact). A decoder (GPT): ``POST /generate``,
+``temperature`` 0, ``--new-tokens`` tokens at most, its prompts as bench/speculative.py cuts them:
+``--prompt-chars K`` cuts the file's last ``n·K`` characters into ``n`` prompts (tiny Shakespeare: the
+end of ``input.txt``, the recipe's validation text), else each of its first ``n`` lines is one. A
+translator: ``POST /translator/translate`` with ``beam_size`` 1, each of the file's first ``n`` lines a
+sentence; its answers compared with their scores (a translation and its score, rounded to 1e-6).
 
 Printed per server: latency p50 and p99, tokens/s (the checkpoint's tokenizer counts them), the
 ratio of p50 to the plain server's, how many texts differ. Settings on both sides: greedy, the same
@@ -18,7 +20,8 @@ same prompts in the same order, one request at a time.
 
 Run: ``python bench/serve_drafts.py --ckpt runs/shakespeare --src data/tinyshakespeare/input.txt
 --prompt-chars 64 --n 50 --drafts source --drafts shallow`` (``shallow``: after ``attnkit distill-draft
---ckpt runs/shakespeare``)
+--ckpt runs/shakespeare``); a translator: ``python bench/serve_drafts.py --ckpt runs/de_en --src
+test.de --n 100 --drafts shallow``.
 """
 
 from __future__ import annotations
@@ -26,14 +29,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from functools import partial
 from pathlib import Path
 
 from keep_alive import KeepAlive
 from serve_load import free_port, load, start
 
-from attnkit.checkpoint.folder import resolve_checkpoint
+from attnkit.checkpoint.folder import read_run_config, resolve_checkpoint
 from attnkit.data.readers import read_lines, read_text
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.models import archs
 
 
 def prompts_of(src: str, n: int, prompt_chars: int | None) -> list[str]:
@@ -50,21 +55,37 @@ def named(drafts: str) -> str:
     return f"{drafts} drafts" if drafts in ("source", "shallow") else f"drafts of {Path(drafts).name}"
 
 
-async def answers(url: str, prompts: list[str], body) -> dict[str, str]:
-    """Each prompt's text, one request at a time (the untimed pass)."""
+async def answers(url: str, prompts: list[str], body, answer) -> dict[str, str]:
+    """Each prompt's ``answer``, one request at a time (the untimed pass)."""
     connection, found = KeepAlive(url), {}
     for prompt in prompts:
         status, answered = await connection.post(body(prompt))
         if status != 200:
             raise SystemExit(f"the server answered {status}: {answered}")
-        found[prompt] = answered["generated_text"]
+        found[prompt] = answer(answered)
     await connection.close()
     return found
 
 
+def scored(answered: list) -> str:
+    """A translator's answer to one sentence: its translation and score (to 1e-6)."""
+    best = answered[0][0]
+    return f"{best['tgt']} ||| {best['pred_score']:.6f}"
+
+
+def generation(prompt: str, new_tokens: int = 100) -> dict:
+    """A greedy request to a decoder."""
+    return {"inputs": prompt, "parameters": {"max_new_tokens": new_tokens, "temperature": 0}}
+
+
+def translation(sentence: str) -> list[dict]:
+    """A greedy request to a translator (one sentence)."""
+    return [{"src": sentence, "beam_size": 1}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", type=Path, required=True, help="a decoder (GPT) checkpoint or run")
+    parser.add_argument("--ckpt", type=Path, required=True, help="a decoder (GPT) or translator checkpoint")
     parser.add_argument("--src", required=True, help="where the prompts come from")
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--prompt-chars", type=int, help="prompts: pieces of the file's end")
@@ -78,16 +99,21 @@ def main() -> None:
         named(drafts): [f"decode.speculative={drafts}"] for drafts in args.drafts or ["source"]
     }
     prompts = prompts_of(args.src, args.n, args.prompt_chars)
-    tokenizer = Tokenizer.load(resolve_checkpoint(args.ckpt) / "tokenizer.json")
+    checkpoint = resolve_checkpoint(args.ckpt)
+    tokenizer = Tokenizer.load(checkpoint / "tokenizer.json")
+    translator = read_run_config(checkpoint).model.arch in archs(using="translate")
+    path, what = "/generate", "prompts"
+    body, answer = partial(generation, new_tokens=args.new_tokens), lambda r: r["generated_text"]
+    if translator:
+        path, body, answer, what = "/translator/translate", translation, scored, "sentences"
 
-    def body(prompt: str) -> dict:
-        return {"inputs": prompt, "parameters": {"max_new_tokens": args.new_tokens, "temperature": 0}}
-
-    def count(text: str) -> int:
+    def count(text: str) -> int:  # (a translator's: its translation's tokens, not its score)
+        text = text.split(" ||| ")[0]
         return len(tokenizer.encode(text)) if text else 0
 
-    print(f"{len(prompts)} prompts from {args.src}; greedy, {args.new_tokens} new tokens at most; one "
-          f"client, {args.seconds:g} s a server; attnkit serve {' '.join(args.server_option)}")  # fmt: skip
+    most = "" if translator else f", {args.new_tokens} new tokens at most"
+    print(f"{len(prompts)} {what} from {args.src}; greedy{most}; one client, {args.seconds:g} s a server; "
+          f"attnkit serve {' '.join(args.server_option)}")  # fmt: skip
     results, expected = {}, None
     for name, options in servers.items():
         port = free_port()
@@ -96,11 +122,10 @@ def main() -> None:
                    *options, *args.server_option]  # fmt: skip
         server = start(command, url)
         try:
-            texts = asyncio.run(answers(f"{url}/generate", prompts, body))
+            texts = asyncio.run(answers(f"{url}{path}", prompts, body, answer))
             expected = expected or texts
             results[name] = asyncio.run(load(
-                f"{url}/generate", body, lambda r: r["generated_text"], 1, args.seconds, prompts, count,
-                expected))  # fmt: skip
+                f"{url}{path}", body, answer, 1, args.seconds, prompts, count, expected))  # fmt: skip
         finally:
             server.terminate()
             server.wait(timeout=60)

@@ -281,6 +281,18 @@ def test_the_served_drafts_benchmark_times_one_client_of_a_gpt_server_with_and_w
     assert rows == {"plain": "0", "source drafts": "0", "drafts of small": "0"}, stdout
 
 
+def test_the_served_drafts_benchmark_times_one_client_of_a_translator_with_and_without_drafts(
+    copy_run, copy_data
+):
+    """The copy task's model served plainly and with drafts from the source (which its outputs copy):
+    one client's greedy requests, every drafted answer (translation and score) the plain server's."""
+    stdout = bench_output("serve_drafts.py", "--ckpt", str(copy_run), "--src", str(copy_data / "valid.src"),
+                          "--n", "5", "--seconds", "2", "--drafts", "source")  # fmt: skip
+    assert "5 sentences from" in stdout, stdout
+    rows = dict(re.findall(r"^(plain|source drafts) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +(\d+)$", stdout, re.M))
+    assert rows == {"plain": "0", "source drafts": "0"}, stdout
+
+
 def _gpt_run(folder: Path, name: str, *changes: str) -> str:
     """A tiny character-level GPT trained for a moment on ``folder/text.txt`` (written where it is not
     yet) into ``folder/name``, with ``changes`` to its settings."""

@@ -15,14 +15,18 @@ from attnkit.config import load_run_config
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode import continuous
+from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.drafts import ShallowDrafts, SourceDrafts
-from attnkit.decode.search import Search, argmax, extend, starts_of
+from attnkit.decode.search import BeamSettings, Search, argmax, extend, rank_continuations, starts_of
 from attnkit.decode.speculative import (
     EXPLORE_EVERY,
     ROWS_DRAFTED,
     Economy,
+    OneBeam,
     Speculation,
     economy,
+    greedy_judge,
     speculative_search,
 )
 from attnkit.decode.translate import Reporting, translate
@@ -304,3 +308,92 @@ def test_a_smaller_captioners_guesses_give_greedy_captions(precision):
     assert counts.proposed > 0 and any(plain), counts
     with pytest.raises(AttnkitError, match="a caption's input is an image"):
         caption(model, tokenizer, images, dataclasses.replace(decode, speculative="source"), beam_size=1)
+
+
+def test_one_beams_judge_chooses_and_scores_as_beam_search_ranks_a_beam_of_one():
+    """``OneBeam`` keeps the drafted tokens beam search of one beam would choose, by its own ranking
+    (``rank_continuations``: the beam's score plus each token's log-probability, in float32, the first
+    of equals), and carries the score: where the score is large, two log-probabilities that differ
+    round to one candidate score, and beam search takes the first of them, not the more probable
+    (which greedy search's rule would)."""
+    torch.manual_seed(0)
+    V, eos = 40, 2
+    log_probs = torch.randn(1, 4, V).log_softmax(-1)  # (1, 4, V): a draft of three, then one more
+    proposal = [int(t) for t in log_probs[0, :3].argmax(-1)]  # each position's most probable token
+    log_probs[0, 1] = -20.0
+    log_probs[0, 1, 9], log_probs[0, 1, 7] = -0.5, -0.5001  # the second position: 9, and 7 a hair less
+    proposal[1] = 9
+    score = torch.tensor([-1e4])  # where float32 steps by ~1e-3: 9 and 7 round to one candidate score
+    judge = OneBeam(score, eos)
+    (kept,) = judge(log_probs, [0], [proposal])
+    expected, running = [], score
+    for j in range(len(kept)):  # beam search's ranking, a step at a time
+        best, _, token = rank_continuations(log_probs[:, j], running[:, None], 2)
+        expected.append(int(token[0, 0]))
+        running = best[:, 0]
+    assert kept == expected == [proposal[0], 7]  # the first of two equal scores, then the draft refused
+    assert torch.equal(judge.scores, running)
+    assert greedy_judge(log_probs, [0], [proposal])[0][:2] == proposal[:2]  # greedy's rule: 9, not 7
+
+
+def _settled(running: RunningTranslations, arrivals: dict[int, list]) -> tuple[dict, dict]:
+    """Iterate until every source is done: each source's translations, and the iteration it ended at."""
+    done, ended, i = {}, {}, 0
+    while i <= max(arrivals) or running.sources:
+        for key, found in running.iterate(arrivals.get(i, [])):
+            done[key], ended[key] = found, i
+        i += 1
+        assert i < 500
+    return done, ended
+
+
+@pytest.mark.parametrize("drafts", ["source", "shallow", "another model"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_running_batch_checks_a_lone_greedy_sources_drafts_for_its_translation_and_score(
+    copying, precision, drafts, monkeypatch
+):
+    """A server's running batch (decode/continuous.py) with ``decode.speculative``: a greedy source
+    searched alone checks drafts (its own tokens; the guesses of the model's draft decoder, here a
+    one-layer model's own layer; of another model, here the model's twin), and every source gets the
+    translation, score (to the bit) and token count ``translate`` gives it alone without drafts, whether
+    it drafted alone, shared its steps with sources that joined (padded on the left) and left, or ran
+    beside them with another beam."""
+    if drafts == "shallow":
+        model, tokenizer, config = _ready(copying, precision, draft=True, seed=11, decoder_layers=1)
+    else:
+        model, tokenizer, config = _ready(copying, precision)
+    if drafts == "another model":
+        model.draft = _ready(copying, precision)[0]
+    speculative = {"source": "source", "shallow": "shallow", "another model": "runs/twin"}[drafts]
+    decode = dataclasses.replace(config.decode, speculative=speculative, streams=1)
+    kind = "source" if drafts == "source" else "a draft model"
+    paying = economy(model, f"{kind}, a running batch's eager steps")
+    paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
+    paying.heard(False, 100.0, 1)
+    checks: list[tuple[int, int]] = []  # (drafted, taken) of each check
+    checked = continuous.check
+
+    def counted(checking, tokens, proposals, *args, **kwargs):
+        step = checked(checking, tokens, proposals, *args, **kwargs)
+        checks.append((len(proposals[0]), step.taken[0]))
+        return step
+
+    monkeypatch.setattr(continuous, "check", counted)
+    greedy, wide = BeamSettings(1, 1), BeamSettings(3, 2)
+    twos = " ".join(["2"] * 12)  # (this random model answers it with 2s: its source drafts are right)
+    arrivals = {
+        0: [(0, twos[:11], greedy)],  # alone for three steps, then beside the others
+        3: [(1, "1 7 4 6 9 2 8 9 4", greedy), (2, "7 4 3 4 4 3 2", wide)],  # padded on the left
+        60: [(3, twos, greedy)],  # alone from its first step
+    }
+    running = RunningTranslations(model, tokenizer, decode)
+    done, ended = _settled(running, arrivals)
+    plain = dataclasses.replace(decode, speculative="none")
+    for key, text, settings in (arrival for joining in arrivals.values() for arrival in joining):
+        alone = translate(model, tokenizer, [text], plain, n_best=settings.n_best, beam_size=settings.beam)
+        assert done[key] == alone[0], (key, done[key], alone[0])  # texts, scores and counts, exactly
+    drafted, taken = map(sum, zip(*checks, strict=True))
+    assert drafted > 0 and taken > 0, checks
+    (_, _, tokens), *_ = done[3]  # every guess right (its 2s; the twin's; a one-layer model's own layer)
+    assert ended[3] - 60 + 1 < tokens + 1, (ended[3], tokens)  # fewer steps than tokens with </s>
+    assert not running.drafting and not running.running

@@ -15,12 +15,16 @@ import torch
 
 from attnkit import build_transformer
 from attnkit.config import load_run_config
+from attnkit.cpu.compiled import steps as compiled_steps
 from attnkit.cpu.compiled.build import CHECK_STEP
 from attnkit.cpu.compiled.steps import step_package
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy as copy_task
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode import continuous
 from attnkit.decode.compiled import compiled_decoding
+from attnkit.decode.continuous import RunningTranslations
+from attnkit.decode.search import BeamSettings
 from attnkit.decode.speculative import Speculation, economy
 from attnkit.decode.streams import serial_steps
 from attnkit.decode.translate import Reporting, translate
@@ -133,6 +137,52 @@ def test_translate_with_drafts_and_compiled_steps_gives_compiled_greedy_translat
     assert any("draft decoder's" in w for w in warned), warned  # its steps were built too
 
 
+def _served(running: RunningTranslations, arrivals: dict[int, list]) -> dict:
+    """``running`` iterated until every source of ``arrivals`` (by iteration) is done: their translations."""
+    done, i = {}, 0
+    while i <= max(arrivals) or running.sources:
+        done.update(running.iterate(arrivals.get(i, [])))
+        i += 1
+        assert i < 500
+    return done
+
+
+def _counted_checks(monkeypatch) -> list[tuple[int, int]]:
+    """Each check of a draft in a running batch from now on, ``(drafted, taken)``."""
+    checks: list[tuple[int, int]] = []
+    checked = continuous.check
+
+    def counted(checking, tokens, proposals, *args, **kwargs):
+        step = checked(checking, tokens, proposals, *args, **kwargs)
+        checks.append((len(proposals[0]), step.taken[0]))
+        return step
+
+    monkeypatch.setattr(continuous, "check", counted)
+    return checks
+
+
+def test_a_running_batch_checks_a_lone_greedy_sources_drafts_with_the_compiled_check_step(ready, monkeypatch):
+    """A server's running batch with compiled steps and the draft decoder's guesses (its compiled
+    steps built by the test above): greedy sources that join together, later, and alone each get the
+    translation and score (to the bit) of a beam of one with the compiled steps and no drafts."""
+    model, tokenizer, config, texts = ready
+    decode = dataclasses.replace(config.decode, speculative="shallow")
+    paying = economy(model, "a draft model, a running batch's compiled steps")
+    paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
+    paying.heard(False, 100.0, 1)
+    checks = _counted_checks(monkeypatch)
+    greedy = BeamSettings(1, 1)
+    arrivals = {0: [(0, texts[0], greedy), (1, texts[1], greedy)], 4: [(2, texts[2], greedy)],
+                40: [(3, texts[5], greedy)]}  # fmt: skip
+    running = RunningTranslations(model, tokenizer, decode)
+    done = _served(running, arrivals)
+    assert running.decodings[1].compiled and running.decodings[1].checks
+    plain = dataclasses.replace(decode, speculative="none")
+    for key, text, _ in (arrival for joining in arrivals.values() for arrival in joining):
+        assert done[key] == translate(model, tokenizer, [text], plain, n_best=1, beam_size=1)[0], key
+    assert checks and sum(taken for _, taken in checks) > 0, checks
+
+
 def test_another_checkpoints_model_drafts_with_compiled_steps_of_its_own(ready, monkeypatch):
     """A separate, narrower model as the draft (``decode.speculative=PATH``): its own compiled step and
     check step, over its own encoding of each source (the model's memory would not fit it), every
@@ -183,3 +233,31 @@ def test_auto_builds_the_check_step_where_the_plain_steps_are_built(ready):
     got = translate(twin, tokenizer, texts, auto, beam_size=1, reporting=Reporting(warn=warned.append))
     assert got == plain
     assert check.is_file() and any("check step of drafts" in w for w in warned), warned
+
+
+def test_a_running_batch_with_auto_steps_builds_no_check_step_and_takes_the_plain_ones(ready, monkeypatch):
+    """``decode.steps=auto`` in a server's running batch where the plain compiled steps are built and
+    the check step is not: it builds nothing (a build would hold every request of the batch for tens
+    of seconds); its greedy sources take the plain compiled steps without drafts, the same
+    translations and scores."""
+    model, tokenizer, config, texts = ready
+    twin = _model(tokenizer, config)  # the same weights: the same steps in the cache
+    check = step_package(twin, CHECK_STEP, serial_steps(config.decode.streams))
+    check.unlink(missing_ok=True)
+    shutil.rmtree(check.with_suffix(".unpacked"), ignore_errors=True)
+    other = step_package(twin, CHECK_STEP, not serial_steps(config.decode.streams))  # (either kind serves)
+    assert not other.is_file()
+
+    def refused(*args):
+        raise AssertionError("a running batch built a step")
+
+    monkeypatch.setattr(compiled_steps, "build", refused)
+    checks = _counted_checks(monkeypatch)
+    decode = dataclasses.replace(config.decode, steps="auto", speculative="source")
+    greedy = BeamSettings(1, 1)
+    running = RunningTranslations(twin, tokenizer, decode)
+    done = _served(running, {0: [(0, texts[0], greedy)], 2: [(1, texts[3], greedy)]})
+    assert running.decodings[1].compiled and not running.decodings[1].checks and not checks
+    plain = dataclasses.replace(config.decode, speculative="none")
+    for key, text in enumerate([texts[0], texts[3]]):
+        assert done[key] == translate(model, tokenizer, [text], plain, n_best=1, beam_size=1)[0], key

@@ -332,6 +332,50 @@ def test_a_lone_client_of_a_decoder_served_with_drafts_gets_attnkit_generates_te
     assert "speculative" not in output, output
 
 
+@pytest.mark.parametrize("drafts", ["source", "shallow", "another checkpoint"])
+def test_a_lone_client_of_a_translator_served_with_drafts_gets_attnkit_translates_answers(
+    run, tmp_path, drafts
+):
+    """``decode.speculative`` for a translator: greedy requests one at a time (each searched alone in a
+    worker process's running batch, checking drafts copied from its source, or guessed by the
+    checkpoint's draft decoder, or by another checkpoint's model, made again in the worker processes
+    from what the server holds), and a beam search beside them (which checks none): each answer is
+    ``attnkit translate``'s translation and score for its sentence alone. The server loads the drafts
+    without a word."""
+    from attnkit.checkpoint.draft_file import write_draft
+    from attnkit.checkpoint.folder import resolve_checkpoint
+    from attnkit.loading import load_for_inference
+    from attnkit.models.draft import draft_for
+
+    checkpoint = run
+    if drafts == "source":
+        speculative = "source"
+    elif drafts == "shallow":  # a copy of the model's first layer as its draft decoder (undistilled)
+        checkpoint = Path(shutil.copytree(resolve_checkpoint(run), tmp_path / "with_draft"))
+        model = load_for_inference(checkpoint, pack=False)[0]
+        write_draft(checkpoint, draft_for(model), {"made by": "this test"})
+        speculative = "shallow"
+    else:  # the checkpoint's twin: its model's guesses are all right
+        speculative = str(shutil.copytree(resolve_checkpoint(run), tmp_path / "twin"))
+    greedy = [line.split(" ||| ") for line in _cli(checkpoint, tmp_path, 1, 1)]  # LINE ||| TEXT ||| SCORE
+    beam = _cli(checkpoint, tmp_path, 4)
+    served = Server(checkpoint, "--batching", "continuous", "--workers", "processes",
+                    f"decode.speculative={speculative}")  # fmt: skip
+    if drafts == "another checkpoint":
+        shutil.rmtree(speculative)  # the workers make the draft again from what the server holds
+    try:
+        for i, sentence in enumerate(SENTENCES[:6]):
+            (answer,) = served.post([{"src": sentence, "beam_size": 1}]).json()[0]
+            assert answer["tgt"] == greedy[i][1], sentence
+            assert answer["pred_score"] == pytest.approx(float(greedy[i][2]), abs=1e-4), sentence
+        (answer,) = served.post([{"src": SENTENCES[7], "beam_size": 4}]).json()[0]
+        assert answer["tgt"] == beam[7]
+    finally:
+        code, output = served.stop()
+    assert code == 0, output
+    assert "speculative" not in output, output
+
+
 @pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
     reason="compiling the steps needs a C++ compiler (apt-get install g++)",

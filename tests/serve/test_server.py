@@ -413,13 +413,21 @@ def test_the_ctranslate2_engine_refuses_a_folder_it_cannot_serve_in_one_line(run
     assert int8.returncode == 2 and "--quantization int8" in int8.stderr
 
 
-def test_the_server_decodes_without_drafts_and_says_so_in_one_line(run):
-    """``decode.speculative`` asks for drafts the server does not check yet (a translator checks none):
-    it says so and loads the model without them (this checkpoint has no draft decoder, which
-    ``shallow`` would look for)."""
+def test_the_server_decodes_without_drafts_it_does_not_check_and_says_so_in_one_line(run, monkeypatch):
+    """``decode.speculative`` asks a translator for its draft decoder, which this checkpoint lacks: loading
+    it is refused in one line that says how to make one. Where a served model checks no such drafts
+    (the captioner and the recogniser check none; here a translator made to check none), the server
+    says so and loads the model without them (``shallow`` would look for the missing draft)."""
+    from attnkit.errors import AttnkitError
     from attnkit.serve.choosing import attnkit_model
+    from attnkit.serve.translator import ServedTranslator
 
     heard: list[str] = []
+    served, load = attnkit_model(run, ["decode.speculative=shallow"], warn=heard.append)
+    with pytest.raises(AttnkitError, match="attnkit distill-draft --ckpt") as refused:
+        load()
+    assert not heard and "\n" not in str(refused.value)
+    monkeypatch.setattr(ServedTranslator, "drafts", ())
     served, load = attnkit_model(run, ["decode.speculative=shallow"], warn=heard.append)
     assert len(heard) == 1 and "the server checks no such drafts yet" in heard[0], heard
     assert isinstance(load(), served)

@@ -216,6 +216,12 @@ class CompiledDecoding(Seq2SeqDecoding):
         self.history.extend(added)  # type: ignore[union-attr]
         return logits
 
+    @property
+    def checks_exactly(self) -> bool:  # type: ignore[override]
+        """Whether checks take the compiled check step (built for greedy search that checks drafts), whose
+        positions have the compiled steps' bits; without it a check runs the model's own layers."""
+        return self.check is not None and self.step_beams == 1
+
     def checked_logits(self, tokens: Tensor, count: int) -> Tensor:
         """As ``Seq2SeqDecoding.checked_logits``, in the compiled check step (one token: the plain
         step; the start token: the first step's logits), where it takes this step; the same bits as

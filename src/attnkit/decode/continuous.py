@@ -23,7 +23,12 @@ with the model's own steps. Sources with other settings (a beam of 1 and one of 
 ``n_best``) run in running batches of their own, stepped one after the other. With compiled steps,
 the first step (which encodes the newcomers) and the steps after it sum each source's keys in the same
 order at any wider padded width (docs/invariance.md), so newcomers of every width take their first
-step together and share one running batch.
+step together and share one running batch. A greedy source (a beam of one) searched alone in its
+running batch checks drafts (``decode.speculative``: its own tokens, or the guesses of the model's
+draft decoder or another checkpoint's model, with a cache of the source's own), as ``translate``
+checks them, but choosing and scoring each token as beam search of one beam does
+(:class:`~attnkit.decode.speculative.OneBeam`): the same translation and score, several tokens a step
+where the drafts are right.
 
 Prompts go the same way through ``search.Extension`` (``generate``'s steps): left-padded as
 ``generate`` pads them, each sampled from its own generator seeded with its seed, its text streamed
@@ -46,12 +51,15 @@ import torch
 from torch import Tensor
 
 from attnkit.config import DecodeConfig
-from attnkit.data.tokenizer import Tokenizer
+from attnkit.cpu.compiled.build import CHECK_STEP, FIRST_STEP
+from attnkit.cpu.compiled.steps import all_built
+from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.beams import Beams
-from attnkit.decode.drafts import ContextDrafts, ShallowDrafts
+from attnkit.decode.compiled import CompiledDecoding
+from attnkit.decode.drafts import ContextDrafts, Drafts, ShallowDrafts, SourceDrafts
 from attnkit.decode.generate import TextStream
-from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search, Translation
-from attnkit.decode.speculative import Checking, Pace, check, economy, greedy_judge
+from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search, Translation, length_penalty
+from attnkit.decode.speculative import Checking, OneBeam, Pace, check, economy, greedy_judge
 from attnkit.decode.starts import (
     SourceDecoding,
     encode_prompts,
@@ -64,7 +72,7 @@ from attnkit.decode.starts import (
 )
 from attnkit.decode.translate import translation
 from attnkit.models.decoder_only import DecoderModel
-from attnkit.models.decoding import CausalDecoding
+from attnkit.models.decoding import CausalDecoding, Seq2SeqDecoding
 from attnkit.models.draft import ShallowCausalDraft
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -93,6 +101,8 @@ class RunningTranslations:
     # source alone), else the model's own; and when each was chosen
     decodings: dict[int, SourceDecoding] = field(default_factory=dict)
     chosen: dict[int, float] = field(default_factory=dict)
+    # the greedy sources that check drafts when alone in their running batch (decode.speculative)
+    drafting: dict[Key, _Drafted] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """The model in eval mode, with attnkit's kernels, as ``translate`` searches it."""
@@ -124,16 +134,21 @@ class RunningTranslations:
         by_first_step: dict[tuple[BeamSettings, SourceDecoding], list[tuple[Key, list[int]]]] = {}
         for key, text, settings in joining:
             if text.strip():
-                how = self._decoding(settings.beam)
-                by_first_step.setdefault((settings, how), []).append((key, next(encoded)))
+                how, ids = self._decoding(settings.beam), next(encoded)
+                by_first_step.setdefault((settings, how), []).append((key, ids))
+                if settings.beam == 1 and self.decode.speculative != "none":
+                    self.drafting[key] = _Drafted(ids, how)
             else:
                 done.append((key, []))
         for (settings, how), sources in by_first_step.items():
             done += self._join(settings, how, sources)
         for batch in list(self.running):
-            done += self.running[batch].step()
-            if not self.running[batch].sources:
+            beams = self.running[batch]
+            done += self._drafted(beams) if self._checks_drafts(beams) else beams.step()
+            if not beams.sources:
                 del self.running[batch]
+        for key, _ in done:
+            self.drafting.pop(key, None)
         return [(key, [translation(self.tokenizer, h) for h in found]) for key, found in done]
 
     def _join(
@@ -160,23 +175,88 @@ class RunningTranslations:
         return done
 
     def _decoding(self, beam: int) -> SourceDecoding:
-        """How sources of ``beam`` are decoded now: the model's own steps are chosen again at most every
+        """How sources of ``beam`` are decoded now: the model's own steps, or compiled ones without the
+        check of drafts that greedy sources would take, are chosen again at most every
         :data:`LOOK_AGAIN_S` (``decode.steps=auto``: a server builds the compiled ones meanwhile)."""
         now, how = time.monotonic(), self.decodings.get(beam)
-        if how is not None and (how.compiled or self.decode.steps != "auto"):
+        if how is not None and self.decode.steps != "auto":
+            return how
+        if how is not None and how.compiled and (how.checks or not self._drafted_steps(beam)):
             return how
         if how is None or now - self.chosen.get(beam, now) >= LOOK_AGAIN_S:
+            drafted = self._drafted_steps(beam)
             how = self.decodings[beam] = source_decoding(
-                self.model, self.decode, beam, self.device, self.tokenizer.specials
+                self.model, self.decode, beam, self.device, self.tokenizer.specials, drafted=drafted
             )
             self.chosen[beam] = now
         return how
+
+    def _drafted_steps(self, beam: int) -> bool:
+        """Whether sources of ``beam`` take steps that check drafts: greedy search with drafts, where
+        the steps are the model's own or compiled ones built with their check step. With ``auto``, a
+        running batch builds nothing: where the plain compiled steps are built and the check step is
+        not (yet), its greedy sources take the plain steps, without drafts."""
+        if beam != 1 or self.decode.speculative == "none":
+            return False
+        if self.decode.steps != "auto" or all_built(self.model, [CHECK_STEP]):
+            return True
+        return not all_built(self.model, [FIRST_STEP, 1])
 
     def _leave(self, keys: set[Key]) -> None:
         for batch in list(self.running):
             self.running[batch].leave(keys)
             if not self.running[batch].sources:
                 del self.running[batch]
+        for key in keys:
+            self.drafting.pop(key, None)
+
+    def _checks_drafts(self, beams: Beams) -> bool:
+        """Whether ``beams`` checks drafts at its next step: one greedy source with drafts searched alone,
+        by steps that check with their own bits (``checks_exactly``; a decoding that cannot check, an
+        RNN's, never does), with its drafts to hand (a draft model's decoding, where it needs one)."""
+        drafted = self.drafting.get(beams.sources[0]) if len(beams.sources) == 1 else None
+        return (
+            drafted is not None
+            and beams.beams == 1
+            and getattr(beams.decoding, "checks_exactly", False)
+            and (self.decode.speculative == "source" or drafted.how.draft is not None)
+        )
+
+    def _drafted(self, beams: Beams) -> list[tuple[Key, list[Hypothesis]]]:
+        """The next step of ``beams``' one greedy source: one that checks a draft (:meth:`_checked`) or a
+        plain one, as the running batch's :class:`~attnkit.decode.speculative.Economy` chooses (the
+        same translation either way)."""
+        steps = "compiled" if isinstance(beams.decoding, CompiledDecoding) else "eager"
+        kind = "source" if self.decode.speculative == "source" else "a draft model"
+        paying = economy(self.model, f"{kind}, a running batch's {steps} steps")
+        step = paying.searched(lambda: self._checked(beams), lambda: (beams.step(), 1), lambda s: s[1])
+        return step[0]
+
+    def _checked(self, beams: Beams) -> tuple[list[tuple[Key, list[Hypothesis]]], int]:
+        """A step of ``beams``' one greedy source that checks a draft: its drafted tokens that beam search
+        of one beam would choose (:class:`OneBeam`: the same choice and score), then its own choice;
+        the source's translation where it ends, and the tokens it generated."""
+        (key,) = beams.sources
+        drafted, specials = self.drafting[key], self.tokenizer.specials
+        steps, limit = int(beams.steps[0]), int(beams.limits[0])
+        own = beams.tokens[:, beams.tokens.size(1) - steps - 1 :]  # (1, steps + 1): <s>, its tokens
+        written = own[0, 1:].tolist()
+        length = drafted.pace.next(limit - steps - 1)  # room for the model's own token after it
+        drafts = drafted.drafts(beams.decoding, self.decode.speculative, specials)
+        (proposal,) = drafts.propose([0], [written], [length], own)
+        judge = OneBeam(beams.scores[:, 0], specials.eos)
+        step = check(cast(Checking, beams.decoding), beams.tokens, [proposal], [steps], [limit], specials,
+                     normalised=True, judge=judge, rows=[0])  # fmt: skip
+        drafts.checked(step.kept)  # its cache rewound as the model's
+        (new,) = step.new
+        drafted.pace.heard(len(proposal), step.taken[0])
+        beams.tokens, beams.scores, beams.steps = step.tokens, judge.scores[:, None], beams.steps + len(new)
+        if new[-1] != specials.eos:  # (at its bound only </s> may follow)
+            return [], len(new)
+        search, length = beams.search, steps + len(new)  # its output's length, </s> included
+        score = judge.scores[0].item() / length_penalty(length, search.alpha, search.penalty)
+        beams.sources, beams.finished = [], []
+        return [(key, [Hypothesis(written + new[:-1], score)])], len(new)
 
 
 class Continuing(Protocol):
@@ -349,6 +429,30 @@ class RunningGenerations:
             continued.generated.append(token)
             stops.append(continued.stopped())
         return torch.tensor(stops, device=next_token.device)
+
+
+@dataclass
+class _Drafted:
+    """A greedy source that checks drafts while alone in its running batch: its ids (``</s>`` last), how
+    it is decoded, its drafts' lengths, and its drafts, made when first checked."""
+
+    source: list[int]
+    how: SourceDecoding
+    pace: Pace = field(default_factory=Pace)
+    made: Drafts | None = None
+
+    def drafts(self, decoding: object, speculative: str, specials: SpecialIds) -> Drafts:
+        """Its drafts: its own tokens, or the guesses of the model's draft (``how.draft``) over its source
+        and memory as ``decoding`` holds them now (copied: the running batch's buffers are reused)."""
+        if self.made is None:
+            if speculative == "source":
+                self.made = SourceDrafts([self.source[:-1]])
+            else:  # (RunningTranslations._checks_drafts: how.draft is had)
+                assert self.how.draft is not None
+                held = cast(Seq2SeqDecoding, decoding)
+                src, memory = held.src[:1].clone(), held.memory[:1].clone()  # (1, S), (1, S, d_model)
+                self.made = ShallowDrafts(self.how.draft(src, memory), specials)
+        return self.made
 
 
 @dataclass

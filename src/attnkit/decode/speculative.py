@@ -217,6 +217,34 @@ def greedy_judge(scores: Tensor, rows: list[int], proposals: list[list[int]]) ->
     return kept
 
 
+class OneBeam:
+    """Beam search's :data:`Judge` for a beam of one (a server's greedy request, which is scored): each
+    position's choice is the token whose score so far plus its log-probability, rounded in float32 as
+    ``Beams`` adds them, is highest (the first of equals, as ``Beams`` ranks them), so that a row keeps
+    what a beam of one would have chosen bit for bit where two log-probabilities round to one score;
+    it stops after ``</s>``. ``scores (n,)``: each row's log-probability before the check, and after
+    it, that of the tokens it kept."""
+
+    def __init__(self, scores: Tensor, eos: int) -> None:
+        self.scores, self.eos = scores, eos
+
+    def __call__(self, log_probs: Tensor, rows: list[int], proposals: list[list[int]]) -> list[list[int]]:
+        kept, scores = [], []
+        for i, proposal in enumerate(proposals):
+            score, chosen = self.scores[i], []
+            for j in range(len(proposal) + 1):
+                candidates = score + log_probs[i, j]  # (V,): the beam's continuations, as Beams ranks them
+                token = int(argmax(candidates[None])[0])
+                chosen.append(token)
+                score = candidates[token]
+                if j == len(proposal) or proposal[j] != token or token == self.eos:
+                    break
+            kept.append(chosen)
+            scores.append(score)
+        self.scores = torch.stack(scores)
+        return kept
+
+
 def speculative_search(
     decoding: Checking,
     tokens: Tensor,

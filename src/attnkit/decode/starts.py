@@ -151,6 +151,8 @@ class SourceDecoding:
     # where drafts are checked with the model's draft decoder: its decoding of the sources over the
     # model's memory, ``draft(src, memory)`` (compiled steps where the model's are)
     draft: Callable[[Tensor, Tensor], Seq2SeqDecoding] | None = None
+    # whether its compiled steps include the check of drafts (``source_decoding``'s ``drafted``)
+    checks: bool = False
 
     @property
     def bucket(self) -> int:
@@ -187,7 +189,9 @@ def source_decoding(
                 compiled = compiled_decoding(model, beam, warn, specials.bos, build, serial, drafted)
                 if compiled is not None and drafted and model.draft is not None:
                     draft = compiled_decoding(model.draft, 1, warn, None, build, serial, checks=True)
-    return SourceDecoding(compiled or model.decoding, compiled is not None, _drafting(model, drafted, draft))
+    return SourceDecoding(
+        compiled or model.decoding, compiled is not None, _drafting(model, drafted, draft), drafted
+    )
 
 
 def _drafting(

@@ -94,6 +94,10 @@ class Seq2SeqDecoding:
         hidden = self._decoded(tokens)[:, -1]  # (R, d_model)
         return self._copied(self.model.generator(hidden), hidden)  # (R, V)
 
+    # whether a check of a draft (checked_logits) gives each position the bits of this decoding's own
+    # steps: the model's always (a compiled decoding's only with its compiled check step)
+    checks_exactly = True
+
     def checked_logits(self, tokens: Tensor, count: int) -> Tensor:
         """The logits after each of the last ``count`` tokens of ``tokens (N, t)``, ``(N, count, V)``, the
         cache holding all the others: speculative decoding's check of a draft (decode/speculative.py).

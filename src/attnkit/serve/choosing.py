@@ -58,9 +58,9 @@ def attnkit_model(
     if served.decodes and kind not in ("none", *served.drafts):
         if warn is not None:
             warn(
-                f"decode.speculative={speculative}: the server checks no such drafts yet (a decoder's "
-                "greedy requests check drafts: decode.speculative=source, shallow or a draft checkpoint); "
-                "it decodes without them"
+                f"decode.speculative={speculative}: the server checks no such drafts yet (a translator's "
+                "and a decoder's greedy requests check drafts: decode.speculative=source, shallow or a draft "
+                "checkpoint); it decodes without them"
             )
         overrides = [*overrides, "decode.speculative=none"]
     return served, partial(served.load, checkpoint, overrides)

@@ -2,7 +2,10 @@
 
 ``run`` is what the batcher calls on its workers: the same ``translate`` that ``attnkit
 translate`` uses, with the run's decoding settings (changed by ``decode.field=value`` as on the command
-line), so that an input gets the output the CLI gives it with the same beam.
+line), so that an input gets the output the CLI gives it with the same beam. With continuous batching,
+a greedy request (a beam of one) searched alone in its running batch checks drafts
+(``decode.speculative``: the source's tokens, the model's draft decoder, another checkpoint's model;
+decode/continuous.py): the same translation and score, sooner.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from attnkit.decode.search import BeamSettings, Search, Translation
 from attnkit.decode.starts import EAGER_COST, source_decoding
 from attnkit.decode.translate import translate
 from attnkit.models import archs
-from attnkit.serve.served import AttnkitModel, MadeAgain
+from attnkit.serve.served import CHECKPOINT_DRAFTS, AttnkitModel, MadeAgain
 from attnkit.tasks import task_of
 
 
@@ -28,6 +31,7 @@ from attnkit.tasks import task_of
 class ServedTranslator(AttnkitModel[BeamSettings]):
     dialects: ClassVar[tuple[str, ...]] = ("opennmt",)
     steps_continuously: ClassVar[bool] = True
+    drafts: ClassVar[tuple[str, ...]] = ("source", "shallow", CHECKPOINT_DRAFTS)
 
     @classmethod
     def architectures(cls) -> tuple[str, ...]:
@@ -63,8 +67,18 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
     def warm_up(self) -> None:
         """One sentence before the server says it is ready: compiled decoding steps (``decode.steps``) are
         read from their cache now, or with ``compiled`` built now (about 20 s each for a small model),
-        not in the first client's request."""
+        not in the first client's request; with drafts, greedy search's steps that check them too."""
         self.run(["."], BeamSettings(self.beam_size))
+        if self.config.decode.speculative != "none" and self.config.decode.steps == "compiled":
+            self._drafted_steps()
+
+    def _drafted_steps(self) -> bool:
+        """Greedy search's compiled steps with the check of drafts (and the draft decoder's steps),
+        built where they are not (``decode.steps=compiled``, or in the build process of ``auto``);
+        whether they are had."""
+        compiled = dataclasses.replace(self.config.decode, steps="compiled")
+        return source_decoding(self.model, compiled, 1, self.device, self.tokenizer.specials,
+                               drafted=True).compiled  # fmt: skip
 
     def steps(self) -> str:
         """``compiled`` once the compiled steps of the run's beam are built (``decode.steps``: ``compiled``,
@@ -94,6 +108,8 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
                               notes.append)  # fmt: skip
         if not how.compiled:
             raise RuntimeError(notes[-1] if notes else "the compiled steps could not be built")
+        if self.config.decode.speculative != "none" and self.beam_size == 1:  # the run's greedy search
+            self._drafted_steps()
 
     def running_batch(self) -> RunningTranslations:
         """Inputs ``(text, BeamSettings)`` searched as :meth:`run` searches them, in a running batch
