@@ -8,6 +8,7 @@ import random
 import torch
 
 from attnkit.data.tokenizer import Tokenizer
+from attnkit.decode import continuous
 
 
 class Foretold:
@@ -53,3 +54,17 @@ def trained_on(
         loss.backward()
         optimizer.step()
     return model.eval()
+
+
+def counted_checks(monkeypatch) -> list[tuple[int, int]]:
+    """Each check of a draft in a running batch (decode/continuous.py) from now on, ``(drafted, taken)``."""
+    checks: list[tuple[int, int]] = []
+    checked = continuous.check
+
+    def counted(checking, tokens, proposals, *args, **kwargs):
+        step = checked(checking, tokens, proposals, *args, **kwargs)
+        checks.append((len(proposals[0]), step.taken[0]))
+        return step
+
+    monkeypatch.setattr(continuous, "check", counted)
+    return checks

@@ -15,7 +15,6 @@ from attnkit.config import load_run_config
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode import continuous
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.drafts import ShallowDrafts, SourceDrafts
 from attnkit.decode.search import BeamSettings, Search, argmax, extend, rank_continuations, starts_of
@@ -35,7 +34,7 @@ from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
 from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.draft import ShallowDraft
-from tests.decode.drafting import Foretold
+from tests.decode.drafting import Foretold, counted_checks
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
@@ -370,15 +369,7 @@ def test_a_running_batch_checks_a_lone_greedy_sources_drafts_for_its_translation
     paying = economy(model, f"{kind}, a running batch's eager steps")
     paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
     paying.heard(False, 100.0, 1)
-    checks: list[tuple[int, int]] = []  # (drafted, taken) of each check
-    checked = continuous.check
-
-    def counted(checking, tokens, proposals, *args, **kwargs):
-        step = checked(checking, tokens, proposals, *args, **kwargs)
-        checks.append((len(proposals[0]), step.taken[0]))
-        return step
-
-    monkeypatch.setattr(continuous, "check", counted)
+    checks = counted_checks(monkeypatch)  # (drafted, taken) of each check in a running batch
     greedy, wide = BeamSettings(1, 1), BeamSettings(3, 2)
     twos = " ".join(["2"] * 12)  # (this random model answers it with 2s: its source drafts are right)
     arrivals = {

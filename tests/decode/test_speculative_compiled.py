@@ -21,7 +21,6 @@ from attnkit.cpu.compiled.steps import step_package
 from attnkit.data.batching import pad
 from attnkit.data.synthetic import copy as copy_task
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode import continuous
 from attnkit.decode.compiled import compiled_decoding
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.search import BeamSettings
@@ -32,6 +31,7 @@ from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
 from attnkit.models.draft import ShallowDraft
 from tests.compiled_calls import NEEDS_COMPILER, CountingCalls
+from tests.decode.drafting import counted_checks
 
 pytestmark = [
     NEEDS_COMPILER,
@@ -147,20 +147,6 @@ def _served(running: RunningTranslations, arrivals: dict[int, list]) -> dict:
     return done
 
 
-def _counted_checks(monkeypatch) -> list[tuple[int, int]]:
-    """Each check of a draft in a running batch from now on, ``(drafted, taken)``."""
-    checks: list[tuple[int, int]] = []
-    checked = continuous.check
-
-    def counted(checking, tokens, proposals, *args, **kwargs):
-        step = checked(checking, tokens, proposals, *args, **kwargs)
-        checks.append((len(proposals[0]), step.taken[0]))
-        return step
-
-    monkeypatch.setattr(continuous, "check", counted)
-    return checks
-
-
 def test_a_running_batch_checks_a_lone_greedy_sources_drafts_with_the_compiled_check_step(ready, monkeypatch):
     """A server's running batch with compiled steps and the draft decoder's guesses (its compiled
     steps built by the test above): greedy sources that join together, later, and alone each get the
@@ -170,7 +156,7 @@ def test_a_running_batch_checks_a_lone_greedy_sources_drafts_with_the_compiled_c
     paying = economy(model, "a draft model, a running batch's compiled steps")
     paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
     paying.heard(False, 100.0, 1)
-    checks = _counted_checks(monkeypatch)
+    checks = counted_checks(monkeypatch)
     greedy = BeamSettings(1, 1)
     arrivals = {0: [(0, texts[0], greedy), (1, texts[1], greedy)], 4: [(2, texts[2], greedy)],
                 40: [(3, texts[5], greedy)]}  # fmt: skip
@@ -252,7 +238,7 @@ def test_a_running_batch_with_auto_steps_builds_no_check_step_and_takes_the_plai
         raise AssertionError("a running batch built a step")
 
     monkeypatch.setattr(compiled_steps, "build", refused)
-    checks = _counted_checks(monkeypatch)
+    checks = counted_checks(monkeypatch)
     decode = dataclasses.replace(config.decode, steps="auto", speculative="source")
     greedy = BeamSettings(1, 1)
     running = RunningTranslations(twin, tokenizer, decode)

@@ -14,7 +14,6 @@ import torch
 
 from attnkit.config import DecodeConfig, load_run_config
 from attnkit.data.tokenizer import Tokenizer
-from attnkit.decode import continuous
 from attnkit.decode.continuous import RunningGenerations
 from attnkit.decode.drafts import ContextDrafts, ShallowDrafts
 from attnkit.decode.generate import Listening, generate
@@ -25,7 +24,7 @@ from attnkit.errors import AttnkitError
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, from_preset
 from attnkit.models.draft import ShallowCausalDraft
-from tests.decode.drafting import Foretold, trained_on
+from tests.decode.drafting import Foretold, counted_checks, trained_on
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 TEXT = ["to be or not to be, that is the question", "all the world's a stage", "now is the winter"]
@@ -384,15 +383,7 @@ def test_a_lone_prompts_draft_reads_its_tokens_again_where_their_padding_changed
     paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
     paying.heard(False, 100.0, 1)
     decode = _decode(speculative="shallow", max_new_tokens=40)
-    checks: list[tuple[int, int]] = []  # (drafted, taken) of each check
-    checked = continuous.check
-
-    def counted(checking, tokens, proposals, *args, **kwargs):
-        step = checked(checking, tokens, proposals, *args, **kwargs)
-        checks.append((len(proposals[0]), step.taken[0]))
-        return step
-
-    monkeypatch.setattr(continuous, "check", counted)
+    checks = counted_checks(monkeypatch)  # (drafted, taken) of each check in a running batch
     running = RunningGenerations(model, tokenizer, lambda settings: decode)
     first = _Prompt(PROMPTS[1], 1)
     arrivals = {0: [(0, first, "s"), (1, _Prompt(PROMPTS[2], 2), "s")], 9: [(2, _Prompt(PROMPTS[4], 3), "s")]}

@@ -281,6 +281,24 @@ def test_32_clients_sampling_from_a_running_batch_get_what_attnkit_generate_give
     assert code == 0, output
 
 
+def _with_drafts(run: Path, tmp_path: Path, drafts: str) -> tuple[Path, str]:
+    """What serves ``run`` with ``drafts`` and its ``decode.speculative``: the run itself with drafts
+    from the source; a copy of it whose draft decoder is a copy of the model's first layer
+    (undistilled); the run with its twin as another checkpoint's model (whose guesses are all right)."""
+    from attnkit.checkpoint.draft_file import write_draft
+    from attnkit.checkpoint.folder import resolve_checkpoint
+    from attnkit.loading import load_for_inference
+    from attnkit.models.draft import draft_for
+
+    if drafts == "source":
+        return run, "source"
+    if drafts == "shallow":
+        copied = Path(shutil.copytree(resolve_checkpoint(run), tmp_path / "with_draft"))
+        write_draft(copied, draft_for(load_for_inference(copied, pack=False)[0]), {"made by": "this test"})
+        return copied, "shallow"
+    return run, str(shutil.copytree(resolve_checkpoint(run), tmp_path / "twin"))
+
+
 @pytest.mark.parametrize("drafts", ["source", "shallow", "another checkpoint"])
 def test_a_lone_client_of_a_decoder_served_with_drafts_gets_attnkit_generates_texts(
     decoder, tmp_path, drafts
@@ -293,20 +311,7 @@ def test_a_lone_client_of_a_decoder_served_with_drafts_gets_attnkit_generates_te
     server loads the drafts without a word."""
     import json
 
-    from attnkit.checkpoint.draft_file import write_draft
-    from attnkit.checkpoint.folder import resolve_checkpoint
-    from attnkit.loading import load_for_inference
-    from attnkit.models.draft import draft_for
-
-    if drafts == "source":
-        speculative = "source"
-    elif drafts == "shallow":  # a copy of the model's first layer as its draft decoder (undistilled)
-        decoder = Path(shutil.copytree(resolve_checkpoint(decoder), tmp_path / "with_draft"))
-        model = load_for_inference(decoder, pack=False)[0]
-        write_draft(decoder, draft_for(model), {"made by": "this test"})
-        speculative = "shallow"
-    else:  # the checkpoint's twin: its model's guesses are all right
-        speculative = str(shutil.copytree(resolve_checkpoint(decoder), tmp_path / "twin"))
+    decoder, speculative = _with_drafts(decoder, tmp_path, drafts)
     prompts = ["the cat", "the dog sat on", "t", "the fox sat on the b"]
     greedy = generated(decoder, prompts, ["decode.max_new_tokens=40", "decode.temperature=0"], tmp_path)
     sampled = generated(decoder, prompts, ["decode.max_new_tokens=40", "decode.temperature=1.0",
@@ -342,21 +347,7 @@ def test_a_lone_client_of_a_translator_served_with_drafts_gets_attnkit_translate
     from what the server holds), and a beam search beside them (which checks none): each answer is
     ``attnkit translate``'s translation and score for its sentence alone. The server loads the drafts
     without a word."""
-    from attnkit.checkpoint.draft_file import write_draft
-    from attnkit.checkpoint.folder import resolve_checkpoint
-    from attnkit.loading import load_for_inference
-    from attnkit.models.draft import draft_for
-
-    checkpoint = run
-    if drafts == "source":
-        speculative = "source"
-    elif drafts == "shallow":  # a copy of the model's first layer as its draft decoder (undistilled)
-        checkpoint = Path(shutil.copytree(resolve_checkpoint(run), tmp_path / "with_draft"))
-        model = load_for_inference(checkpoint, pack=False)[0]
-        write_draft(checkpoint, draft_for(model), {"made by": "this test"})
-        speculative = "shallow"
-    else:  # the checkpoint's twin: its model's guesses are all right
-        speculative = str(shutil.copytree(resolve_checkpoint(run), tmp_path / "twin"))
+    checkpoint, speculative = _with_drafts(run, tmp_path, drafts)
     greedy = [line.split(" ||| ") for line in _cli(checkpoint, tmp_path, 1, 1)]  # LINE ||| TEXT ||| SCORE
     beam = _cli(checkpoint, tmp_path, 4)
     served = Server(checkpoint, "--batching", "continuous", "--workers", "processes",
