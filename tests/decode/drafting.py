@@ -68,3 +68,15 @@ def counted_checks(monkeypatch) -> list[tuple[int, int]]:
 
     monkeypatch.setattr(continuous, "check", counted)
     return checks
+
+
+def settled(running, arrivals: dict[int, list]) -> tuple[dict, dict]:
+    """A running batch (decode/continuous.py) iterated until every input of ``arrivals`` (by the
+    iteration it joins at) is done: each input's output by its key, and the iteration it ended at."""
+    done, ended, i = {}, {}, 0
+    while i <= max(arrivals) or running.sources:
+        for key, found in running.iterate(arrivals.get(i, [])):
+            done[key], ended[key] = found, i
+        i += 1
+        assert i < 500
+    return done, ended

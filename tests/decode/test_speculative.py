@@ -34,7 +34,7 @@ from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
 from attnkit.models.decoding import Seq2SeqDecoding
 from attnkit.models.draft import ShallowDraft
-from tests.decode.drafting import Foretold, counted_checks
+from tests.decode.drafting import Foretold, counted_checks, settled
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 MODEL = {"d_model": 256, "d_ff": 1024, "h": 4, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
@@ -335,17 +335,6 @@ def test_one_beams_judge_chooses_and_scores_as_beam_search_ranks_a_beam_of_one()
     assert greedy_judge(log_probs, [0], [proposal])[0][:2] == proposal[:2]  # greedy's rule: 9, not 7
 
 
-def _settled(running: RunningTranslations, arrivals: dict[int, list]) -> tuple[dict, dict]:
-    """Iterate until every source is done: each source's translations, and the iteration it ended at."""
-    done, ended, i = {}, {}, 0
-    while i <= max(arrivals) or running.sources:
-        for key, found in running.iterate(arrivals.get(i, [])):
-            done[key], ended[key] = found, i
-        i += 1
-        assert i < 500
-    return done, ended
-
-
 @pytest.mark.parametrize("drafts", ["source", "shallow", "another model"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_running_batch_checks_a_lone_greedy_sources_drafts_for_its_translation_and_score(
@@ -378,7 +367,7 @@ def test_a_running_batch_checks_a_lone_greedy_sources_drafts_for_its_translation
         60: [(3, twos, greedy)],  # alone from its first step
     }
     running = RunningTranslations(model, tokenizer, decode)
-    done, ended = _settled(running, arrivals)
+    done, ended = settled(running, arrivals)
     plain = dataclasses.replace(decode, speculative="none")
     for key, text, settings in (arrival for joining in arrivals.values() for arrival in joining):
         alone = translate(model, tokenizer, [text], plain, n_best=settings.n_best, beam_size=settings.beam)

@@ -31,7 +31,7 @@ from attnkit.loading import ready_for_inference
 from attnkit.models.config import TransformerConfig
 from attnkit.models.draft import ShallowDraft
 from tests.compiled_calls import NEEDS_COMPILER, CountingCalls
-from tests.decode.drafting import counted_checks
+from tests.decode.drafting import counted_checks, settled
 
 pytestmark = [
     NEEDS_COMPILER,
@@ -137,16 +137,6 @@ def test_translate_with_drafts_and_compiled_steps_gives_compiled_greedy_translat
     assert any("draft decoder's" in w for w in warned), warned  # its steps were built too
 
 
-def _served(running: RunningTranslations, arrivals: dict[int, list]) -> dict:
-    """``running`` iterated until every source of ``arrivals`` (by iteration) is done: their translations."""
-    done, i = {}, 0
-    while i <= max(arrivals) or running.sources:
-        done.update(running.iterate(arrivals.get(i, [])))
-        i += 1
-        assert i < 500
-    return done
-
-
 def test_a_running_batch_checks_a_lone_greedy_sources_drafts_with_the_compiled_check_step(ready, monkeypatch):
     """A server's running batch with compiled steps and the draft decoder's guesses (its compiled
     steps built by the test above): greedy sources that join together, later, and alone each get the
@@ -161,7 +151,7 @@ def test_a_running_batch_checks_a_lone_greedy_sources_drafts_with_the_compiled_c
     arrivals = {0: [(0, texts[0], greedy), (1, texts[1], greedy)], 4: [(2, texts[2], greedy)],
                 40: [(3, texts[5], greedy)]}  # fmt: skip
     running = RunningTranslations(model, tokenizer, decode)
-    done = _served(running, arrivals)
+    done, _ = settled(running, arrivals)
     assert running.decodings[1].compiled and running.decodings[1].checks
     plain = dataclasses.replace(decode, speculative="none")
     for key, text, _ in (arrival for joining in arrivals.values() for arrival in joining):
@@ -242,7 +232,7 @@ def test_a_running_batch_with_auto_steps_builds_no_check_step_and_takes_the_plai
     decode = dataclasses.replace(config.decode, steps="auto", speculative="source")
     greedy = BeamSettings(1, 1)
     running = RunningTranslations(twin, tokenizer, decode)
-    done = _served(running, {0: [(0, texts[0], greedy)], 2: [(1, texts[3], greedy)]})
+    done, _ = settled(running, {0: [(0, texts[0], greedy)], 2: [(1, texts[3], greedy)]})
     assert running.decodings[1].compiled and not running.decodings[1].checks and not checks
     plain = dataclasses.replace(config.decode, speculative="none")
     for key, text in enumerate([texts[0], texts[3]]):

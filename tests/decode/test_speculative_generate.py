@@ -24,7 +24,7 @@ from attnkit.errors import AttnkitError
 from attnkit.loading import ready_for_inference
 from attnkit.models import build_model, from_preset
 from attnkit.models.draft import ShallowCausalDraft
-from tests.decode.drafting import Foretold, counted_checks, trained_on
+from tests.decode.drafting import Foretold, counted_checks, settled, trained_on
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 TEXT = ["to be or not to be, that is the question", "all the world's a stage", "now is the winter"]
@@ -357,12 +357,7 @@ def test_a_running_batch_checks_a_lone_greedy_prompts_drafts_for_its_plain_text(
         60: [(4, _Prompt(PROMPTS[1], 5), "greedy")],
     }
     running = RunningGenerations(model, tokenizer, settings.__getitem__)
-    done, steps, i = {}, {}, 0
-    while i <= max(arrivals) or running.sources:
-        for key, text in running.iterate(arrivals.get(i, [])):
-            done[key], steps[key] = text, i
-        i += 1
-        assert i < 500
+    done, steps = settled(running, arrivals)
     for key, prompt, name in (arrival for joining in arrivals.values() for arrival in joining):
         (alone,) = generate(model, tokenizer, [prompt.text], plain[name], seeds=[prompt.seed])
         assert done[key] == alone, (key, name)
