@@ -146,16 +146,19 @@ def test_decode_settings_change_for_translate_and_evaluate_without_retraining(tr
 
 def test_greedy_translation_with_source_drafts_gives_greedy_translations(trained, copy_data):
     """The copy task copies its source, so drafts from it are taken: the same lines as plain greedy
-    search; a beam search takes no drafts and says so in one line."""
+    search, and with scores (``--n-best 1``) a beam of one's lines and scores; a wider beam takes no
+    drafts and says so in one line."""
     src = str(copy_data / "valid.src")
-    plain = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1"])
-    drafted = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1",
-                                  "decode.speculative=source"])  # fmt: skip
-    assert plain.exit_code == drafted.exit_code == 0, drafted.output
-    assert drafted.stdout == plain.stdout and any(plain.stdout.splitlines())
+    for scored in ([], ["--n-best", "1"]):
+        plain = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1", *scored])
+        drafted = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "--beam", "1", *scored,
+                                      "decode.speculative=source"])  # fmt: skip
+        assert plain.exit_code == drafted.exit_code == 0, drafted.output
+        assert drafted.stdout == plain.stdout and any(plain.stdout.splitlines())
+        assert " ||| " in plain.stdout or not scored
     beam = runner.invoke(app, ["translate", "--ckpt", str(trained), "-i", src, "decode.speculative=source"])
     assert beam.exit_code == 0, beam.output
-    assert "decode.speculative=source checks drafts in greedy search alone" in beam.stderr
+    assert "decode.speculative=source checks drafts in a search of one beam alone" in beam.stderr
     assert "(beam 2) takes none" in beam.stderr
     # (with compiled steps: tests/decode/test_speculative_compiled.py, in the slow set)
 

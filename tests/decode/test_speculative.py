@@ -335,6 +335,32 @@ def test_one_beams_judge_chooses_and_scores_as_beam_search_ranks_a_beam_of_one()
     assert greedy_judge(log_probs, [0], [proposal])[0][:2] == proposal[:2]  # greedy's rule: 9, not 7
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_scored_beam_of_one_with_drafts_gives_each_sentence_its_translation_and_score(copying, precision):
+    """``translate --beam 1 --n-best 1`` (a beam of one, scored) with drafts (the source's; the draft
+    decoder's, a copy of the model's first layer): each sentence gets the translation, score (to the
+    bit) and token count of a beam of one without drafts, searched alone (drafting at every step) or in
+    batches of four, where the row left last drafts (its score kept by its number in the batch)."""
+    model, tokenizer, config = _ready(copying, precision, draft=True)
+    twos = " ".join(["2"] * 12)  # (this random model answers it with 2s: its source drafts are right)
+    texts = [*copying[2][:6], twos[:11], "", twos]
+    plain = translate(model, tokenizer, texts, config.decode, n_best=1, beam_size=1)
+    refused = 0
+    for speculative in ("source", "shallow"):
+        paying = economy(model, f"{speculative}, eager steps, scored")
+        paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every batch drafts (but the 16th)
+        paying.heard(False, 100.0, 1)
+        for batch_size in (1, 4):
+            decode = dataclasses.replace(config.decode, speculative=speculative, batch_size=batch_size)
+            counts = Speculation()
+            reporting = Reporting(speculation=counts)
+            found = translate(model, tokenizer, texts, decode, n_best=1, beam_size=1, reporting=reporting)
+            assert found == plain, (speculative, batch_size)  # texts, scores and counts, exactly
+            assert counts.taken > 0, (speculative, batch_size, counts)
+            refused += counts.proposed - counts.taken
+    assert refused > 0  # (the draft decoder's guesses are wrong now and then)
+
+
 @pytest.mark.parametrize("drafts", ["source", "shallow", "another model"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_running_batch_checks_a_lone_greedy_sources_drafts_for_its_translation_and_score(

@@ -58,7 +58,7 @@ from attnkit.decode.beams import Beams
 from attnkit.decode.compiled import CompiledDecoding
 from attnkit.decode.drafts import ContextDrafts, Drafts, ShallowDrafts, SourceDrafts
 from attnkit.decode.generate import TextStream
-from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search, Translation, length_penalty
+from attnkit.decode.search import BeamSettings, Extension, Hypothesis, Search, Translation
 from attnkit.decode.speculative import Checking, OneBeam, Pace, check, economy, greedy_judge
 from attnkit.decode.starts import (
     SourceDecoding,
@@ -253,10 +253,8 @@ class RunningTranslations:
         beams.tokens, beams.scores, beams.steps = step.tokens, judge.scores[:, None], beams.steps + len(new)
         if new[-1] != specials.eos:  # (at its bound only </s> may follow)
             return [], len(new)
-        search, length = beams.search, steps + len(new)  # its output's length, </s> included
-        score = judge.scores[0].item() / length_penalty(length, search.alpha, search.penalty)
         beams.sources, beams.finished = [], []
-        return [(key, [Hypothesis(written + new[:-1], score)])], len(new)
+        return [(key, [judge.hypothesis(0, written + new[:-1], beams.search)])], len(new)
 
 
 class Continuing(Protocol):

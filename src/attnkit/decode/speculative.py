@@ -52,7 +52,16 @@ from torch import Tensor
 
 from attnkit.data.tokenizer import SpecialIds
 from attnkit.decode.drafts import Drafts
-from attnkit.decode.search import Decoding, argmax, log_probs_of, only_allowed, staying
+from attnkit.decode.search import (
+    Decoding,
+    Hypothesis,
+    Search,
+    argmax,
+    length_penalty,
+    log_probs_of,
+    only_allowed,
+    staying,
+)
 from attnkit.models.decoding import realigned
 
 # a row's draft length: at first, and at most (it grows by 2 while taken whole, shrinks by 1 otherwise)
@@ -218,20 +227,20 @@ def greedy_judge(scores: Tensor, rows: list[int], proposals: list[list[int]]) ->
 
 
 class OneBeam:
-    """Beam search's :data:`Judge` for a beam of one (a server's greedy request, which is scored): each
-    position's choice is the token whose score so far plus its log-probability, rounded in float32 as
-    ``Beams`` adds them, is highest (the first of equals, as ``Beams`` ranks them), so that a row keeps
-    what a beam of one would have chosen bit for bit where two log-probabilities round to one score;
-    it stops after ``</s>``. ``scores (n,)``: each row's log-probability before the check, and after
-    it, that of the tokens it kept."""
+    """Beam search's :data:`Judge` for a beam of one (a server's greedy request, ``translate --beam 1
+    --n-best 1``: scored): each position's choice is the token whose score so far plus its
+    log-probability, rounded in float32 as ``Beams`` adds them, is highest (the first of equals, as
+    ``Beams`` ranks them), so that a row keeps what a beam of one would have chosen bit for bit where two
+    log-probabilities round to one score; it stops after ``</s>``. ``scores (N,)``: each row's
+    log-probability before the check (by the row's number), and after it, that of the tokens it kept."""
 
     def __init__(self, scores: Tensor, eos: int) -> None:
         self.scores, self.eos = scores, eos
 
     def __call__(self, log_probs: Tensor, rows: list[int], proposals: list[list[int]]) -> list[list[int]]:
-        kept, scores = [], []
-        for i, proposal in enumerate(proposals):
-            score, chosen = self.scores[i], []
+        kept, scores = [], self.scores.clone()
+        for i, (r, proposal) in enumerate(zip(rows, proposals, strict=True)):
+            score, chosen = scores[r], []
             for j in range(len(proposal) + 1):
                 candidates = score + log_probs[i, j]  # (V,): the beam's continuations, as Beams ranks them
                 token = int(argmax(candidates[None])[0])
@@ -240,9 +249,15 @@ class OneBeam:
                 if j == len(proposal) or proposal[j] != token or token == self.eos:
                     break
             kept.append(chosen)
-            scores.append(score)
-        self.scores = torch.stack(scores)
+            scores[r] = score
+        self.scores = scores
         return kept
+
+    def hypothesis(self, row: int, tokens: list[int], search: Search) -> Hypothesis:
+        """Row ``row``'s output ``tokens`` (without ``</s>``, which ended it) as a beam of one gives it:
+        scored by its log-probability over the length penalty of its length with ``</s>``."""
+        penalty = length_penalty(len(tokens) + 1, search.alpha, search.penalty)
+        return Hypothesis(tokens, self.scores[row].item() / penalty)
 
 
 def speculative_search(

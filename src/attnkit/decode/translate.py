@@ -15,7 +15,7 @@ from attnkit.data.tokenizer import SpecialIds, Tokenizer
 from attnkit.decode.beams import beam
 from attnkit.decode.drafts import Drafts, ShallowDrafts, SourceDrafts, require_draft
 from attnkit.decode.search import BeamSettings, Hypothesis, Search, Translation, argmax, extend
-from attnkit.decode.speculative import Checking, Speculation, economy, speculative_search
+from attnkit.decode.speculative import Checking, OneBeam, Speculation, economy, speculative_search
 from attnkit.decode.starts import SourceDecoding, encode_sources, ready_sources, searching, source_decoding
 from attnkit.decode.streams import fill_by_batch, stream_count
 from attnkit.models import device_of
@@ -125,43 +125,59 @@ def _hypotheses(
         reporting.progress(len(texts) - len(todo))  # the empty lines
     if not todo:
         return found
-    greedy = search.beam_size == 1 and not scored  # no scores wanted
-    drafted = greedy and decode.speculative != "none"  # checks drafts (compiled steps or the model's)
+    one_beam = search.beam_size == 1  # greedy search, or with ``scored`` a beam of one
+    drafted = one_beam and decode.speculative != "none"  # checks drafts (compiled steps or the model's)
     require_draft(model, decode.speculative, "")
-    if decode.speculative != "none" and not greedy and reporting.warn is not None:
+    if decode.speculative != "none" and not one_beam and reporting.warn is not None:
         reporting.warn(
-            f"decode.speculative={decode.speculative} checks drafts in greedy search alone (a beam of 1, no "
-            f"scores); this search (beam {search.beam_size}{', scored' if scored else ''}) takes none"
+            f"decode.speculative={decode.speculative} checks drafts in a search of one beam alone (greedy "
+            f"search, or a beam of 1 scored); this search (beam {search.beam_size}) takes none"
         )
     warn = reporting.warn
     how = source_decoding(model, decode, search.beam_size, device, specials, warn, len(todo), drafted)
     batches = length_batches(todo, [len(ids) for ids in encoded], decode.batch_size)
     steps = "compiled" if how.compiled else "eager"
-    paying = economy(model, f"{decode.speculative}, {steps} steps") if drafted else None
+    scoring = ", scored" if scored else ""
+    paying = economy(model, f"{decode.speculative}, {steps} steps{scoring}") if drafted else None
 
     @torch.no_grad()  # here, in the thread that runs the batch: gradient mode is per thread
     def searched(chunk: list[int]) -> list[list[Hypothesis]]:
         sources = [encoded[i] for i in chunk]
         ready = ready_sources(model, sources, how, specials, search, device)
-        if not greedy:
+        if not one_beam:
             return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
 
-        def with_drafts() -> list[list[int]]:
+        def with_drafts() -> list[list[Hypothesis]]:
             drafts = _drafts(decode.speculative, how, ready.decoding, sources, specials)
             checking = cast(Checking, ready.decoding)  # (Seq2SeqDecoding, compiled or not)
-            return speculative_search(
-                checking, ready.tokens, ready.limits, specials, drafts, reporting.speculation
-            )
+            speculation, tokens, limits = reporting.speculation, ready.tokens, ready.limits
+            if not scored:
+                outputs = speculative_search(checking, tokens, limits, specials, drafts, speculation)
+                return [[Hypothesis(ids, float("nan"))] for ids in outputs]
+            # a beam of one: each drafted token kept where the beam would choose it, and scored as it
+            judge = OneBeam(torch.zeros(len(sources), device=ready.tokens.device), specials.eos)
+            outputs = speculative_search(checking, tokens, limits, specials, drafts, speculation,
+                                         normalised=True, judge=judge)  # fmt: skip
+            return [[judge.hypothesis(r, ids, search)] for r, ids in enumerate(outputs)]
 
-        def without() -> list[list[int]]:
-            return extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
+        def without() -> list[list[Hypothesis]]:
+            if scored:
+                return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
+            outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
+            return [[Hypothesis(ids, float("nan"))] for ids in outputs]
 
-        outputs = without() if paying is None else paying.searched(with_drafts, without)  # the same outputs
-        return [[Hypothesis(ids, float("nan"))] for ids in outputs]
+        if paying is None:
+            return without()
+        return paying.searched(with_drafts, without, generated)  # the same outputs either way
 
     streams = stream_count(decode.streams, device, len(batches))
     with searching(model):
         return fill_by_batch(searched, batches, streams, found, reporting.progress)
+
+
+def generated(found: list[list[Hypothesis]]) -> int:
+    """The tokens a search of one beam generated: each source's best hypothesis and its ``</s>``."""
+    return sum(len(hypotheses[0].tokens) + 1 for hypotheses in found)
 
 
 def _drafts(
