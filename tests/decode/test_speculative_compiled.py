@@ -237,3 +237,42 @@ def test_a_running_batch_with_auto_steps_builds_no_check_step_and_takes_the_plai
     plain = dataclasses.replace(config.decode, speculative="none")
     for key, text in enumerate([texts[0], texts[3]]):
         assert done[key] == translate(model, tokenizer, [text], plain, n_best=1, beam_size=1)[0], key
+
+
+def test_a_translators_server_builds_the_check_step_as_it_warms_up_and_its_running_batch_takes_it(
+    ready, monkeypatch
+):
+    """A translator's server with compiled steps, drafts and a beam of one (``attnkit serve RUN
+    decode.steps=compiled decode.speculative=shallow decode.beam_size=1``) builds greedy search's check
+    step before it says it is ready (the test above removed it), not in a client's request: its running
+    batch then builds nothing, checks the draft decoder's guesses with the compiled steps, and answers
+    a beam of one's translation and score."""
+    from pathlib import Path
+
+    from attnkit.serve.translator import ServedTranslator
+
+    model, tokenizer, config, texts = ready
+    twin = _model(tokenizer, config)  # the same weights: the same steps in the cache
+    check = step_package(twin, CHECK_STEP, serial_steps(config.decode.streams))
+    check.unlink(missing_ok=True)
+    shutil.rmtree(check.with_suffix(".unpacked"), ignore_errors=True)
+    decode = dataclasses.replace(config.decode, beam_size=1, speculative="shallow")
+    served = ServedTranslator(Path("run"), tokenizer, twin, dataclasses.replace(config, decode=decode),
+                              torch.device("cpu"))  # fmt: skip
+    served.warm_up()
+    assert check.is_file() and served.steps() == "compiled"
+
+    def refused(*args):
+        raise AssertionError("a running batch built a step")
+
+    monkeypatch.setattr(compiled_steps, "build", refused)
+    paying = economy(twin, "a draft model, a running batch's compiled steps")
+    paying.heard(True, 0.0, 1)  # drafts have cost nothing so far: every step drafts (but the 16th)
+    paying.heard(False, 100.0, 1)
+    checks = counted_checks(monkeypatch)
+    greedy = BeamSettings(1, 1)
+    done, _ = settled(served.running_batch(), {0: [(0, texts[0], greedy)], 3: [(1, texts[4], greedy)]})
+    assert checks and sum(taken for _, taken in checks) > 0, checks
+    plain = dataclasses.replace(config.decode, speculative="none")
+    for key, text in enumerate([texts[0], texts[4]]):
+        assert done[key] == translate(model, tokenizer, [text], plain, n_best=1, beam_size=1)[0], key
