@@ -144,8 +144,6 @@ def _hypotheses(
     def searched(chunk: list[int]) -> list[list[Hypothesis]]:
         sources = [encoded[i] for i in chunk]
         ready = ready_sources(model, sources, how, specials, search, device)
-        if not one_beam:
-            return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
 
         def with_drafts() -> list[list[Hypothesis]]:
             drafts = _drafts(decode.speculative, how, ready.decoding, sources, specials)
@@ -161,7 +159,7 @@ def _hypotheses(
             return [[judge.hypothesis(r, ids, search)] for r, ids in enumerate(outputs)]
 
         def without() -> list[list[Hypothesis]]:
-            if scored:
+            if scored or not one_beam:  # beam search (of one beam where scored)
                 return beam(ready.decoding, ready.tokens, ready.limits, specials, search)
             outputs = extend(ready.decoding, ready.tokens, ready.limits, specials, argmax)
             return [[Hypothesis(ids, float("nan"))] for ids in outputs]
