@@ -375,8 +375,9 @@ def test_with_no_options_the_server_answers_at_once_and_takes_the_compiled_steps
     run, tmp_path, monkeypatch
 ):
     """``decode.steps=auto``, the default, with no compiled steps in the cache: the server is ready at once
-    and answers with the model's own steps while a process of its own builds the compiled ones
-    (``/health``: ``compiling``), then says ``compiled`` and logs it, and answers with them; every answer
+    and answers with the model's own steps while a process of its own builds the compiled ones, the run's
+    beam's and greedy search's (``/health``: ``compiling``), then says ``compiled`` and logs it, and
+    answers with them; every answer
     is what ``attnkit translate`` gives alone with the steps there were (the CLI takes the built steps
     from the cache as the server does)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing built for this model yet
@@ -395,10 +396,15 @@ def test_with_no_options_the_server_answers_at_once_and_takes_the_compiled_steps
         # and those the default takes (a stream per thread) where it may not build: the same
         compiled = _cli(run, tmp_path, 4, overrides=["decode.steps=compiled", "decode.streams=1"])
         assert _cli(run, tmp_path, 4, overrides=["decode.steps=auto"]) == compiled
-        assert len(list((tmp_path / "cache").rglob("*.pt2"))) == 2  # the first step and beam 4's
+        # the first step, beam 4's and greedy search's (a request may ask for a beam of one)
+        assert len(list((tmp_path / "cache").rglob("*.pt2"))) == 3
+        greedy = _cli(run, tmp_path, 1, overrides=["decode.steps=compiled", "decode.streams=1"])
+        assert len(list((tmp_path / "cache").rglob("*.pt2"))) == 3  # (built by the server: none more)
         time.sleep(1.5)  # the running batches look every second
         answers = served.post([{"src": s} for s in SENTENCES]).json()[0]  # (OpenNMT's: n-best lists first)
         assert [answer["tgt"] for answer in answers] == compiled
+        answers = served.post([{"src": s, "beam_size": 1} for s in SENTENCES]).json()[0]
+        assert [answer["tgt"] for answer in answers] == greedy
     finally:
         code, output = served.stop()
     assert code == 0, output

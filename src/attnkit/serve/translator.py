@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from attnkit.cpu.compiled.build import FIRST_STEP, compilable, missing_compiler
+from attnkit.cpu.compiled.build import CHECK_STEP, FIRST_STEP, compilable, missing_compiler
 from attnkit.cpu.compiled.steps import all_built
 from attnkit.decode.continuous import RunningTranslations
 from attnkit.decode.search import BeamSettings, Search, Translation
@@ -88,10 +88,11 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
         return "compiled" if all_built(self.model, [FIRST_STEP, self.beam_size]) else "eager"
 
     def steps_builder(self, warn: Callable[[str], None]) -> Callable[[], Any] | None:
-        """``decode.steps=auto`` on a CPU, the compiled steps of the run's beam not built yet: what builds
-        them (:meth:`build_compiled_steps`, in a process of its own, on this model made again there)."""
+        """``decode.steps=auto`` on a CPU, some of the compiled steps a request may take not built yet
+        (:meth:`_all_steps_built`): what builds them (:meth:`build_compiled_steps`, in a process of its
+        own, on this model made again there)."""
         decode = self.config.decode
-        if decode.steps != "auto" or self.steps() == "compiled" or not compilable(self.model):
+        if decode.steps != "auto" or self._all_steps_built() or not compilable(self.model):
             return None
         missing = missing_compiler()
         if missing:
@@ -99,17 +100,34 @@ class ServedTranslator(AttnkitModel[BeamSettings]):
             return None
         return MadeAgain(self, then="build_compiled_steps")
 
+    def _all_steps_built(self) -> bool:
+        """Whether every compiled step this server's requests take is built: the first step, the run's
+        beam's and greedy search's (a request may ask for a beam of one, which one client's latency
+        hangs on: with the model's own steps it took twice as long), and with drafts
+        (``decode.speculative``) greedy search's check step and the draft decoder's steps."""
+        widths = [FIRST_STEP, self.beam_size, 1]
+        drafts = self.config.decode.speculative != "none"
+        draft = getattr(self.model, "draft", None) if drafts else None
+        if drafts:
+            widths.append(CHECK_STEP)
+        if draft is not None and compilable(draft) and not all_built(draft, [1, CHECK_STEP]):
+            return False
+        return all_built(self.model, widths)
+
     def build_compiled_steps(self) -> None:
-        """The compiled steps of the run's beam built into the cache (in a process of its own; raises
-        saying why they could not be)."""
+        """The compiled steps of the run's beam built into the cache, then greedy search's (and with drafts,
+        its check step and the draft decoder's): in a process of its own; raises saying why the run's
+        beam's could not be built. The running batches take each kind as it is built."""
         notes: list[str] = []
         compiled = dataclasses.replace(self.config.decode, steps="compiled")
         how = source_decoding(self.model, compiled, self.beam_size, self.device, self.tokenizer.specials,
                               notes.append)  # fmt: skip
         if not how.compiled:
             raise RuntimeError(notes[-1] if notes else "the compiled steps could not be built")
-        if self.config.decode.speculative != "none" and self.beam_size == 1:  # the run's greedy search
-            self._drafted_steps()
+        if self.config.decode.speculative != "none":
+            self._drafted_steps()  # greedy search's steps with their check (a beam of one's, built here)
+        elif self.beam_size != 1:
+            source_decoding(self.model, compiled, 1, self.device, self.tokenizer.specials)
 
     def running_batch(self) -> RunningTranslations:
         """Inputs ``(text, BeamSettings)`` searched as :meth:`run` searches them, in a running batch
