@@ -98,7 +98,7 @@ def start(command: list[str], url: str) -> subprocess.Popen:
     """A server process, once its /health answers 200 and its steps are not being compiled (a server
     with ``decode.steps=auto`` answers with the model's own steps meanwhile: not what it serves with)."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600  # a fresh cache: several steps to build, ~20-60 s each
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"the server stopped ({process.returncode}): {' '.join(command)}")
@@ -111,7 +111,7 @@ def start(command: list[str], url: str) -> subprocess.Popen:
         except httpx.TransportError:
             pass
         time.sleep(0.25)
-    raise SystemExit(f"the server was not ready in 180 s: {' '.join(command)}")
+    raise SystemExit(f"the server was not ready in 600 s: {' '.join(command)}")
 
 
 def offline(ckpt: Path, sentences: list[str], beam: int, options: list[str]) -> dict:

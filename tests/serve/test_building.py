@@ -76,3 +76,28 @@ def test_a_build_that_cannot_start_leaves_the_server_serving(run, monkeypatch, c
             time.sleep(0.05)
         assert client.post("/translator/translate", json=[{"src": "12 May 2020"}]).status_code == 200
     assert "the compiled steps' build could not start (OSError: no processes left)" in caplog.text
+
+
+def test_the_build_goes_on_until_greedy_searchs_steps_are_built_whatever_the_runs_beam(run, monkeypatch):
+    """A request may ask for a beam of one whatever the run's beam (a greedy request took the model's
+    own steps, twice as slow, where only the run's beam's were built): ``decode.steps=auto`` builds
+    until the first step, the run's beam's and greedy search's are built, and with drafts greedy
+    search's check step too. Which steps are built is faked here; the real build is in
+    tests/serve/test_continuous_server.py."""
+    from attnkit.cpu.compiled.build import CHECK_STEP, FIRST_STEP
+    from attnkit.serve import translator
+
+    built: set[int] = set()
+    monkeypatch.setattr(translator, "all_built", lambda model, widths, fingerprint=None: set(widths) <= built)
+    monkeypatch.setattr(translator, "missing_compiler", lambda: None)
+    plain = translator.ServedTranslator.load(run, ["decode.steps=auto", "decode.beam_size=4"])
+    drafting = translator.ServedTranslator.load(
+        run, ["decode.steps=auto", "decode.beam_size=4", "decode.speculative=source"]
+    )
+    assert plain.steps_builder(print) is not None
+    built |= {FIRST_STEP, 4}
+    assert plain.steps() == "compiled" and plain.steps_builder(print) is not None
+    built.add(1)
+    assert plain.steps_builder(print) is None and drafting.steps_builder(print) is not None
+    built.add(CHECK_STEP)
+    assert drafting.steps_builder(print) is None
