@@ -377,9 +377,8 @@ def test_with_no_options_the_server_answers_at_once_and_takes_the_compiled_steps
     """``decode.steps=auto``, the default, with no compiled steps in the cache: the server is ready at once
     and answers with the model's own steps while a process of its own builds the compiled ones, the run's
     beam's and greedy search's (``/health``: ``compiling``), then says ``compiled`` and logs it, and
-    answers with them; every answer
-    is what ``attnkit translate`` gives alone with the steps there were (the CLI takes the built steps
-    from the cache as the server does)."""
+    answers with them; every answer is what ``attnkit translate`` gives alone with the steps there were
+    (the CLI takes the built steps from the cache as the server does)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing built for this model yet
     served = Server(run, "--batching", "continuous", "decode.streams=1", steps=None)
     try:
